@@ -1,0 +1,24 @@
+# `make demo` runs the main job on a shipped example; `make test` runs the whole suite.
+# Both create .venv and install what they need on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml constraints-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints-dev.txt -e ".[torch,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mpipe-verify show examples/zb-h1.toml
+	$(BIN)/mpipe-verify export examples/zb-h1.toml --to torch-csv -o out/zb-h1.csv
+	@echo "lowered plan written to out/zb-h1.csv"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+.PHONY: install demo test

@@ -1,0 +1,8 @@
+"""The schedule algebra: terms (``terms``), weave patterns (``pattern``) and the standard
+families written as short terms (``families``)."""
+
+from .families import FAMILIES, family
+from .terms import DeferW, MergeBW, Par, Relabel, Restrict, Seq, SplitBW, Weave
+
+__all__ = ["FAMILIES", "family", "Weave", "Seq", "Par", "Restrict", "SplitBW", "MergeBW",
+           "DeferW", "Relabel"]

@@ -1,0 +1,105 @@
+"""The standard families, each a short algebra term (a weave pattern plus placement).
+
+Pattern variables: ``p`` ranks, ``r`` rank, ``m`` microbatches, ``v`` chunks, ``g``
+microbatches per round, ``n = m·v`` (see ``pattern``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import ParameterError
+from .terms import Weave
+
+GPIPE = "F* B*"
+ONE_F_ONE_B = "F^{p-1-r} (F B)*"
+# Megatron's interleaved warmup: finish the other chunks of the first round, plus two
+# forwards per downstream rank.
+INTERLEAVED_1F1B = "F^{(v-1)*g + 2*(p-1-r)} (F B)*"
+ZB_H1 = "F^{p-1-r} (F I)^{r} (F I W)* (I W)* W*"
+ZB_H2 = "F^{2*(p-1-r)+1} (I F)^{2*r} (I W F)* (I W)* W*"
+
+
+def _need(condition: bool, message: str) -> None:
+    if not condition:
+        raise ParameterError(message)
+
+
+def gpipe(pp: int, microbatches: int) -> Weave:
+    """All forwards, then all backwards."""
+    return Weave(pp, microbatches, GPIPE)
+
+
+def one_f_one_b(pp: int, microbatches: int) -> Weave:
+    """1F1B: ``p-1-r`` warmup forwards, then alternate forward/backward."""
+    return Weave(pp, microbatches, ONE_F_ONE_B)
+
+
+def interleaved_1f1b(pp: int, microbatches: int, chunks: int = 2) -> Weave:
+    """Interleaved (looped, depth-first) 1F1B over ``chunks`` stages per rank. The
+    microbatches form ``max(1, m // p)`` rounds of ``ceil(m / rounds)`` (the last may be
+    shorter, so any ``m`` works; PyTorch instead requires ``m % rounds == 0``)."""
+    _need(isinstance(chunks, int) and chunks >= 2,
+          f"interleaved-1f1b needs chunks >= 2, got chunks={chunks!r}")
+    rounds = max(1, microbatches // pp)
+    per_round = -(-microbatches // rounds)
+    return Weave(pp, microbatches, INTERLEAVED_1F1B, chunks=chunks, group=per_round)
+
+
+def zb_h1(pp: int, microbatches: int) -> Weave:
+    """ZB-H1: 1F1B with split backward; rank ``r`` runs each ``W`` ``r`` steady steps
+    after its ``I`` so the input-gradient wave returns faster."""
+    return Weave(pp, microbatches, ZB_H1)
+
+
+def zb_h2(pp: int, microbatches: int) -> Weave:
+    """ZB-H2: ``2(p-1-r)+1`` warmup forwards fill the start; rank ``r`` holds back its
+    first ``2r`` weight gradients (``I F`` steps) so every rank runs without a gap once
+    ``m >= 2p``; at most ``2p-1`` stored activations (unit model)."""
+    return Weave(pp, microbatches, ZB_H2)
+
+
+ZBV = ("F0^{2*(p-r)-1} (F1 F0)^{r} (F1 I1 W1)^{p-r} (F0 I0 W0 F1 I1 W1)^{max(m, 2*p-1)-p} "
+       "(I0 I1)^{r} (I0 W0)^{p-r} W1* W0*")
+
+
+def zbv(pp: int, microbatches: int) -> Weave:
+    """ZB-V: V placement (two chunks per rank), zero bubble when F = I = W."""
+    return Weave(pp, microbatches, ZBV, chunks=2, placement="v")
+
+
+DUALPIPEV = ("F0^{2*(p-r-1)} (F0 F1)^{r+1} (I1 W F1)^{p-r-1} (<F0 B1> <F1 B0>)^{m-2*p+r+1} "
+             "(B1 <F1 B0>)^{p-r-1} (B1 B0)^{(r+1)//2} (I1 I0)^{r+1-(r+1)//2} (W I0)^{p-r-1} W*")
+
+
+def dualpipev(pp: int, microbatches: int) -> Weave:
+    """DualPipeV: V placement; the steady state overlaps a forward of one chunk with a
+    backward of the other in one step (``OVERLAP_F_B``)."""
+    _need(microbatches >= 2 * pp, f"dualpipev needs microbatches >= 2*pp ({2 * pp}), "
+                                  f"got {microbatches}")
+    return Weave(pp, microbatches, DUALPIPEV, chunks=2, placement="v")
+
+
+FAMILIES: dict[str, Callable[..., Weave]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved-1f1b": interleaved_1f1b,
+    "zb-h1": zb_h1,
+    "zb-h2": zb_h2,
+    "zbv": zbv,
+    "dualpipev": dualpipev,
+}
+
+
+def family(name: str, pp: int, microbatches: int, chunks: int | None = None) -> Weave:
+    """The family term for ``name``; ``chunks`` only for ``interleaved-1f1b``."""
+    if name not in FAMILIES:
+        raise ParameterError(f"unknown family {name!r}; expected one of {', '.join(FAMILIES)}")
+    _need(isinstance(pp, int) and pp >= 1, f"pp must be an integer >= 1, got {pp!r}")
+    _need(isinstance(microbatches, int) and microbatches >= 1,
+          f"microbatches must be an integer >= 1, got {microbatches!r}")
+    if name == "interleaved-1f1b":
+        return interleaved_1f1b(pp, microbatches, 2 if chunks is None else chunks)
+    _need(chunks is None or chunks == (2 if name in ("zbv", "dualpipev") else 1),
+          f"{name} takes no --chunks (it uses {2 if name in ('zbv', 'dualpipev') else 1})")
+    return FAMILIES[name](pp, microbatches)

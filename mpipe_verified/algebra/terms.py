@@ -1,0 +1,265 @@
+"""Schedule algebra terms (DESIGN §6). A term is an immutable description; ``derive()``
+turns it into a compute-only ``Schedule``. ``str(term)`` is the term's expression text,
+which ``mpipe_verified.formats.spec.parse_expression`` reads back.
+
+Operators and their meaning on per-rank sequences:
+
+- ``Weave(p, m, pattern, chunks, placement, group)``: rank ``r`` reads ``pattern`` (with
+  ``r`` bound) against its own streams of forwards and backwards (``pattern`` module).
+- ``Seq(a, b)``: per-rank concatenation ``a_r ++ b_r``; ``b``'s microbatches are renumbered
+  after ``a``'s. Precondition: equal placements.
+- ``Par(a, b)``: per-rank union where at most one side has work on each rank.
+  Preconditions: equal placements and microbatch counts, disjoint busy ranks.
+- ``SplitBW(t)``: every ``B(s, mb)`` becomes ``I(s, mb)`` immediately followed by ``W(s, mb)``.
+- ``MergeBW(t)``: every ``I(s, mb)`` immediately followed by its ``W(s, mb)`` becomes
+  ``B(s, mb)`` (so ``MergeBW(SplitBW(t)) == t`` for a term without split backwards).
+- ``DeferW(t, lag)``: on each rank, the ``W`` of the k-th ``I`` moves to just after the
+  (k+lag)-th ``I`` (after the last ``I`` when there is none); ``lag`` is an arithmetic count
+  in ``p r m`` evaluated per rank. The zero-bubble lever.
+- ``Relabel(t, perm)``: microbatch ``mb`` becomes ``perm[mb]`` everywhere.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..errors import ParameterError
+from ..ir import (BACKWARD, INPUT_GRAD, WEIGHT_GRAD, Compute, Op, Overlap, Placement, Schedule,
+                  computes_of)
+from .pattern import RankStreams, _check_arith, evaluate_count, parse_pattern, weave_rank
+
+PLACEMENTS = ("looped", "v")
+
+
+def make_placement(style: str, ranks: int, chunks: int) -> Placement:
+    if style == "v":
+        if chunks != 2:
+            raise ParameterError(f"V placement needs chunks == 2, got chunks={chunks}")
+        return Placement.vshape(ranks)
+    if style == "looped":
+        return Placement.looped(ranks, chunks)
+    raise ParameterError(f"placement must be one of {PLACEMENTS}, got {style!r}")
+
+
+def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankStreams:
+    """Forwards in (round, chunk ascending, mb) order; backwards in (round, chunk
+    descending, mb) order; a round is ``group`` consecutive microbatches."""
+    stages = placement.stages_of(rank)
+    rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
+    fwd = [(c, s, mb) for mbs in rounds for c, s in enumerate(stages) for mb in mbs]
+    bwd = [(c, s, mb) for mbs in rounds for c, s in reversed(list(enumerate(stages))) for mb in mbs]
+    return RankStreams(fwd, bwd)
+
+
+@attrs.frozen
+class Weave:
+    ranks: int
+    microbatches: int
+    pattern: str
+    chunks: int = 1
+    placement: str = "looped"
+    group: int | None = None  # microbatches per round; default: ranks
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("ranks", "microbatches", "chunks"):
+            if getattr(self, name) < 1:
+                raise ParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.group is not None and self.group < 1:
+            raise ParameterError(f"group must be >= 1, got {self.group}")
+        parse_pattern(self.pattern)
+        make_placement(self.placement, self.ranks, self.chunks)
+
+    def derive(self) -> Schedule:
+        p, m, v = self.ranks, self.microbatches, self.chunks
+        placement = make_placement(self.placement, p, v)
+        g = self.group or p
+        node = parse_pattern(self.pattern)
+        programs = []
+        for r in range(p):
+            env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v}
+            programs.append(tuple(weave_rank(node, _rank_streams(placement, r, m, g), env)))
+        return Schedule(placement, m, tuple(programs))
+
+    def __str__(self) -> str:
+        extra = "" if self.chunks == 1 else f", chunks={self.chunks}"
+        extra += "" if self.placement == "looped" else f", placement={self.placement!r}"
+        extra += "" if self.group is None else f", group={self.group}"
+        return f"weave(pp={self.ranks}, microbatches={self.microbatches}, pattern={self.pattern!r}{extra})"
+
+
+def _map_computes(schedule: Schedule, fn) -> Schedule:
+    """Apply ``fn: Compute -> Compute`` to every compute op (inside overlaps too)."""
+    def one(op: Op) -> Op:
+        if isinstance(op, Compute):
+            return fn(op)
+        if isinstance(op, Overlap):
+            return Overlap(tuple(fn(c) for c in op.ops))
+        return op
+    programs = tuple(tuple(one(op) for op in prog) for prog in schedule.programs)
+    return attrs.evolve(schedule, programs=programs)
+
+
+@attrs.frozen
+class Seq:
+    first: object
+    second: object
+
+    def derive(self) -> Schedule:
+        a, b = self.first.derive(), self.second.derive()
+        if a.placement != b.placement:
+            raise ParameterError("seq needs both terms on the same placement")
+        shift = a.num_microbatches
+        b = _map_computes(b, lambda c: attrs.evolve(c, mb=c.mb + shift))
+        programs = tuple(x + y for x, y in zip(a.programs, b.programs))
+        return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs)
+
+    def __str__(self) -> str:
+        return f"seq({self.first}, {self.second})"
+
+
+@attrs.frozen
+class Par:
+    left: object
+    right: object
+
+    def derive(self) -> Schedule:
+        a, b = self.left.derive(), self.right.derive()
+        if a.placement != b.placement or a.num_microbatches != b.num_microbatches:
+            raise ParameterError("par needs both terms on the same placement and microbatches")
+        busy = [r for r in range(a.num_ranks) if a.programs[r] and b.programs[r]]
+        if busy:
+            raise ParameterError(f"par needs disjoint ranks, but both terms use rank {busy[0]}")
+        programs = tuple(x or y for x, y in zip(a.programs, b.programs))
+        return Schedule(a.placement, a.num_microbatches, programs)
+
+    def __str__(self) -> str:
+        return f"par({self.left}, {self.right})"
+
+
+@attrs.frozen
+class Restrict:
+    """Keep only the programs of ``ranks`` (the others become empty)."""
+
+    term: object
+    ranks: tuple[int, ...]
+
+    def derive(self) -> Schedule:
+        s = self.term.derive()
+        keep = set(self.ranks)
+        programs = tuple(prog if r in keep else () for r, prog in enumerate(s.programs))
+        return attrs.evolve(s, programs=programs)
+
+    def __str__(self) -> str:
+        return f"restrict({self.term}, ranks={list(self.ranks)})"
+
+
+@attrs.frozen
+class SplitBW:
+    term: object
+
+    def derive(self) -> Schedule:
+        s = self.term.derive()
+
+        def split(op: Op):
+            if isinstance(op, Compute) and op.kind == BACKWARD:
+                return (attrs.evolve(op, kind=INPUT_GRAD), attrs.evolve(op, kind=WEIGHT_GRAD))
+            return (op,)
+        programs = tuple(tuple(x for op in prog for x in split(op)) for prog in s.programs)
+        return attrs.evolve(s, programs=programs)
+
+    def __str__(self) -> str:
+        return f"split_bw({self.term})"
+
+
+@attrs.frozen
+class MergeBW:
+    term: object
+
+    def derive(self) -> Schedule:
+        s = self.term.derive()
+        return attrs.evolve(s, programs=tuple(_merge(prog) for prog in s.programs))
+
+    def __str__(self) -> str:
+        return f"merge_bw({self.term})"
+
+
+def _merge(program: tuple[Op, ...]) -> tuple[Op, ...]:
+    out: list[Op] = []
+    for op in program:
+        prev = out[-1] if out else None
+        if (isinstance(op, Compute) and op.kind == WEIGHT_GRAD and isinstance(prev, Compute)
+                and prev == attrs.evolve(op, kind=INPUT_GRAD)):
+            out[-1] = attrs.evolve(op, kind=BACKWARD)
+        else:
+            out.append(op)
+    return tuple(out)
+
+
+@attrs.frozen
+class DeferW:
+    term: object
+    lag: str
+
+    def __attrs_post_init__(self) -> None:
+        _check_arith(self.lag, f"defer_w lag {self.lag}")
+
+    def derive(self) -> Schedule:
+        s = self.term.derive()
+        programs = []
+        for r, prog in enumerate(s.programs):
+            lag = evaluate_count(self.lag, {"p": s.num_ranks, "r": r, "m": s.num_microbatches,
+                                            "v": 1, "g": 1, "n": 0})
+            programs.append(_defer(prog, lag))
+        return attrs.evolve(s, programs=tuple(programs))
+
+    def __str__(self) -> str:
+        return f"defer_w({self.term}, lag={self.lag!r})"
+
+
+def _defer(program: tuple[Op, ...], lag: int) -> tuple[Op, ...]:
+    weights = [op for op in program if isinstance(op, Compute) and op.kind == WEIGHT_GRAD]
+    rest = [op for op in program if not (isinstance(op, Compute) and op.kind == WEIGHT_GRAD)]
+    by_input = {attrs.evolve(w, kind=INPUT_GRAD): w for w in weights}
+    inputs = [c for op in rest for c in computes_of(op) if c.kind == INPUT_GRAD]
+    after: dict[int, list[Compute]] = {}
+    orphans = [w for w in weights if attrs.evolve(w, kind=INPUT_GRAD) not in set(inputs)]
+    for k, i_op in enumerate(inputs):
+        if i_op in by_input:
+            after.setdefault(min(k + lag, len(inputs) - 1), []).append(by_input[i_op])
+    out: list[Op] = []
+    seen = 0
+    for op in rest:
+        out.append(op)
+        for c in computes_of(op):
+            if c.kind == INPUT_GRAD:
+                out.extend(after.get(seen, ()))
+                seen += 1
+    return tuple(out + orphans)
+
+
+@attrs.frozen
+class Relabel:
+    term: object
+    perm: tuple[int, ...]
+
+    def derive(self) -> Schedule:
+        s = self.term.derive()
+        if sorted(self.perm) != list(range(s.num_microbatches)):
+            raise ParameterError(f"relabel needs a permutation of 0..{s.num_microbatches - 1}")
+        return _map_computes(s, lambda c: attrs.evolve(c, mb=self.perm[c.mb]))
+
+    def __str__(self) -> str:
+        return f"relabel({self.term}, perm={list(self.perm)})"
+
+
+@attrs.frozen
+class Literal:
+    """A schedule given op by op (e.g. read from a file), as a term."""
+
+    schedule: Schedule
+
+    def derive(self) -> Schedule:
+        return self.schedule
+
+    def __str__(self) -> str:
+        return "literal(...)"

@@ -1,0 +1,1 @@
+"""Readers and writers for schedule and plan file formats."""

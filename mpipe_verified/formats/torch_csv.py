@@ -1,0 +1,264 @@
+"""PyTorch's pipelining CSV (``PipelineScheduleMulti._dump_csv`` / ``_load_csv``).
+
+One row per rank, one cell per step: ``2F0``, ``1B3``, ``0I2``, ``0W2``, ``3SEND_F1``,
+``2RECV_B0``, ``1UNSHARD``, ``1RESHARD``, ``1REDUCE_GRAD``, ``(0F7;7B3)OVERLAP_F_B``; an
+empty cell is an idle step. A ``SEND`` cell names the producing stage, a ``RECV`` cell the
+consuming one, so every cell's stage lives on its row's rank.
+
+Reading takes two passes: parse every cell (syntax, index limits), then infer the
+stage → rank placement from the rows and build the ops (peers need the placement). Bad
+input raises ``InputError`` with the file, the 1-based row as ``line`` and the 1-based cell
+index as ``column``.
+
+Writing uses ``csv.writer``'s default dialect (``\\r\\n``, minimal quoting: ``;`` and
+parentheses are not quoted), as torch does, so the bytes match torch's own dump. A file in
+that form (which every torch dump is) reads and writes back byte for byte, idle cells,
+markers, overlaps and empty rows included; other accepted spellings (``\\n`` line ends,
+quoted cells, blanks around a cell) are written back in that canonical form.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import tempfile
+from typing import IO, NamedTuple
+
+from ..errors import InputError
+from ..ir import (ACT, GRAD, Compute, Idle, Marker, Op, Overlap, Payload, Placement, Plan,
+                  Recv, Schedule, Send)
+
+MAX_INDEX = 10**6
+EXPECTED = "expected an action like 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B"
+_ACTION = re.compile(  # ASCII digits only: \d would also take other scripts' digits
+    r"([0-9]+)(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)([0-9]*)")
+_OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
+_MARKERS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+_COMMS = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
+_VERB = {"SEND_F": "send its activation to", "SEND_B": "send its gradient to",
+         "RECV_F": "receive an activation from", "RECV_B": "receive a gradient from"}
+
+
+class _Cell(NamedTuple):
+    """A parsed cell before placement is known; ``kind`` is ``""`` (idle), ``OVERLAP`` or
+    a torch action name."""
+
+    kind: str
+    stage: int = 0
+    mb: int | None = None
+    subs: tuple["_Cell", ...] = ()
+
+
+_IDLE = _Cell("")
+
+
+def read_torch_csv(path: str | os.PathLike[str]) -> Plan:
+    """Read a torch pipelining CSV file (see ``parse_torch_csv``)."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise InputError("no such file", name) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a torch CSV file", name) from None
+    except OSError as e:
+        raise InputError(f"cannot read file: {e.strerror or e}", name) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InputError(f"not UTF-8 text (byte 0x{data[e.start]:02x}); expected a torch CSV "
+                         "file", name, line) from None
+    return parse_torch_csv(text, name)
+
+
+def parse_torch_csv(text: str, file: str) -> Plan:
+    """Parse torch CSV text into a ``Plan`` (``plan.has_comms()`` tells whether it lowered).
+
+    Placement is inferred: ranks = rows, each stage on the row where it appears; stages
+    must be exactly ``0..S-1``; ``num_microbatches`` is the largest microbatch index + 1.
+    """
+    rows = _parse_cells(text, file)
+    placement = _infer_placement(rows, file)
+    programs = tuple(
+        tuple(_build(cell, placement, file, r + 1, c + 1) for c, cell in enumerate(row))
+        for r, row in enumerate(rows))
+    mbs = [mb for row in rows for cell in row for mb in _mbs(cell)]
+    return Plan(placement, max(mbs) + 1 if mbs else 0, programs)
+
+
+def format_torch_csv(plan: Plan | Schedule) -> str:
+    """The torch CSV text of a plan or schedule: one row per rank, ``str(op)`` per cell.
+
+    Raises ``ValueError`` for what the format cannot say: groups, collectives, segments,
+    and a send/receive whose peer is not the rank its placement implies (the format has no
+    peer field). Payload shapes and dtypes are dropped.
+    """
+    _check_writable(plan)
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    for program in plan.programs:
+        writer.writerow([str(op) for op in program])
+    return buf.getvalue()
+
+
+def write_torch_csv(plan: Plan | Schedule, out: str | os.PathLike[str] | IO[str]) -> None:
+    """Write ``format_torch_csv(plan)`` to a text stream (open it with ``newline=""``) or,
+    atomically, to a path: a temp file in the same directory, then ``os.replace``."""
+    text = format_torch_csv(plan)
+    if not isinstance(out, (str, os.PathLike)):
+        out.write(text)
+        return
+    path = os.fspath(out)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-",
+                               suffix=".csv")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.chmod(tmp, _new_file_mode(path))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------- pass 1: cells
+
+def _parse_cells(text: str, file: str) -> list[list[_Cell]]:
+    rows: list[list[_Cell]] = []
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        for r, raw in enumerate(reader, start=1):
+            rows.append([_parse_cell(s, file, r, c) for c, s in enumerate(raw, start=1)])
+    except csv.Error as e:
+        raise InputError(f"malformed CSV ({e}); expected comma-separated action cells",
+                         file, len(rows) + 1) from None
+    if not rows:
+        raise InputError("empty file; expected one row of actions per rank", file)
+    if not any(cell.kind for row in rows for cell in row):
+        raise InputError("no actions in any row; expected one row of actions per rank", file)
+    return rows
+
+
+def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
+    s = raw.strip()
+    if not s:
+        return _IDLE
+    if m := _OVERLAP.fullmatch(s):
+        parts = [p.strip() for p in m.group(1).split(";")]
+        subs = tuple(_parse_action(p, raw, file, r, c) for p in parts)
+        bad = [p for p, sub in zip(parts, subs) if sub.kind in _MARKERS + _COMMS]
+        if bad:
+            raise InputError(f"OVERLAP_F_B may only combine compute actions (F, B, I, W), "
+                             f"got {bad[0]!r} in {raw!r}", file, r, c)
+        return _Cell("OVERLAP", subs=subs)
+    return _parse_action(s, raw, file, r, c)
+
+
+def _parse_action(s: str, raw: str, file: str, r: int, c: int) -> _Cell:
+    m = _ACTION.fullmatch(s)
+    if not m:
+        raise InputError(f"{EXPECTED}, got {raw!r}", file, r, c)
+    stage_s, kind, mb_s = m.groups()
+    if any(len(d) > 1 and d[0] == "0" for d in (stage_s, mb_s)):
+        raise InputError(f"{EXPECTED} (indices without leading zeros), got {raw!r}",
+                         file, r, c)
+    for what, digits in (("stage", stage_s), ("microbatch", mb_s)):
+        if len(digits) > 7 or (digits and int(digits) > MAX_INDEX):
+            raise InputError(f"{what} index {digits[:20]}{'...' if len(digits) > 20 else ''}"
+                             f" in {raw!r} is too large (at most {MAX_INDEX})", file, r, c)
+    if kind not in _MARKERS and not mb_s:
+        raise InputError(f"expected a microbatch index after {stage_s}{kind} (like "
+                         f"{stage_s}{kind}0), got {raw!r}", file, r, c)
+    return _Cell(kind, int(stage_s), int(mb_s) if mb_s else None)
+
+
+# ------------------------------------------------------- pass 2: placement, ops
+
+def _stages(cell: _Cell) -> tuple[int, ...]:
+    if cell.kind == "OVERLAP":
+        return tuple(sub.stage for sub in cell.subs)
+    return (cell.stage,) if cell.kind else ()
+
+
+def _mbs(cell: _Cell) -> tuple[int, ...]:
+    cells = cell.subs if cell.kind == "OVERLAP" else (cell,)
+    return tuple(x.mb for x in cells if x.mb is not None)
+
+
+def _infer_placement(rows: list[list[_Cell]], file: str) -> Placement:
+    where: dict[int, int] = {}
+    for r, row in enumerate(rows):
+        for c, cell in enumerate(row):
+            for stage in _stages(cell):
+                first = where.setdefault(stage, r)
+                if first != r:
+                    raise InputError(f"stage {stage} appears on rows {first + 1} and {r + 1}; "
+                                     "expected each stage on one rank (row)", file, r + 1, c + 1)
+    missing = next(s for s in range(len(where) + 1) if s not in where)
+    if missing < len(where):
+        raise InputError(f"stage {missing} appears on no row; expected stages 0.."
+                         f"{max(where)} with no gap", file)
+    return Placement(tuple(where[s] for s in range(len(where))), len(rows))
+
+
+def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int) -> Op:
+    kind, stage, mb = cell.kind, cell.stage, cell.mb
+    if not kind:
+        return Idle()
+    if kind == "OVERLAP":
+        return Overlap(tuple(Compute(sub.kind, sub.stage, sub.mb) for sub in cell.subs))
+    if kind in _MARKERS:
+        return Marker(stage, kind, mb)
+    if kind not in _COMMS:
+        return Compute(kind, stage, mb)
+    peer = stage + 1 if kind in ("SEND_F", "RECV_B") else stage - 1
+    if not 0 <= peer < placement.num_stages:
+        side, other = ("last", "next") if peer > stage else ("first", "previous")
+        raise InputError(f"{stage}{kind}{mb}: stage {stage} is the {side} of stages 0.."
+                         f"{placement.num_stages - 1}, so there is no {other} stage to "
+                         f"{_VERB[kind]}", file, r, c)
+    rank = placement.rank_of(peer)
+    if kind == "SEND_F":
+        return Send(rank, Payload(ACT, stage, mb))
+    if kind == "SEND_B":
+        return Send(rank, Payload(GRAD, stage, mb))
+    return Recv(rank, Payload(ACT if kind == "RECV_F" else GRAD, peer, mb))
+
+
+# ------------------------------------------------------------------- writing
+
+def _check_writable(plan: Plan | Schedule) -> None:
+    place = plan.placement
+    for rank, program in enumerate(plan.programs):
+        for i, op in enumerate(program):
+            where = f"rank {rank}, op {i} ({op})"
+            if not isinstance(op, (Compute, Overlap, Send, Recv, Idle, Marker)):
+                raise ValueError(f"{where}: the torch CSV format has no "
+                                 f"{type(op).__name__} action")
+            subs = op.ops if isinstance(op, Overlap) else (op,)
+            if any(getattr(getattr(x, "payload", x), "segment", "") for x in subs):
+                raise ValueError(f"{where}: the torch CSV format has no segments")
+            if isinstance(op, (Send, Recv)):
+                p = op.payload
+                peer_stage = p.consumer_stage if isinstance(op, Send) else p.stage
+                if not (0 <= peer_stage < place.num_stages
+                        and place.rank_of(peer_stage) == op.peer):
+                    raise ValueError(f"{where}: peer rank {op.peer} is not the rank of stage "
+                                     f"{peer_stage}; the torch CSV format cannot express it")
+
+
+def _new_file_mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+

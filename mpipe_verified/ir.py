@@ -1,0 +1,310 @@
+"""Immutable IR: ops, placement, schedule and plan (DESIGN §2).
+
+Every value is a frozen, slotted attrs class: hashable, comparable, and with a stable
+text form (``str(op)``) that uses PyTorch's pipelining action strings (``2F0``, ``0I3``,
+``0W3``, ``1SEND_F3``, ``2RECV_B0``, ``(0F7;7B3)OVERLAP_F_B``).
+
+Invariants:
+- A ``Schedule`` holds compute work only (``Compute``, ``Overlap``, ``Idle``, ``Marker``).
+- A ``Plan`` may also hold ``Send``, ``Recv``, ``Group`` and ``Collective``.
+- ``Idle`` is an empty step (an empty CSV cell) and ``Marker`` an FSDP bookkeeping action
+  (``UNSHARD``/``RESHARD``/``REDUCE_GRAD``); both are kept only so a file reads back
+  unchanged, and the semantics ignore them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Union
+
+import attrs
+
+FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD = "F", "B", "I", "W"
+COMPUTE_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+ACT, GRAD = "act", "grad"
+MARKER_ACTIONS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+COLLECTIVE_KINDS = ("broadcast", "all_reduce", "gather")
+
+
+def _seg(segment: str) -> str:
+    return f"{segment}:" if segment else ""
+
+
+def _nonneg(instance, attribute, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{attribute.name} must be a non-negative int, got {value!r}")
+
+
+@attrs.frozen(order=True)
+class Compute:
+    """``F``/``B``/``I``/``W`` of ``(segment, stage, mb)``."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_(COMPUTE_KINDS))
+    stage: int = attrs.field(validator=_nonneg)
+    mb: int = attrs.field(validator=_nonneg)
+    segment: str = ""
+
+    def __str__(self) -> str:
+        return f"{_seg(self.segment)}{self.stage}{self.kind}{self.mb}"
+
+
+@attrs.frozen(order=True)
+class Overlap:
+    """Several compute ops in one step (DualPipeV's ``OVERLAP_F_B``); all read their
+    inputs before the step and publish their outputs after it."""
+
+    ops: tuple[Compute, ...]
+
+    def __str__(self) -> str:
+        return "(" + ";".join(map(str, self.ops)) + ")OVERLAP_F_B"
+
+
+@attrs.frozen(order=True)
+class Payload:
+    """What travels: the activation (``act``, to ``stage + 1``) or the gradient
+    (``grad``, to ``stage - 1``) produced by ``stage`` for ``mb``."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_((ACT, GRAD)))
+    stage: int = attrs.field(validator=_nonneg)
+    mb: int = attrs.field(validator=_nonneg)
+    segment: str = ""
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+
+    @property
+    def consumer_stage(self) -> int:
+        return self.stage + 1 if self.kind == ACT else self.stage - 1
+
+    @property
+    def letter(self) -> str:
+        return "F" if self.kind == ACT else "B"
+
+
+@attrs.frozen(order=True)
+class Send:
+    """Send ``payload`` to rank ``dst``. Text: the producing stage, ``SEND_F``/``SEND_B``."""
+
+    dst: int = attrs.field(validator=_nonneg)
+    payload: Payload
+
+    @property
+    def peer(self) -> int:
+        return self.dst
+
+    def __str__(self) -> str:
+        p = self.payload
+        return f"{_seg(p.segment)}{p.stage}SEND_{p.letter}{p.mb}"
+
+
+@attrs.frozen(order=True)
+class Recv:
+    """Receive ``payload`` from rank ``src``. Text: the consuming stage, ``RECV_F``/``RECV_B``."""
+
+    src: int = attrs.field(validator=_nonneg)
+    payload: Payload
+
+    @property
+    def peer(self) -> int:
+        return self.src
+
+    def __str__(self) -> str:
+        p = self.payload
+        return f"{_seg(p.segment)}{p.consumer_stage}RECV_{p.letter}{p.mb}"
+
+
+P2P = Union[Send, Recv]
+
+
+@attrs.frozen(order=True)
+class Group:
+    """Comm ops posted together (NCCL group / ``batch_isend_irecv``): the group completes
+    when every member has matched; members never block each other."""
+
+    ops: tuple[P2P, ...]
+
+    def __str__(self) -> str:
+        return "[" + ";".join(map(str, self.ops)) + "]GROUP"
+
+
+@attrs.frozen(order=True)
+class Collective:
+    """A collective over ``ranks``; completes when every member reaches it. Members must
+    call their group's collectives in the same order. ``tag`` names what it carries."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_(COLLECTIVE_KINDS))
+    ranks: tuple[int, ...]
+    tag: str = ""
+    root: int | None = None
+
+    def __str__(self) -> str:
+        root = "" if self.root is None else f"@{self.root}"
+        return f"{self.kind.upper()}({self.tag}{root}|{','.join(map(str, self.ranks))})"
+
+
+@attrs.frozen(order=True)
+class Idle:
+    """An empty step (an empty CSV cell)."""
+
+    def __str__(self) -> str:
+        return ""
+
+
+@attrs.frozen(order=True)
+class Marker:
+    """FSDP bookkeeping (``UNSHARD``, ``RESHARD``, ``REDUCE_GRAD``): read, kept, ignored."""
+
+    stage: int = attrs.field(validator=_nonneg)
+    action: str = attrs.field(validator=attrs.validators.in_(MARKER_ACTIONS))
+    mb: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.action}{'' if self.mb is None else self.mb}"
+
+
+Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker]
+COMPUTE_STEP = (Compute, Overlap)
+COMM_STEP = (Send, Recv, Group, Collective)
+
+
+def computes_of(op: Op) -> tuple[Compute, ...]:
+    """The compute ops a step performs (an ``Overlap`` performs several)."""
+    if isinstance(op, Compute):
+        return (op,)
+    if isinstance(op, Overlap):
+        return op.ops
+    return ()
+
+
+def p2p_of(op: Op) -> tuple[P2P, ...]:
+    """The point-to-point comm ops a step posts."""
+    if isinstance(op, (Send, Recv)):
+        return (op,)
+    if isinstance(op, Group):
+        return op.ops
+    return ()
+
+
+@attrs.frozen
+class Placement:
+    """Stage → rank map. ``stage_to_rank[s]`` is the rank holding stage ``s``."""
+
+    stage_to_rank: tuple[int, ...]
+    num_ranks: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_ranks < 1:
+            raise ValueError("a placement needs at least one rank")
+        bad = [r for r in self.stage_to_rank if not 0 <= r < self.num_ranks]
+        if bad:
+            raise ValueError(f"stage placed on rank {bad[0]} outside 0..{self.num_ranks - 1}")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_to_rank)
+
+    def rank_of(self, stage: int) -> int:
+        return self.stage_to_rank[stage]
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(s for s, r in enumerate(self.stage_to_rank) if r == rank)
+
+    @classmethod
+    def looped(cls, ranks: int, chunks: int = 1) -> "Placement":
+        """Stage ``s`` on rank ``s % ranks``."""
+        return cls(tuple(s % ranks for s in range(ranks * chunks)), ranks)
+
+    @classmethod
+    def vshape(cls, ranks: int) -> "Placement":
+        """Two chunks per rank: stage ``s`` on ``s`` for ``s < p``, else ``2p-1-s``."""
+        return cls(tuple(s if s < ranks else 2 * ranks - 1 - s for s in range(2 * ranks)), ranks)
+
+    @property
+    def style(self) -> str:
+        p = self.num_ranks
+        if self == Placement.looped(p, max(1, self.num_stages // p)):
+            return "looped"
+        if self.num_stages == 2 * p and self == Placement.vshape(p):
+            return "v"
+        return "custom"
+
+
+def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
+    return "\n".join(",".join(map(str, row)) for row in programs)
+
+
+@attrs.frozen
+class Schedule:
+    """Placement plus one compute-only op sequence per rank."""
+
+    placement: Placement
+    num_microbatches: int
+    programs: tuple[tuple[Op, ...], ...]
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.programs) != self.placement.num_ranks:
+            raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
+        for rank, program in enumerate(self.programs):
+            for op in program:
+                if isinstance(op, COMM_STEP):
+                    raise ValueError(f"rank {rank}: comm op {op} in a compute-only schedule")
+
+    @property
+    def num_ranks(self) -> int:
+        return self.placement.num_ranks
+
+    def compute_ops(self, rank: int) -> Iterator[Compute]:
+        for op in self.programs[rank]:
+            yield from computes_of(op)
+
+    def text(self) -> str:
+        return _programs_text(self.programs)
+
+
+@attrs.frozen
+class Plan:
+    """A lowered schedule: one op sequence per rank, compute and comm ops in run order."""
+
+    placement: Placement
+    num_microbatches: int
+    programs: tuple[tuple[Op, ...], ...]
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.programs) != self.placement.num_ranks:
+            raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
+
+    @property
+    def num_ranks(self) -> int:
+        return self.placement.num_ranks
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(p) for p in self.programs)
+
+    def has_comms(self) -> bool:
+        return any(isinstance(op, COMM_STEP) for prog in self.programs for op in prog)
+
+    def text(self) -> str:
+        return _programs_text(self.programs)
+
+    def canonical_text(self) -> str:
+        """Stable text used for digests: placement, microbatches, then every rank's ops
+        (payload shapes and peers included, idle steps dropped)."""
+        head = f"placement={','.join(map(str, self.placement.stage_to_rank))};m={self.num_microbatches}"
+        rows = [
+            ",".join(_canonical(op) for op in prog if not isinstance(op, Idle))
+            for prog in self.programs
+        ]
+        return "\n".join([head, *rows])
+
+    @classmethod
+    def from_schedule(cls, schedule: Schedule) -> "Plan":
+        return cls(schedule.placement, schedule.num_microbatches, schedule.programs)
+
+
+def _canonical(op: Op) -> str:
+    if isinstance(op, (Send, Recv)):
+        p = op.payload
+        extra = f"<{op.peer}|{p.shape}|{p.dtype}>" if (p.shape or p.dtype) else f"<{op.peer}>"
+        return str(op) + extra
+    if isinstance(op, Group):
+        return "[" + ";".join(_canonical(o) for o in op.ops) + "]GROUP"
+    return str(op)

@@ -1,0 +1,573 @@
+"""The execution semantics of DESIGN §3, shared by lowering, verifier, simulator and executor.
+
+This module is the single place that says
+- what each op needs and produces on its rank (§3.5: ``needs``/``produces``),
+- which work a plan must contain (``required_work``),
+- how sends pair with receives (§3.3: FIFO per ordered rank pair, ``pair_p2p``) and how
+  collectives line up (§3.4, ``pair_collectives``),
+- how a plan runs (§3.1–3.4, ``execute``: rendezvous or eager, optional durations), and
+- what each op allocates and frees (§3.6, ``MemoryModel`` and ``memory_trace``).
+
+Positions are ``(rank, index)`` into ``plan.programs``; a point-to-point endpoint is
+``(rank, index, member)`` where ``member`` indexes a ``Group``'s ops (0 for a bare op).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from typing import Callable, Iterable, NamedTuple
+
+import attrs
+
+from .ir import (ACT, BACKWARD, FORWARD, GRAD, INPUT_GRAD, WEIGHT_GRAD, Collective, Compute,
+                 Group, Op, Overlap, Payload, Plan, Placement, Recv, Send, computes_of, p2p_of)
+
+RENDEZVOUS, EAGER = "rendezvous", "eager"
+COMM_MODELS = (RENDEZVOUS, EAGER)
+
+
+class Token(NamedTuple):
+    """A value that lives on a rank: ``out`` (a stage's output activation), ``stored``
+    (the activation kept for backward), ``grad`` (the input gradient a backward produced),
+    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run)."""
+
+    kind: str
+    segment: str
+    stage: int
+    mb: int
+
+
+def _payload_token(p: Payload) -> Token:
+    return Token("out" if p.kind == ACT else "grad", p.segment, p.stage, p.mb)
+
+
+def needs(op: Op, num_stages: int) -> tuple[Token, ...]:
+    """Tokens that must already be on the rank before ``op`` runs (§3.5)."""
+    if isinstance(op, Compute):
+        seg, s, mb = op.segment, op.stage, op.mb
+        if op.kind == FORWARD:
+            return (Token("out", seg, s - 1, mb),) if s > 0 else ()
+        if op.kind in (BACKWARD, INPUT_GRAD):
+            stored = Token("stored", seg, s, mb)
+            return (stored, Token("grad", seg, s + 1, mb)) if s < num_stages - 1 else (stored,)
+        return (Token("wgrad_ready", seg, s, mb),)
+    if isinstance(op, Overlap):
+        return tuple(t for c in op.ops for t in needs(c, num_stages))
+    if isinstance(op, Send):
+        return (_payload_token(op.payload),)
+    if isinstance(op, Group):
+        return tuple(t for o in op.ops for t in needs(o, num_stages))
+    return ()
+
+
+def produces(op: Op) -> tuple[Token, ...]:
+    """Tokens ``op`` leaves on its rank when it finishes."""
+    if isinstance(op, Compute):
+        seg, s, mb = op.segment, op.stage, op.mb
+        if op.kind == FORWARD:
+            return (Token("out", seg, s, mb), Token("stored", seg, s, mb))
+        if op.kind == BACKWARD:
+            return (Token("grad", seg, s, mb),)
+        if op.kind == INPUT_GRAD:
+            return (Token("grad", seg, s, mb), Token("wgrad_ready", seg, s, mb))
+        return ()
+    if isinstance(op, Overlap):
+        return tuple(t for c in op.ops for t in produces(c))
+    if isinstance(op, Recv):
+        return (_payload_token(op.payload),)
+    if isinstance(op, Group):
+        return tuple(t for o in op.ops for t in produces(o))
+    return ()
+
+
+def consumers_of_output(c: Compute, placement: Placement) -> tuple[tuple[int, Payload], ...]:
+    """Remote ranks that need what ``c`` produces, with the payload to send them.
+    Stages on the same rank exchange nothing (§6 lowering rule)."""
+    here = placement.rank_of(c.stage)
+    if c.kind == FORWARD and c.stage + 1 < placement.num_stages:
+        there = placement.rank_of(c.stage + 1)
+        if there != here:
+            return ((there, Payload(ACT, c.stage, c.mb, c.segment)),)
+    if c.kind in (BACKWARD, INPUT_GRAD) and c.stage > 0:
+        there = placement.rank_of(c.stage - 1)
+        if there != here:
+            return ((there, Payload(GRAD, c.stage, c.mb, c.segment)),)
+    return ()
+
+
+# ---------------------------------------------------------------- completeness
+
+
+@attrs.frozen
+class WorkIssue:
+    """A completeness finding: ``op`` at ``where`` (rank, index) or missing (``where`` None)."""
+
+    op: Compute
+    problem: str  # "missing" | "duplicate" | "unexpected" | "wrong_rank" | "mixed_backward"
+    where: tuple[int, int] | None
+    detail: str
+
+
+def required_work(plan: Plan) -> list[WorkIssue]:
+    """Check §4 completeness: every ``(stage, mb)`` has one ``F`` and either one ``B`` or
+    one ``I`` and one ``W``, each on the rank owning the stage; nothing else occurs."""
+    placement, m = plan.placement, plan.num_microbatches
+    seen: dict[Compute, tuple[int, int]] = {}
+    issues: list[WorkIssue] = []
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            for c in computes_of(op):
+                where = (rank, index)
+                if c.stage >= placement.num_stages or c.mb >= m:
+                    issues.append(WorkIssue(c, "unexpected", where,
+                                            f"{c} is outside stages 0..{placement.num_stages - 1}"
+                                            f" and microbatches 0..{m - 1}"))
+                elif placement.rank_of(c.stage) != rank:
+                    issues.append(WorkIssue(c, "wrong_rank", where,
+                                            f"{c} runs on rank {rank} but stage {c.stage} is "
+                                            f"placed on rank {placement.rank_of(c.stage)}"))
+                elif c in seen:
+                    first = seen[c]
+                    issues.append(WorkIssue(c, "duplicate", where,
+                                            f"{c} occurs twice: rank {first[0]} position "
+                                            f"{first[1]} and rank {rank} position {index}"))
+                else:
+                    seen[c] = where
+    segments = sorted({c.segment for c in seen}) or [""]
+    for seg in segments:
+        for s in range(placement.num_stages):
+            for mb in range(m):
+                issues.extend(_check_unit(seen, seg, s, mb, placement.rank_of(s)))
+    return issues
+
+
+def _check_unit(seen: dict, seg: str, s: int, mb: int, rank: int) -> list[WorkIssue]:
+    f, b, i, w = (Compute(k, s, mb, seg) for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD))
+    out = []
+    if f not in seen:
+        out.append(WorkIssue(f, "missing", None, f"{f} (forward) never runs on rank {rank}"))
+    if b in seen and (i in seen or w in seen):
+        out.append(WorkIssue(b, "mixed_backward", seen[b],
+                             f"{b} and its split form {i}/{w} both occur"))
+    elif b not in seen and not (i in seen and w in seen):
+        missing = b if not (i in seen or w in seen) else (w if i in seen else i)
+        out.append(WorkIssue(missing, "missing", None,
+                             f"{missing} never runs on rank {rank} (backward of stage {s} "
+                             f"microbatch {mb} needs B, or I then W)"))
+    return out
+
+
+# ---------------------------------------------------------------- matching
+
+
+Endpoint = tuple[int, int, int]  # (rank, index, member)
+
+
+@attrs.frozen
+class P2PPairing:
+    """FIFO pairing per ordered pair (§3.3). ``partner[e]`` is the matched endpoint of
+    ``e``; ``unmatched`` lists endpoints with no partner; ``mismatched`` lists
+    ``(send_endpoint, recv_endpoint)`` pairs whose payloads differ."""
+
+    partner: dict[Endpoint, Endpoint]
+    unmatched: tuple[Endpoint, ...]
+    mismatched: tuple[tuple[Endpoint, Endpoint], ...]
+
+
+def p2p_at(plan: Plan, e: Endpoint):
+    return p2p_of(plan.programs[e[0]][e[1]])[e[2]]
+
+
+def pair_p2p(plan: Plan) -> P2PPairing:
+    """Pair the k-th send ``src→dst`` with the k-th receive at ``dst`` from ``src``."""
+    sends: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            for member, c in enumerate(p2p_of(op)):
+                if isinstance(c, Send):
+                    sends[(rank, c.dst)].append((rank, index, member))
+                else:
+                    recvs[(c.src, rank)].append((rank, index, member))
+    partner: dict[Endpoint, Endpoint] = {}
+    unmatched: list[Endpoint] = []
+    mismatched: list[tuple[Endpoint, Endpoint]] = []
+    for channel in sorted(set(sends) | set(recvs)):
+        s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
+        for s_end, r_end in zip(s_list, r_list):
+            partner[s_end] = r_end
+            partner[r_end] = s_end
+            if p2p_at(plan, s_end).payload != p2p_at(plan, r_end).payload:
+                mismatched.append((s_end, r_end))
+        n = min(len(s_list), len(r_list))
+        unmatched.extend(s_list[n:])
+        unmatched.extend(r_list[n:])
+    return P2PPairing(partner, tuple(sorted(unmatched)), tuple(mismatched))
+
+
+@attrs.frozen
+class CollectivePairing:
+    """The k-th collective over a rank set on each member forms instance k.
+    ``instances[(ranks, k)]`` maps each member rank to its op index; ``problems`` lists
+    human-readable disagreements (a member missing, kind/tag/root differing)."""
+
+    instance_of: dict[tuple[int, int], tuple[tuple[int, ...], int]]
+    members: dict[tuple[tuple[int, ...], int], dict[int, int]]
+    problems: tuple[tuple[tuple[int, int], str], ...]
+
+
+def pair_collectives(plan: Plan) -> CollectivePairing:
+    instance_of: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
+    members: dict[tuple[tuple[int, ...], int], dict[int, int]] = defaultdict(dict)
+    count: dict[tuple[tuple[int, ...], int], int] = defaultdict(int)
+    problems: list[tuple[tuple[int, int], str]] = []
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            if not isinstance(op, Collective):
+                continue
+            group = tuple(sorted(op.ranks))
+            if rank not in group:
+                problems.append(((rank, index), f"rank {rank} calls {op} but is not a member"))
+                continue
+            k = count[(group, rank)]
+            count[(group, rank)] += 1
+            instance_of[(rank, index)] = (group, k)
+            members[(group, k)][rank] = index
+    for (group, k), where in members.items():
+        ops = {r: plan.programs[r][i] for r, i in where.items()}
+        first_rank = min(ops)
+        ref = ops[first_rank]
+        for r in group:
+            if r not in ops:
+                problems.append(((first_rank, where[first_rank]),
+                                 f"collective #{k} over ranks {list(group)} ({ref}) is never "
+                                 f"called on rank {r}"))
+            elif (ops[r].kind, ops[r].tag, ops[r].root) != (ref.kind, ref.tag, ref.root):
+                problems.append(((r, where[r]),
+                                 f"collective #{k} over ranks {list(group)}: rank {r} calls "
+                                 f"{ops[r]} but rank {first_rank} calls {ref}"))
+    return CollectivePairing(instance_of, dict(members), tuple(problems))
+
+
+# ---------------------------------------------------------------- execution
+
+
+@attrs.frozen
+class Wait:
+    """Rank ``rank`` is stuck at ``index`` waiting for ``on`` (a position on another rank,
+    or None when nothing can ever arrive)."""
+
+    rank: int
+    index: int
+    on: tuple[int, int] | None
+    reason: str
+
+
+@attrs.frozen
+class Execution:
+    """Result of running a plan. ``start``/``finish`` give each executed op's times
+    (per rank, aligned with the program); a stuck rank's list stops at its blocked op.
+    ``waits`` holds one entry per rank that did not finish."""
+
+    start: tuple[tuple[float, ...], ...]
+    finish: tuple[tuple[float, ...], ...]
+    waits: tuple[Wait, ...]
+
+    @property
+    def completed(self) -> bool:
+        return not self.waits
+
+    @property
+    def makespan(self) -> float:
+        return max((f[-1] for f in self.finish if f), default=0.0)
+
+
+def unit_duration(op: Op) -> float:
+    """One step for a compute op, zero for comm and bookkeeping."""
+    return float(len(computes_of(op)) > 0)
+
+
+def execute(plan: Plan, comm_model: str = RENDEZVOUS,
+            duration: Callable[[Op], float] = unit_duration,
+            comm_time: Callable[[Op], float] = lambda op: 0.0,
+            p2p: P2PPairing | None = None,
+            collectives: CollectivePairing | None = None) -> Execution:
+    """Run ``plan`` under §3.1–3.4 and return every op's start/finish time.
+
+    Each rank runs its ops in order. A compute op takes ``duration(op)``. Under
+    ``rendezvous`` a send or receive completes when both ends are posted, at the later
+    post time plus ``comm_time``; a ``Group`` posts all members at once and completes
+    when all have matched; a collective completes when every member has reached it.
+    Under ``eager`` a send completes at once and a receive when its send has been posted.
+    Ops with no partner block forever. Runs in time linear in the plan size.
+    """
+    p2p = p2p or pair_p2p(plan)
+    collectives = collectives or pair_collectives(plan)
+    n = plan.num_ranks
+    programs = plan.programs
+    start: list[list[float]] = [[] for _ in range(n)]
+    finish: list[list[float]] = [[] for _ in range(n)]
+    posted: dict[tuple[int, int], float] = {}  # (rank, index) -> post time of a comm step
+    ready = [0.0] * n  # time each rank becomes free
+    blocked: dict[int, tuple[int, int] | None] = {}
+    waiting_on: dict[tuple[int, int], list[int]] = defaultdict(list)
+    todo = list(range(n))
+
+    def wake(pos: tuple[int, int]) -> None:
+        todo.extend(waiting_on.pop(pos, ()))
+
+    while todo:
+        rank = todo.pop()
+        blocked.pop(rank, None)
+        program = programs[rank]
+        while len(start[rank]) < len(program):
+            index = len(start[rank])
+            op = program[index]
+            t0 = ready[rank]
+            if isinstance(op, (Send, Recv, Group, Collective)):
+                posted[(rank, index)] = t0
+                wake((rank, index))
+                done = _comm_completion(plan, rank, index, op, comm_model, posted, p2p,
+                                        collectives)
+                if isinstance(done, tuple):  # waiting on that position
+                    blocked[rank] = done if done[0] >= 0 else None
+                    if done[0] >= 0:
+                        waiting_on[done].append(rank)
+                    break
+                t1 = max(t0, done) + comm_time(op)
+            else:
+                t1 = t0 + duration(op)
+            start[rank].append(t0)
+            finish[rank].append(t1)
+            ready[rank] = t1
+    waits = tuple(_describe_wait(plan, r, len(start[r]), blocked.get(r), p2p)
+                  for r in range(n) if len(start[r]) < len(programs[r]))
+    return Execution(tuple(map(tuple, start)), tuple(map(tuple, finish)), waits)
+
+
+_NEVER = (-1, -1)
+
+
+def _comm_completion(plan, rank, index, op, comm_model, posted, p2p, collectives):
+    """The time ``op`` (posted at ``(rank, index)``) can complete, or the position it waits
+    on (``_NEVER`` when no partner exists)."""
+    if isinstance(op, Collective):
+        key = collectives.instance_of.get((rank, index))
+        if key is None:
+            return _NEVER
+        group, _ = key
+        where = collectives.members[key]
+        times = []
+        for r in group:
+            if r not in where:
+                return _NEVER
+            t = posted.get((r, where[r]))
+            if t is None:
+                return (r, where[r])
+            times.append(t)
+        return max(times)
+    times = [posted[(rank, index)]]
+    for member, c in enumerate(p2p_of(op)):
+        other = p2p.partner.get((rank, index, member))
+        if other is None:
+            return _NEVER
+        if comm_model == EAGER and isinstance(c, Send):
+            continue
+        t = posted.get(other[:2])
+        if t is None:
+            return other[:2]
+        times.append(t)
+    return max(times)
+
+
+def _describe_wait(plan, rank, index, on, p2p) -> Wait:
+    op = plan.programs[rank][index]
+    if on is None:
+        return Wait(rank, index, None, f"{op} has no matching partner: it waits forever")
+    return Wait(rank, index, on, f"{op} waits for rank {on[0]} to reach position {on[1]} "
+                                 f"({plan.programs[on[0]][on[1]]})")
+
+
+def wait_cycle(execution: Execution) -> list[Wait]:
+    """The wait-for cycle among stuck ranks (each stuck rank waits on exactly one
+    position; following those edges from any rank that waits on a stuck rank ends in a
+    cycle). Empty when the stuck ranks only wait on missing partners."""
+    by_rank = {w.rank: w for w in execution.waits}
+    for w in execution.waits:
+        path: list[Wait] = []
+        seen: dict[int, int] = {}
+        cur = w
+        while cur is not None and cur.rank not in seen:
+            seen[cur.rank] = len(path)
+            path.append(cur)
+            cur = by_rank.get(cur.on[0]) if cur.on is not None else None
+        if cur is not None:
+            return path[seen[cur.rank]:]
+    return []
+
+
+# ---------------------------------------------------------------- memory
+
+
+@attrs.frozen
+class MemoryModel:
+    """§3.6. ``stored(stage, segment)`` is what an ``F`` keeps for its backward (freed by
+    ``B``, or by ``W`` when split); ``buffer(payload)`` is a receive buffer, freed when the
+    consuming op finishes; ``static[rank]`` is the fixed part. Default: the unit model."""
+
+    stored: Callable[[int, str], float] = lambda stage, segment: 1.0
+    buffer: Callable[[Payload], float] = lambda payload: 0.0
+    static: tuple[float, ...] = ()
+
+    def static_of(self, rank: int) -> float:
+        return self.static[rank] if rank < len(self.static) else 0.0
+
+
+UNIT_MEMORY = MemoryModel()
+
+
+@attrs.frozen
+class MemoryPoint:
+    """Memory on a rank after the op at ``index`` ran: ``level`` and the live tensors."""
+
+    index: int
+    level: float
+
+
+def memory_trace(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
+                 num_stages: int | None = None) -> list[float]:
+    """Memory level after each op of ``rank``'s program (allocations of a step are counted
+    before its frees, so a step's own peak is included)."""
+    levels, _ = _walk_memory(plan, rank, model, want_live_at=None)
+    return levels
+
+
+def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_MEMORY
+                 ) -> list[tuple[str, float]]:
+    """The tensors live on ``rank`` at its peak inside step ``index``."""
+    _, live = _walk_memory(plan, rank, model, want_live_at=index)
+    return live
+
+
+def _walk_memory(plan, rank, model, want_live_at):
+    live: dict[object, tuple[str, float]] = {}
+    level = model.static_of(rank)
+    levels = []
+    snapshot: list[tuple[str, float]] = []
+    for index, op in enumerate(plan.programs[rank]):
+        frees = []
+        for c in computes_of(op):
+            if c.kind == FORWARD:
+                size = model.stored(c.stage, c.segment)
+                live[("stored", c.segment, c.stage, c.mb)] = (f"activation of {c}", size)
+                level += size
+                frees.append(("buffer", _payload_key(ACT, c.segment, c.stage - 1, c.mb)))
+            elif c.kind == BACKWARD or c.kind == WEIGHT_GRAD:
+                frees.append(("stored", c.segment, c.stage, c.mb))
+            if c.kind in (BACKWARD, INPUT_GRAD):
+                frees.append(("buffer", _payload_key(GRAD, c.segment, c.stage + 1, c.mb)))
+        for r in p2p_of(op):
+            if isinstance(r, Recv):
+                size = model.buffer(r.payload)
+                if size:
+                    p = r.payload
+                    live[("buffer", _payload_key(p.kind, p.segment, p.stage, p.mb))] = (
+                        f"receive buffer of {r}", size)
+                    level += size
+        levels.append(level)
+        if index == want_live_at:
+            snapshot = list(live.values())
+        for key in frees:
+            if key in live:
+                level -= live.pop(key)[1]
+    return levels, snapshot
+
+
+def _payload_key(kind, segment, stage, mb):
+    return (kind, segment, stage, mb)
+
+
+def peak_memory(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, tuple[float, int]]:
+    """Per rank: ``(peak, index of the step where it is first reached)`` (-1 if empty)."""
+    out = {}
+    for rank in range(plan.num_ranks):
+        levels = memory_trace(plan, rank, model)
+        if not levels:
+            out[rank] = (model.static_of(rank), -1)
+            continue
+        peak = max(levels)
+        out[rank] = (peak, levels.index(peak))
+    return out
+
+
+def iter_positions(plan: Plan) -> Iterable[tuple[int, int, Op]]:
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            yield rank, index, op
+
+
+# ---------------------------------------------------------------- compute-only timing
+
+
+STANDARD_DURATIONS = {FORWARD: 1.0, BACKWARD: 2.0, INPUT_GRAD: 1.0, WEIGHT_GRAD: 1.0}
+
+
+def standard_duration(op: Op) -> float:
+    """Unit cost model: ``F`` 1, ``B`` 2, ``I`` 1, ``W`` 1; an overlapped step costs the
+    sum of its ops; everything else is free."""
+    return sum(STANDARD_DURATIONS[c.kind] for c in computes_of(op))
+
+
+@attrs.frozen
+class ScheduleTiming:
+    """Times of a compute-only schedule whose transfers are implicit: an op starts when
+    its rank is free and its inputs have arrived (``delay`` after they were produced).
+    ``start[r]`` covers the ops that could run; ``stuck`` names each rank that could not
+    finish, its op index and the token it waits for."""
+
+    start: tuple[tuple[float, ...], ...]
+    finish: tuple[tuple[float, ...], ...]
+    stuck: tuple[tuple[int, int, Token], ...]
+
+    @property
+    def makespan(self) -> float:
+        return max((f[-1] for f in self.finish if f), default=0.0)
+
+
+def schedule_times(programs, placement: Placement,
+                   duration: Callable[[Op], float] = standard_duration,
+                   delay: float = 0.0) -> ScheduleTiming:
+    """Data-flow timing of compute-only programs (§3.5 inputs, implicit transfers).
+    Linear time: each rank advances until an input is missing, then waits for it."""
+    n, num_stages = placement.num_ranks, placement.num_stages
+    have: list[dict[Token, float]] = [dict() for _ in range(n)]
+    start: list[list[float]] = [[] for _ in range(n)]
+    finish: list[list[float]] = [[] for _ in range(n)]
+    waiting: dict[tuple[int, Token], int] = {}
+    todo = list(range(n))
+    while todo:
+        rank = todo.pop()
+        program, free = programs[rank], (finish[rank][-1] if finish[rank] else 0.0)
+        while len(start[rank]) < len(program):
+            op = program[len(start[rank])]
+            missing = [t for t in needs(op, num_stages) if t not in have[rank]]
+            if missing:
+                waiting[(rank, missing[0])] = rank
+                break
+            t0 = max([free] + [have[rank][t] for t in needs(op, num_stages)])
+            free = t0 + duration(op)
+            start[rank].append(t0)
+            finish[rank].append(free)
+            for token in produces(op):
+                have[rank].setdefault(token, free)
+            for c in computes_of(op):
+                for there, payload in consumers_of_output(c, placement):
+                    token = _payload_token(payload)
+                    have[there].setdefault(token, free + delay)
+                    if waiting.pop((there, token), None) is not None:
+                        todo.append(there)
+    stuck = tuple((r, len(start[r]), tok) for (r, tok) in waiting
+                  if len(start[r]) < len(programs[r]))
+    return ScheduleTiming(tuple(map(tuple, start)), tuple(map(tuple, finish)),
+                          tuple(sorted(stuck)))

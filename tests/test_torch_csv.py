@@ -1,0 +1,246 @@
+"""Torch pipelining CSV: byte-exact round trips of torch's own dumps, the writer's
+contract, and one InputError (with position) per kind of bad input."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpipe_verified.errors import InputError
+from mpipe_verified.formats.torch_csv import (MAX_INDEX, format_torch_csv, parse_torch_csv,
+                                              read_torch_csv, write_torch_csv)
+from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Marker, Overlap,
+                               Payload, Placement, Plan, Recv, Schedule, Send)
+from torch_fixtures import FORMATS, LOOPED, VSHAPE, torch_schedule_csv
+
+CASES = [(name, p, m, v, fmt)
+         for fmt in FORMATS
+         for p in (2, 4)
+         for m in (2 * p, 3 * p)
+         for name, v in [*((n, 2) for n in LOOPED + VSHAPE), ("Interleaved1F1B", 1),
+                         ("InterleavedZeroBubble", 1), ("LoopedBFS", 3), ("GPipe", 1)]]
+CASES += [("1F1B", p, 2 * p, 1, "compute_only") for p in (2, 4)]
+
+
+@pytest.mark.parametrize("name,p,m,v,fmt", CASES)
+def test_torch_dump_round_trips_byte_for_byte(tmp_path, name, p, m, v, fmt):
+    text = torch_schedule_csv(name, p, m, v, fmt)
+    src, dst = tmp_path / "torch.csv", tmp_path / "ours.csv"
+    src.write_bytes(text.encode())
+    plan = read_torch_csv(str(src))
+    write_torch_csv(plan, str(dst))
+    assert dst.read_bytes() == src.read_bytes()
+    assert format_torch_csv(parse_torch_csv(text, "x.csv")) == text
+    assert plan.has_comms() == (fmt == "compute_comms")
+    assert plan.num_ranks == p
+    expected = Placement.vshape(p) if name in VSHAPE else Placement.looped(p, v)
+    assert plan.placement == expected
+    if name != "1F1B":  # torch's 1F1B order runs F{m} on the last rank (a torch bug)
+        assert plan.num_microbatches == m
+
+
+def test_cells_map_to_ops():
+    plan = parse_torch_csv(torch_schedule_csv("DualPipeV", 2, 4, 2, "compute_comms"), "d.csv")
+    rank0 = plan.programs[0]
+    assert rank0[:4] == (Marker(0, "UNSHARD"), Marker(3, "UNSHARD"), Compute("F", 0, 0),
+                         Send(1, Payload(ACT, 0, 0)))
+    assert Recv(1, Payload(ACT, 2, 0)) in rank0  # 3RECV_F0: stage 2 lives on rank 1
+    assert Recv(1, Payload(GRAD, 1, 0)) in rank0  # 0RECV_B0: stage 1 lives on rank 1
+    assert Send(1, Payload(GRAD, 3, 1)) in rank0  # 3SEND_B1 goes to stage 2 on rank 1
+    assert Overlap((Compute("F", 0, 3), Compute("B", 3, 1))) in rank0
+    assert Marker(3, "REDUCE_GRAD") in rank0
+
+
+def test_idle_and_empty_rows_survive():
+    text = ",0F0,,\r\n\r\n\"\"\r\n1F0,1B0\r\n"
+    plan = parse_torch_csv(text, "x.csv")
+    assert plan.programs == ((Idle(), Compute("F", 0, 0), Idle(), Idle()), (), (Idle(),),
+                             (Compute("F", 1, 0), Compute("B", 1, 0)))
+    assert plan.placement == Placement((0, 3), 4)
+    assert format_torch_csv(plan) == text
+
+
+def test_lenient_spellings_are_written_canonically():
+    plan = parse_torch_csv(' 0F0 ,"0B0",\t\n( 1F1 ; 1B1 )OVERLAP_F_B', "x.csv")
+    assert plan.programs == ((Compute("F", 0, 0), Compute("B", 0, 0), Idle()),
+                             (Overlap((Compute("F", 1, 1), Compute("B", 1, 1))),))
+    assert format_torch_csv(plan) == "0F0,0B0,\r\n(1F1;1B1)OVERLAP_F_B\r\n"
+
+
+# ---------------------------------------------------------------- writing
+
+def _plan() -> Plan:
+    programs = ((Marker(0, "UNSHARD"), Compute("F", 0, 0), Send(1, Payload(ACT, 0, 0)), Idle(),
+                 Recv(1, Payload(GRAD, 1, 0)), Compute("B", 0, 0), Marker(0, "REDUCE_GRAD")),
+                (Recv(0, Payload(ACT, 0, 0)), Overlap((Compute("F", 1, 0), Compute("B", 1, 0))),
+                 Send(0, Payload(GRAD, 1, 0)), Idle()))
+    return Plan(Placement((0, 1), 2), 1, programs)
+
+
+TEXT = ("0UNSHARD,0F0,0SEND_F0,,0RECV_B0,0B0,0REDUCE_GRAD\r\n"
+        "1RECV_F0,(1F0;1B0)OVERLAP_F_B,1SEND_B0,\r\n")
+
+
+def test_write_to_path_and_stream(tmp_path):
+    assert format_torch_csv(_plan()) == TEXT
+    out = tmp_path / "plan.csv"
+    write_torch_csv(_plan(), out)
+    assert out.read_bytes() == TEXT.encode()
+    assert os.listdir(tmp_path) == ["plan.csv"]
+    buf = io.StringIO(newline="")
+    write_torch_csv(_plan(), buf)
+    assert buf.getvalue() == TEXT
+    assert parse_torch_csv(TEXT, "x.csv") == _plan()
+
+
+def test_write_accepts_schedule():
+    sched = Schedule(Placement.looped(2), 2, ((Compute("F", 0, 0), Idle(), Compute("F", 0, 1)),
+                                               (Idle(), Compute("F", 1, 0))))
+    assert format_torch_csv(sched) == "0F0,,0F1\r\n,1F0\r\n"
+
+
+@pytest.mark.parametrize("op", [
+    Group((Send(1, Payload(ACT, 0, 0)),)),
+    Collective("all_reduce", (0, 1)),
+    Compute("F", 0, 0, segment="vision"),
+    Send(0, Payload(ACT, 0, 0)),  # stage 1 lives on rank 1, not 0
+    Send(1, Payload(ACT, 1, 0)),  # there is no stage 2
+])
+def test_writer_rejects_what_the_format_cannot_say(tmp_path, op):
+    plan = Plan(Placement((0, 1), 2), 1, ((op,), ()))
+    out = tmp_path / "plan.csv"
+    out.write_text("old")
+    with pytest.raises(ValueError):
+        write_torch_csv(plan, out)
+    assert out.read_text() == "old" and os.listdir(tmp_path) == ["plan.csv"]
+
+
+def test_failed_replace_leaves_old_file(tmp_path, monkeypatch):
+    out = tmp_path / "plan.csv"
+    out.write_text("old")
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        write_torch_csv(_plan(), out)
+    assert out.read_text() == "old" and os.listdir(tmp_path) == ["plan.csv"]
+
+
+# -------------------------------------------------------------- bad input
+
+BAD = [  # (text, line, column, words in the message)
+    ("", None, None, "empty file"),
+    ("\r\n\r\n", None, None, "no actions"),
+    (",,\r\n,\r\n", None, None, "no actions"),
+    ("0F0,xyz\r\n", 1, 2, "expected an action like 2F0, 1SEND_F3 or "
+                          "(0F7;7B3)OVERLAP_F_B, got 'xyz'"),
+    ("0F0\r\n1FOO1\r\n", 2, 1, "got '1FOO1'"),
+    ("-1F0\r\n", 1, 1, "got '-1F0'"),
+    ("0F0,0Fx\r\n", 1, 2, "got '0Fx'"),
+    ("0F0,0F1.5\r\n", 1, 2, "got '0F1.5'"),
+    ("0F0,0F\r\n", 1, 2, "microbatch index after 0F"),
+    ("0F0,0F01\r\n", 1, 2, "leading zeros"),
+    ("0F٣\r\n", 1, 1, "got '0F٣'"),
+    (f"0F0,0F{MAX_INDEX + 1}\r\n", 1, 2, "microbatch index 1000001"),
+    (f"{10**30}F0\r\n", 1, 1, "stage index"),
+    ("0F" + "9" * 5000 + "\r\n", 1, 1, "too large"),
+    ("0F0,0F\x001\r\n", 1, 2, "got '0F\\x001'"),
+    ("0F0\r\n\x7fELF\x02\x01\r\n", 2, 1, "expected an action"),
+    ("0RECV_F0,0F0\r\n1F0\r\n", 1, 1, "no previous stage to receive an activation"),
+    ("0F0\r\n1F0,1SEND_F0\r\n", 2, 2, "no next stage to send"),
+    ("0SEND_B0\r\n1F0\r\n", 1, 1, "no previous stage to send its gradient"),
+    ("0F0\r\n1RECV_B0\r\n", 2, 1, "no next stage to receive a gradient"),
+    ("0F0,1F0\r\n1B0\r\n", 2, 1, "stage 1 appears on rows 1 and 2"),
+    ("0F0\r\n(2F0;1B0)OVERLAP_F_B\r\n0B0\r\n", 3, 1, "stage 0 appears on rows 1 and 3"),
+    ("0F0\r\n2F0\r\n", None, None, "stage 1 appears on no row"),
+    ("1F0\r\n", None, None, "stage 0 appears on no row"),
+    ('0F0\r\n"1F0,1B0\r\n', 2, None, "malformed CSV"),
+    ('0F0,"1F0"x\r\n', 1, None, "malformed CSV"),
+    ("(0F7;1SEND_F3)OVERLAP_F_B\r\n1F0\r\n", 1, 1, "only combine compute actions"),
+    ("0F0,(0F1;0UNSHARD)OVERLAP_F_B\r\n", 1, 2, "only combine compute actions"),
+    ("(0F1;)OVERLAP_F_B\r\n", 1, 1, "expected an action"),
+    ("()OVERLAP_F_B\r\n", 1, 1, "expected an action"),
+    ("((0F1;0B1)OVERLAP_F_B;0F2)OVERLAP_F_B\r\n", 1, 1, "expected an action"),
+    ("(0F1;0B1)OVERLAP_X\r\n", 1, 1, "expected an action"),
+    ('"0F0\r\n1F0"\r\n', 1, 1, "expected an action"),
+]
+
+
+@pytest.mark.parametrize("text,line,column,words", BAD)
+def test_bad_text_is_an_input_error(text, line, column, words):
+    with pytest.raises(InputError) as err:
+        parse_torch_csv(text, "bad.csv")
+    e = err.value
+    assert (e.file, e.line, e.column) == ("bad.csv", line, column)
+    assert words in e.message
+    assert str(e).startswith("bad.csv" + ("" if line is None else f":{line}"))
+
+
+def test_non_utf8_bytes(tmp_path):
+    path = tmp_path / "junk.csv"
+    path.write_bytes(b"0F0,0B0\r\n1F0,\xff\xfe\x00\r\n")
+    with pytest.raises(InputError) as err:
+        read_torch_csv(str(path))
+    assert (err.value.file, err.value.line) == (str(path), 2)
+    assert "not UTF-8" in err.value.message
+
+
+def test_missing_file_and_directory(tmp_path):
+    missing = str(tmp_path / "nope.csv")
+    with pytest.raises(InputError) as err:
+        read_torch_csv(missing)
+    assert (err.value.file, err.value.line) == (missing, None)
+    assert "no such file" in str(err.value)
+    with pytest.raises(InputError) as err:
+        read_torch_csv(str(tmp_path))
+    assert (err.value.file, err.value.line) == (str(tmp_path), None)
+    assert "directory" in err.value.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("0123FBIWSENDRCV_OLAPUHX(;),\"\r\n \x00é-")),
+               max_size=60))
+def test_any_text_parses_or_raises_input_error(text):
+    try:
+        parse_torch_csv(text, "fuzz.csv")
+    except InputError as e:
+        assert e.file == "fuzz.csv"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=80))
+def test_any_bytes_read_or_raise_input_error(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("fuzz") / "f.csv"
+    path.write_bytes(data)
+    try:
+        read_torch_csv(str(path))
+    except InputError:
+        pass
+
+
+_CELL = st.one_of(
+    st.just(""),
+    st.builds("{}{}{}".format, st.integers(0, 3), st.sampled_from(
+        ["F", "B", "I", "W", "SEND_F", "SEND_B", "RECV_F", "RECV_B", "REDUCE_GRAD"]),
+        st.integers(0, 12)),
+    st.builds("{}{}".format, st.integers(0, 3), st.sampled_from(["UNSHARD", "RESHARD"])),
+    st.builds("({}F{};{}B{})OVERLAP_F_B".format, *[st.integers(0, 3)] * 4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_CELL, max_size=6), min_size=1, max_size=4))
+def test_every_accepted_canonical_file_round_trips(rows):
+    text = "".join(",".join(r) + "\r\n" if r != [""] else '""\r\n' for r in rows)
+    try:
+        plan = parse_torch_csv(text, "gen.csv")
+    except InputError:
+        return
+    assert format_torch_csv(plan) == text
+    assert parse_torch_csv(format_torch_csv(plan), "gen.csv") == plan
