@@ -40,7 +40,8 @@ SUPPORTED = SINGLE + LOOPED + VSHAPE
 FORMATS = ("compute_only", "compute_comms")
 
 
-def _schedules():
+def torch_schedules():
+    """torch.distributed.pipelining.schedules, or skip the calling test without it."""
     with warnings.catch_warnings():  # torch warns when numpy is absent
         warnings.simplefilter("ignore")
         return pytest.importorskip("torch.distributed.pipelining.schedules")
@@ -78,7 +79,7 @@ def torch_schedule_csv(name: str, p: int, m: int, v: int = 1,
     microbatches and ``v`` stages per rank, in ``fmt`` (``compute_only`` or
     ``compute_comms``). Skips the calling test when torch (or ``name`` in this torch) is
     missing; raises ``ValueError`` for unsupported arguments."""
-    S = _schedules()
+    S = torch_schedules()
     if name not in SUPPORTED or fmt not in FORMATS:
         raise ValueError(f"unsupported schedule {name!r} or format {fmt!r}; "
                          f"supported: {SUPPORTED}, {FORMATS}")

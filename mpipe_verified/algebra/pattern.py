@@ -94,7 +94,8 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
             break
         match = _TOKEN.match(text, pos)
         if not match:
-            raise ParameterError(f"pattern {text!r}: cannot read column {pos + 1} "
+            column = pos + len(text[pos:]) - len(text[pos:].lstrip()) + 1
+            raise ParameterError(f"pattern {text!r}: cannot read column {column} "
                                  "(expected F, B, I, W, a group, ^count or *)")
         kind = match.lastgroup
         out.append((kind, match.group(kind), match.start(kind) - (1 if kind == "expr" else 0)))
@@ -113,7 +114,7 @@ def _parse_seq(tokens, pos, text):
                 raise ParameterError(f"pattern {text!r}: '^' at column {tokens[pos][2] + 1} "
                                      "needs a count like ^3 or ^{p-1-r}")
             count = tokens[pos + 1][1]
-            _check_arith(count, text)
+            check_count(count, f"pattern {text!r}", column=tokens[pos + 1][2] + 1)
             atom, pos = Repeat(atom, count), pos + 2
         items.append(atom)
     return (items[0] if len(items) == 1 else Cat(tuple(items))), pos
@@ -152,14 +153,18 @@ _ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, 
 VARIABLES = ("p", "r", "m", "v", "g", "n")
 
 
-def _check_arith(source: str, text: str) -> None:
+def check_count(source: str, context: str, column: int | None = None,
+                 variables: tuple[str, ...] = VARIABLES) -> None:
+    """Reject anything but integer arithmetic over ``variables``; the message names
+    ``context`` and, when given, the column of the count."""
+    where = "" if column is None else f" at column {column}"
     try:
         tree = ast.parse(source, mode="eval")
     except SyntaxError:
-        raise ParameterError(f"pattern {text!r}: count {{{source}}} is not arithmetic") from None
+        raise ParameterError(f"{context}: count {{{source}}}{where} is not arithmetic") from None
     for node in ast.walk(tree):
         ok = isinstance(node, _ALLOWED)
-        if isinstance(node, ast.Name) and node.id not in VARIABLES + ("min", "max"):
+        if isinstance(node, ast.Name) and node.id not in variables + ("min", "max"):
             ok = False
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
                                                and node.func.id in ("min", "max")):
@@ -167,14 +172,18 @@ def _check_arith(source: str, text: str) -> None:
         if isinstance(node, ast.Constant) and not isinstance(node.value, int):
             ok = False
         if not ok:
-            raise ParameterError(f"pattern {text!r}: count {{{source}}} may use only integers, "
-                                 f"+ - * //, min, max and the variables {', '.join(VARIABLES)}")
+            raise ParameterError(f"{context}: count {{{source}}}{where} may use only integers, "
+                                 f"+ - * //, min, max and the variables {', '.join(variables)}")
 
 
 def evaluate_count(source: str, env: Mapping[str, int]) -> int:
     """Evaluate a checked count expression; negative results count as 0."""
-    value = eval(compile(ast.parse(source, mode="eval"), "<count>", "eval"),  # noqa: S307
-                 {"__builtins__": {}, "min": min, "max": max}, dict(env))
+    try:
+        value = eval(compile(ast.parse(source, mode="eval"), "<count>", "eval"),  # noqa: S307
+                     {"__builtins__": {}, "min": min, "max": max}, dict(env))
+    except ZeroDivisionError:
+        raise ParameterError(f"count {{{source}}} divides by zero for "
+                             + ", ".join(f"{k}={v}" for k, v in env.items())) from None
     return max(0, int(value))
 
 
@@ -273,5 +282,8 @@ def _run(node: Node, streams: RankStreams, env, out: list[Op]) -> int:
             popped += k
         return popped
     for _ in range(evaluate_count(node.count, env)):
-        popped += _run(node.body, streams, env, out)
+        k = _run(node.body, streams, env, out)
+        if k == 0:  # streams only shrink: a body that popped nothing never will again
+            break
+        popped += k
     return popped

@@ -26,7 +26,7 @@ import attrs
 from ..errors import ParameterError
 from ..ir import (BACKWARD, INPUT_GRAD, WEIGHT_GRAD, Compute, Op, Overlap, Placement, Schedule,
                   computes_of)
-from .pattern import RankStreams, _check_arith, evaluate_count, parse_pattern, weave_rank
+from .pattern import RankStreams, check_count, evaluate_count, parse_pattern, weave_rank
 
 PLACEMENTS = ("looped", "v")
 
@@ -201,14 +201,13 @@ class DeferW:
     lag: str
 
     def __attrs_post_init__(self) -> None:
-        _check_arith(self.lag, f"defer_w lag {self.lag}")
+        check_count(self.lag, "defer_w lag", variables=("p", "r", "m"))
 
     def derive(self) -> Schedule:
         s = self.term.derive()
         programs = []
         for r, prog in enumerate(s.programs):
-            lag = evaluate_count(self.lag, {"p": s.num_ranks, "r": r, "m": s.num_microbatches,
-                                            "v": 1, "g": 1, "n": 0})
+            lag = evaluate_count(self.lag, {"p": s.num_ranks, "r": r, "m": s.num_microbatches})
             programs.append(_defer(prog, lag))
         return attrs.evolve(s, programs=tuple(programs))
 

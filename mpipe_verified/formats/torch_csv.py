@@ -19,11 +19,12 @@ quoted cells, blanks around a cell) are written back in that canonical form.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
 import re
-import tempfile
+import uuid
 from typing import IO, NamedTuple
 
 from ..errors import InputError
@@ -31,6 +32,7 @@ from ..ir import (ACT, GRAD, Compute, Idle, Marker, Op, Overlap, Payload, Placem
                   Recv, Schedule, Send)
 
 MAX_INDEX = 10**6
+MAX_BYTES = 1 << 28  # far above any real schedule; stops /dev/zero-like inputs
 EXPECTED = "expected an action like 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B"
 _ACTION = re.compile(  # ASCII digits only: \d would also take other scripts' digits
     r"([0-9]+)(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)([0-9]*)")
@@ -59,13 +61,15 @@ def read_torch_csv(path: str | os.PathLike[str]) -> Plan:
     name = os.fspath(path)
     try:
         with open(name, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise InputError("no such file", name) from None
     except IsADirectoryError:
         raise InputError("is a directory, expected a torch CSV file", name) from None
     except OSError as e:
         raise InputError(f"cannot read file: {e.strerror or e}", name) from None
+    if len(data) > MAX_BYTES:
+        raise InputError(f"file larger than {MAX_BYTES} bytes; expected a torch CSV file", name)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -113,22 +117,28 @@ def write_torch_csv(plan: Plan | Schedule, out: str | os.PathLike[str] | IO[str]
         out.write(text)
         return
     path = os.fspath(out)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-",
-                               suffix=".csv")
+    tmp = os.path.join(os.path.dirname(path),
+                       f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    f = open(tmp, "x", encoding="utf-8", newline="")  # mode from the umask, like torch's
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with f:
             f.write(text)
-        os.chmod(tmp, _new_file_mode(path))
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(OSError):  # keep an existing file's permissions
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
 # ---------------------------------------------------------------- pass 1: cells
+
+def _show(raw: str) -> str:
+    return repr(raw) if len(raw) <= 40 else repr(raw[:40]) + "..."
+
 
 def _parse_cells(text: str, file: str) -> list[list[_Cell]]:
     rows: list[list[_Cell]] = []
@@ -156,7 +166,7 @@ def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
         bad = [p for p, sub in zip(parts, subs) if sub.kind in _MARKERS + _COMMS]
         if bad:
             raise InputError(f"OVERLAP_F_B may only combine compute actions (F, B, I, W), "
-                             f"got {bad[0]!r} in {raw!r}", file, r, c)
+                             f"got {_show(bad[0])} in {_show(raw)}", file, r, c)
         return _Cell("OVERLAP", subs=subs)
     return _parse_action(s, raw, file, r, c)
 
@@ -164,18 +174,19 @@ def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
 def _parse_action(s: str, raw: str, file: str, r: int, c: int) -> _Cell:
     m = _ACTION.fullmatch(s)
     if not m:
-        raise InputError(f"{EXPECTED}, got {raw!r}", file, r, c)
+        raise InputError(f"{EXPECTED}, got {_show(raw)}", file, r, c)
     stage_s, kind, mb_s = m.groups()
-    if any(len(d) > 1 and d[0] == "0" for d in (stage_s, mb_s)):
-        raise InputError(f"{EXPECTED} (indices without leading zeros), got {raw!r}",
-                         file, r, c)
     for what, digits in (("stage", stage_s), ("microbatch", mb_s)):
-        if len(digits) > 7 or (digits and int(digits) > MAX_INDEX):
-            raise InputError(f"{what} index {digits[:20]}{'...' if len(digits) > 20 else ''}"
-                             f" in {raw!r} is too large (at most {MAX_INDEX})", file, r, c)
+        if len(digits) > 1 and digits[0] == "0":
+            raise InputError(f"{EXPECTED} (indices without leading zeros), got {_show(raw)}",
+                             file, r, c)
+        if len(digits) > 7 or (len(digits) == 7 and int(digits) > MAX_INDEX):
+            shown = digits if len(digits) <= 20 else digits[:20] + "..."
+            raise InputError(f"{what} index {shown} in {_show(raw)} is too large (at most "
+                             f"{MAX_INDEX})", file, r, c)
     if kind not in _MARKERS and not mb_s:
         raise InputError(f"expected a microbatch index after {stage_s}{kind} (like "
-                         f"{stage_s}{kind}0), got {raw!r}", file, r, c)
+                         f"{stage_s}{kind}0), got {_show(raw)}", file, r, c)
     return _Cell(kind, int(stage_s), int(mb_s) if mb_s else None)
 
 
@@ -252,13 +263,3 @@ def _check_writable(plan: Plan | Schedule) -> None:
                         and place.rank_of(peer_stage) == op.peer):
                     raise ValueError(f"{where}: peer rank {op.peer} is not the rank of stage "
                                      f"{peer_stage}; the torch CSV format cannot express it")
-
-
-def _new_file_mode(path: str) -> int:
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-

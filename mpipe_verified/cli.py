@@ -1,0 +1,231 @@
+"""``mpipe-verify``: the command-line contract of DESIGN §7.
+
+Subcommands (each registered by one ``_add_*`` function; all share the target selection
+of ``add_target_arguments`` and ``load_target``)::
+
+    mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]
+                        [--format auto|spec|torch-csv] --to torch-csv [--compute-only] [-o OUT]
+    mpipe-verify show   SPEC|FILE | --family ... [--format ...] [--width N]
+
+Invariants: bad input or usage exits 2 with exactly one line on stderr
+(``mpipe-verify: error: ...``, naming the file and position where there is one) and
+never a traceback; ``-o OUT`` is written atomically (a failure leaves no partial file) and
+its missing parent directories are created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from typing import Callable, NoReturn, Sequence
+
+from .algebra.families import FAMILIES, family
+from .errors import InputError, ParameterError
+from .formats.spec import Spec, parse_spec, read_text
+from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
+from .ir import COMM_STEP, Plan, Schedule
+from .lower import lower
+from .semantics import UNIT_MEMORY, standard_duration
+from .show import render_grid
+
+PROG = "mpipe-verify"
+FORMATS = ("auto", "spec", "torch-csv")
+EXPORT_TARGETS = ("torch-csv", "chrome-trace")
+
+
+class UsageError(Exception):
+    """A usage problem; ``str`` is the one line printed after ``mpipe-verify: error:``."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``PROG: error: ...``) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+# ---------------------------------------------------------------- shared target selection
+
+
+def add_target_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` selection."""
+    p.add_argument("target", nargs="?", metavar="SPEC|FILE",
+                   help="a spec (.toml) or a PyTorch pipelining CSV (.csv)")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="how to read SPEC|FILE (auto: by extension, else by content)")
+    g = p.add_argument_group("a standard family instead of a file")
+    g.add_argument("--family", choices=list(FAMILIES), metavar="NAME",
+                   help=f"one of {', '.join(FAMILIES)}")
+    g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
+    g.add_argument("--microbatches", type=int, metavar="M")
+    g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
+
+
+def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
+    """Resolve the target options to ``(schedule_or_plan, spec, source_name)``.
+
+    A spec or ``--family`` gives its derived ``Schedule`` and a ``Spec`` (``--family``:
+    no cost model, no limit); a torch CSV gives a ``Schedule`` when it has no comm cells
+    (compute-only) and a ``Plan`` otherwise, with ``spec`` None. Raises ``UsageError`` or
+    ``InputError``."""
+    family_opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
+    if args.family is not None:
+        if args.target is not None:
+            raise UsageError(f"give either SPEC|FILE ({args.target}) or --family, not both")
+        missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
+        if missing:
+            raise UsageError(f"--family {args.family} needs {' and '.join(missing)}")
+        name = f"--family {args.family}"
+        try:
+            term = family(args.family, args.pp, args.microbatches, args.chunks)
+            spec = Spec.of_term(term, name)
+        except ParameterError as e:
+            raise UsageError(f"{name}: {e}") from None
+        return spec.schedule, spec, name
+    if args.target is None:
+        raise UsageError("give a SPEC or torch CSV FILE, or --family NAME --pp P "
+                         "--microbatches M")
+    if family_opts:
+        raise UsageError(f"--{family_opts[0]} goes with --family, not with a file")
+    path = args.target
+    fmt = args.format
+    if fmt == "auto":
+        fmt = {".toml": "spec", ".csv": "torch-csv"}.get(os.path.splitext(path)[1].lower(), "")
+    text = read_text(path, {"spec": "a TOML spec file", "torch-csv": "a torch CSV file"}.get(
+        fmt, "a TOML spec or torch CSV file"))
+    if not fmt:  # sniff: TOML has key = value or [table] lines; CSV cells never hold '='
+        fmt = "spec" if re.search(r"^\s*(\[|[A-Za-z_\"'][^,\n]*=)", text, re.M) else "torch-csv"
+    if fmt == "spec":
+        spec = parse_spec(text, path)
+        return spec.schedule, spec, path
+    plan = parse_torch_csv(text, path)
+    if plan.has_comms():
+        return plan, None, path
+    return Schedule(plan.placement, plan.num_microbatches, plan.programs), None, path
+
+
+def compute_only(target: Schedule | Plan) -> Schedule:
+    """The compute steps of ``target`` (comm ops dropped), as a schedule."""
+    if isinstance(target, Schedule):
+        return target
+    programs = tuple(tuple(op for op in prog if not isinstance(op, COMM_STEP))
+                     for prog in target.programs)
+    return Schedule(target.placement, target.num_microbatches, programs)
+
+
+# ---------------------------------------------------------------- export
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a schedule or its lowered plan to a file format",
+                       description="Write the lowered plan (default) or the compute-only "
+                                   "schedule in another format.")
+    add_target_arguments(p)
+    p.add_argument("--to", required=True, choices=EXPORT_TARGETS, help="output format")
+    p.add_argument("--compute-only", action="store_true",
+                   help="write the compute-only schedule instead of the lowered plan")
+    p.add_argument("-o", "--output", metavar="OUT", help="output file (default: stdout)")
+    p.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if args.to == "chrome-trace":
+        raise UsageError("--to chrome-trace is not available yet; use --to torch-csv")
+    if args.output is not None and os.path.isdir(args.output):
+        raise UsageError(f"-o {args.output}: is a directory, expected a file path")
+    target, _, name = load_target(args)
+    if args.compute_only:
+        out: Schedule | Plan = compute_only(target)
+    else:
+        out = lower(target) if isinstance(target, Schedule) else target
+    try:
+        if args.output is None:
+            sys.stdout.write(format_torch_csv(out))
+        else:
+            os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+            write_torch_csv(out, args.output)
+    except ValueError as e:
+        raise UsageError(f"{name}: cannot write it as a torch CSV: {e}") from None
+    return 0
+
+
+# ---------------------------------------------------------------- show
+
+
+def _add_show(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("show", help="print a per-rank time grid of a schedule",
+                       description="Print one line per rank over time (idle steps as '.'), "
+                                   "then makespan, idle time and peak memory per rank.")
+    add_target_arguments(p)
+    p.add_argument("--width", type=int, metavar="N",
+                   help="wrap the grid to N characters (0: never; default: terminal width)")
+    p.set_defaults(run=run_show)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    if args.width is not None and args.width < 0:
+        raise UsageError(f"--width must be >= 0, got {args.width}")
+    target, spec, name = load_target(args)
+    width = args.width if args.width is not None else shutil.get_terminal_size((160, 24)).columns
+    title = f"{name}: {spec.term}" if spec is not None else name
+    sys.stdout.write(title + "\n\n" + render_grid(
+        target, spec.duration if spec else standard_duration,
+        spec.memory_model if spec else UNIT_MEMORY, width))
+    return 0
+
+
+# ---------------------------------------------------------------- check
+# The ``check`` subcommand (DESIGN §7) registers here: ``_add_check(sub)`` calling
+# ``add_target_arguments(p)`` and ``p.set_defaults(run=run_check)``, with ``run_check``
+# starting from ``load_target(args)``.
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _add_show]
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Verified pipeline-parallel schedules.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (see the module docstring)."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except BrokenPipeError:  # stdout closed early (| head): not an error worth a line
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
+    except (UsageError, InputError, ParameterError) as e:
+        return _fail(str(e))
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}")
+    except KeyboardInterrupt:
+        return 130
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).splitlines())
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

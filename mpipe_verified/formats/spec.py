@@ -1,0 +1,434 @@
+"""Spec files: a schedule described in TOML, and the algebra's expression language.
+
+A spec has one required table and two optional ones::
+
+    [schedule]
+    family = "zb-h1"          # one of algebra.families.FAMILIES
+    pp = 4
+    microbatches = 8
+    # chunks = 2              # interleaved-1f1b only
+    # or, instead of family/pp/microbatches/chunks:
+    # expression = "defer_w(split_bw(one_f_one_b(pp=4, microbatches=8)), lag='r')"
+
+    [cost]                    # optional; defaults F=1, B=2, I=1, W=1, activation=1
+    F = 1.0                   # durations: positive numbers
+    B = 2.0
+    I = 1.0
+    W = 1.0
+    activation = 1.0          # stored per F: a number, or a list with one entry per stage
+
+    [memory]                  # optional
+    limit = 8                 # peak bound: a number, or a list with one entry per rank
+
+The expression language (``parse_expression``) is a whitelisted subset of Python call
+syntax: only the calls in ``FUNCTIONS``, and int, string and list literals. ``str(term)``
+of every term prints this language and reads back to an equal term.
+
+Invariants: every problem with a spec (unreadable file, malformed TOML, unknown key, wrong
+type, bad parameter, a term that does not derive) raises ``InputError`` naming the file, the
+1-based line (and column where known) and what was expected. A ``Spec`` that loads has
+already derived its schedule, and its per-stage/per-rank lists match that schedule.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import re
+from typing import Any, Callable
+
+import attrs
+
+import tomllib
+
+from ..algebra import families, terms
+from ..errors import InputError, ParameterError
+from ..ir import BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Op, Schedule, computes_of
+from ..semantics import UNIT_MEMORY, MemoryModel, standard_duration
+
+TERM_TYPES = (terms.Weave, terms.Seq, terms.Par, terms.Restrict, terms.SplitBW, terms.MergeBW,
+              terms.DeferW, terms.Relabel)
+Term = Any  # any of TERM_TYPES: an object with ``derive() -> Schedule``
+
+# ---------------------------------------------------------------- cost model
+
+
+@attrs.frozen
+class CostModel:
+    """Per-kind durations and per-stage stored activation sizes. ``activation`` is one
+    size for every stage or a tuple with one size per stage."""
+
+    F: float = 1.0
+    B: float = 2.0
+    I: float = 1.0  # noqa: E741
+    W: float = 1.0
+    activation: float | tuple[float, ...] = 1.0
+
+    def duration(self, op: Op) -> float:
+        """Like ``semantics.standard_duration``: the sum over the step's compute ops."""
+        return sum(getattr(self, c.kind) for c in computes_of(op))
+
+    def stored(self, stage: int, segment: str = "") -> float:
+        a = self.activation
+        return float(a) if not isinstance(a, tuple) else a[stage]
+
+    @property
+    def memory_model(self) -> MemoryModel:
+        return MemoryModel(stored=self.stored)
+
+
+@attrs.frozen
+class Spec:
+    """A loaded spec. ``schedule`` is ``term.derive()`` (computed once, at load)."""
+
+    term: Term
+    schedule: Schedule = attrs.field(eq=False, repr=False)
+    cost: CostModel | None = None
+    memory_limit: float | tuple[float, ...] | None = None
+    file: str = ""
+
+    def duration(self, op: Op) -> float:
+        """The cost model's duration, or ``standard_duration`` without one."""
+        return self.cost.duration(op) if self.cost else standard_duration(op)
+
+    @property
+    def memory_model(self) -> MemoryModel:
+        return self.cost.memory_model if self.cost else UNIT_MEMORY
+
+    def limit_of(self, rank: int) -> float | None:
+        lim = self.memory_limit
+        return lim[rank] if isinstance(lim, tuple) else lim
+
+    @classmethod
+    def of_term(cls, term: Term, file: str = "") -> "Spec":
+        """A spec without cost model or limit (``ParameterError`` if it does not derive)."""
+        return cls(term, term.derive(), file=file)
+
+
+# ---------------------------------------------------------------- expression language
+
+_INT, _STR, _TERM, _INTS = "an integer", "a string", "a schedule term", "a list of integers"
+_REQUIRED = object()
+
+
+def _family(name: str) -> Callable[..., Term]:
+    return lambda pp, microbatches, chunks=None: families.family(name, pp, microbatches, chunks)
+
+
+def _weave(pp, microbatches, pattern, chunks=1, placement="looped", group=None):
+    return terms.Weave(pp, microbatches, pattern, chunks, placement, group)
+
+
+def _defer_w(t, lag):
+    return terms.DeferW(t, str(lag))
+
+
+_PP_M = (("pp", _INT, _REQUIRED), ("microbatches", _INT, _REQUIRED))
+# name -> (constructor, ((param, type, default), ...)); defaults equal the term's own.
+FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]]] = {
+    "weave": (_weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
+                       ("placement", _STR, "looped"), ("group", _INT, None))),
+    "family": (lambda name, pp, microbatches, chunks=None:
+               families.family(name, pp, microbatches, chunks),
+               (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None))),
+    **{("one_f_one_b" if name == "1f1b" else name.replace("-", "_")):
+       (_family(name), _PP_M + ((("chunks", _INT, None),) if name == "interleaved-1f1b" else ()))
+       for name in families.FAMILIES},
+    "seq": (terms.Seq, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
+    "par": (terms.Par, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
+    "restrict": (lambda t, ranks: terms.Restrict(t, tuple(ranks)),
+                 (("t", _TERM, _REQUIRED), ("ranks", _INTS, _REQUIRED))),
+    "split_bw": (terms.SplitBW, (("t", _TERM, _REQUIRED),)),
+    "merge_bw": (terms.MergeBW, (("t", _TERM, _REQUIRED),)),
+    "defer_w": (_defer_w, (("t", _TERM, _REQUIRED), ("lag", (_STR, _INT), _REQUIRED))),
+    "relabel": (lambda t, perm: terms.Relabel(t, tuple(perm)),
+                (("t", _TERM, _REQUIRED), ("perm", _INTS, _REQUIRED))),
+}
+
+
+def parse_expression(text: str, file: str = "<expression>", line: int = 1,
+                     column: int = 1) -> Term:
+    """Parse an algebra expression into a term (not derived). ``line``/``column`` give
+    where ``text`` starts in ``file``, so errors point into the file."""
+
+    def fail(msg: str, node: ast.AST | None = None, lineno: int = 1, col: int = 0) -> InputError:
+        if node is not None:
+            lineno, col = getattr(node, "lineno", 1), getattr(node, "col_offset", 0)
+        return InputError(msg, file, line + lineno - 1, (column if lineno == 1 else 1) + col)
+
+    if not text.strip():
+        raise fail("empty expression; expected a call like weave(...) or zb_h1(...)")
+    lead = text[:len(text) - len(text.lstrip())]  # ast rejects leading blanks: skip them
+    if "\n" in lead:
+        line, column = line + lead.count("\n"), 1
+    column += len(lead) - (lead.rfind("\n") + 1)
+    try:
+        tree = ast.parse(text.lstrip(), mode="eval")
+    except SyntaxError as e:
+        raise fail(f"expression syntax error: {e.msg}", lineno=e.lineno or 1,
+                   col=max(0, (e.offset or 1) - 1)) from None
+    except (ValueError, RecursionError, MemoryError) as e:  # NUL bytes, absurd nesting
+        raise fail(f"unreadable expression: {e or type(e).__name__}") from None
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, str):
+            return node.value
+        if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+                and isinstance(node.operand, ast.Constant) and type(node.operand.value) is int):
+            return -node.operand.value
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.Call):
+            return call(node)
+        raise fail(f"unsupported syntax {ast.unparse(node)!r}; expected a call, an integer, "
+                   "a string or a list", node)
+
+    def call(node: ast.Call) -> Term:
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise fail(f"unknown function {ast.unparse(node.func)!r}; expected one of "
+                       f"{', '.join(FUNCTIONS)}", node)
+        name = node.func.id
+        ctor, params = FUNCTIONS[name]
+        names = [p[0] for p in params]
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords):
+            raise fail(f"{name}(): * and ** arguments are not allowed", node)
+        if len(node.args) > len(params):
+            raise fail(f"{name}() takes at most {len(params)} arguments "
+                       f"({', '.join(names)})", node)
+        given: dict[str, tuple[Any, ast.AST]] = {
+            p[0]: (value(a), a) for p, a in zip(params, node.args)}
+        for k in node.keywords:
+            if k.arg not in names:
+                raise fail(f"{name}() has no argument {k.arg!r}; expected {', '.join(names)}", k)
+            if k.arg in given:
+                raise fail(f"{name}() got argument {k.arg!r} twice", k)
+            given[k.arg] = (value(k.value), k.value)
+        args = []
+        for pname, ptype, default in params:
+            if pname not in given:
+                if default is _REQUIRED:
+                    raise fail(f"{name}() needs argument {pname!r}", node)
+                args.append(default)
+                continue
+            v, where = given[pname]
+            if not _is(v, ptype):
+                kinds = " or ".join(ptype) if isinstance(ptype, tuple) else ptype
+                raise fail(f"{name}(): {pname} must be {kinds}, got {_describe(v)}", where)
+            args.append(v)
+        try:
+            return ctor(*args)
+        except ParameterError as e:
+            raise fail(f"{name}(): {e}", node) from None
+
+    try:
+        result = value(tree.body)
+    except RecursionError:
+        raise fail("expression nested too deeply") from None
+    if not isinstance(result, TERM_TYPES):
+        raise fail(f"expected a schedule term such as zb_h1(pp=4, microbatches=8), got "
+                   f"{_describe(result)}", tree.body)
+    return result
+
+
+def _is(v: Any, ptype: Any) -> bool:
+    if isinstance(ptype, tuple):
+        return any(_is(v, t) for t in ptype)
+    return {_INT: lambda: type(v) is int, _STR: lambda: type(v) is str,
+            _TERM: lambda: isinstance(v, TERM_TYPES),
+            _INTS: lambda: type(v) is list and all(type(x) is int for x in v)}[ptype]()
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, TERM_TYPES):
+        return "a schedule term"
+    return f"{type(v).__name__} {v!r}"
+
+
+# ---------------------------------------------------------------- TOML spec files
+
+TABLES: dict[str, tuple[str, ...]] = {
+    "schedule": ("family", "pp", "microbatches", "chunks", "expression"),
+    "cost": ("F", "B", "I", "W", "activation"),
+    "memory": ("limit",),
+}
+_TOML_POS = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
+
+
+def read_text(path: str | os.PathLike[str], expected: str = "a TOML spec file") -> str:
+    """A file's text; ``InputError`` for a missing file, a directory or non-UTF-8 bytes."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise InputError("no such file", name) from None
+    except IsADirectoryError:
+        raise InputError(f"is a directory, expected {expected}", name) from None
+    except OSError as e:
+        raise InputError(f"cannot read file: {e.strerror or e}", name) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InputError(f"not UTF-8 text (byte 0x{data[e.start]:02x}); expected {expected}",
+                         name, line) from None
+
+
+def load_spec(path: str | os.PathLike[str]) -> Spec:
+    """Read and parse a spec file (see ``parse_spec``)."""
+    return parse_spec(read_text(path), os.fspath(path))
+
+
+def parse_spec(text: str, file: str) -> Spec:
+    """Parse spec TOML text, build its term and derive it (see the module docstring)."""
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise InputError("binary data (NUL byte); expected a TOML spec file", file, line)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = _TOML_POS.search(msg)
+        line, col = (int(m.group(1)), int(m.group(2))) if m and m.group(1) else (
+            text.count("\n") + 1 if m else None, None)
+        raise InputError(f"malformed TOML: {msg[:m.start()] if m else msg}", file, line,
+                         col) from None
+    return _Builder(text, file).build(data)
+
+
+class _Builder:
+    """Validates parsed TOML against ``TABLES``, locating each complaint in the text."""
+
+    def __init__(self, text: str, file: str) -> None:
+        self.text, self.file = text, file
+        self._lines = text.split("\n")
+
+    def error(self, msg: str, table: str | None = None, key: str | None = None) -> InputError:
+        line, col = self.locate(table, key)
+        return InputError(msg, self.file, line, col)
+
+    def locate(self, table: str | None, key: str | None) -> tuple[int | None, int | None]:
+        """Line and column of ``[table] key`` (or of the table header; or of a top-level
+        ``key``), found by scanning the text; ``(None, None)`` if not found."""
+        header: tuple[int, int] | None = None
+        current: tuple[str, ...] = ()
+        want = tuple(x for x in (table, key) if x is not None)
+        for n, raw in enumerate(self._lines, 1):
+            m = re.match(r"\s*\[\[?\s*([^\]]*?)\s*\]", raw)
+            if m:
+                current = _dotted(m.group(1))
+                if current == want[:1] and header is None:
+                    header = (n, m.start(1) + 1)
+                continue
+            m = re.match(r"\s*([A-Za-z0-9_\-.\"' ]+?)\s*=", raw)
+            if m:
+                path = current + _dotted(m.group(1))
+                if path == want or (key is None and path[:1] == want[:1] and header is None):
+                    return n, m.start(1) + 1
+        return header or (None, None)
+
+    def build(self, data: dict) -> Spec:
+        for name, value in data.items():
+            if name not in TABLES:
+                raise self.error(f"unknown key {name!r}; allowed tables: "
+                                 f"{', '.join(f'[{t}]' for t in TABLES)}", None, name)
+            if not isinstance(value, dict):
+                raise self.error(f"{name} must be a table ([{name}])", None, name)
+            for key in value:
+                if key not in TABLES[name]:
+                    raise self.error(f"unknown key {key!r} in [{name}]; allowed keys: "
+                                     f"{', '.join(TABLES[name])}", name, key)
+        if "schedule" not in data:
+            raise InputError("missing [schedule] table (with family, pp, microbatches or "
+                             "expression)", self.file, 1)
+        term = self.term(data["schedule"])
+        try:
+            schedule = term.derive()
+        except ParameterError as e:
+            key = "expression" if "expression" in data["schedule"] else "family"
+            raise self.error(f"schedule does not derive: {e}", "schedule", key) from None
+        cost = self.cost(data["cost"], schedule) if "cost" in data else None
+        limit = self.limit(data["memory"], schedule) if "memory" in data else None
+        return Spec(term, schedule, cost, limit, self.file)
+
+    def term(self, table: dict) -> Term:
+        if "expression" in table:
+            if "family" in table or any(k in table for k in ("pp", "microbatches", "chunks")):
+                other = next(k for k in ("family", "pp", "microbatches", "chunks") if k in table)
+                raise self.error(f"give either expression or family/pp/microbatches/chunks, "
+                                 f"not both ({other!r} is set too)", "schedule", other)
+            expr = table["expression"]
+            if not isinstance(expr, str):
+                raise self.error(f"schedule.expression must be a string, got "
+                                 f"{_describe(expr)}", "schedule", "expression")
+            line, col = self.locate("schedule", "expression")
+            if line is not None:  # point at the expression's first character
+                raw = self._lines[line - 1]
+                q = re.search(r"=\s*(\"\"\"|'''|\"|')", raw[col - 1:])
+                col = col + q.end() if q else None
+                if col is not None and not raw[col - 1:].strip():  # """ then a newline
+                    line, col = line + 1, 1
+            return parse_expression(expr, self.file, line or 1, col or 1)
+        if "family" not in table:
+            raise self.error("[schedule] needs either family (with pp and microbatches) or "
+                             "expression", "schedule")
+        name = table["family"]
+        if not isinstance(name, str) or name not in families.FAMILIES:
+            raise self.error(f"unknown family {name!r}; expected one of "
+                             f"{', '.join(families.FAMILIES)}", "schedule", "family")
+        args = {}
+        for key in ("pp", "microbatches", "chunks"):
+            if key not in table:
+                if key != "chunks":
+                    raise self.error(f"schedule.{key} is required with family (an integer "
+                                     ">= 1)", "schedule")
+                continue
+            v = table[key]
+            if type(v) is not int or v < 1:
+                raise self.error(f"schedule.{key} must be an integer >= 1, got "
+                                 f"{_describe(v)}", "schedule", key)
+            args[key] = v
+        try:
+            return families.family(name, **args)
+        except ParameterError as e:
+            key = next((k for k in ("chunks", "microbatches", "pp") if k in str(e) and k in table),
+                       "family")
+            raise self.error(str(e), "schedule", key) from None
+
+    def numbers(self, table: str, key: str, value: Any, count: int, what: str,
+                positive: bool) -> float | tuple[float, ...]:
+        """A number, or a list of ``count`` numbers (one per ``what``)."""
+        bound = "a positive number" if positive else "a number >= 0"
+
+        def ok(x: Any) -> bool:
+            return (type(x) in (int, float) and math.isfinite(x)
+                    and (x > 0 if positive else x >= 0))
+        if isinstance(value, list):
+            if len(value) != count or not all(ok(x) for x in value):
+                raise self.error(f"{table}.{key} must be {bound} or a list of {count} such "
+                                 f"numbers (one per {what}), got {value!r}", table, key)
+            return tuple(float(x) for x in value)
+        if not ok(value):
+            raise self.error(f"{table}.{key} must be {bound}"
+                             + (f" or a list of {count} (one per {what})" if what else "")
+                             + f", got {_describe(value)}", table, key)
+        return float(value)
+
+    def cost(self, table: dict, schedule: Schedule) -> CostModel:
+        kinds = {k: self.numbers("cost", k, table[k], 0, "", True)
+                 for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD) if k in table}
+        if "activation" in table:
+            kinds["activation"] = self.numbers("cost", "activation", table["activation"],
+                                               schedule.placement.num_stages, "stage", False)
+        return CostModel(**kinds)
+
+    def limit(self, table: dict, schedule: Schedule) -> float | tuple[float, ...] | None:
+        if "limit" not in table:
+            return None
+        return self.numbers("memory", "limit", table["limit"], schedule.num_ranks, "rank", False)
+
+
+def _dotted(key: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in key.split("."))
