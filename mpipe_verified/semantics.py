@@ -109,51 +109,87 @@ class WorkIssue:
     detail: str
 
 
-def required_work(plan: Plan) -> list[WorkIssue]:
-    """Check §4 completeness: every ``(stage, mb)`` has one ``F`` and either one ``B`` or
-    one ``I`` and one ``W``, each on the rank owning the stage; nothing else occurs."""
+WORK_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+
+
+@attrs.frozen
+class WorkTable:
+    """Occurrences of compute work. ``counts[(segment, stage, mb)]`` is
+    ``[F, B, I, W, misplaced]`` (misplaced: occurrences on a rank not owning the stage);
+    ``first[op]`` is where an op first occurs; ``stray`` lists ops outside the plan's
+    stages or microbatches."""
+
+    counts: dict[tuple[str, int, int], list[int]]
+    first: dict[Compute, tuple[int, int]]
+    stray: tuple[tuple[Compute, int, int], ...]
+    misplaced: dict[tuple[str, int, int], tuple[Compute, int, int]]
+
+
+def work_table(plan: Plan) -> WorkTable:
     placement, m = plan.placement, plan.num_microbatches
-    seen: dict[Compute, tuple[int, int]] = {}
-    issues: list[WorkIssue] = []
+    counts: dict[tuple[str, int, int], list[int]] = {}
+    first: dict[Compute, tuple[int, int]] = {}
+    stray = []
+    misplaced: dict[tuple[str, int, int], tuple[Compute, int, int]] = {}
+    column = {k: i for i, k in enumerate(WORK_KINDS)}
     for rank, program in enumerate(plan.programs):
         for index, op in enumerate(program):
             for c in computes_of(op):
-                where = (rank, index)
                 if c.stage >= placement.num_stages or c.mb >= m:
-                    issues.append(WorkIssue(c, "unexpected", where,
-                                            f"{c} is outside stages 0..{placement.num_stages - 1}"
-                                            f" and microbatches 0..{m - 1}"))
-                elif placement.rank_of(c.stage) != rank:
-                    issues.append(WorkIssue(c, "wrong_rank", where,
-                                            f"{c} runs on rank {rank} but stage {c.stage} is "
-                                            f"placed on rank {placement.rank_of(c.stage)}"))
-                elif c in seen:
-                    first = seen[c]
-                    issues.append(WorkIssue(c, "duplicate", where,
-                                            f"{c} occurs twice: rank {first[0]} position "
-                                            f"{first[1]} and rank {rank} position {index}"))
+                    stray.append((c, rank, index))
+                    continue
+                row = counts.setdefault((c.segment, c.stage, c.mb), [0, 0, 0, 0, 0])
+                if placement.stage_to_rank[c.stage] != rank:
+                    row[4] += 1
+                    misplaced.setdefault((c.segment, c.stage, c.mb), (c, rank, index))
                 else:
-                    seen[c] = where
-    segments = sorted({c.segment for c in seen}) or [""]
+                    row[column[c.kind]] += 1
+                first.setdefault(c, (rank, index))
+    segments = sorted({key[0] for key in counts}) or [""]
     for seg in segments:
         for s in range(placement.num_stages):
             for mb in range(m):
-                issues.extend(_check_unit(seen, seg, s, mb, placement.rank_of(s)))
+                counts.setdefault((seg, s, mb), [0, 0, 0, 0, 0])
+    return WorkTable(counts, first, tuple(stray), misplaced)
+
+
+def required_work(plan: Plan, table: WorkTable | None = None) -> list[WorkIssue]:
+    """Check §4 completeness: every ``(stage, mb)`` has one ``F`` and either one ``B`` or
+    one ``I`` and one ``W``, each on the rank owning the stage; nothing else occurs."""
+    table = table or work_table(plan)
+    placement = plan.placement
+    issues = [WorkIssue(c, "unexpected", (rank, index),
+                        f"{c} is outside stages 0..{placement.num_stages - 1} and microbatches "
+                        f"0..{plan.num_microbatches - 1}") for c, rank, index in table.stray]
+    for (seg, s, mb), row in sorted(table.counts.items()):
+        if row == [1, 1, 0, 0, 0] or row == [1, 0, 1, 1, 0]:
+            continue
+        issues.extend(_unit_issues(plan, table, seg, s, mb, row))
     return issues
 
 
-def _check_unit(seen: dict, seg: str, s: int, mb: int, rank: int) -> list[WorkIssue]:
-    f, b, i, w = (Compute(k, s, mb, seg) for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD))
+def _unit_issues(plan, table, seg, s, mb, row) -> list[WorkIssue]:
+    owner = plan.placement.rank_of(s)
     out = []
-    if f not in seen:
-        out.append(WorkIssue(f, "missing", None, f"{f} (forward) never runs on rank {rank}"))
-    if b in seen and (i in seen or w in seen):
-        out.append(WorkIssue(b, "mixed_backward", seen[b],
+    for kind, count in zip(WORK_KINDS, row):
+        c = Compute(kind, s, mb, seg)
+        if count > 1:
+            out.append(WorkIssue(c, "duplicate", table.first.get(c),
+                                 f"{c} occurs {count} times on rank {owner}"))
+    if row[4]:
+        c, rank, index = table.misplaced[(seg, s, mb)]
+        out.append(WorkIssue(c, "wrong_rank", (rank, index), f"{c} runs on rank {rank} but "
+                                                             f"stage {s} is placed on rank {owner}"))
+    f, b, i, w = (Compute(k, s, mb, seg) for k in WORK_KINDS)
+    if row[0] == 0:
+        out.append(WorkIssue(f, "missing", None, f"{f} (forward) never runs on rank {owner}"))
+    if row[1] and (row[2] or row[3]):
+        out.append(WorkIssue(b, "mixed_backward", table.first.get(b),
                              f"{b} and its split form {i}/{w} both occur"))
-    elif b not in seen and not (i in seen and w in seen):
-        missing = b if not (i in seen or w in seen) else (w if i in seen else i)
+    elif not row[1] and not (row[2] and row[3]):
+        missing = b if not (row[2] or row[3]) else (w if row[2] else i)
         out.append(WorkIssue(missing, "missing", None,
-                             f"{missing} never runs on rank {rank} (backward of stage {s} "
+                             f"{missing} never runs on rank {owner} (backward of stage {s} "
                              f"microbatch {mb} needs B, or I then W)"))
     return out
 
@@ -166,13 +202,16 @@ Endpoint = tuple[int, int, int]  # (rank, index, member)
 
 @attrs.frozen
 class P2PPairing:
-    """FIFO pairing per ordered pair (§3.3). ``partner[e]`` is the matched endpoint of
-    ``e``; ``unmatched`` lists endpoints with no partner; ``mismatched`` lists
-    ``(send_endpoint, recv_endpoint)`` pairs whose payloads differ."""
+    """FIFO pairing per ordered pair (§3.3). ``channels[(src, dst)]`` lists the matched
+    ``(send_endpoint, recv_endpoint)`` pairs in order; ``partner[e]`` is the matched
+    endpoint of ``e``; ``unmatched`` lists endpoints with no partner; ``mismatched`` the
+    pairs whose payloads differ; ``counts[(src, dst)]`` is ``(sends, receives)``."""
 
+    channels: dict[tuple[int, int], list[tuple[Endpoint, Endpoint]]]
     partner: dict[Endpoint, Endpoint]
     unmatched: tuple[Endpoint, ...]
     mismatched: tuple[tuple[Endpoint, Endpoint], ...]
+    counts: dict[tuple[int, int], tuple[int, int]]
 
 
 def p2p_at(plan: Plan, e: Endpoint):
@@ -185,25 +224,35 @@ def pair_p2p(plan: Plan) -> P2PPairing:
     recvs: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
     for rank, program in enumerate(plan.programs):
         for index, op in enumerate(program):
-            for member, c in enumerate(p2p_of(op)):
-                if isinstance(c, Send):
-                    sends[(rank, c.dst)].append((rank, index, member))
-                else:
-                    recvs[(c.src, rank)].append((rank, index, member))
+            if isinstance(op, Send):
+                sends[(rank, op.dst)].append((rank, index, 0))
+            elif isinstance(op, Recv):
+                recvs[(op.src, rank)].append((rank, index, 0))
+            elif isinstance(op, Group):
+                for member, c in enumerate(op.ops):
+                    if isinstance(c, Send):
+                        sends[(rank, c.dst)].append((rank, index, member))
+                    else:
+                        recvs[(c.src, rank)].append((rank, index, member))
+    channels: dict[tuple[int, int], list[tuple[Endpoint, Endpoint]]] = {}
     partner: dict[Endpoint, Endpoint] = {}
     unmatched: list[Endpoint] = []
     mismatched: list[tuple[Endpoint, Endpoint]] = []
+    counts: dict[tuple[int, int], tuple[int, int]] = {}
     for channel in sorted(set(sends) | set(recvs)):
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
-        for s_end, r_end in zip(s_list, r_list):
+        pairs = list(zip(s_list, r_list))
+        channels[channel] = pairs
+        counts[channel] = (len(s_list), len(r_list))
+        for s_end, r_end in pairs:
             partner[s_end] = r_end
             partner[r_end] = s_end
             if p2p_at(plan, s_end).payload != p2p_at(plan, r_end).payload:
                 mismatched.append((s_end, r_end))
-        n = min(len(s_list), len(r_list))
+        n = len(pairs)
         unmatched.extend(s_list[n:])
         unmatched.extend(r_list[n:])
-    return P2PPairing(partner, tuple(sorted(unmatched)), tuple(mismatched))
+    return P2PPairing(channels, partner, tuple(sorted(unmatched)), tuple(mismatched), counts)
 
 
 @attrs.frozen
@@ -427,43 +476,23 @@ class MemoryModel:
 UNIT_MEMORY = MemoryModel()
 
 
-@attrs.frozen
-class MemoryPoint:
-    """Memory on a rank after the op at ``index`` ran: ``level`` and the live tensors."""
-
-    index: int
-    level: float
-
-
-def memory_trace(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
-                 num_stages: int | None = None) -> list[float]:
-    """Memory level after each op of ``rank``'s program (allocations of a step are counted
-    before its frees, so a step's own peak is included)."""
-    levels, _ = _walk_memory(plan, rank, model, want_live_at=None)
-    return levels
-
-
-def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_MEMORY
-                 ) -> list[tuple[str, float]]:
-    """The tensors live on ``rank`` at its peak inside step ``index``."""
-    _, live = _walk_memory(plan, rank, model, want_live_at=index)
-    return live
-
-
-def _walk_memory(plan, rank, model, want_live_at):
+def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
+                 live_at: int | None = None) -> tuple[list[tuple[float, float]], list]:
+    """Per op of ``rank``: ``(allocated, freed)``. A step's allocations count before its
+    frees, so its peak is ``before + allocated``. With ``live_at``, also the tensors live
+    at that step's peak as ``(description, size)``."""
     live: dict[object, tuple[str, float]] = {}
-    level = model.static_of(rank)
-    levels = []
-    snapshot: list[tuple[str, float]] = []
+    steps: list[tuple[float, float]] = []
+    snapshot: list = []
     for index, op in enumerate(plan.programs[rank]):
-        frees = []
+        alloc, frees = 0.0, []
         for c in computes_of(op):
             if c.kind == FORWARD:
                 size = model.stored(c.stage, c.segment)
                 live[("stored", c.segment, c.stage, c.mb)] = (f"activation of {c}", size)
-                level += size
+                alloc += size
                 frees.append(("buffer", _payload_key(ACT, c.segment, c.stage - 1, c.mb)))
-            elif c.kind == BACKWARD or c.kind == WEIGHT_GRAD:
+            elif c.kind in (BACKWARD, WEIGHT_GRAD):
                 frees.append(("stored", c.segment, c.stage, c.mb))
             if c.kind in (BACKWARD, INPUT_GRAD):
                 frees.append(("buffer", _payload_key(GRAD, c.segment, c.stage + 1, c.mb)))
@@ -474,14 +503,27 @@ def _walk_memory(plan, rank, model, want_live_at):
                     p = r.payload
                     live[("buffer", _payload_key(p.kind, p.segment, p.stage, p.mb))] = (
                         f"receive buffer of {r}", size)
-                    level += size
-        levels.append(level)
-        if index == want_live_at:
+                    alloc += size
+        if index == live_at:
             snapshot = list(live.values())
-        for key in frees:
-            if key in live:
-                level -= live.pop(key)[1]
-    return levels, snapshot
+        freed = sum(live.pop(key)[1] for key in frees if key in live)
+        steps.append((alloc, freed))
+    return steps, snapshot
+
+
+def memory_trace(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY) -> list[float]:
+    """Each step's peak level on ``rank`` (static part included)."""
+    level, peaks = model.static_of(rank), []
+    for alloc, freed in memory_steps(plan, rank, model)[0]:
+        peaks.append(level + alloc)
+        level += alloc - freed
+    return peaks
+
+
+def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_MEMORY
+                 ) -> list[tuple[str, float]]:
+    """The tensors live on ``rank`` at the peak of step ``index``."""
+    return memory_steps(plan, rank, model, live_at=index)[1]
 
 
 def _payload_key(kind, segment, stage, mb):

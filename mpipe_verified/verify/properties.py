@@ -1,0 +1,334 @@
+"""The five properties of DESIGN §4, each as: a linear pass over the plan (through the
+shared ``semantics``) that finds violations or builds the certificate's facts.
+
+Every function returns ``(violations, obligations, confirmations)``: ``obligations`` are
+the facts Z3 must prove when nothing was found; ``confirmations`` pair each violation
+with the ground fact (or small core) Z3 must confirm before it is reported.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+from ..ir import (ACT, Collective, Compute, Group, Plan, Recv, Send, computes_of, p2p_of)
+from ..semantics import (EAGER, MemoryModel, execute, live_tensors, memory_steps, needs,
+                         pair_collectives, pair_p2p, produces, required_work, wait_cycle,
+                         work_table)
+from .obligations import Obligations
+from .report import Violation
+
+
+@attrs.frozen
+class Finding:
+    """A violation and how Z3 confirms it: ``(template, fact)`` must violate its
+    template, or ``core`` (a callable building a Z3 formula) must be unsatisfiable."""
+
+    violation: Violation
+    fact: tuple[str, tuple] | None = None
+    core: Callable | None = None
+
+
+def _op_ref(plan: Plan, rank: int, index: int) -> tuple[int, int, str]:
+    return (rank, index, str(plan.programs[rank][index]))
+
+
+# ---------------------------------------------------------------- completeness
+
+def completeness(plan: Plan) -> tuple[list[Finding], Obligations]:
+    table = work_table(plan)
+    obligations = Obligations()
+    for (seg, stage, mb), row in table.counts.items():
+        obligations.add("unit", seg, stage, tuple(row))
+    obligations.add("le", "stray", 0, (len(table.stray), 0))
+    findings = []
+    for issue in required_work(plan, table):
+        c = issue.op
+        ops = (_op_ref(plan, *issue.where),) if issue.where else ()
+        rank = issue.where[0] if issue.where else plan.placement.rank_of(c.stage) \
+            if c.stage < plan.placement.num_stages else 0
+        if issue.problem == "unexpected":
+            fact = ("le", (len(table.stray), 0))
+        else:
+            fact = ("unit", tuple(table.counts[(c.segment, c.stage, c.mb)]))
+        findings.append(Finding(Violation("completeness", issue.detail, (rank,), ops), fact))
+    return findings, obligations
+
+
+# ---------------------------------------------------------------- dependency
+
+def dependency(plan: Plan) -> tuple[list[Finding], Obligations]:
+    """Every op's inputs (§3.5) are on its rank before it runs: the witness is, for each
+    input, the position that produced or received it."""
+    num_stages = plan.placement.num_stages
+    obligations = Obligations()
+    findings = []
+    for rank, program in enumerate(plan.programs):
+        have: dict = {}
+        later: dict = {}
+        for index, op in enumerate(program):
+            for token in produces(op):
+                later.setdefault(token, index)
+        for index, op in enumerate(program):
+            for token in needs(op, num_stages):
+                pos = have.get(token)
+                if pos is None:
+                    findings.append(_missing_input(plan, rank, index, token, later.get(token)))
+                    continue
+                obligations.lane("lt", (_kind_of(op), token.kind), rank).append((pos, index))
+            for token in produces(op):
+                have.setdefault(token, index)
+    return findings, obligations
+
+
+def _kind_of(op) -> str:
+    if isinstance(op, Compute):
+        return op.kind
+    return type(op).__name__
+
+
+def _missing_input(plan, rank, index, token, produced_at) -> Finding:
+    what = {"out": "activation", "stored": "stored forward", "grad": "gradient",
+            "wgrad_ready": "input-gradient step"}[token.kind]
+    seg = f"{token.segment}:" if token.segment else ""
+    name = f"{what} of stage {seg}{token.stage} microbatch {token.mb}"
+    op = plan.programs[rank][index]
+    if produced_at is None:
+        message = f"rank {rank} position {index}: {op} needs the {name}, which is never " \
+                  f"computed or received on rank {rank}"
+        position = len(plan.programs[rank])
+    else:
+        message = f"rank {rank} position {index}: {op} needs the {name}, which arrives only " \
+                  f"later, at position {produced_at} ({plan.programs[rank][produced_at]})"
+        position = produced_at
+    return Finding(Violation("dependency", message, (rank,), (_op_ref(plan, rank, index),)),
+                   ("lt", (position, index)))
+
+
+# ---------------------------------------------------------------- matching
+
+class _Codes:
+    """Interns strings and shapes as small integers so payloads become int tuples."""
+
+    def __init__(self) -> None:
+        self._ids: dict = {}
+
+    def __call__(self, value) -> int:
+        return self._ids.setdefault(value, len(self._ids))
+
+
+def _payload_code(codes, c) -> tuple:
+    p = c.payload
+    return (0 if p.kind == ACT else 1, p.stage, p.mb, codes(p.segment), codes(p.shape),
+            codes(p.dtype))
+
+
+def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding], Obligations]:
+    """FIFO pairing per ordered rank pair: equal counts and equal payloads; collectives
+    called in the same order with the same kind, tag and root by every member."""
+    pairing = pairing or pair_p2p(plan)
+    collectives = collectives or pair_collectives(plan)
+    codes = _Codes()
+    obligations = Obligations()
+    findings = []
+    mismatched = set(pairing.mismatched)
+    for lane, (channel, pairs) in enumerate(sorted(pairing.channels.items())):
+        counts = pairing.counts[channel]
+        obligations.add("eq", "count", lane, counts)
+        facts = obligations.lane("eq", "payload", lane)
+        for s_end, r_end in pairs:
+            send = p2p_of(plan.programs[s_end[0]][s_end[1]])[s_end[2]]
+            recv = p2p_of(plan.programs[r_end[0]][r_end[1]])[r_end[2]]
+            fact = _payload_code(codes, send) + _payload_code(codes, recv)
+            if (s_end, r_end) in mismatched:
+                findings.append(_mismatch(plan, s_end, r_end, fact))
+            else:
+                facts.append(fact)
+        if counts[0] != counts[1]:
+            findings.extend(_leftovers(plan, channel, counts, pairing))
+    for (rank, index), problem in collectives.problems:
+        findings.append(Finding(Violation("matching", problem, (rank,),
+                                          (_op_ref(plan, rank, index),)),
+                                ("eq", (0, 1))))
+    for key, where in collectives.members.items():
+        group, _ = key
+        obligations.add("eq", "collective_members", 0, (len(where), len(group)))
+    return findings, obligations
+
+
+def _mismatch(plan, s_end, r_end, fact) -> Finding:
+    send, recv = plan.programs[s_end[0]][s_end[1]], plan.programs[r_end[0]][r_end[1]]
+    message = (f"send/recv mismatch on channel {s_end[0]}->{r_end[0]}: rank {s_end[0]} "
+               f"position {s_end[1]} sends {send} but the matching receive at rank {r_end[0]} "
+               f"position {r_end[1]} is {recv}")
+    trace = (f"send end: rank {s_end[0]}, position {s_end[1]}, {send}",
+             f"recv end: rank {r_end[0]}, position {r_end[1]}, {recv}")
+    return Finding(Violation("matching", message, (s_end[0], r_end[0]),
+                             (_op_ref(plan, *s_end[:2]), _op_ref(plan, *r_end[:2])), trace),
+                   ("eq", fact))
+
+
+def _leftovers(plan, channel, counts, pairing) -> list[Finding]:
+    src, dst = channel
+    out = []
+    for end in pairing.unmatched:
+        op = p2p_of(plan.programs[end[0]][end[1]])[end[2]]
+        if isinstance(op, Send) and (end[0], op.dst) == channel:
+            message = (f"rank {src} position {end[1]}: {op} to rank {dst} has no matching "
+                       f"receive ({counts[0]} sends, {counts[1]} receives on {src}->{dst})")
+        elif isinstance(op, Recv) and (op.src, end[0]) == channel:
+            message = (f"rank {dst} position {end[1]}: {op} from rank {src} has no matching "
+                       f"send ({counts[0]} sends, {counts[1]} receives on {src}->{dst})")
+        else:
+            continue
+        out.append(Finding(Violation("matching", message, (end[0],),
+                                     (_op_ref(plan, end[0], end[1]),)), ("eq", counts)))
+    return out
+
+
+# ---------------------------------------------------------------- deadlock
+
+def _no_time(op) -> float:
+    return 0.0
+
+
+def _one_step(op) -> float:
+    return 1.0
+
+
+def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
+             ) -> tuple[list[Finding], Obligations]:
+    """Run the plan with compute free and every comm step taking one tick (compute never
+    blocks, so only the order of comm steps matters). If it completes, those ticks are the
+    witness: each meeting happens after both ends were posted and no end finishes before
+    its meeting. If not, the wait-for cycle is the counterexample."""
+    pairing = pairing or pair_p2p(plan)
+    collectives = collectives or pair_collectives(plan)
+    run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
+    if not run.completed:
+        return _deadlock_findings(plan, run), Obligations()
+    return [], _deadlock_witness(plan, comm_model, run, pairing, collectives)
+
+
+def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligations:
+    obligations = Obligations()
+    start, finish = run.start, run.finish
+    chunk = _chunk_index(plan.placement)
+    for lane, (_, pairs) in enumerate(sorted(pairing.channels.items())):
+        for (sr, si, sm), (rr, ri, _) in pairs:
+            payload = p2p_of(plan.programs[sr][si])[sm].payload
+            post_s, post_r = start[sr][si], start[rr][ri]
+            cls = (payload.kind, chunk.get(payload.stage, -1))
+            if comm_model == EAGER:
+                obligations.lane("lt", ("eager_send",) + cls, lane).append(
+                    (post_s, finish[sr][si]))
+            meet = max(post_s, post_r) + 1
+            obligations.lane("rendezvous", cls, lane).append(
+                (post_s, post_r, meet, finish[sr][si] if comm_model != EAGER else meet,
+                 finish[rr][ri]))
+    for (group, _), where in collectives.members.items():
+        meet = max(start[r][i] for r, i in where.items()) + 1
+        for r, i in where.items():
+            obligations.add("lt", "collective_post", r, (start[r][i], meet))
+            obligations.add("le", "collective_finish", r, (meet, finish[r][i]))
+    return obligations
+
+
+def _chunk_index(placement) -> dict[int, int]:
+    """Stage -> its index among the stages of its rank (the local chunk)."""
+    return {s: placement.stages_of(r).index(s) for r in range(placement.num_ranks)
+            for s in placement.stages_of(r)}
+
+
+def _deadlock_findings(plan, run) -> list[Finding]:
+    cycle = wait_cycle(run)
+    if cycle:
+        trace = tuple(f"rank {w.rank}, position {w.index}: {plan.programs[w.rank][w.index]} "
+                      f"waits for rank {w.on[0]} to reach position {w.on[1]} "
+                      f"({plan.programs[w.on[0]][w.on[1]]})" for w in cycle)
+        message = "wait-for cycle under rendezvous: " + " -> ".join(
+            f"rank {w.rank}@{w.index} {plan.programs[w.rank][w.index]}" for w in cycle)
+        violation = Violation("deadlock", message, tuple(w.rank for w in cycle),
+                              tuple(_op_ref(plan, w.rank, w.index) for w in cycle), trace)
+        return [Finding(violation, core=lambda: _cycle_core(cycle))]
+    findings = []
+    for w in run.waits:
+        if w.on is None:
+            violation = Violation("deadlock", f"rank {w.rank} position {w.index}: {w.reason}",
+                                  (w.rank,), (_op_ref(plan, w.rank, w.index),), (w.reason,))
+            findings.append(Finding(violation, core=_no_partner_core))
+    return findings
+
+
+def _no_partner_core():
+    """The op completes only by meeting one of its candidate partners: there are none."""
+    import z3
+    return z3.Or([])
+
+
+def _cycle_core(cycle):
+    """Rank r stuck at position i waits for rank q to reach j > (where q is stuck): the
+    meeting comes after q posts position j, which is after q finishes its stuck op, and
+    r's op finishes no earlier than the meeting. Around the cycle: t > t."""
+    import z3
+    fin = {w.rank: z3.Int(f"fin_{w.rank}_{w.index}") for w in cycle}
+    at = {w.rank: w.index for w in cycle}
+    constraints = []
+    for w in cycle:
+        q, j = w.on
+        post = z3.Int(f"post_{q}_{j}")
+        meet = z3.Int(f"meet_{w.rank}_{w.index}")
+        constraints += [meet > post, fin[w.rank] >= meet]
+        # program order on q: posting j happens after q's stuck op at at[q] < j finished
+        constraints.append(post >= fin[q] if j > at[q] else post > fin[q] - 1)
+    return z3.And(constraints)
+
+
+# ---------------------------------------------------------------- memory
+
+def memory(plan: Plan, model: MemoryModel, limit) -> tuple[list[Finding], Obligations, dict]:
+    """Peak of §3.6 per rank within ``limit`` (a number, a per-rank sequence or None).
+    Without a limit the proven bound is the reported peak itself."""
+    obligations = Obligations()
+    findings = []
+    peaks: dict[int, float] = {}
+    for rank in range(plan.num_ranks):
+        steps, _ = memory_steps(plan, rank, model)
+        level = model.static_of(rank)
+        levels = []
+        for alloc, freed in steps:
+            levels.append((level, alloc, freed, level + alloc - freed))
+            level += alloc - freed
+        peak = max((b + a for b, a, _, _ in levels), default=level)
+        peaks[rank] = peak
+        bound = _limit_of(limit, rank)
+        bound = peak if bound is None else bound
+        program = plan.programs[rank]
+        for index, (before, alloc, freed, after) in enumerate(levels):
+            if alloc or freed:
+                obligations.lane("memory", _kind_of(program[index]), rank).append(
+                    (before, alloc, freed, after, bound))
+        if peak > bound:
+            findings.append(_over_limit(plan, model, rank, levels, peak, bound))
+    return findings, obligations, peaks
+
+
+def _limit_of(limit, rank):
+    if limit is None:
+        return None
+    if isinstance(limit, (int, float)):
+        return float(limit)
+    return float(limit[rank]) if rank < len(limit) else None
+
+
+def _over_limit(plan, model, rank, levels, peak, bound) -> Finding:
+    index = next(i for i, (b, a, _, _) in enumerate(levels) if b + a == peak)
+    live = live_tensors(plan, rank, index, model)
+    op = plan.programs[rank][index]
+    message = (f"rank {rank} position {index} ({op}): memory peak {peak:g} exceeds the limit "
+               f"{bound:g} with {len(live)} live tensors")
+    trace = tuple(f"live: {name} ({size:g})" for name, size in live)
+    fact = levels[index] + (bound,)
+    return Finding(Violation("memory", message, (rank,), (_op_ref(plan, rank, index),), trace),
+                   ("memory", fact))
