@@ -6,6 +6,8 @@ of ``add_target_arguments`` and ``load_target``)::
     mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]
                         [--format auto|spec|torch-csv] --to torch-csv [--compute-only] [-o OUT]
     mpipe-verify show   SPEC|FILE | --family ... [--format ...] [--width N]
+    mpipe-verify check  SPEC|FILE | --family ... [--format ...]
+                        [--comm-model rendezvous|eager] [--memory-limit N] [--json]
 
 Invariants: bad input or usage exits 2 with exactly one line on stderr
 (``mpipe-verify: error: ...``, naming the file and position where there is one) and
@@ -16,6 +18,7 @@ its missing parent directories are created.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -28,8 +31,9 @@ from .formats.spec import Spec, parse_spec, read_text
 from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
 from .ir import COMM_STEP, Plan, Schedule
 from .lower import lower
-from .semantics import UNIT_MEMORY, standard_duration
+from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, standard_duration
 from .show import render_grid
+from .verify import Report, verify
 
 PROG = "mpipe-verify"
 FORMATS = ("auto", "spec", "torch-csv")
@@ -178,11 +182,72 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- check
-# The ``check`` subcommand (DESIGN §7) registers here: ``_add_check(sub)`` calling
-# ``add_target_arguments(p)`` and ``p.set_defaults(run=run_check)``, with ``run_check``
-# starting from ``load_target(args)``.
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _add_show]
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="verify the five properties with Z3",
+                       description="Verify completeness, dependency, matching, deadlock and "
+                                   "memory. Exit 0: all hold; 1: a property is violated; "
+                                   "2: bad input; 3: undecided (solver unknown/timeout).")
+    add_target_arguments(p)
+    p.add_argument("--comm-model", choices=COMM_MODELS, default=RENDEZVOUS,
+                   help="rendezvous (NCCL-like, default) or eager (sends never block; weaker)")
+    p.add_argument("--memory-limit", type=float, metavar="N",
+                   help="per-rank memory limit (unit model for torch CSV: one unit per "
+                        "stored activation); overrides the spec's [memory] limit")
+    p.add_argument("--json", action="store_true", help="print one JSON object (DESIGN §7)")
+    p.add_argument("--solver-rlimit", type=int, metavar="R",
+                   help="cap Z3's resource count per query; running out gives exit 3")
+    p.set_defaults(run=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    target, spec, name = load_target(args)
+    plan = target if isinstance(target, Plan) else lower(target)
+    limit = args.memory_limit if args.memory_limit is not None else (
+        spec.memory_limit if spec is not None else None)
+    report = verify(plan, limit, args.comm_model,
+                    spec.memory_model if spec is not None else UNIT_MEMORY,
+                    rlimit=args.solver_rlimit)
+    as_written = isinstance(target, Plan)
+    if args.json:
+        out = report.to_json()
+        out["source"] = name
+        out["lowered"] = not as_written
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_report(report, name, as_written))
+    return report.exit_code
+
+
+def render_report(report: Report, name: str, as_written: bool) -> str:
+    """Human-readable verdict: one line per property, then each counterexample with its
+    positions (CSV row/column when the file was checked as written)."""
+    stats = report.stats
+    lines = [f"{name}: {report.status.upper()} ({stats['ranks']} ranks, {stats['ops']} ops, "
+             f"{stats['comm_model']}{'' if as_written else ', lowered by mpipe'})"]
+    for prop, info in stats["properties"].items():
+        extra = (f"{info['facts']} facts in {info['runs']} Z3 runs" if "facts" in info
+                 else f"{info.get('confirmed', 0)} counterexamples confirmed by Z3"
+                 if info["status"] == "violated" else info.get("reason", ""))
+        lines.append(f"  {prop:<13} {info['status']:<9} {extra}")
+    for v in report.violations:
+        lines.append(f"{v.property}: {v.message}")
+        for rank, index, op in v.ops:
+            where = f"row {rank + 1}, column {index + 1}" if as_written else "lowered plan"
+            lines.append(f"    at rank {rank}, position {index} ({where}): {op}")
+        lines.extend(f"    {t}" for t in v.trace)
+    for reason in report.undecided:
+        lines.append(f"undecided: {reason}")
+    peaks = ", ".join(f"{r}: {p:g}" for r, p in sorted(report.peak_memory.items()))
+    lines.append(f"  peak memory per rank: {peaks}")
+    if report.certificate is not None:
+        lines.append(f"  certificate: sha256 {report.certificate.digest}")
+    return "\n".join(lines)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _add_show,
+                                                                  _add_check]
 
 
 # ---------------------------------------------------------------- entry point

@@ -17,7 +17,7 @@ import z3
 from ..ir import Plan
 from ..semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, pair_collectives, pair_p2p
 from . import properties
-from .obligations import confirm, prove
+from .obligations import _answer, confirm, prove
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
@@ -104,4 +104,4 @@ def _confirm(finding, rlimit) -> str:
         solver.set("rlimit", rlimit)
     solver.add(finding.core())
     result = solver.check()
-    return {z3.unsat: "violated", z3.sat: "holds"}.get(result, "unknown")
+    return _answer(result, sat="holds", unsat="violated")

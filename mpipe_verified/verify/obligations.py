@@ -266,4 +266,13 @@ def confirm(template: str, fact: Sequence[Number], rlimit: int | None = None) ->
         solver.set("rlimit", rlimit)
     solver.add(z3.Not(TEMPLATES[template]([_value(v, real) for v in fact])))
     result = solver.check()
-    return {z3.sat: "violated", z3.unsat: "holds"}.get(result, "unknown")
+    return _answer(result, sat="violated", unsat="holds")
+
+
+def _answer(result, sat: str, unsat: str) -> str:
+    """Name a Z3 ``check()`` result; anything but sat/unsat is ``unknown``."""
+    if result == z3.sat:
+        return sat
+    if result == z3.unsat:
+        return unsat
+    return "unknown"
