@@ -30,7 +30,9 @@ COMM_MODELS = (RENDEZVOUS, EAGER)
 class Token(NamedTuple):
     """A value that lives on a rank: ``out`` (a stage's output activation), ``stored``
     (the activation kept for backward), ``grad`` (the input gradient a backward produced),
-    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run)."""
+    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run). ``needs``/``produces`` return plain
+    ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same fields (they
+    run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it by name."""
 
     kind: str
     segment: str
@@ -38,46 +40,45 @@ class Token(NamedTuple):
     mb: int
 
 
-def _payload_token(p: Payload) -> Token:
-    return Token("out" if p.kind == ACT else "grad", p.segment, p.stage, p.mb)
+def _payload_token(p: Payload) -> tuple:
+    return ("out" if p.kind == ACT else "grad", p.segment, p.stage, p.mb)
 
 
-def needs(op: Op, num_stages: int) -> tuple[Token, ...]:
+def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
     """Tokens that must already be on the rank before ``op`` runs (§3.5)."""
-    if isinstance(op, Compute):
+    kind = type(op)
+    if kind is Compute:
         seg, s, mb = op.segment, op.stage, op.mb
         if op.kind == FORWARD:
-            return (Token("out", seg, s - 1, mb),) if s > 0 else ()
-        if op.kind in (BACKWARD, INPUT_GRAD):
-            stored = Token("stored", seg, s, mb)
-            return (stored, Token("grad", seg, s + 1, mb)) if s < num_stages - 1 else (stored,)
-        return (Token("wgrad_ready", seg, s, mb),)
-    if isinstance(op, Overlap):
-        return tuple(t for c in op.ops for t in needs(c, num_stages))
-    if isinstance(op, Send):
+            return (("out", seg, s - 1, mb),) if s > 0 else ()
+        if op.kind == WEIGHT_GRAD:
+            return (("wgrad_ready", seg, s, mb),)
+        if s < num_stages - 1:
+            return (("stored", seg, s, mb), ("grad", seg, s + 1, mb))
+        return (("stored", seg, s, mb),)
+    if kind is Send:
         return (_payload_token(op.payload),)
-    if isinstance(op, Group):
-        return tuple(t for o in op.ops for t in needs(o, num_stages))
+    if kind is Overlap or kind is Group:
+        return tuple(t for c in op.ops for t in needs(c, num_stages))
     return ()
 
 
-def produces(op: Op) -> tuple[Token, ...]:
+def produces(op: Op) -> tuple[tuple, ...]:
     """Tokens ``op`` leaves on its rank when it finishes."""
-    if isinstance(op, Compute):
+    kind = type(op)
+    if kind is Compute:
         seg, s, mb = op.segment, op.stage, op.mb
         if op.kind == FORWARD:
-            return (Token("out", seg, s, mb), Token("stored", seg, s, mb))
+            return (("out", seg, s, mb), ("stored", seg, s, mb))
         if op.kind == BACKWARD:
-            return (Token("grad", seg, s, mb),)
+            return (("grad", seg, s, mb),)
         if op.kind == INPUT_GRAD:
-            return (Token("grad", seg, s, mb), Token("wgrad_ready", seg, s, mb))
+            return (("grad", seg, s, mb), ("wgrad_ready", seg, s, mb))
         return ()
-    if isinstance(op, Overlap):
-        return tuple(t for c in op.ops for t in produces(c))
-    if isinstance(op, Recv):
+    if kind is Recv:
         return (_payload_token(op.payload),)
-    if isinstance(op, Group):
-        return tuple(t for o in op.ops for t in produces(o))
+    if kind is Overlap or kind is Group:
+        return tuple(t for c in op.ops for t in produces(c))
     return ()
 
 
@@ -247,7 +248,8 @@ def pair_p2p(plan: Plan) -> P2PPairing:
         for s_end, r_end in pairs:
             partner[s_end] = r_end
             partner[r_end] = s_end
-            if p2p_at(plan, s_end).payload != p2p_at(plan, r_end).payload:
+            sent, received = p2p_at(plan, s_end).payload, p2p_at(plan, r_end).payload
+            if sent is not received and sent != received:
                 mismatched.append((s_end, r_end))
         n = len(pairs)
         unmatched.extend(s_list[n:])
@@ -363,20 +365,36 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
     waiting_on: dict[tuple[int, int], list[int]] = defaultdict(list)
     todo = list(range(n))
 
-    def wake(pos: tuple[int, int]) -> None:
-        todo.extend(waiting_on.pop(pos, ()))
-
+    partner, eager = p2p.partner, comm_model == EAGER
     while todo:
         rank = todo.pop()
         blocked.pop(rank, None)
-        program = programs[rank]
-        while len(start[rank]) < len(program):
-            index = len(start[rank])
+        program, st, fi = programs[rank], start[rank], finish[rank]
+        t0, index, end = ready[rank], len(st), len(program)
+        while index < end:
             op = program[index]
-            t0 = ready[rank]
-            if isinstance(op, (Send, Recv, Group, Collective)):
+            kind = type(op)
+            if kind is Send or kind is Recv:  # the common case, inlined
                 posted[(rank, index)] = t0
-                wake((rank, index))
+                if waiting_on:
+                    todo.extend(waiting_on.pop((rank, index), ()))
+                other = partner.get((rank, index, 0))
+                if other is None:
+                    blocked[rank] = None
+                    break
+                if eager and kind is Send:
+                    done = t0
+                else:
+                    done = posted.get(other[:2])
+                    if done is None:
+                        blocked[rank] = other[:2]
+                        waiting_on[other[:2]].append(rank)
+                        break
+                t1 = (t0 if t0 > done else done) + comm_time(op)
+            elif kind is Group or kind is Collective:
+                posted[(rank, index)] = t0
+                if waiting_on:
+                    todo.extend(waiting_on.pop((rank, index), ()))
                 done = _comm_completion(plan, rank, index, op, comm_model, posted, p2p,
                                         collectives)
                 if isinstance(done, tuple):  # waiting on that position
@@ -387,9 +405,11 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
                 t1 = max(t0, done) + comm_time(op)
             else:
                 t1 = t0 + duration(op)
-            start[rank].append(t0)
-            finish[rank].append(t1)
-            ready[rank] = t1
+            st.append(t0)
+            fi.append(t1)
+            t0 = t1
+            index += 1
+        ready[rank] = t0
     waits = tuple(_describe_wait(plan, r, len(start[r]), blocked.get(r), p2p)
                   for r in range(n) if len(start[r]) < len(programs[r]))
     return Execution(tuple(map(tuple, start)), tuple(map(tuple, finish)), waits)
@@ -609,7 +629,7 @@ def schedule_times(programs, placement: Placement,
                     have[there].setdefault(token, free + delay)
                     if waiting.pop((there, token), None) is not None:
                         todo.append(there)
-    stuck = tuple((r, len(start[r]), tok) for (r, tok) in waiting
+    stuck = tuple((r, len(start[r]), Token(*tok)) for (r, tok) in waiting
                   if len(start[r]) < len(programs[r]))
     return ScheduleTiming(tuple(map(tuple, start)), tuple(map(tuple, finish)),
                           tuple(sorted(stuck)))

@@ -27,6 +27,8 @@ import re
 import uuid
 from typing import IO, NamedTuple
 
+import attrs
+
 from ..errors import InputError
 from ..ir import (ACT, GRAD, Compute, Idle, Marker, Op, Overlap, Payload, Placement, Plan,
                   Recv, Schedule, Send)
@@ -87,9 +89,13 @@ def parse_torch_csv(text: str, file: str) -> Plan:
     """
     rows = _parse_cells(text, file)
     placement = _infer_placement(rows, file)
-    programs = tuple(
-        tuple(_build(cell, placement, file, r + 1, c + 1) for c, cell in enumerate(row))
-        for r, row in enumerate(rows))
+    payloads: dict[tuple, Payload] = {}  # one object per payload, shared by both ends
+    # Every field was checked by the cell grammar above; skip the IR's re-validation.
+    with attrs.validators.disabled():
+        programs = tuple(
+            tuple(_build(cell, placement, file, r + 1, c + 1, payloads)
+                  for c, cell in enumerate(row))
+            for r, row in enumerate(rows))
     mbs = [mb for row in rows for cell in row for mb in _mbs(cell)]
     return Plan(placement, max(mbs) + 1 if mbs else 0, programs)
 
@@ -171,7 +177,15 @@ def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
     return _parse_action(s, raw, file, r, c)
 
 
+_PLAIN = re.compile(  # the common, well-formed case: no leading zeros, at most 6 digits
+    r"(0|[1-9][0-9]{0,5})(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B)(0|[1-9][0-9]{0,5})")
+
+
 def _parse_action(s: str, raw: str, file: str, r: int, c: int) -> _Cell:
+    m = _PLAIN.fullmatch(s)
+    if m:
+        stage_s, kind, mb_s = m.groups()
+        return _Cell(kind, int(stage_s), int(mb_s))
     m = _ACTION.fullmatch(s)
     if not m:
         raise InputError(f"{EXPECTED}, got {_show(raw)}", file, r, c)
@@ -219,7 +233,8 @@ def _infer_placement(rows: list[list[_Cell]], file: str) -> Placement:
     return Placement(tuple(where[s] for s in range(len(where))), len(rows))
 
 
-def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int) -> Op:
+def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
+           payloads: dict[tuple, Payload]) -> Op:
     kind, stage, mb = cell.kind, cell.stage, cell.mb
     if not kind:
         return Idle()
@@ -235,12 +250,13 @@ def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int) -> Op:
         raise InputError(f"{stage}{kind}{mb}: stage {stage} is the {side} of stages 0.."
                          f"{placement.num_stages - 1}, so there is no {other} stage to "
                          f"{_VERB[kind]}", file, r, c)
-    rank = placement.rank_of(peer)
-    if kind == "SEND_F":
-        return Send(rank, Payload(ACT, stage, mb))
-    if kind == "SEND_B":
-        return Send(rank, Payload(GRAD, stage, mb))
-    return Recv(rank, Payload(ACT if kind == "RECV_F" else GRAD, peer, mb))
+    rank = placement.stage_to_rank[peer]
+    key = (ACT if kind in ("SEND_F", "RECV_F") else GRAD,
+           stage if kind.startswith("SEND") else peer, mb)
+    payload = payloads.get(key)
+    if payload is None:
+        payload = payloads[key] = Payload(*key)
+    return Send(rank, payload) if kind.startswith("SEND") else Recv(rank, payload)
 
 
 # ------------------------------------------------------------------- writing

@@ -10,18 +10,21 @@ Z3 cannot decide makes the report *undecided* (exit 3), never verified.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import time
+from typing import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 import z3
 
 from ..ir import Plan
-from ..semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, pair_collectives, pair_p2p
+from ..semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel
 from . import properties
 from .obligations import _answer, confirm, prove
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
-__all__ = ["verify", "Report", "Violation", "Certificate", "CertificateError",
+__all__ = ["verify", "verify_loaded", "Report", "Violation", "Certificate", "CertificateError",
            "check_certificate", "plan_digest", "PROPERTIES"]
 
 
@@ -30,47 +33,107 @@ def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
     """Judge ``plan`` under DESIGN §3 with ``comm_model``. ``memory_limit``: None, a
     number, or one number per rank. ``rlimit`` caps Z3's resources per query (for tests
     and for callers that prefer "undecided" to waiting)."""
+    _check_model(comm_model)
+    clock = time.perf_counter()
+    decided = {**_local_properties(plan, memory_limit, memory_model, rlimit),
+               **_comm_properties(plan, comm_model, rlimit)}
+    return _report(plan, decided, memory_limit, comm_model, clock)
+
+
+def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str = RENDEZVOUS,
+                  memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None
+                  ) -> tuple[Plan, Report]:
+    """``verify(load())`` on two cores: fork *before* loading, so each process builds its
+    own copy of the plan (forking after would make both processes copy every page they
+    touch), then this process decides completeness, dependency, memory and matching
+    while the child decides deadlock. ``load`` must be deterministic and picklable (e.g. a
+    ``functools.partial`` of a module-level function). Same verdicts as ``verify``."""
+    _check_model(comm_model)
+    clock = time.perf_counter()
+    if "fork" not in mp.get_all_start_methods():
+        plan = load()
+        return plan, verify(plan, memory_limit, comm_model, memory_model, rlimit)
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as pool:
+        future = pool.submit(_load_then_comm, load, comm_model, rlimit)
+        plan = load()
+        local = _local_properties(plan, memory_limit, memory_model, rlimit)
+        decided = {**local, **future.result()}
+    return plan, _report(plan, decided, memory_limit, comm_model, clock)
+
+
+def _load_then_comm(load, comm_model, rlimit) -> dict:
+    return _comm_properties(load(), comm_model, rlimit)
+
+
+def _check_model(comm_model: str) -> None:
     if comm_model not in COMM_MODELS:
         raise ValueError(f"comm model must be one of {COMM_MODELS}, got {comm_model!r}")
-    clock = time.perf_counter()
-    pairing, collectives = pair_p2p(plan), pair_collectives(plan)
-    mem_findings, mem_obligations, peaks = properties.memory(plan, memory_model, memory_limit)
-    passes = {
-        "completeness": properties.completeness(plan),
-        "dependency": properties.dependency(plan),
-        "matching": properties.matching(plan, pairing, collectives),
-        "deadlock": properties.deadlock(plan, comm_model, pairing, collectives),
-        "memory": (mem_findings, mem_obligations),
-    }
-    linear_s = time.perf_counter() - clock
-    violations, undecided, stats = [], [], {"ops": plan.num_ops, "ranks": plan.num_ranks,
-                                            "comm_model": comm_model, "properties": {}}
+
+
+def _report(plan: Plan, decided: dict, memory_limit, comm_model: str, clock: float) -> Report:
+    """Assemble the verdict: violated if any property has confirmed violations, undecided
+    if any is unknown, verified (with a certificate) only if all five are proven."""
+    decided = dict(decided)
+    peaks = decided.pop("peaks")
+    violations, undecided = [], []
+    stats = {"ops": plan.num_ops, "ranks": plan.num_ranks, "comm_model": comm_model,
+             "properties": {}}
     for name in PROPERTIES:
-        findings, obligations = passes[name]
-        started = time.perf_counter()
-        status, detail = _decide(findings, obligations, rlimit)
-        stats["properties"][name] = {"status": status, **detail,
-                                     "z3_seconds": round(time.perf_counter() - started, 4)}
-        if status == "violated":
-            violations.extend(f.violation for f in findings)
-        elif status == "unknown":
+        status, detail, found = decided[name]
+        stats["properties"][name] = {"status": status, **detail}
+        violations.extend(found)
+        if status == "unknown":
             undecided.append(f"{name}: {detail.get('reason', 'solver returned unknown')}")
-    stats["linear_seconds"] = round(linear_s, 4)
     stats["seconds"] = round(time.perf_counter() - clock, 4)
-    if violations:
-        status = "violated"
-    elif undecided:
-        status = "undecided"
-    else:
-        status = "verified"
+    status = "violated" if violations else "undecided" if undecided else "verified"
     certificate = None
     if status == "verified":
-        limit = None if memory_limit is None else tuple(
-            float(memory_limit) if isinstance(memory_limit, (int, float)) else float(x)
-            for x in ([memory_limit] * plan.num_ranks if isinstance(memory_limit, (int, float))
-                      else memory_limit))
-        certificate = Certificate(plan_digest(plan), PROPERTIES, limit, comm_model)
+        certificate = Certificate(plan_digest(plan), PROPERTIES,
+                                  _limits(memory_limit, plan.num_ranks), comm_model)
     return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided))
+
+
+def _local_properties(plan, memory_limit, memory_model, rlimit) -> dict:
+    """Completeness, dependency, memory and matching (the half that needs no run)."""
+    out = {}
+    for name, run in (("completeness", lambda: properties.completeness(plan)),
+                      ("dependency", lambda: properties.dependency(plan)),
+                      ("matching", lambda: properties.matching(plan))):
+        out[name] = _timed(run, rlimit)
+    mem = {}
+
+    def memory():
+        findings, obligations, mem["peaks"] = properties.memory(plan, memory_model, memory_limit)
+        return findings, obligations
+    out["memory"] = _timed(memory, rlimit)
+    out["peaks"] = mem["peaks"]
+    return out
+
+
+def _comm_properties(plan, comm_model, rlimit) -> dict:
+    """Deadlock: the run of the whole plan."""
+    return {"deadlock": _timed(lambda: properties.deadlock(plan, comm_model), rlimit)}
+
+
+def _timed(run, rlimit) -> tuple[str, dict, list[Violation]]:
+    """Run one property's linear pass, then Z3's decision; returns ``(status, detail,
+    confirmed violations)``."""
+    started = time.perf_counter()
+    findings, obligations = run()
+    linear = time.perf_counter() - started
+    status, detail = _decide(findings, obligations, rlimit)
+    detail["linear_seconds"] = round(linear, 4)
+    detail["z3_seconds"] = round(time.perf_counter() - started - linear, 4)
+    found = [f.violation for f in findings] if status == "violated" else []
+    return status, detail, found
+
+
+def _limits(memory_limit, ranks: int) -> tuple[float, ...] | None:
+    if memory_limit is None:
+        return None
+    if isinstance(memory_limit, (int, float)):
+        return (float(memory_limit),) * ranks
+    return tuple(float(x) for x in memory_limit)
 
 
 def _decide(findings, obligations, rlimit) -> tuple[str, dict]:

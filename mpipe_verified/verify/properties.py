@@ -13,7 +13,7 @@ from typing import Callable
 import attrs
 
 from ..ir import (ACT, Collective, Compute, Group, Plan, Recv, Send, computes_of, p2p_of)
-from ..semantics import (EAGER, MemoryModel, execute, live_tensors, memory_steps, needs,
+from ..semantics import (EAGER, MemoryModel, Token, execute, live_tensors, memory_steps, needs,
                          pair_collectives, pair_p2p, produces, required_work, wait_cycle,
                          work_table)
 from .obligations import Obligations
@@ -66,34 +66,36 @@ def dependency(plan: Plan) -> tuple[list[Finding], Obligations]:
     findings = []
     for rank, program in enumerate(plan.programs):
         have: dict = {}
-        later: dict = {}
-        for index, op in enumerate(program):
-            for token in produces(op):
-                later.setdefault(token, index)
+        lanes: dict = {}
         for index, op in enumerate(program):
             for token in needs(op, num_stages):
                 pos = have.get(token)
                 if pos is None:
-                    findings.append(_missing_input(plan, rank, index, token, later.get(token)))
+                    findings.append(_missing_input(plan, rank, index, Token(*token)))
                     continue
-                obligations.lane("lt", (_kind_of(op), token.kind), rank).append((pos, index))
+                cls = (_kind_of(op), token[0])
+                facts = lanes.get(cls)
+                if facts is None:
+                    facts = lanes[cls] = obligations.lane("lt", cls, rank)
+                facts.append((pos, index))
             for token in produces(op):
-                have.setdefault(token, index)
+                if token not in have:
+                    have[token] = index
     return findings, obligations
 
 
 def _kind_of(op) -> str:
-    if isinstance(op, Compute):
-        return op.kind
-    return type(op).__name__
+    return op.kind if type(op) is Compute else type(op).__name__
 
 
-def _missing_input(plan, rank, index, token, produced_at) -> Finding:
+def _missing_input(plan, rank, index, token) -> Finding:
     what = {"out": "activation", "stored": "stored forward", "grad": "gradient",
             "wgrad_ready": "input-gradient step"}[token.kind]
     seg = f"{token.segment}:" if token.segment else ""
     name = f"{what} of stage {seg}{token.stage} microbatch {token.mb}"
     op = plan.programs[rank][index]
+    produced_at = next((i for i in range(index, len(plan.programs[rank]))
+                        if tuple(token) in produces(plan.programs[rank][i])), None)
     if produced_at is None:
         message = f"rank {rank} position {index}: {op} needs the {name}, which is never " \
                   f"computed or received on rank {rank}"
