@@ -15,8 +15,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/mpipe-verify show examples/zb-h1.toml
+	$(BIN)/mpipe-verify check examples/zb-h1.toml
 	$(BIN)/mpipe-verify export examples/zb-h1.toml --to torch-csv -o out/zb-h1.csv
-	@echo "lowered plan written to out/zb-h1.csv"
+	$(BIN)/mpipe-verify check out/zb-h1.csv
+	@echo "lowered plan written to out/zb-h1.csv and verified as written"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
