@@ -161,7 +161,6 @@ class Marker:
 
 
 Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker]
-COMPUTE_STEP = (Compute, Overlap)
 COMM_STEP = (Send, Recv, Group, Collective)
 
 
@@ -216,15 +215,6 @@ class Placement:
     def vshape(cls, ranks: int) -> "Placement":
         """Two chunks per rank: stage ``s`` on ``s`` for ``s < p``, else ``2p-1-s``."""
         return cls(tuple(s if s < ranks else 2 * ranks - 1 - s for s in range(2 * ranks)), ranks)
-
-    @property
-    def style(self) -> str:
-        p = self.num_ranks
-        if self == Placement.looped(p, max(1, self.num_stages // p)):
-            return "looped"
-        if self.num_stages == 2 * p and self == Placement.vshape(p):
-            return "v"
-        return "custom"
 
 
 def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, NamedTuple
 
 import attrs
 
@@ -561,12 +561,6 @@ def peak_memory(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, tuple
         peak = max(levels)
         out[rank] = (peak, levels.index(peak))
     return out
-
-
-def iter_positions(plan: Plan) -> Iterable[tuple[int, int, Op]]:
-    for rank, program in enumerate(plan.programs):
-        for index, op in enumerate(program):
-            yield rank, index, op
 
 
 # ---------------------------------------------------------------- compute-only timing

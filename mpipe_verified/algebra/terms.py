@@ -249,16 +249,3 @@ class Relabel:
 
     def __str__(self) -> str:
         return f"relabel({self.term}, perm={list(self.perm)})"
-
-
-@attrs.frozen
-class Literal:
-    """A schedule given op by op (e.g. read from a file), as a term."""
-
-    schedule: Schedule
-
-    def derive(self) -> Schedule:
-        return self.schedule
-
-    def __str__(self) -> str:
-        return "literal(...)"
