@@ -18,9 +18,10 @@ from typing import Iterator, Union
 
 import attrs
 
-FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD = "F", "B", "I", "W"
-COMPUTE_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
-ACT, GRAD = "act", "grad"
+FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE = "F", "B", "I", "W", "R"
+COMPUTE_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
+ACT, GRAD, INPUT = "act", "grad", "input"
+BODY = ""  # the pipelined body's segment name
 MARKER_ACTIONS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 COLLECTIVE_KINDS = ("broadcast", "all_reduce", "gather")
 
@@ -36,7 +37,8 @@ def _nonneg(instance, attribute, value) -> None:
 
 @attrs.frozen(order=True)
 class Compute:
-    """``F``/``B``/``I``/``W`` of ``(segment, stage, mb)``."""
+    """``F``/``B``/``I``/``W`` of ``(segment, stage, mb)``; ``R`` re-runs a forward from
+    its shipped input to rebuild what a backward needs (central recompute)."""
 
     kind: str = attrs.field(validator=attrs.validators.in_(COMPUTE_KINDS))
     stage: int = attrs.field(validator=_nonneg)
@@ -60,23 +62,32 @@ class Overlap:
 
 @attrs.frozen(order=True)
 class Payload:
-    """What travels: the activation (``act``, to ``stage + 1``) or the gradient
-    (``grad``, to ``stage - 1``) produced by ``stage`` for ``mb``."""
+    """What travels: the activation (``act``, to ``stage + 1``), the gradient (``grad``, to
+    ``stage - 1``) or the raw input (``input``, for a recompute) of ``(segment, stage,
+    mb)``. ``to_segment`` names the consumer's segment when the transfer crosses the cut
+    (the consumer is then that segment's first stage, or the body's first/last stage)."""
 
-    kind: str = attrs.field(validator=attrs.validators.in_((ACT, GRAD)))
+    kind: str = attrs.field(validator=attrs.validators.in_((ACT, GRAD, INPUT)))
     stage: int = attrs.field(validator=_nonneg)
     mb: int = attrs.field(validator=_nonneg)
     segment: str = ""
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
+    to_segment: str | None = None
 
     @property
     def consumer_stage(self) -> int:
+        if self.to_segment is not None or self.kind == INPUT:
+            return self.stage if self.kind == INPUT else 0
         return self.stage + 1 if self.kind == ACT else self.stage - 1
 
     @property
+    def consumer_segment(self) -> str:
+        return self.segment if self.to_segment is None else self.to_segment
+
+    @property
     def letter(self) -> str:
-        return "F" if self.kind == ACT else "B"
+        return {ACT: "F", GRAD: "B", INPUT: "IN"}[self.kind]
 
 
 @attrs.frozen(order=True)
@@ -108,7 +119,7 @@ class Recv:
 
     def __str__(self) -> str:
         p = self.payload
-        return f"{_seg(p.segment)}{p.consumer_stage}RECV_{p.letter}{p.mb}"
+        return f"{_seg(p.consumer_segment)}{p.consumer_stage}RECV_{p.letter}{p.mb}"
 
 
 P2P = Union[Send, Recv]
@@ -217,17 +228,65 @@ class Placement:
         return cls(tuple(s if s < ranks else 2 * ranks - 1 - s for s in range(2 * ranks)), ranks)
 
 
+SOURCE, SINK = "source", "sink"
+
+
+@attrs.frozen
+class SegmentWork:
+    """A one-stage segment cut off the body (DESIGN §6 ``cut``): a ``source`` (an encoder
+    feeding the body's first stage) or a ``sink`` (a generator fed by the body's last
+    stage; detached: its loss does not flow back into the body).
+
+    ``forward_rank[mb]`` runs ``F(name, 0, mb)``; ``backward_rank[mb]`` runs its backward
+    (None: frozen or parameter-free, no backward). With ``recompute``, a backward rank that
+    did not run the forward first re-runs it (``R``) from the shipped input. ``home`` holds
+    the parameters before the step; ``broadcast`` sends them to every rank first;
+    ``all_reduce`` sums the weight gradients of all ranks at the end."""
+
+    name: str
+    side: str = attrs.field(validator=attrs.validators.in_((SOURCE, SINK)))
+    forward_rank: tuple[int, ...] = ()
+    backward_rank: tuple[int, ...] | None = None
+    recompute: bool = False
+    home: int = 0
+    broadcast: bool = False
+    all_reduce: bool = False
+
+    @property
+    def trainable(self) -> bool:
+        return self.backward_rank is not None
+
+    def needs_recompute(self, mb: int) -> bool:
+        return (self.recompute and self.backward_rank is not None
+                and self.backward_rank[mb] != self.forward_rank[mb])
+
+
+@attrs.frozen
+class Cut:
+    """The segments cut off the body, in data-flow order (sources first)."""
+
+    segments: tuple[SegmentWork, ...] = ()
+
+    def get(self, name: str) -> SegmentWork | None:
+        return next((s for s in self.segments if s.name == name), None)
+
+
+NO_CUT = Cut()
+
+
 def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
     return "\n".join(",".join(map(str, row)) for row in programs)
 
 
 @attrs.frozen
 class Schedule:
-    """Placement plus one compute-only op sequence per rank."""
+    """Placement plus one compute-only op sequence per rank (and the cut, when segments
+    besides the body exist)."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
+    cut: Cut = NO_CUT
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -256,6 +315,7 @@ class Plan:
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
+    cut: Cut = NO_CUT
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -279,6 +339,8 @@ class Plan:
         """Stable text used for digests: placement, microbatches, then every rank's ops
         (payload shapes and peers included, idle steps dropped)."""
         head = f"placement={','.join(map(str, self.placement.stage_to_rank))};m={self.num_microbatches}"
+        if self.cut.segments:
+            head += ";cut=" + repr(self.cut)
         rows = [
             ",".join(_canonical(op) for op in prog if not isinstance(op, Idle))
             for prog in self.programs
@@ -287,7 +349,8 @@ class Plan:
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
-        return cls(schedule.placement, schedule.num_microbatches, schedule.programs)
+        return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
+                   schedule.cut)
 
 
 def _canonical(op: Op) -> str:

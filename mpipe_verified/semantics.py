@@ -20,8 +20,9 @@ from typing import Callable, NamedTuple
 
 import attrs
 
-from .ir import (ACT, BACKWARD, FORWARD, GRAD, INPUT_GRAD, WEIGHT_GRAD, Collective, Compute,
-                 Group, Op, Overlap, Payload, Plan, Placement, Recv, Send, computes_of, p2p_of)
+from .ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
+                 SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Op, Overlap,
+                 Payload, Plan, Placement, Recv, Send, computes_of, p2p_of)
 
 RENDEZVOUS, EAGER = "rendezvous", "eager"
 COMM_MODELS = (RENDEZVOUS, EAGER)
@@ -40,8 +41,11 @@ class Token(NamedTuple):
     mb: int
 
 
+_TOKEN_OF_PAYLOAD = {ACT: "out", GRAD: "grad", INPUT: "input"}
+
+
 def _payload_token(p: Payload) -> tuple:
-    return ("out" if p.kind == ACT else "grad", p.segment, p.stage, p.mb)
+    return (_TOKEN_OF_PAYLOAD[p.kind], p.segment, p.stage, p.mb)
 
 
 def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
@@ -53,6 +57,8 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
             return (("out", seg, s - 1, mb),) if s > 0 else ()
         if op.kind == WEIGHT_GRAD:
             return (("wgrad_ready", seg, s, mb),)
+        if op.kind == RECOMPUTE:
+            return (("input", seg, s, mb),)
         if s < num_stages - 1:
             return (("stored", seg, s, mb), ("grad", seg, s + 1, mb))
         return (("stored", seg, s, mb),)
@@ -64,21 +70,30 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
 
 
 def produces(op: Op) -> tuple[tuple, ...]:
-    """Tokens ``op`` leaves on its rank when it finishes."""
+    """Tokens ``op`` leaves on its rank when it finishes. Besides the body's tokens, a
+    cut segment's ``F`` also leaves its raw ``input`` (what a recompute needs), a backward
+    or ``W`` leaves ``wdone`` (its weight gradient is ready for an all-reduce), and a
+    ``broadcast`` tagged ``params:NAME`` leaves ``params`` of segment NAME."""
     kind = type(op)
     if kind is Compute:
         seg, s, mb = op.segment, op.stage, op.mb
         if op.kind == FORWARD:
+            if seg:
+                return (("out", seg, s, mb), ("stored", seg, s, mb), ("input", seg, s, mb))
             return (("out", seg, s, mb), ("stored", seg, s, mb))
         if op.kind == BACKWARD:
-            return (("grad", seg, s, mb),)
+            return (("grad", seg, s, mb), ("wdone", seg, s, mb))
         if op.kind == INPUT_GRAD:
             return (("grad", seg, s, mb), ("wgrad_ready", seg, s, mb))
-        return ()
+        if op.kind == WEIGHT_GRAD:
+            return (("wdone", seg, s, mb),)
+        return (("stored", seg, s, mb),)  # RECOMPUTE
     if kind is Recv:
         return (_payload_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in produces(c))
+    if kind is Collective and op.kind == "broadcast" and op.tag.startswith("params:"):
+        return (("params", op.tag[len("params:"):], 0, 0),)
     return ()
 
 
@@ -97,6 +112,123 @@ def consumers_of_output(c: Compute, placement: Placement) -> tuple[tuple[int, Pa
     return ()
 
 
+class Chain:
+    """The data-flow chain of a plan: the body's stages (placed by ``placement``) plus the
+    segments of its ``cut``. It extends the body rules of ``needs`` and
+    ``consumers_of_output`` across the cut and says where each op belongs.
+
+    Rules at the cut (DESIGN §3.5 "segment boundaries follow the same rule"): the body's
+    first forward needs every source's output; a source's backward needs the gradient of
+    the body's first stage; a sink's forward needs the body's last output (a sink is
+    detached: nothing flows back). A forward of a broadcast segment off its home rank
+    needs the broadcast parameters; an all-reduce tagged ``grads:NAME`` needs every local
+    weight gradient of NAME."""
+
+    def __init__(self, placement: Placement, cut: Cut = NO_CUT) -> None:
+        self.placement = placement
+        self.cut = cut
+        self.num_stages = placement.num_stages
+        self._segments = {seg.name: seg for seg in cut.segments}
+        self._sources = tuple(seg for seg in cut.segments if seg.side == SOURCE)
+        self._sinks = tuple(seg for seg in cut.segments if seg.side == SINK)
+
+    @classmethod
+    def of(cls, plan) -> "Chain":
+        return cls(plan.placement, plan.cut)
+
+    def segment(self, name: str):
+        return self._segments.get(name)
+
+    def units(self) -> list[tuple[str, int]]:
+        """Every ``(segment, stage)`` whose work is required."""
+        return [(BODY, s) for s in range(self.num_stages)] + [(seg.name, 0)
+                                                              for seg in self.cut.segments]
+
+    def expected_rank(self, c: Compute) -> int | None:
+        """The rank that must run ``c`` (None: ``c`` is not part of this chain)."""
+        if not c.segment:
+            return self.placement.stage_to_rank[c.stage] if c.stage < self.num_stages else None
+        seg = self._segments.get(c.segment)
+        if seg is None or c.stage != 0 or c.mb >= len(seg.forward_rank):
+            return None
+        if c.kind == FORWARD:
+            return seg.forward_rank[c.mb]
+        return None if seg.backward_rank is None else seg.backward_rank[c.mb]
+
+    def expected_backward(self, segment: str, mb: int) -> tuple[bool, bool]:
+        """``(a backward is required, a recompute is required)`` for ``(segment, mb)``."""
+        seg = self._segments.get(segment)
+        if seg is None:
+            return True, False
+        return seg.trainable, seg.needs_recompute(mb)
+
+    def needs(self, op: Op, rank: int) -> tuple[tuple, ...]:
+        """``needs`` extended across the cut (see the class docstring)."""
+        kind = type(op)
+        if kind is Overlap or kind is Group:
+            return tuple(t for c in op.ops for t in self.needs(c, rank))
+        if kind is Collective:
+            return self._collective_needs(op, rank)
+        base = needs(op, self.num_stages)
+        if kind is not Compute or not self.cut.segments:
+            return base
+        seg = self._segments.get(op.segment)
+        if seg is None:  # a body op
+            if op.kind == FORWARD and op.stage == 0:
+                return base + tuple(("out", src.name, 0, op.mb) for src in self._sources)
+            return base
+        extra: tuple = ()
+        if op.kind in (FORWARD, RECOMPUTE) and seg.broadcast and rank != seg.home:
+            extra = (("params", seg.name, 0, 0),)
+        if op.kind == FORWARD:
+            body_out = ("out", BODY, self.num_stages - 1, op.mb)
+            return extra + ((body_out,) if seg.side == SINK else ())
+        if op.kind in (BACKWARD, INPUT_GRAD):
+            stored = ("stored", seg.name, 0, op.mb)
+            return (stored, ("grad", BODY, 0, op.mb)) if seg.side == SOURCE else (stored,)
+        return extra + base
+
+    def _collective_needs(self, op: Collective, rank: int) -> tuple[tuple, ...]:
+        if op.kind != "all_reduce" or not op.tag.startswith("grads:"):
+            return ()
+        seg = self._segments.get(op.tag[len("grads:"):])
+        if seg is None or seg.backward_rank is None:
+            return ()
+        return tuple(("wdone", seg.name, 0, mb) for mb, r in enumerate(seg.backward_rank)
+                     if r == rank)
+
+    def destinations(self, c: Compute, here: int) -> tuple[tuple[int, Payload], ...]:
+        """Remote ranks that need what ``c`` (running on ``here``) produces, with the
+        payload each one receives; same-rank consumers get nothing."""
+        seg = self._segments.get(c.segment) if c.segment else None
+        out: list[tuple[int, Payload]] = []
+        if seg is None:
+            out.extend(consumers_of_output(c, self.placement))
+            if c.kind == FORWARD and c.stage == self.num_stages - 1:
+                for sink in self._sinks:
+                    out.append((sink.forward_rank[c.mb],
+                                Payload(ACT, c.stage, c.mb, BODY, to_segment=sink.name)))
+            if c.kind in (BACKWARD, INPUT_GRAD) and c.stage == 0:
+                for src in self._sources:
+                    if src.backward_rank is not None:
+                        out.append((src.backward_rank[c.mb],
+                                    Payload(GRAD, 0, c.mb, BODY, to_segment=src.name)))
+        elif seg.side == SOURCE and c.kind == FORWARD:
+            out.append((self.placement.stage_to_rank[0],
+                        Payload(ACT, 0, c.mb, seg.name, to_segment=BODY)))
+            if seg.needs_recompute(c.mb):
+                out.append((seg.backward_rank[c.mb], Payload(INPUT, 0, c.mb, seg.name)))
+        return tuple((r, p) for r, p in out if r != here)
+
+    def stores(self, c: Compute, rank: int) -> bool:
+        """Does this forward (or recompute) keep its activation for a backward here?"""
+        if c.kind == RECOMPUTE or not c.segment:
+            return True
+        seg = self._segments.get(c.segment)
+        return seg is None or (seg.backward_rank is not None and c.mb < len(seg.backward_rank)
+                               and seg.backward_rank[c.mb] == rank)
+
+
 # ---------------------------------------------------------------- completeness
 
 
@@ -110,15 +242,16 @@ class WorkIssue:
     detail: str
 
 
-WORK_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+WORK_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
+MISPLACED = len(WORK_KINDS)
 
 
 @attrs.frozen
 class WorkTable:
     """Occurrences of compute work. ``counts[(segment, stage, mb)]`` is
-    ``[F, B, I, W, misplaced]`` (misplaced: occurrences on a rank not owning the stage);
-    ``first[op]`` is where an op first occurs; ``stray`` lists ops outside the plan's
-    stages or microbatches."""
+    ``[F, B, I, W, R, misplaced]`` (misplaced: occurrences on a rank other than the one
+    the chain expects); ``first[op]`` is where an op first occurs; ``stray`` lists ops
+    outside the chain's units or microbatches."""
 
     counts: dict[tuple[str, int, int], list[int]]
     first: dict[Compute, tuple[int, int]]
@@ -126,72 +259,98 @@ class WorkTable:
     misplaced: dict[tuple[str, int, int], tuple[Compute, int, int]]
 
 
-def work_table(plan: Plan) -> WorkTable:
-    placement, m = plan.placement, plan.num_microbatches
+def work_table(plan: Plan, chain: Chain | None = None) -> WorkTable:
+    chain = chain or Chain.of(plan)
+    m = plan.num_microbatches
     counts: dict[tuple[str, int, int], list[int]] = {}
     first: dict[Compute, tuple[int, int]] = {}
     stray = []
     misplaced: dict[tuple[str, int, int], tuple[Compute, int, int]] = {}
     column = {k: i for i, k in enumerate(WORK_KINDS)}
+    units = set(chain.units())
     for rank, program in enumerate(plan.programs):
         for index, op in enumerate(program):
             for c in computes_of(op):
-                if c.stage >= placement.num_stages or c.mb >= m:
+                key = (c.segment, c.stage, c.mb)
+                if (c.segment, c.stage) not in units or c.mb >= m:
                     stray.append((c, rank, index))
                     continue
-                row = counts.setdefault((c.segment, c.stage, c.mb), [0, 0, 0, 0, 0])
-                if placement.stage_to_rank[c.stage] != rank:
-                    row[4] += 1
-                    misplaced.setdefault((c.segment, c.stage, c.mb), (c, rank, index))
+                row = counts.get(key)
+                if row is None:
+                    row = counts[key] = [0] * (MISPLACED + 1)
+                if chain.expected_rank(c) != rank:
+                    row[MISPLACED] += 1
+                    misplaced.setdefault(key, (c, rank, index))
                 else:
                     row[column[c.kind]] += 1
                 first.setdefault(c, (rank, index))
-    segments = sorted({key[0] for key in counts}) or [""]
-    for seg in segments:
-        for s in range(placement.num_stages):
-            for mb in range(m):
-                counts.setdefault((seg, s, mb), [0, 0, 0, 0, 0])
+    for seg, stage in chain.units():
+        for mb in range(m):
+            if (seg, stage, mb) not in counts:
+                counts[(seg, stage, mb)] = [0] * (MISPLACED + 1)
     return WorkTable(counts, first, tuple(stray), misplaced)
 
 
-def required_work(plan: Plan, table: WorkTable | None = None) -> list[WorkIssue]:
-    """Check §4 completeness: every ``(stage, mb)`` has one ``F`` and either one ``B`` or
-    one ``I`` and one ``W``, each on the rank owning the stage; nothing else occurs."""
-    table = table or work_table(plan)
-    placement = plan.placement
+def unit_ok(row: list[int], need_backward: bool, need_recompute: bool) -> bool:
+    """One forward, the backward the unit needs (``B``, or ``I`` and ``W``; none when
+    frozen), the recompute it needs, nothing misplaced."""
+    f, b, i, w, r, wrong = row
+    back = (b, i, w) in ((1, 0, 0), (0, 1, 1)) if need_backward else (b, i, w) == (0, 0, 0)
+    return f == 1 and back and r == int(need_recompute) and wrong == 0
+
+
+def required_work(plan: Plan, table: WorkTable | None = None,
+                  limit: int | None = None) -> list[WorkIssue]:
+    """Check §4 completeness over the chain (body and cut): at most ``limit`` issues."""
+    chain = Chain.of(plan)
+    table = table or work_table(plan, chain)
     issues = [WorkIssue(c, "unexpected", (rank, index),
-                        f"{c} is outside stages 0..{placement.num_stages - 1} and microbatches "
-                        f"0..{plan.num_microbatches - 1}") for c, rank, index in table.stray]
+                        f"{c} is not part of this plan (stages, segments and microbatches "
+                        f"0..{plan.num_microbatches - 1})") for c, rank, index in table.stray]
     for (seg, s, mb), row in sorted(table.counts.items()):
-        if row == [1, 1, 0, 0, 0] or row == [1, 0, 1, 1, 0]:
-            continue
-        issues.extend(_unit_issues(plan, table, seg, s, mb, row))
-    return issues
+        if limit is not None and len(issues) >= limit:
+            break
+        need_back, need_r = chain.expected_backward(seg, mb)
+        if not unit_ok(row, need_back, need_r):
+            issues.extend(_unit_issues(chain, table, seg, s, mb, row, need_back, need_r))
+    return issues[:limit] if limit is not None else issues
 
 
-def _unit_issues(plan, table, seg, s, mb, row) -> list[WorkIssue]:
-    owner = plan.placement.rank_of(s)
+def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkIssue]:
+    f, b, i, w, r = (Compute(k, s, mb, seg) for k in WORK_KINDS)
+    owner = chain.expected_rank(f)
     out = []
-    for kind, count in zip(WORK_KINDS, row):
-        c = Compute(kind, s, mb, seg)
+    for c, count in zip((f, b, i, w, r), row):
         if count > 1:
             out.append(WorkIssue(c, "duplicate", table.first.get(c),
-                                 f"{c} occurs {count} times on rank {owner}"))
-    if row[4]:
+                                 f"{c} occurs {count} times on rank {chain.expected_rank(c)}"))
+    if row[MISPLACED]:
         c, rank, index = table.misplaced[(seg, s, mb)]
-        out.append(WorkIssue(c, "wrong_rank", (rank, index), f"{c} runs on rank {rank} but "
-                                                             f"stage {s} is placed on rank {owner}"))
-    f, b, i, w = (Compute(k, s, mb, seg) for k in WORK_KINDS)
+        out.append(WorkIssue(c, "wrong_rank", (rank, index),
+                             f"{c} runs on rank {rank} but belongs on rank "
+                             f"{chain.expected_rank(c)}"))
     if row[0] == 0:
         out.append(WorkIssue(f, "missing", None, f"{f} (forward) never runs on rank {owner}"))
-    if row[1] and (row[2] or row[3]):
+    back_rank = chain.expected_rank(b)
+    if not need_back and (row[1] or row[2] or row[3]):
+        c = b if row[1] else i if row[2] else w
+        out.append(WorkIssue(c, "unexpected", table.first.get(c),
+                             f"{c} runs but segment {seg!r} is frozen (no backward)"))
+    elif need_back and row[1] and (row[2] or row[3]):
         out.append(WorkIssue(b, "mixed_backward", table.first.get(b),
                              f"{b} and its split form {i}/{w} both occur"))
-    elif not row[1] and not (row[2] and row[3]):
+    elif need_back and not row[1] and not (row[2] and row[3]):
         missing = b if not (row[2] or row[3]) else (w if row[2] else i)
         out.append(WorkIssue(missing, "missing", None,
-                             f"{missing} never runs on rank {owner} (backward of stage {s} "
-                             f"microbatch {mb} needs B, or I then W)"))
+                             f"{missing} never runs on rank {back_rank} (backward of "
+                             f"{'stage ' if not seg else seg + ':'}{s} microbatch {mb} needs "
+                             f"B, or I then W)"))
+    if need_r and row[4] == 0:
+        out.append(WorkIssue(r, "missing", None, f"{r} (recompute before the central "
+                                                 f"backward) never runs on rank {back_rank}"))
+    elif not need_r and row[4]:
+        out.append(WorkIssue(r, "unexpected", table.first.get(r), f"{r} runs but no recompute "
+                                                                   "is needed here"))
     return out
 
 
@@ -504,14 +663,24 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
     live: dict[object, tuple[str, float]] = {}
     steps: list[tuple[float, float]] = []
     snapshot: list = []
+    chain = Chain.of(plan) if plan.cut.segments else None
     for index, op in enumerate(plan.programs[rank]):
         alloc, frees = 0.0, []
         for c in computes_of(op):
-            if c.kind == FORWARD:
-                size = model.stored(c.stage, c.segment)
-                live[("stored", c.segment, c.stage, c.mb)] = (f"activation of {c}", size)
-                alloc += size
+            if c.kind in (FORWARD, RECOMPUTE):
+                if chain is None or chain.stores(c, rank):
+                    size = model.stored(c.stage, c.segment)
+                    live[("stored", c.segment, c.stage, c.mb)] = (f"activation of {c}", size)
+                    alloc += size
                 frees.append(("buffer", _payload_key(ACT, c.segment, c.stage - 1, c.mb)))
+                if c.kind == RECOMPUTE:
+                    frees.append(("buffer", _payload_key(INPUT, c.segment, c.stage, c.mb)))
+                elif not c.segment and c.stage == 0 and chain is not None:
+                    frees.extend(("buffer", _payload_key(ACT, src.name, 0, c.mb))
+                                 for src in chain.cut.segments if src.side == SOURCE)
+                elif c.segment and chain is not None:
+                    frees.append(("buffer", _payload_key(ACT, BODY, plan.placement.num_stages - 1,
+                                                         c.mb)))
             elif c.kind in (BACKWARD, WEIGHT_GRAD):
                 frees.append(("stored", c.segment, c.stage, c.mb))
             if c.kind in (BACKWARD, INPUT_GRAD):

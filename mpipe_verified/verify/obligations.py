@@ -49,11 +49,14 @@ def _rendezvous(x):
 
 
 def _unit(x):
-    """(forwards, full backwards, input grads, weight grads, misplaced): one forward and
-    either one full backward or one I and one W, none on a foreign rank."""
-    f, b, i, w, wrong = x
-    return z3.And(f == 1, wrong == 0, z3.Or(z3.And(b == 1, i == 0, w == 0),
-                                            z3.And(b == 0, i == 1, w == 1)))
+    """(forwards, full backwards, input grads, weight grads, recomputes, misplaced,
+    backward needed, recompute needed): one forward; the needed backward (one B, or one
+    I and one W) or none; the needed recomputes; nothing on a foreign rank."""
+    f, b, i, w, r, wrong, need_back, need_r = x
+    split_or_full = z3.Or(z3.And(b == 1, i == 0, w == 0), z3.And(b == 0, i == 1, w == 1))
+    none = z3.And(b == 0, i == 0, w == 0)
+    return z3.And(f == 1, wrong == 0, r == need_r,
+                  z3.If(need_back == 1, split_or_full, none))
 
 
 def _memory(x):
@@ -185,8 +188,9 @@ SMT_TEMPLATES: dict[str, Callable[[list[str]], str]] = {
                                        for k in range(len(x) // 2)) + ")",
     "rendezvous": lambda x: f"(and (< {x[0]} {x[2]}) (< {x[1]} {x[2]}) (<= {x[2]} {x[3]}) "
                             f"(<= {x[2]} {x[4]}))",
-    "unit": lambda x: f"(and (= {x[0]} 1) (= {x[4]} 0) (or (and (= {x[1]} 1) (= {x[2]} 0) "
-                      f"(= {x[3]} 0)) (and (= {x[1]} 0) (= {x[2]} 1) (= {x[3]} 1))))",
+    "unit": lambda x: f"(and (= {x[0]} 1) (= {x[5]} 0) (= {x[4]} {x[7]}) (ite (= {x[6]} 1) "
+                      f"(or (and (= {x[1]} 1) (= {x[2]} 0) (= {x[3]} 0)) (and (= {x[1]} 0) "
+                      f"(= {x[2]} 1) (= {x[3]} 1))) (and (= {x[1]} 0) (= {x[2]} 0) (= {x[3]} 0))))",
     "memory": lambda x: f"(and (<= (+ {x[0]} {x[1]}) {x[4]}) (= {x[3]} (- (+ {x[0]} {x[1]}) {x[2]})))",
 }
 

@@ -13,7 +13,7 @@ from typing import Callable
 import attrs
 
 from ..ir import (ACT, Collective, Compute, Group, Plan, Recv, Send, computes_of, p2p_of)
-from ..semantics import (EAGER, MemoryModel, Token, execute, live_tensors, memory_steps, needs,
+from ..semantics import (EAGER, Chain, MemoryModel, Token, execute, live_tensors, memory_steps, needs,
                          pair_collectives, pair_p2p, produces, required_work, wait_cycle,
                          work_table)
 from .obligations import Obligations
@@ -36,22 +36,26 @@ def _op_ref(plan: Plan, rank: int, index: int) -> tuple[int, int, str]:
 
 # ---------------------------------------------------------------- completeness
 
+MAX_FINDINGS = 200  # per property; the rest are counted, not listed
+
+
 def completeness(plan: Plan) -> tuple[list[Finding], Obligations]:
-    table = work_table(plan)
+    chain = Chain.of(plan)
+    table = work_table(plan, chain)
     obligations = Obligations()
+    facts = {}
     for (seg, stage, mb), row in table.counts.items():
-        obligations.add("unit", seg, stage, tuple(row))
+        fact = tuple(row) + tuple(int(x) for x in chain.expected_backward(seg, mb))
+        facts[(seg, stage, mb)] = fact
+        obligations.add("unit", seg, stage, fact)
     obligations.add("le", "stray", 0, (len(table.stray), 0))
     findings = []
-    for issue in required_work(plan, table):
+    for issue in required_work(plan, table, limit=MAX_FINDINGS):
         c = issue.op
         ops = (_op_ref(plan, *issue.where),) if issue.where else ()
-        rank = issue.where[0] if issue.where else plan.placement.rank_of(c.stage) \
-            if c.stage < plan.placement.num_stages else 0
-        if issue.problem == "unexpected":
-            fact = ("le", (len(table.stray), 0))
-        else:
-            fact = ("unit", tuple(table.counts[(c.segment, c.stage, c.mb)]))
+        rank = issue.where[0] if issue.where else (chain.expected_rank(c) or 0)
+        key = (c.segment, c.stage, c.mb)
+        fact = ("unit", facts[key]) if key in facts else ("le", (len(table.stray), 0))
         findings.append(Finding(Violation("completeness", issue.detail, (rank,), ops), fact))
     return findings, obligations
 

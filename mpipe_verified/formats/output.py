@@ -1,0 +1,43 @@
+"""Writing report and picture files: atomically, parents created, ``-`` for stdout.
+
+``write_output(path, text)`` writes ``text`` (UTF-8, ``\\n`` line ends) to a temp file in
+the target's directory, flushes it to disk and renames it over ``path`` with
+``os.replace``: a reader never sees a half-written file and a failed write leaves none.
+An existing file's permission bits are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import uuid
+
+STDOUT = "-"
+
+
+def write_output(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically (``-``: standard output)."""
+    name = os.fspath(path)
+    if name == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    if os.path.isdir(name):
+        raise IsADirectoryError(21, "is a directory, expected a file path", name)
+    parent = os.path.dirname(name) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(name)}.{uuid.uuid4().hex[:12]}.tmp")
+    f = open(tmp, "x", encoding="utf-8", newline="\n")
+    try:
+        with f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(OSError):
+            os.chmod(tmp, os.stat(name).st_mode & 0o7777)
+        os.replace(tmp, name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
