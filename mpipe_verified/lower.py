@@ -18,14 +18,15 @@ right after its producer and each ``RECV`` right before its consumer.
 from __future__ import annotations
 
 from .ir import Compute, Idle, Op, Plan, Recv, Schedule, Send, computes_of
-from .semantics import consumers_of_output, schedule_times
+from .semantics import Chain, schedule_times
 
 
 def lower(schedule: Schedule) -> Plan:
     """Insert communication; see the module docstring for the guarantees."""
     placement = schedule.placement
     programs = schedule.programs
-    timing = schedule_times(programs, placement)
+    chain = Chain(placement, schedule.cut)
+    timing = schedule_times(programs, placement, cut=schedule.cut)
     events: list[tuple[float, int, int, int, int, tuple]] = []
     where: dict[Compute, tuple[int, int]] = {}
     for rank, program in enumerate(programs):
@@ -42,14 +43,14 @@ def lower(schedule: Schedule) -> Plan:
             if index < timed:
                 events.append((timing.start[rank][index], 1, rank, index, 0, (rank, op)))
             for c in computes_of(op):
-                for member, (there, payload) in enumerate(consumers_of_output(c, placement)):
+                for member, (there, payload) in enumerate(chain.destinations(c, rank)):
                     send, recv = Send(there, payload), Recv(rank, payload)
                     if index < timed:
                         t = timing.finish[rank][index]
                         events.append((t, 0, rank, index, member, (rank, send, there, recv)))
                         continue
                     late.setdefault((rank, index), []).append(send)
-                    consumer = _consumer_position(c, where)
+                    consumer = _consumer_position(payload, where)
                     if consumer is not None:
                         early.setdefault(consumer, []).append(recv)
     events.sort(key=lambda e: e[:5])
@@ -68,13 +69,13 @@ def lower(schedule: Schedule) -> Plan:
             out[rank].extend(early.get((rank, index), ()))
             out[rank].append(program[index])
             out[rank].extend(late.get((rank, index), ()))
-    return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)))
+    return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut)
 
 
-def _consumer_position(c: Compute, where: dict) -> tuple[int, int] | None:
-    """Where the op consuming what ``c`` sends runs (forward: the next stage's ``F``;
-    backward: the previous stage's ``B`` or ``I``), or None if the schedule lacks it."""
-    if c.kind == "F":
-        return where.get(Compute("F", c.stage + 1, c.mb, c.segment))
-    return (where.get(Compute("B", c.stage - 1, c.mb, c.segment))
-            or where.get(Compute("I", c.stage - 1, c.mb, c.segment)))
+def _consumer_position(payload, where: dict) -> tuple[int, int] | None:
+    """Where the op consuming ``payload`` runs (an activation: the consumer's ``F``; a
+    gradient: its ``B`` or ``I``; an input: its ``R``), or None if the schedule lacks it."""
+    seg, stage, mb = payload.consumer_segment, payload.consumer_stage, payload.mb
+    kinds = {"act": ("F",), "grad": ("B", "I"), "input": ("R",)}[payload.kind]
+    return next((where[c] for c in (Compute(k, stage, mb, seg) for k in kinds) if c in where),
+                None)

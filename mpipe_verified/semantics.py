@@ -762,37 +762,73 @@ class ScheduleTiming:
 
 def schedule_times(programs, placement: Placement,
                    duration: Callable[[Op], float] = standard_duration,
-                   delay: float = 0.0) -> ScheduleTiming:
-    """Data-flow timing of compute-only programs (§3.5 inputs, implicit transfers).
-    Linear time: each rank advances until an input is missing, then waits for it."""
-    n, num_stages = placement.num_ranks, placement.num_stages
-    have: list[dict[Token, float]] = [dict() for _ in range(n)]
+                   delay: float = 0.0, cut: Cut = NO_CUT) -> ScheduleTiming:
+    """Data-flow timing of compute-only programs (§3.5 inputs across the chain, implicit
+    transfers). Linear time: each rank advances until an input is missing, then waits.
+    Collectives in a compute-only schedule are timed as zero-cost barriers: they finish
+    when every member has reached them."""
+    chain = Chain(placement, cut)
+    n = placement.num_ranks
+    have: list[dict[tuple, float]] = [dict() for _ in range(n)]
     start: list[list[float]] = [[] for _ in range(n)]
     finish: list[list[float]] = [[] for _ in range(n)]
-    waiting: dict[tuple[int, Token], int] = {}
+    waiting: dict[tuple[int, tuple], int] = {}
+    barriers: dict[tuple, dict[int, float]] = {}
+    counts: list[dict] = [dict() for _ in range(n)]
     todo = list(range(n))
     while todo:
         rank = todo.pop()
         program, free = programs[rank], (finish[rank][-1] if finish[rank] else 0.0)
         while len(start[rank]) < len(program):
             op = program[len(start[rank])]
-            missing = [t for t in needs(op, num_stages) if t not in have[rank]]
+            wanted = chain.needs(op, rank)
+            missing = [t for t in wanted if t not in have[rank]]
+            if isinstance(op, Collective) and not missing:
+                missing = _barrier_wait(op, rank, free, barriers, counts[rank], have)
             if missing:
                 waiting[(rank, missing[0])] = rank
                 break
-            t0 = max([free] + [have[rank][t] for t in needs(op, num_stages)])
+            t0 = max([free] + [have[rank][t] for t in wanted])
+            if isinstance(op, Collective):
+                t0 = max(t0, have[rank][_barrier_token(op, counts[rank])])
+                counts[rank][_group_key(op)] = counts[rank].get(_group_key(op), 0) + 1
             free = t0 + duration(op)
             start[rank].append(t0)
             finish[rank].append(free)
             for token in produces(op):
                 have[rank].setdefault(token, free)
             for c in computes_of(op):
-                for there, payload in consumers_of_output(c, placement):
+                for there, payload in chain.destinations(c, rank):
                     token = _payload_token(payload)
                     have[there].setdefault(token, free + delay)
                     if waiting.pop((there, token), None) is not None:
                         todo.append(there)
+            for member in (op.ranks if isinstance(op, Collective) else ()):
+                if waiting.pop((member, _barrier_token(op, counts[member])), None) is not None:
+                    todo.append(member)
     stuck = tuple((r, len(start[r]), Token(*tok)) for (r, tok) in waiting
                   if len(start[r]) < len(programs[r]))
     return ScheduleTiming(tuple(map(tuple, start)), tuple(map(tuple, finish)),
                           tuple(sorted(stuck)))
+
+
+def _group_key(op: Collective) -> tuple:
+    return tuple(sorted(op.ranks))
+
+
+def _barrier_token(op: Collective, seen: dict) -> tuple:
+    """The token meaning "every member reached this rank's k-th collective on the group"."""
+    return ("barrier", ",".join(map(str, _group_key(op))), seen.get(_group_key(op), 0), 0)
+
+
+def _barrier_wait(op, rank, free, barriers, seen, have) -> list:
+    """Record that ``rank`` reached its next collective on the group; once all members
+    have, publish the barrier token to every member. Returns the token still missing."""
+    token = _barrier_token(op, seen)
+    arrived = barriers.setdefault(token, {})
+    arrived[rank] = free
+    if len(arrived) == len(op.ranks):
+        at = max(arrived.values())
+        for member in op.ranks:
+            have[member].setdefault(token, at)
+    return [] if token in have[rank] else [token]

@@ -65,14 +65,14 @@ def completeness(plan: Plan) -> tuple[list[Finding], Obligations]:
 def dependency(plan: Plan) -> tuple[list[Finding], Obligations]:
     """Every op's inputs (§3.5) are on its rank before it runs: the witness is, for each
     input, the position that produced or received it."""
-    num_stages = plan.placement.num_stages
+    chain = Chain.of(plan)
     obligations = Obligations()
     findings = []
     for rank, program in enumerate(plan.programs):
         have: dict = {}
         lanes: dict = {}
         for index, op in enumerate(program):
-            for token in needs(op, num_stages):
+            for token in chain.needs(op, rank):
                 pos = have.get(token)
                 if pos is None:
                     findings.append(_missing_input(plan, rank, index, Token(*token)))
@@ -94,7 +94,8 @@ def _kind_of(op) -> str:
 
 def _missing_input(plan, rank, index, token) -> Finding:
     what = {"out": "activation", "stored": "stored forward", "grad": "gradient",
-            "wgrad_ready": "input-gradient step"}[token.kind]
+            "wgrad_ready": "input-gradient step", "input": "shipped input",
+            "params": "broadcast parameters", "wdone": "weight gradient"}[token.kind]
     seg = f"{token.segment}:" if token.segment else ""
     name = f"{what} of stage {seg}{token.stage} microbatch {token.mb}"
     op = plan.programs[rank][index]
