@@ -28,7 +28,13 @@ from typing import Callable, NoReturn, Sequence
 
 from .algebra.families import FAMILIES, family
 from .errors import InputError, ParameterError
+from .formats import sarif
+from .formats.chrome_trace import chrome_trace, dumps as dump_trace
+from .formats.junit import junit_xml
+from .formats.output import write_output
 from .formats.spec import Spec, parse_spec, read_text
+from .formats.svg import render_svg
+from .formats.timeline import timeline
 from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
 from .ir import COMM_STEP, Plan, Schedule
 from .lower import lower
@@ -55,10 +61,16 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------- shared target selection
 
 
-def add_target_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` selection."""
-    p.add_argument("target", nargs="?", metavar="SPEC|FILE",
-                   help="a spec (.toml) or a PyTorch pipelining CSV (.csv)")
+def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` selection.
+    With ``many``, ``args.target`` is a list of any number of files (``check``)."""
+    if many:
+        p.add_argument("target", nargs="*", metavar="SPEC|FILE",
+                       help="specs (.toml) or PyTorch pipelining CSVs (.csv); several are "
+                            "checked one by one and the exit code is the worst")
+    else:
+        p.add_argument("target", nargs="?", metavar="SPEC|FILE",
+                       help="a spec (.toml) or a PyTorch pipelining CSV (.csv)")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read SPEC|FILE (auto: by extension, else by content)")
     g = p.add_argument_group("a standard family instead of a file")
@@ -131,17 +143,22 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     add_target_arguments(p)
     p.add_argument("--to", required=True, choices=EXPORT_TARGETS, help="output format")
     p.add_argument("--compute-only", action="store_true",
-                   help="write the compute-only schedule instead of the lowered plan")
+                   help="write the compute-only schedule instead of the lowered plan "
+                        "(chrome-trace: leave out the comm tracks and flows)")
     p.add_argument("-o", "--output", metavar="OUT", help="output file (default: stdout)")
     p.set_defaults(run=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    if args.to == "chrome-trace":
-        raise UsageError("--to chrome-trace is not available yet; use --to torch-csv")
     if args.output is not None and os.path.isdir(args.output):
         raise UsageError(f"-o {args.output}: is a directory, expected a file path")
-    target, _, name = load_target(args)
+    target, spec, name = load_target(args)
+    if args.to == "chrome-trace":  # timed with the spec's cost model (standard costs else)
+        run = timeline(target, spec.duration if spec else standard_duration,
+                       spec.memory_model if spec else UNIT_MEMORY)
+        write_output(args.output or "-", dump_trace(chrome_trace(run, name,
+                                                                 args.compute_only)))
+        return 0
     if args.compute_only:
         out: Schedule | Plan = compute_only(target)
     else:
@@ -167,13 +184,48 @@ def _add_show(sub: argparse._SubParsersAction) -> None:
     add_target_arguments(p)
     p.add_argument("--width", type=int, metavar="N",
                    help="wrap the grid to N characters (0: never; default: terminal width)")
+    add_picture_arguments(p)
     p.set_defaults(run=run_show)
+
+
+def add_picture_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("SVG timeline")
+    g.add_argument("--svg", metavar="OUT",
+                   help="draw the timeline as SVG to OUT ('-': stdout): one lane per rank, "
+                        "one box per compute op, times from the cost model")
+    g.add_argument("--arrows", action="store_true", help="with --svg: an arrow per send→recv")
+    g.add_argument("--memory", action="store_true",
+                   help="with --svg: each rank's memory curve (and the limit, if any)")
+
+
+def _check_picture_arguments(args: argparse.Namespace) -> None:
+    for flag in ("arrows", "memory"):
+        if getattr(args, flag) and args.svg is None:
+            raise UsageError(f"--{flag} draws on the SVG timeline; add --svg OUT")
+    if args.svg is not None and args.svg != "-" and os.path.isdir(args.svg):
+        raise UsageError(f"--svg {args.svg}: is a directory, expected a file path")
+
+
+def write_svg(args: argparse.Namespace, target: Schedule | Plan, spec: Spec | None,
+              title: str, comm_model: str = "eager", limit=None, violations=()) -> None:
+    """Time ``target`` with the spec's costs (standard costs without one) and write the
+    SVG timeline to ``args.svg``."""
+    duration = spec.duration if spec else standard_duration
+    run = timeline(target, duration, spec.memory_model if spec else UNIT_MEMORY, comm_model)
+    write_output(args.svg, render_svg(run, duration, title=title, arrows=args.arrows,
+                                      memory=args.memory, memory_limit=limit,
+                                      violations=violations))
 
 
 def run_show(args: argparse.Namespace) -> int:
     if args.width is not None and args.width < 0:
         raise UsageError(f"--width must be >= 0, got {args.width}")
+    _check_picture_arguments(args)
     target, spec, name = load_target(args)
+    if args.svg is not None:  # the picture instead of the text grid
+        write_svg(args, target, spec, f"{name}: {spec.term}" if spec is not None else name,
+                  limit=spec.memory_limit if spec is not None else None)
+        return 0
     width = args.width if args.width is not None else shutil.get_terminal_size((160, 24)).columns
     title = f"{name}: {spec.term}" if spec is not None else name
     sys.stdout.write(title + "\n\n" + render_grid(
@@ -206,6 +258,10 @@ TWO_PROCESS_BYTES = 1 << 20  # inputs this big are verified on two cores (verify
 
 
 def run_check(args: argparse.Namespace) -> int:
+    if args.memory_limit is not None and not (0 <= args.memory_limit < float("inf")):
+        raise UsageError(f"--memory-limit must be a finite number >= 0, got {args.memory_limit}")
+    if args.solver_rlimit is not None and args.solver_rlimit < 1:
+        raise UsageError(f"--solver-rlimit must be >= 1, got {args.solver_rlimit}")
     if _is_big_csv(args):  # each process loads its own copy (verify_loaded)
         name = args.target
         _, report = verify_loaded(functools.partial(plan_of, args), args.memory_limit,

@@ -419,12 +419,13 @@ def pair_p2p(plan: Plan) -> P2PPairing:
 @attrs.frozen
 class CollectivePairing:
     """The k-th collective over a rank set on each member forms instance k.
-    ``instances[(ranks, k)]`` maps each member rank to its op index; ``problems`` lists
-    human-readable disagreements (a member missing, kind/tag/root differing)."""
+    ``members[(ranks, k)]`` maps each member rank to its op index; ``problems`` lists
+    disagreements (a member missing, kind/tag/root differing) as ``(positions, message)``
+    where ``positions`` are the ``(rank, index)`` of every op involved."""
 
     instance_of: dict[tuple[int, int], tuple[tuple[int, ...], int]]
     members: dict[tuple[tuple[int, ...], int], dict[int, int]]
-    problems: tuple[tuple[tuple[int, int], str], ...]
+    problems: tuple[tuple[tuple[tuple[int, int], ...], str], ...]
 
 
 def pair_collectives(plan: Plan) -> CollectivePairing:
@@ -438,7 +439,7 @@ def pair_collectives(plan: Plan) -> CollectivePairing:
                 continue
             group = tuple(sorted(op.ranks))
             if rank not in group:
-                problems.append(((rank, index), f"rank {rank} calls {op} but is not a member"))
+                problems.append((((rank, index),), f"rank {rank} calls {op} but is not a member"))
                 continue
             k = count[(group, rank)]
             count[(group, rank)] += 1
@@ -450,11 +451,11 @@ def pair_collectives(plan: Plan) -> CollectivePairing:
         ref = ops[first_rank]
         for r in group:
             if r not in ops:
-                problems.append(((first_rank, where[first_rank]),
+                problems.append((((first_rank, where[first_rank]),),
                                  f"collective #{k} over ranks {list(group)} ({ref}) is never "
                                  f"called on rank {r}"))
             elif (ops[r].kind, ops[r].tag, ops[r].root) != (ref.kind, ref.tag, ref.root):
-                problems.append(((r, where[r]),
+                problems.append((((first_rank, where[first_rank]), (r, where[r])),
                                  f"collective #{k} over ranks {list(group)}: rank {r} calls "
                                  f"{ops[r]} but rank {first_rank} calls {ref}"))
     return CollectivePairing(instance_of, dict(members), tuple(problems))
@@ -538,11 +539,11 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
                 if waiting_on:
                     todo.extend(waiting_on.pop((rank, index), ()))
                 other = partner.get((rank, index, 0))
-                if other is None:
+                if eager and kind is Send:  # buffered: never blocks, partner or not
+                    done = t0
+                elif other is None:
                     blocked[rank] = None
                     break
-                if eager and kind is Send:
-                    done = t0
                 else:
                     done = posted.get(other[:2])
                     if done is None:
@@ -597,11 +598,11 @@ def _comm_completion(plan, rank, index, op, comm_model, posted, p2p, collectives
         return max(times)
     times = [posted[(rank, index)]]
     for member, c in enumerate(p2p_of(op)):
+        if comm_model == EAGER and isinstance(c, Send):
+            continue  # buffered: never blocks, partner or not
         other = p2p.partner.get((rank, index, member))
         if other is None:
             return _NEVER
-        if comm_model == EAGER and isinstance(c, Send):
-            continue
         t = posted.get(other[:2])
         if t is None:
             return other[:2]

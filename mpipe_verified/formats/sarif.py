@@ -94,12 +94,9 @@ def sarif_log(checked: list[Checked], exit_code: int) -> dict:
             notes.append(_note("warning", f"{item.name}: undecided: {reason}", item, index))
         results += [_result(item, v, index.get(item.name)) for v in item.report.violations]
     driver = {"name": TOOL, "version": __version__, "semanticVersion": __version__,
-              "informationUri": "https://github.com/",
               "rules": [_rule(name) for name in PROPERTIES]}
-    driver.pop("informationUri")  # no public home page to point at
-    invocation = {"executionSuccessful": not notes or all(n["level"] != "error"
-                                                          for n in notes) and exit_code != 3,
-                  "exitCode": exit_code}
+    # successful: every input was read and decided (a violation is a successful run)
+    invocation = {"executionSuccessful": exit_code in (0, 1), "exitCode": exit_code}
     if notes:
         invocation["toolExecutionNotifications"] = notes
     run = {"tool": {"driver": driver}, "invocations": [invocation], "results": results,

@@ -154,9 +154,10 @@ def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding],
                 facts.append(fact)
         if counts[0] != counts[1]:
             findings.extend(_leftovers(plan, channel, counts, pairing))
-    for (rank, index), problem in collectives.problems:
-        findings.append(Finding(Violation("matching", problem, (rank,),
-                                          (_op_ref(plan, rank, index),)),
+    for positions, problem in collectives.problems:
+        ranks = tuple(dict.fromkeys(r for r, _ in positions))
+        findings.append(Finding(Violation("matching", problem, ranks,
+                                          tuple(_op_ref(plan, r, i) for r, i in positions)),
                                 ("eq", (0, 1))))
     for key, where in collectives.members.items():
         group, _ = key

@@ -1,0 +1,290 @@
+"""``mpipe-verify check`` (DESIGN §7): exit codes, the ``--json`` schema, the undecided
+path (``--solver-rlimit``), memory limits, and the human-readable counterexamples of
+``render_report``. Mostly in-process through ``cli.main``; a few runs go through the
+installed console script to check the real process contract (stdout, stderr, exit code).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import attrs
+import pytest
+
+from mpipe_verified.algebra.families import family
+from mpipe_verified.cli import main, render_report
+from mpipe_verified.formats.torch_csv import format_torch_csv
+from mpipe_verified.ir import Plan, Recv
+from mpipe_verified.lower import lower
+from mpipe_verified.semantics import needs, produces
+from mpipe_verified.verify import PROPERTIES, verify
+
+SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
+STATUSES = {"proved", "violated", "unknown"}
+
+
+@functools.lru_cache(maxsize=None)
+def lowered(name: str, p: int, m: int, v: int | None = None) -> Plan:
+    return lower(family(name, p, m, v).derive())
+
+
+def with_program(plan: Plan, rank: int, ops) -> Plan:
+    programs = list(plan.programs)
+    programs[rank] = tuple(ops)
+    return attrs.evolve(plan, programs=tuple(programs))
+
+
+def defer_receives(plan: Plan) -> Plan:
+    """Every RECV moved to just before the op consuming it (pytorch/pytorch#172668)."""
+    stages = plan.placement.num_stages
+    programs = []
+    for program in plan.programs:
+        pending = [op for op in program if isinstance(op, Recv)]
+        out = []
+        for op in program:
+            if isinstance(op, Recv):
+                continue
+            for recv in [r for r in pending if set(produces(r)) & set(needs(op, stages))]:
+                out.append(recv)
+                pending.remove(recv)
+            out.append(op)
+        programs.append(tuple(out))
+    return attrs.evolve(plan, programs=tuple(programs))
+
+
+def write(tmp_path, name: str, plan: Plan) -> str:
+    path = tmp_path / name
+    path.write_text(format_torch_csv(plan), newline="")
+    return str(path)
+
+
+def check(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check_json(capsys, *argv: str) -> tuple[int, dict]:
+    code, out, err = check(capsys, *argv, "--json")
+    assert err == ""
+    return code, json.loads(out)
+
+
+def family_argv(name, p, m, v=None):
+    return ["--family", name, "--pp", str(p), "--microbatches", str(m),
+            *(["--chunks", str(v)] if v else [])]
+
+
+# ---------------------------------------------------------------- JSON schema
+
+
+def assert_schema(doc: dict, ranks: int) -> None:
+    """DESIGN §7: ``{"verified": bool, "violations": [{"property", "message", "ranks",
+    "ops"}], "peak_memory": {rank: value}, "stats": {...}}``."""
+    assert {"verified", "violations", "peak_memory", "stats"} <= set(doc)
+    assert isinstance(doc["verified"], bool)
+    assert isinstance(doc["violations"], list)
+    for v in doc["violations"]:
+        assert {"property", "message", "ranks", "ops"} <= set(v)
+        assert v["property"] in PROPERTIES
+        assert isinstance(v["message"], str) and v["message"]
+        assert isinstance(v["ranks"], list) and v["ranks"]
+        assert all(isinstance(r, int) and 0 <= r < ranks for r in v["ranks"])
+        assert isinstance(v["ops"], list)
+        for op in v["ops"]:
+            assert set(op) == {"rank", "position", "op"}
+            assert isinstance(op["rank"], int) and isinstance(op["position"], int)
+            assert isinstance(op["op"], str) and op["op"]
+    peaks = doc["peak_memory"]
+    assert isinstance(peaks, dict) and sorted(peaks, key=int) == [str(r) for r in range(ranks)]
+    assert all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in peaks.values())
+    stats = doc["stats"]
+    assert isinstance(stats, dict)
+    assert stats["ranks"] == ranks and isinstance(stats["ops"], int) and stats["ops"] > 0
+    assert stats["comm_model"] in ("rendezvous", "eager")
+    assert set(stats["properties"]) == set(PROPERTIES)
+    assert all(info["status"] in STATUSES for info in stats["properties"].values())
+    assert doc["verified"] == (doc["violations"] == [] and all(
+        info["status"] == "proved" for info in stats["properties"].values()))
+
+
+def test_json_schema_verified(capsys):
+    code, doc = check_json(capsys, *family_argv("1f1b", 4, 8))
+    assert code == 0
+    assert_schema(doc, 4)
+    assert doc["verified"] is True and doc["violations"] == []
+    assert doc["peak_memory"] == {"0": 4, "1": 3, "2": 2, "3": 1}
+    assert doc["certificate"]["digest"] == verify(lowered("1f1b", 4, 8)).certificate.digest
+    assert doc["lowered"] is True
+
+
+def test_json_schema_violated(capsys, tmp_path):
+    plan = lowered("1f1b", 4, 8)
+    program = list(plan.programs[2])
+    del program[next(i for i, op in enumerate(program) if isinstance(op, Recv))]
+    path = write(tmp_path, "dropped.csv", with_program(plan, 2, program))
+    code, doc = check_json(capsys, path, "--memory-limit", "3")
+    assert code == 1
+    assert_schema(doc, 4)
+    assert doc["verified"] is False and "certificate" not in doc
+    assert {v["property"] for v in doc["violations"]} == {"matching", "dependency",
+                                                          "deadlock", "memory"}
+    assert doc["lowered"] is False
+
+
+def test_json_through_the_console_script(tmp_path):
+    """The installed ``mpipe-verify``: JSON on stdout only, nothing on stderr."""
+    path = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 2, 4)))
+    for argv, code in ((["--family", "zb-h1", "--pp", "2", "--microbatches", "4"], 0),
+                       ([path], 1), ([path, "--comm-model", "eager"], 0)):
+        proc = subprocess.run([str(SCRIPT), "check", *argv, "--json"], capture_output=True,
+                              text=True, timeout=120)
+        assert (proc.returncode, proc.stderr) == (code, ""), proc.stderr
+        doc = json.loads(proc.stdout)
+        assert_schema(doc, 2)
+        assert doc["verified"] is (code == 0)
+
+
+# ---------------------------------------------------------------- exit codes
+
+
+def test_deferred_receives_deadlock_and_eager_accepts(capsys, tmp_path):
+    path = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 4, 8)))
+    code, doc = check_json(capsys, path)
+    assert code == 1
+    assert [v["property"] for v in doc["violations"]] == ["deadlock"]
+    assert doc["violations"][0]["message"].startswith("wait-for cycle under rendezvous")
+    code, doc = check_json(capsys, path, "--comm-model", "eager")
+    assert code == 0 and doc["verified"] is True
+    assert doc["stats"]["comm_model"] == "eager"
+    assert doc["certificate"]["comm_model"] == "eager"
+
+
+@pytest.mark.parametrize("source", ["family", "csv"])
+def test_memory_limit_one_below_peak_exit_1_and_at_peak_exit_0(capsys, tmp_path, source):
+    argv = (family_argv("zb-h1", 4, 8) if source == "family"
+            else [write(tmp_path, "zb.csv", lowered("zb-h1", 4, 8))])
+    code, doc = check_json(capsys, *argv)
+    peak = max(doc["peak_memory"].values())
+    assert code == 0 and peak == 4
+    code, out, err = check(capsys, *argv, "--memory-limit", str(peak - 1))
+    assert code == 1 and err == ""
+    line = next(x for x in out.splitlines() if x.startswith("memory: "))
+    m = re.fullmatch(r"memory: rank (\d+) position (\d+) \((\S+)\): memory peak 4 exceeds the "
+                     r"limit 3 with (\d+) live tensors", line)
+    assert m, line
+    rank, position, op, live = int(m[1]), int(m[2]), m[3], int(m[4])
+    assert rank == 0 and live == 4
+    assert str(lowered("zb-h1", 4, 8).programs[rank][position]) == op
+    assert out.count("    live: activation of 0F") == 4
+    code, out, err = check(capsys, *argv, "--memory-limit", str(peak))
+    assert (code, err) == (0, "") and "VERIFIED" in out
+
+
+# ---------------------------------------------------------------- undecided
+
+
+def test_solver_rlimit_1_is_exit_3_never_verified(capsys):
+    code, doc = check_json(capsys, *family_argv("1f1b", 4, 8), "--solver-rlimit", "1")
+    assert code == 3
+    assert doc["verified"] is False and doc["status"] == "undecided"
+    assert doc["violations"] == [] and "certificate" not in doc
+    assert_schema(doc, 4)
+    assert {info["status"] for info in doc["stats"]["properties"].values()} == {"unknown"}
+    code, out, _ = check(capsys, *family_argv("1f1b", 4, 8), "--solver-rlimit", "1")
+    assert code == 3
+    assert out.splitlines()[0].startswith("--family 1f1b: UNDECIDED")
+    assert "undecided: deadlock:" in out and "certificate" not in out
+
+
+def test_solver_rlimit_1_on_a_broken_plan_is_never_verified(capsys, tmp_path):
+    path = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 2, 4)))
+    code, doc = check_json(capsys, path, "--solver-rlimit", "1")
+    assert code == 3 and doc["verified"] is False and doc["status"] == "undecided"
+
+
+def test_solver_rlimit_through_the_console_script():
+    proc = subprocess.run([str(SCRIPT), "check", "--family", "gpipe", "--pp", "2",
+                           "--microbatches", "2", "--solver-rlimit", "1", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stderr == ""
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "undecided" and doc["verified"] is False
+
+
+# ---------------------------------------------------------------- counterexample text
+
+
+def test_deadlock_text_is_a_per_rank_wait_for_trace(capsys, tmp_path):
+    path = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 2, 2)))
+    code, out, _ = check(capsys, path)
+    assert code == 1
+    assert out.splitlines()[0] == f"{path}: VIOLATED (2 ranks, 16 ops, rendezvous)"
+    assert re.search(r"^  deadlock +violated +1 counterexamples confirmed by Z3$", out, re.M)
+    for prop in ("completeness", "dependency", "matching", "memory"):
+        assert re.search(rf"^  {prop} +proved +\d+ facts in \d+ Z3 runs$", out, re.M)
+    assert ("deadlock: wait-for cycle under rendezvous: rank 0@3 0SEND_F1 -> "
+            "rank 1@3 1SEND_B0") in out
+    assert "    at rank 0, position 3 (row 1, column 4): 0SEND_F1" in out
+    assert "    at rank 1, position 3 (row 2, column 4): 1SEND_B0" in out
+    assert ("    rank 0, position 3: 0SEND_F1 waits for rank 1 to reach position 4 "
+            "(1RECV_F1)") in out
+    assert ("    rank 1, position 3: 1SEND_B0 waits for rank 0 to reach position 4 "
+            "(0RECV_B0)") in out
+    # the row/column point at the very cells of the file
+    rows = [line.split(",") for line in pathlib.Path(path).read_text().splitlines()]
+    assert rows[0][3] == "0SEND_F1" and rows[1][3] == "1SEND_B0"
+
+
+def test_mismatch_text_prints_both_ends(capsys, tmp_path):
+    plan = lowered("gpipe", 2, 2)
+    f0, s0, f1, s1 = plan.programs[0][:4]
+    path = write(tmp_path, "swapped.csv", with_program(plan, 0, (f0, f1, s1, s0)
+                                                       + plan.programs[0][4:]))
+    code, out, _ = check(capsys, path)
+    assert code == 1
+    assert ("matching: send/recv mismatch on channel 0->1: rank 0 position 2 sends 0SEND_F1 "
+            "but the matching receive at rank 1 position 0 is 1RECV_F0") in out
+    assert "    send end: rank 0, position 2, 0SEND_F1" in out
+    assert "    recv end: rank 1, position 0, 1RECV_F0" in out
+    assert "    at rank 0, position 2 (row 1, column 3): 0SEND_F1" in out
+    assert "    at rank 1, position 0 (row 2, column 1): 1RECV_F0" in out
+
+
+def test_completeness_and_dependency_text_name_the_op_and_what_is_missing(capsys, tmp_path):
+    plan = lowered("1f1b", 2, 2)
+    rank1 = [op for op in plan.programs[1] if str(op) != "1F0"]
+    path = write(tmp_path, "noF.csv", with_program(plan, 1, rank1))
+    code, out, _ = check(capsys, path)
+    assert code == 1
+    assert "completeness: 1F0 (forward) never runs on rank 1" in out
+    assert ("dependency: rank 1 position 2: 1B0 needs the stored forward of stage 1 "
+            "microbatch 0, which is never computed or received on rank 1") in out
+    assert "    at rank 1, position 2 (row 2, column 3): 1B0" in out
+    # a duplicate names the op and its count; a missing backward says what would do
+    rank0 = list(plan.programs[0])
+    rank0.insert(0, rank0[0])
+    path = write(tmp_path, "dup.csv", with_program(plan, 0, rank0))
+    code, out, _ = check(capsys, path)
+    assert code == 1 and "completeness: 0F0 occurs 2 times on rank 0" in out
+    rank1 = [op for op in plan.programs[1] if str(op) != "1B1"]
+    path = write(tmp_path, "noB.csv", with_program(plan, 1, rank1))
+    code, out, _ = check(capsys, path)
+    assert ("completeness: 1B1 never runs on rank 1 (backward of stage 1 microbatch 1 needs "
+            "B, or I then W)") in out
+
+
+def test_render_report_of_a_lowered_plan_says_so():
+    report = verify(lowered("gpipe", 2, 2), memory_limit=1)
+    text = render_report(report, "--family gpipe", as_written=False)
+    assert text.splitlines()[0] == ("--family gpipe: VIOLATED (2 ranks, 16 ops, rendezvous, "
+                                    "lowered by mpipe)")
+    assert "(lowered plan)" in text and "row " not in text
+    assert "peak memory per rank: 0: 2, 1: 2" in text
+    verified = render_report(verify(lowered("gpipe", 2, 2)), "g", as_written=False)
+    assert "certificate: sha256 " + verify(lowered("gpipe", 2, 2)).certificate.digest in verified
