@@ -144,17 +144,20 @@ def _runs_along(facts: list[tuple]) -> list[tuple[tuple, tuple, int]]:
 
 
 def _merge_lanes(runs: list[tuple]) -> list[Run]:
+    """Merge consecutive level-1 runs ``(a, d, length)`` with equal ``d`` while ``a`` and
+    ``length`` grow by constant steps: the i-th merged run is exactly
+    ``(a0 + ra*i, d, length0 + rlength*i)``."""
     merged: list[Run] = []
     for a, d, length in runs:
         cur = merged[-1] if merged else None
         if cur is not None and cur.d == d:
-            ra, rl = _sub(a, cur.a), length - cur.length
-            if cur.count == 1 or (ra == cur.ra and rl == cur.rlength):
-                if cur.count == 1:
-                    cur.ra, cur.rlength = ra, rl
+            if cur.count == 1:
+                cur.ra, cur.rlength, cur.count = _sub(a, cur.a), length - cur.length, 2
+                continue
+            expected_a = tuple(x + r * cur.count for x, r in zip(cur.a, cur.ra))
+            if a == expected_a and length == cur.length + cur.rlength * cur.count:
                 cur.count += 1
                 continue
-            # the step broke: restart from this run (a fresh level-2 run)
         merged.append(Run(a, d, length))
     for run in merged:
         if run.count == 1:
