@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import sys
+import tomllib
 from typing import Callable, NoReturn, Sequence
 
 from .algebra.families import FAMILIES, family
@@ -39,6 +40,7 @@ from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_cs
 from .ir import COMM_STEP, Plan, Schedule
 from .lower import lower
 from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, standard_duration
+from .progress import Progress
 from .show import render_grid
 from .verify import Report, verify, verify_loaded
 
@@ -242,15 +244,29 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                        description="Verify completeness, dependency, matching, deadlock and "
                                    "memory. Exit 0: all hold; 1: a property is violated; "
                                    "2: bad input; 3: undecided (solver unknown/timeout).")
-    add_target_arguments(p)
+    add_target_arguments(p, many=True)
     p.add_argument("--comm-model", choices=COMM_MODELS, default=RENDEZVOUS,
                    help="rendezvous (NCCL-like, default) or eager (sends never block; weaker)")
     p.add_argument("--memory-limit", type=float, metavar="N",
                    help="per-rank memory limit (unit model for torch CSV: one unit per "
                         "stored activation); overrides the spec's [memory] limit")
-    p.add_argument("--json", action="store_true", help="print one JSON object (DESIGN §7)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (DESIGN §7); a list of them for several files")
     p.add_argument("--solver-rlimit", type=int, metavar="R",
                    help="cap Z3's resource count per query; running out gives exit 3")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print no report: the exit code tells (bad input still names the "
+                        "file on stderr)")
+    p.add_argument("--only-schedules", action="store_true",
+                   help="skip .toml files without a [schedule] table (pyproject.toml and "
+                        "other configs matched by a pre-commit hook)")
+    g = p.add_argument_group("CI outputs (written atomically, parents created)")
+    g.add_argument("--sarif", metavar="OUT",
+                   help="write a SARIF 2.1.0 log: one result per violation, located at the "
+                        "input's row and column")
+    g.add_argument("--junit", metavar="OUT",
+                   help="write JUnit XML: one test case per property and input")
+    add_picture_arguments(p)
     p.set_defaults(run=run_check)
 
 
@@ -262,28 +278,129 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--memory-limit must be a finite number >= 0, got {args.memory_limit}")
     if args.solver_rlimit is not None and args.solver_rlimit < 1:
         raise UsageError(f"--solver-rlimit must be >= 1, got {args.solver_rlimit}")
+    _check_picture_arguments(args)
+    if args.quiet and args.json:
+        raise UsageError("--quiet prints nothing; drop --json or --quiet")
+    for flag in ("sarif", "junit"):
+        path = getattr(args, flag)
+        if path is not None and path != "-" and os.path.isdir(path):
+            raise UsageError(f"--{flag} {path}: is a directory, expected a file path")
+    targets = _check_targets(args)
+    if args.svg is not None and len(targets) > 1:
+        raise UsageError("--svg draws one schedule; give one SPEC|FILE")
+    progress = Progress(False if args.quiet else None)
+    checked: list[sarif.Checked] = []
+    results: list[tuple[dict, str]] = []  # (JSON object, text report) per input
+    code = 0
+    for target in targets:
+        one = argparse.Namespace(**{**vars(args), "target": target})
+        try:
+            if args.only_schedules and _not_a_schedule(one):
+                continue
+            item, doc, text = _check_one(one, progress)
+        except (UsageError, InputError, ParameterError) as e:
+            progress.done()
+            _fail(str(e))
+            checked.append(sarif.Checked(target, None, sarif.SPEC if str(target).endswith(
+                ".toml") else sarif.TORCH_CSV, error=_one_line(str(e))))
+            results.append(({"source": target, "status": "error", "exit_code": 2,
+                             "error": _one_line(str(e))}, ""))
+            code = _worst(code, 2)
+            continue
+        checked.append(item)
+        results.append((doc, text))
+        code = _worst(code, item.report.exit_code)
+    if args.sarif is not None:
+        progress.phase("writing SARIF")
+        write_output(args.sarif, json.dumps(sarif.sarif_log(checked, code), indent=2) + "\n")
+    if args.junit is not None:
+        write_output(args.junit, junit_xml(checked))
+    progress.done()
+    to_stdout = "-" in (args.sarif, args.junit, args.svg)
+    shown = [(doc, text) for doc, text in results if doc.get("status") != "error"]
+    if not args.quiet and not to_stdout and shown:
+        if args.json:
+            docs = [doc for doc, _ in results]
+            print(json.dumps(docs[0] if len(targets) == 1 else docs, indent=2))
+        else:
+            print("\n\n".join(text for _, text in shown))
+    return code
+
+
+EXIT_SEVERITY = (0, 3, 1, 2)  # several inputs: undecided < violated < bad input
+
+
+def _worst(a: int, b: int) -> int:
+    return max(a, b, key=EXIT_SEVERITY.index)
+
+
+def _check_targets(args: argparse.Namespace) -> list[str | None]:
+    """The inputs of ``check``: ``[None]`` for ``--family``, else the files given."""
+    if args.family is not None:
+        if args.target:
+            raise UsageError(f"give either SPEC|FILE ({args.target[0]}) or --family, not both")
+        return [None]
+    if not args.target:
+        load_target(argparse.Namespace(**{**vars(args), "target": None}))  # raises
+    opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
+    if opts:
+        raise UsageError(f"--{opts[0]} goes with --family, not with a file")
+    return list(args.target)
+
+
+def _not_a_schedule(args: argparse.Namespace) -> bool:
+    """A readable TOML file with no ``[schedule]`` table (``--only-schedules``)."""
+    path = args.target
+    if path is None or args.format == "torch-csv" or (
+            args.format == "auto" and not path.lower().endswith(".toml")):
+        return False
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False  # let check say what is wrong with it
+    return "schedule" not in data
+
+
+def _check_one(args: argparse.Namespace, progress: Progress
+               ) -> tuple[sarif.Checked, dict, str]:
+    """Verify one input; returns its SARIF/JUnit record, JSON object and text report."""
+    spec = None
+    progress.phase(f"{args.target or '--family ' + args.family}: reading")
     if _is_big_csv(args):  # each process loads its own copy (verify_loaded)
         name = args.target
-        _, report = verify_loaded(functools.partial(plan_of, args), args.memory_limit,
-                                  args.comm_model, UNIT_MEMORY, rlimit=args.solver_rlimit)
+        progress.phase(f"{name}: verifying on two cores with Z3")
+        plan, report = verify_loaded(functools.partial(plan_of, args), args.memory_limit,
+                                     args.comm_model, UNIT_MEMORY, rlimit=args.solver_rlimit)
         with open(args.target, "rb") as f:
             as_written = re.search(rb"SEND_|RECV_", f.read()) is not None
+        limit = args.memory_limit
     else:
         target, spec, name = load_target(args)
         as_written = isinstance(target, Plan)
         limit = args.memory_limit if args.memory_limit is not None else (
             spec.memory_limit if spec is not None else None)
         memory_model = spec.memory_model if spec is not None else UNIT_MEMORY
+        if not as_written:
+            progress.phase(f"{name}: lowering")
         plan = target if as_written else lower(target)
+        progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3")
         report = verify(plan, limit, args.comm_model, memory_model, rlimit=args.solver_rlimit)
-    if args.json:
-        out = report.to_json()
-        out["source"] = name
-        out["lowered"] = not as_written
-        print(json.dumps(out, indent=2))
-    else:
-        print(render_report(report, name, as_written))
-    return report.exit_code
+    if args.svg is not None:
+        progress.phase(f"{name}: drawing")
+        props = sorted({v.property for v in report.violations})
+        title = f"{name}: {report.status.upper()}" + (f" ({', '.join(props)})" if props else "")
+        write_svg(args, plan, spec, title, args.comm_model, limit, report.violations)
+    kind = (sarif.FAMILY if args.family is not None else sarif.SPEC if spec is not None
+            else sarif.TORCH_CSV if as_written else sarif.TORCH_CSV_LOWERED)
+    text = None
+    if args.sarif is not None and kind in (sarif.SPEC, sarif.TORCH_CSV_LOWERED) \
+            and report.violations:
+        text = read_text(name)
+    doc = report.to_json()
+    doc["source"] = name
+    doc["lowered"] = not as_written
+    return sarif.Checked(name, report, kind, text), doc, render_report(report, name, as_written)
 
 
 def _is_big_csv(args: argparse.Namespace) -> bool:
@@ -330,6 +447,48 @@ def render_report(report: Report, name: str, as_written: bool) -> str:
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _add_show,
                                                                   _add_check]
+
+
+# ---------------------------------------------------------------- diff
+
+
+def _add_diff(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diff", help="what a schedule change changes: moved ops, verdicts, "
+                                    "makespan and memory",
+                       description="Compare two schedules (specs or torch CSVs): compute ops "
+                                   "that moved, appeared or vanished per rank, the verdict of "
+                                   "each side, and the makespan and peak-memory deltas from "
+                                   "the simulator. Exit 0 (2 on bad input).")
+    p.add_argument("old", metavar="OLD", help="the schedule before the change")
+    p.add_argument("new", metavar="NEW", help="the schedule after the change")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="how to read OLD and NEW (auto: by extension, else by content)")
+    p.add_argument("--comm-model", choices=COMM_MODELS, default=RENDEZVOUS,
+                   help="model under which each side is verified")
+    p.add_argument("--memory-limit", type=float, metavar="N",
+                   help="per-rank memory limit for both sides (else each spec's own)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (README: "
+                                                       "Semantic diff)")
+    p.set_defaults(run=run_diff)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from .diff import Side, render_diff, semantic_diff
+    sides = []
+    for path in (args.old, args.new):
+        target, spec, name = load_target(argparse.Namespace(
+            target=path, format=args.format, family=None, pp=None, microbatches=None,
+            chunks=None))
+        limit = args.memory_limit if args.memory_limit is not None else (
+            spec.memory_limit if spec is not None else None)
+        sides.append(Side(name, target, spec.duration if spec else standard_duration,
+                          spec.memory_model if spec else UNIT_MEMORY, limit))
+    doc = semantic_diff(*sides, comm_model=args.comm_model)
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_diff(doc))
+    return 0
+
+
+COMMANDS.append(_add_diff)
 
 
 # ---------------------------------------------------------------- entry point

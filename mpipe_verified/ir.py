@@ -5,7 +5,8 @@ text form (``str(op)``) that uses PyTorch's pipelining action strings (``2F0``, 
 ``0W3``, ``1SEND_F3``, ``2RECV_B0``, ``(0F7;7B3)OVERLAP_F_B``).
 
 Invariants:
-- A ``Schedule`` holds compute work only (``Compute``, ``Overlap``, ``Idle``, ``Marker``).
+- A ``Schedule`` holds compute work (``Compute``, ``Overlap``, ``Idle``, ``Marker``) and
+  the collectives a term asks for (``transpose``'s broadcast and all-reduce).
 - A ``Plan`` may also hold ``Send``, ``Recv``, ``Group`` and ``Collective``.
 - ``Idle`` is an empty step (an empty CSV cell) and ``Marker`` an FSDP bookkeeping action
   (``UNSHARD``/``RESHARD``/``REDUCE_GRAD``); both are kept only so a file reads back
@@ -293,8 +294,9 @@ class Schedule:
             raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
         for rank, program in enumerate(self.programs):
             for op in program:
-                if isinstance(op, COMM_STEP):
-                    raise ValueError(f"rank {rank}: comm op {op} in a compute-only schedule")
+                if isinstance(op, (Send, Recv, Group)):
+                    raise ValueError(f"rank {rank}: point-to-point op {op} in a schedule "
+                                     "(lowering inserts those)")
 
     @property
     def num_ranks(self) -> int:

@@ -736,12 +736,13 @@ def peak_memory(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, tuple
 # ---------------------------------------------------------------- compute-only timing
 
 
-STANDARD_DURATIONS = {FORWARD: 1.0, BACKWARD: 2.0, INPUT_GRAD: 1.0, WEIGHT_GRAD: 1.0}
+STANDARD_DURATIONS = {FORWARD: 1.0, BACKWARD: 2.0, INPUT_GRAD: 1.0, WEIGHT_GRAD: 1.0,
+                      RECOMPUTE: 1.0}
 
 
 def standard_duration(op: Op) -> float:
-    """Unit cost model: ``F`` 1, ``B`` 2, ``I`` 1, ``W`` 1; an overlapped step costs the
-    sum of its ops; everything else is free."""
+    """Unit cost model: ``F`` 1, ``B`` 2, ``I`` 1, ``W`` 1, ``R`` 1; an overlapped step
+    costs the sum of its ops; everything else is free."""
     return sum(STANDARD_DURATIONS[c.kind] for c in computes_of(op))
 
 

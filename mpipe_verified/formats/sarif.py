@@ -99,8 +99,7 @@ def sarif_log(checked: list[Checked], exit_code: int) -> dict:
     invocation = {"executionSuccessful": exit_code in (0, 1), "exitCode": exit_code}
     if notes:
         invocation["toolExecutionNotifications"] = notes
-    run = {"tool": {"driver": driver}, "invocations": [invocation], "results": results,
-           "columnKind": "unicodeCodePoints"}
+    run = {"tool": {"driver": driver}, "invocations": [invocation], "results": results}
     if artifacts:
         run["artifacts"] = artifacts
     return {"$schema": SCHEMA, "version": VERSION, "runs": [run]}
