@@ -3,6 +3,7 @@ families written as short terms (``families``)."""
 
 from .families import FAMILIES, family
 from .terms import DeferW, MergeBW, Par, Relabel, Restrict, Seq, SplitBW, Weave
+from .transpose import Transpose
 
 __all__ = ["FAMILIES", "family", "Weave", "Seq", "Par", "Restrict", "SplitBW", "MergeBW",
-           "DeferW", "Relabel"]
+           "DeferW", "Relabel", "Transpose"]
