@@ -4,15 +4,22 @@ Subcommands (each registered by one ``_add_*`` function; all share the target se
 of ``add_target_arguments`` and ``load_target``)::
 
     mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]
-                        [--format auto|spec|torch-csv] --to torch-csv [--compute-only] [-o OUT]
+                        [--format auto|spec|torch-csv] --to torch-csv|chrome-trace
+                        [--compute-only] [-o OUT]
     mpipe-verify show   SPEC|FILE | --family ... [--format ...] [--width N]
-    mpipe-verify check  SPEC|FILE | --family ... [--format ...]
-                        [--comm-model rendezvous|eager] [--memory-limit N] [--json]
+                        [--svg OUT [--arrows] [--memory]]
+    mpipe-verify check  SPEC|FILE... | --family ... [--format ...]
+                        [--comm-model rendezvous|eager] [--memory-limit N] [--json | -q]
+                        [--sarif OUT] [--junit OUT] [--svg OUT [--arrows] [--memory]]
+                        [--only-schedules]
+    mpipe-verify diff   OLD NEW [--format ...] [--comm-model ...] [--memory-limit N] [--json]
 
 Invariants: bad input or usage exits 2 with exactly one line on stderr
 (``mpipe-verify: error: ...``, naming the file and position where there is one) and
-never a traceback; ``-o OUT`` is written atomically (a failure leaves no partial file) and
-its missing parent directories are created.
+never a traceback; ``-o OUT``, ``--svg``, ``--sarif`` and ``--junit`` are written
+atomically (a failure leaves no partial file) and their missing parent directories are
+created. ``check`` with several files reports each (a bad one as its error line) and
+exits with the worst code (``EXIT_SEVERITY``).
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ from .formats.timeline import timeline
 from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
 from .ir import COMM_STEP, Plan, Schedule
 from .lower import lower
-from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, standard_duration
 from .progress import Progress
+from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, standard_duration
 from .show import render_grid
 from .verify import Report, verify, verify_loaded
 

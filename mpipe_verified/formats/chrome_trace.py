@@ -26,6 +26,7 @@ are left out.
 from __future__ import annotations
 
 import json
+
 from ..ir import Collective, Group, Idle, Marker, Op, Recv, Send, computes_of, p2p_of
 from ..semantics import pair_p2p
 from .timeline import Timeline

@@ -1,33 +1,63 @@
 """Spec files: a schedule described in TOML, and the algebra's expression language.
 
-A spec has one required table and two optional ones::
+A spec has one required table and optional ones::
 
     [schedule]
-    family = "zb-h1"          # one of algebra.families.FAMILIES
+    family = "zb-h1"          # one of algebra.families.FAMILIES, or "transpose"
     pp = 4
     microbatches = 8
-    # chunks = 2              # interleaved-1f1b only
+    # chunks = 2              # interleaved-1f1b only (transpose: of its body)
     # or, instead of family/pp/microbatches/chunks:
     # expression = "defer_w(split_bw(one_f_one_b(pp=4, microbatches=8)), lag='r')"
 
-    [cost]                    # optional; defaults F=1, B=2, I=1, W=1, activation=1
-    F = 1.0                   # durations: positive numbers
+    [transpose]               # family = "transpose" only (see algebra.transpose)
+    body = "interleaved-1f1b" # the body's family (default "1f1b")
+    segment = "vision"        # the cut segment's name
+    side = "source"           # "source" (an encoder) or "sink" (a generator)
+    mode = "owner"            # "recompute" | "owner" | "frozen" | "none"
+    ownership = "cost"        # "inline" | "full" | "min" | "cost"
+    costs = [1.2, 0.4, 2.4]   # the segment's forward cost: one number or one per microbatch
+
+    [cost]                    # optional; defaults F=1, B=2, I=1, W=1, R=1, activation=1
+    F = 1.0                   # durations: positive numbers, or one per stage
     B = 2.0
     I = 1.0
     W = 1.0
     activation = 1.0          # stored per F: a number, or a list with one entry per stage
 
+    [cost.segments.vision]    # optional, one per cut segment (sim.SegmentCost)
+    F = 1.2                   # forward: a number or one per microbatch (or [transpose] costs)
+    B = 3.6                   # backward (default 2 x F), a number or one per microbatch
+    R = 1.2                   # central recompute (default F)
+    activation = 0.35         # stored per forward; output/input: receive buffers of a
+    output = 0.015            # shipped output / raw input; static: one replicated copy
+    input = 0.008
+    static = 5.5
+
+    [comm]                    # optional (sim.CommModel); all default 0, bandwidth inf
+    latency = 0.03            # per message, time units
+    bandwidth = 1e8           # bytes per time unit
+    activation_bytes = 3.4e7  # body activations and gradients
+    segment_output_bytes = 1.5e7
+    segment_input_bytes = 8.4e6
+    parameter_bytes = 6e8     # a segment's parameters (broadcast) and gradients (all-reduce)
+    collective_latency = 0.05
+
     [memory]                  # optional
     limit = 8                 # peak bound: a number, or a list with one entry per rank
+    static = 0                # fixed memory per rank: a number, or one per rank
 
 The expression language (``parse_expression``) is a whitelisted subset of Python call
-syntax: only the calls in ``FUNCTIONS``, and int, string and list literals. ``str(term)``
-of every term prints this language and reads back to an equal term.
+syntax: only the calls in ``FUNCTIONS``, and int, float, string and list literals.
+``str(term)`` of every term prints this language and reads back to an equal term.
 
 Invariants: every problem with a spec (unreadable file, malformed TOML, unknown key, wrong
 type, bad parameter, a term that does not derive) raises ``InputError`` naming the file, the
 1-based line (and column where known) and what was expected. A ``Spec`` that loads has
-already derived its schedule, and its per-stage/per-rank lists match that schedule.
+already derived its schedule, and its per-stage/per-rank/per-microbatch lists match that
+schedule. One cost model serves everything: a transpose family's ``costs`` and its body
+estimates (``body_forward``/``body_backward``: the mean ``[cost]`` F and B) come from the
+same tables the simulator reads.
 """
 
 from __future__ import annotations
@@ -43,39 +73,31 @@ import attrs
 import tomllib
 
 from ..algebra import families, terms
+from ..algebra.transpose import (MODES, OWNERSHIPS, SIDES, TRANSPOSE, Transpose,
+                                 transpose_family)
 from ..errors import InputError, ParameterError
-from ..ir import BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Op, Schedule, computes_of
+from ..ir import BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, WEIGHT_GRAD, Op, Schedule
 from ..semantics import UNIT_MEMORY, MemoryModel, standard_duration
+from ..sim import NO_COMM_COST, CommCost, CommModel, CostModel, SegmentCost
 
 TERM_TYPES = (terms.Weave, terms.Seq, terms.Par, terms.Restrict, terms.SplitBW, terms.MergeBW,
-              terms.DeferW, terms.Relabel)
+              terms.DeferW, terms.Relabel, Transpose)
 Term = Any  # any of TERM_TYPES: an object with ``derive() -> Schedule``
 
 # ---------------------------------------------------------------- cost model
+# ``CostModel``, ``SegmentCost`` and ``CommModel`` live in ``sim`` (the simulator's cost
+# model); a spec's cost tables build them.
 
 
-@attrs.frozen
-class CostModel:
-    """Per-kind durations and per-stage stored activation sizes. ``activation`` is one
-    size for every stage or a tuple with one size per stage."""
-
-    F: float = 1.0
-    B: float = 2.0
-    I: float = 1.0  # noqa: E741
-    W: float = 1.0
-    activation: float | tuple[float, ...] = 1.0
-
-    def duration(self, op: Op) -> float:
-        """Like ``semantics.standard_duration``: the sum over the step's compute ops."""
-        return sum(getattr(self, c.kind) for c in computes_of(op))
-
-    def stored(self, stage: int, segment: str = "") -> float:
-        a = self.activation
-        return float(a) if not isinstance(a, tuple) else a[stage]
-
-    @property
-    def memory_model(self) -> MemoryModel:
-        return MemoryModel(stored=self.stored)
+def default_cost(term: Term) -> CostModel | None:
+    """The cost model a term implies by itself: a transpose's own estimates (its body
+    costs and per-microbatch segment costs), None for any other term (standard costs)."""
+    if not isinstance(term, Transpose):
+        return None
+    bf, bb = term.body_forward, term.body_backward
+    seg_f = term.costs or (0.0 if term.mode == "none" else 1.0)
+    return CostModel(F=bf, B=bb, I=bb / 2, W=bb / 2,
+                     segments=((term.segment, SegmentCost(F=seg_f)),))
 
 
 @attrs.frozen
@@ -94,7 +116,15 @@ class Spec:
 
     @property
     def memory_model(self) -> MemoryModel:
-        return self.cost.memory_model if self.cost else UNIT_MEMORY
+        """§3.6 with the spec's sizes (static part and segment copies included), or the
+        unit model without a cost model."""
+        if not self.cost:
+            return UNIT_MEMORY
+        return self.cost.memory_model_for(self.schedule.cut, self.schedule.num_ranks)
+
+    @property
+    def comm_cost(self) -> CommCost:
+        return self.cost.comm_cost() if self.cost else NO_COMM_COST
 
     def limit_of(self, rank: int) -> float | None:
         lim = self.memory_limit
@@ -102,13 +132,15 @@ class Spec:
 
     @classmethod
     def of_term(cls, term: Term, file: str = "") -> "Spec":
-        """A spec without cost model or limit (``ParameterError`` if it does not derive)."""
-        return cls(term, term.derive(), file=file)
+        """A spec without cost tables or limit (``ParameterError`` if it does not derive);
+        a transpose keeps its own cost estimates (``default_cost``)."""
+        return cls(term, term.derive(), default_cost(term), file=file)
 
 
 # ---------------------------------------------------------------- expression language
 
 _INT, _STR, _TERM, _INTS = "an integer", "a string", "a schedule term", "a list of integers"
+_NUM, _NUMS = "a number", "a list of numbers"
 _REQUIRED = object()
 
 
@@ -122,6 +154,11 @@ def _weave(pp, microbatches, pattern, chunks=1, placement="looped", group=None):
 
 def _defer_w(t, lag):
     return terms.DeferW(t, str(lag))
+
+
+def _transpose(body, segment, side, mode, ownership, costs, body_forward, body_backward):
+    return Transpose(body, segment, side, mode, ownership, tuple(costs), body_forward,
+                     body_backward)
 
 
 _PP_M = (("pp", _INT, _REQUIRED), ("microbatches", _INT, _REQUIRED))
@@ -144,6 +181,10 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
     "defer_w": (_defer_w, (("t", _TERM, _REQUIRED), ("lag", (_STR, _INT), _REQUIRED))),
     "relabel": (lambda t, perm: terms.Relabel(t, tuple(perm)),
                 (("t", _TERM, _REQUIRED), ("perm", _INTS, _REQUIRED))),
+    "transpose": (_transpose, (("body", _TERM, _REQUIRED), ("segment", _STR, "vision"),
+                               ("side", _STR, "source"), ("mode", _STR, "recompute"),
+                               ("ownership", _STR, "full"), ("costs", _NUMS, ()),
+                               ("body_forward", _NUM, 1.0), ("body_backward", _NUM, 2.0))),
 }
 
 
@@ -174,14 +215,19 @@ def parse_expression(text: str, file: str = "<expression>", line: int = 1,
     def value(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and type(node.value) in (int, str):
             return node.value
+        if (isinstance(node, ast.Constant) and type(node.value) is float
+                and math.isfinite(node.value)):
+            return node.value
         if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
-                and isinstance(node.operand, ast.Constant) and type(node.operand.value) is int):
+                and isinstance(node.operand, ast.Constant)
+                and type(node.operand.value) in (int, float)
+                and math.isfinite(node.operand.value)):
             return -node.operand.value
         if isinstance(node, ast.List):
             return [value(e) for e in node.elts]
         if isinstance(node, ast.Call):
             return call(node)
-        raise fail(f"unsupported syntax {ast.unparse(node)!r}; expected a call, an integer, "
+        raise fail(f"unsupported syntax {ast.unparse(node)!r}; expected a call, a number, "
                    "a string or a list", node)
 
     def call(node: ast.Call) -> Term:
@@ -237,7 +283,10 @@ def _is(v: Any, ptype: Any) -> bool:
         return any(_is(v, t) for t in ptype)
     return {_INT: lambda: type(v) is int, _STR: lambda: type(v) is str,
             _TERM: lambda: isinstance(v, TERM_TYPES),
-            _INTS: lambda: type(v) is list and all(type(x) is int for x in v)}[ptype]()
+            _INTS: lambda: type(v) is list and all(type(x) is int for x in v),
+            _NUM: lambda: type(v) in (int, float),
+            _NUMS: lambda: type(v) is list and all(type(x) in (int, float) for x in v),
+            }[ptype]()
 
 
 def _describe(v: Any) -> str:
@@ -250,9 +299,15 @@ def _describe(v: Any) -> str:
 
 TABLES: dict[str, tuple[str, ...]] = {
     "schedule": ("family", "pp", "microbatches", "chunks", "expression"),
-    "cost": ("F", "B", "I", "W", "activation"),
-    "memory": ("limit",),
+    "cost": ("F", "B", "I", "W", "activation", "R", "segments"),
+    "memory": ("limit", "static"),
+    "transpose": ("body", "segment", "side", "mode", "ownership", "costs"),
+    "comm": ("latency", "bandwidth", "activation_bytes", "segment_output_bytes",
+             "segment_input_bytes", "parameter_bytes", "collective_latency"),
 }
+SEGMENT_KEYS = ("F", "B", "R", "activation", "output", "input", "static")
+BODY_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
+FAMILY_NAMES = (*families.FAMILIES, TRANSPOSE)
 _TOML_POS = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
 
 
@@ -311,21 +366,25 @@ class _Builder:
 
     def locate(self, table: str | None, key: str | None) -> tuple[int | None, int | None]:
         """Line and column of ``[table] key`` (or of the table header; or of a top-level
-        ``key``), found by scanning the text; ``(None, None)`` if not found."""
+        ``key``), found by scanning the text; ``(None, None)`` if not found. ``table`` may
+        be dotted (``cost.segments.vision``)."""
         header: tuple[int, int] | None = None
         current: tuple[str, ...] = ()
-        want = tuple(x for x in (table, key) if x is not None)
+        tpath = _dotted(table) if table is not None else ()
+        want = tpath + ((key,) if key is not None else ())
+        head = tpath if table is not None else want[:1]
         for n, raw in enumerate(self._lines, 1):
             m = re.match(r"\s*\[\[?\s*([^\]]*?)\s*\]", raw)
             if m:
                 current = _dotted(m.group(1))
-                if current == want[:1] and header is None:
+                if current == head and header is None:
                     header = (n, m.start(1) + 1)
                 continue
             m = re.match(r"\s*([A-Za-z0-9_\-.\"' ]+?)\s*=", raw)
             if m:
                 path = current + _dotted(m.group(1))
-                if path == want or (key is None and path[:1] == want[:1] and header is None):
+                if path == want or (key is None and path[:len(head)] == head
+                                    and header is None):
                     return n, m.start(1) + 1
         return header or (None, None)
 
@@ -340,20 +399,36 @@ class _Builder:
                 if key not in TABLES[name]:
                     raise self.error(f"unknown key {key!r} in [{name}]; allowed keys: "
                                      f"{', '.join(TABLES[name])}", name, key)
+        segments = data.get("cost", {}).get("segments", {})
+        if not isinstance(segments, dict):
+            raise self.error("cost.segments must hold one table per segment "
+                             "([cost.segments.NAME])", "cost", "segments")
+        for name, table in segments.items():
+            where = f"cost.segments.{name}"
+            if not isinstance(table, dict):
+                raise self.error(f"{where} must be a table ([{where}])", "cost.segments", name)
+            for key in table:
+                if key not in SEGMENT_KEYS:
+                    raise self.error(f"unknown key {key!r} in [{where}]; allowed keys: "
+                                     f"{', '.join(SEGMENT_KEYS)}", where, key)
         if "schedule" not in data:
             raise InputError("missing [schedule] table (with family, pp, microbatches or "
                              "expression)", self.file, 1)
-        term = self.term(data["schedule"])
+        schedule_table = data["schedule"]
+        if "transpose" in data and schedule_table.get("family") != TRANSPOSE:
+            raise self.error('[transpose] goes with [schedule] family = "transpose" (in an '
+                             "expression, give transpose(...) its arguments)", "transpose")
+        term = self.term(schedule_table, data)
         try:
             schedule = term.derive()
         except ParameterError as e:
-            key = "expression" if "expression" in data["schedule"] else "family"
+            key = "expression" if "expression" in schedule_table else "family"
             raise self.error(f"schedule does not derive: {e}", "schedule", key) from None
-        cost = self.cost(data["cost"], schedule) if "cost" in data else None
+        cost = self.cost(data, schedule, term)
         limit = self.limit(data["memory"], schedule) if "memory" in data else None
         return Spec(term, schedule, cost, limit, self.file)
 
-    def term(self, table: dict) -> Term:
+    def term(self, table: dict, data: dict | None = None) -> Term:
         if "expression" in table:
             if "family" in table or any(k in table for k in ("pp", "microbatches", "chunks")):
                 other = next(k for k in ("family", "pp", "microbatches", "chunks") if k in table)
@@ -375,9 +450,9 @@ class _Builder:
             raise self.error("[schedule] needs either family (with pp and microbatches) or "
                              "expression", "schedule")
         name = table["family"]
-        if not isinstance(name, str) or name not in families.FAMILIES:
+        if not isinstance(name, str) or name not in FAMILY_NAMES:
             raise self.error(f"unknown family {name!r}; expected one of "
-                             f"{', '.join(families.FAMILIES)}", "schedule", "family")
+                             f"{', '.join(FAMILY_NAMES)}", "schedule", "family")
         args = {}
         for key in ("pp", "microbatches", "chunks"):
             if key not in table:
@@ -390,6 +465,8 @@ class _Builder:
                 raise self.error(f"schedule.{key} must be an integer >= 1, got "
                                  f"{_describe(v)}", "schedule", key)
             args[key] = v
+        if name == TRANSPOSE:
+            return self.transpose_term(args, data or {})
         try:
             return families.family(name, **args)
         except ParameterError as e:
@@ -397,32 +474,128 @@ class _Builder:
                        "family")
             raise self.error(str(e), "schedule", key) from None
 
-    def numbers(self, table: str, key: str, value: Any, count: int, what: str,
+    def transpose_term(self, args: dict, data: dict) -> Transpose:
+        """``family = "transpose"``: the ``[transpose]`` options, with the segment's costs
+        from ``[transpose] costs`` or ``[cost.segments.NAME] F`` and the body estimates
+        from ``[cost]`` (see the module docstring)."""
+        table = data.get("transpose", {})
+        m = args["microbatches"]
+        opts: dict[str, Any] = {}
+        choices = {"body": tuple(families.FAMILIES), "side": SIDES, "mode": MODES,
+                   "ownership": OWNERSHIPS}
+        for key in ("body", "segment", "side", "mode", "ownership"):
+            if key not in table:
+                continue
+            v = table[key]
+            if not isinstance(v, str) or (key in choices and v not in choices[key]):
+                expected = (f"one of {', '.join(choices[key])}" if key in choices
+                            else "a string")
+                raise self.error(f"transpose.{key} must be {expected}, got {_describe(v)}",
+                                 "transpose", key)
+            opts[key] = v
+        segment = opts.get("segment", "vision")
+        seg_table = data.get("cost", {}).get("segments", {}).get(segment, {})
+        if "costs" in table and "F" in seg_table:
+            raise self.error(f"give the segment's forward cost once: [transpose] costs or "
+                             f"[cost.segments.{segment}] F", "transpose", "costs")
+        if "costs" in table:
+            opts["costs"] = self.numbers("transpose", "costs", table["costs"], m,
+                                         "microbatch", False)
+        elif "F" in seg_table:
+            opts["costs"] = self.numbers(f"cost.segments.{segment}", "F", seg_table["F"], m,
+                                         "microbatch", False)
+        cost_table = data.get("cost", {})
+        for key, name in ((FORWARD, "body_forward"), (BACKWARD, "body_backward")):
+            if key in cost_table:
+                v = self.numbers("cost", key, cost_table[key], None, "stage", True)
+                opts[name] = sum(v) / len(v) if isinstance(v, tuple) else v
+        try:
+            return transpose_family(args["pp"], m, args.get("chunks"), **opts)
+        except ParameterError as e:
+            key = next((k for k in ("body", "mode", "side", "ownership", "costs", "segment")
+                        if k in str(e) and k in table), None)
+            if key is not None:
+                raise self.error(str(e), "transpose", key) from None
+            key = next((k for k in ("chunks", "microbatches", "pp") if k in str(e)), "family")
+            raise self.error(str(e), "schedule", key) from None
+
+    def numbers(self, table: str, key: str, value: Any, count: int | None, what: str,
                 positive: bool) -> float | tuple[float, ...]:
-        """A number, or a list of ``count`` numbers (one per ``what``)."""
+        """A number, or a list of ``count`` numbers (one per ``what``; ``count`` None:
+        any non-empty list, checked later)."""
         bound = "a positive number" if positive else "a number >= 0"
 
         def ok(x: Any) -> bool:
             return (type(x) in (int, float) and math.isfinite(x)
                     and (x > 0 if positive else x >= 0))
-        if isinstance(value, list):
-            if len(value) != count or not all(ok(x) for x in value):
-                raise self.error(f"{table}.{key} must be {bound} or a list of {count} such "
+        if isinstance(value, list) and what:
+            if (len(value) != count if count is not None else not value) or not all(
+                    ok(x) for x in value):
+                many = f"a list of {count}" if count is not None else "a list of"
+                raise self.error(f"{table}.{key} must be {bound} or {many} such "
                                  f"numbers (one per {what}), got {value!r}", table, key)
             return tuple(float(x) for x in value)
         if not ok(value):
-            raise self.error(f"{table}.{key} must be {bound}"
-                             + (f" or a list of {count} (one per {what})" if what else "")
-                             + f", got {_describe(value)}", table, key)
+            many = f"a list of {count}" if count is not None else "a list"
+            raise self.error(f"{table}.{key} must be {bound}, got {_describe(value)}"
+                             + (f" (or {many} such numbers, one per {what})" if what else ""),
+                             table, key)
         return float(value)
 
-    def cost(self, table: dict, schedule: Schedule) -> CostModel:
-        kinds = {k: self.numbers("cost", k, table[k], 0, "", True)
-                 for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD) if k in table}
+    def cost(self, data: dict, schedule: Schedule, term: Term) -> CostModel | None:
+        """The cost model of ``[cost]``, ``[cost.segments.*]``, ``[comm]`` and ``[memory]
+        static`` (None when the spec has none of them and its term implies no costs)."""
+        table = data.get("cost", {})
+        memory = data.get("memory", {})
+        base = default_cost(term)
+        if not table and "comm" not in data and "static" not in memory:
+            return base
+        stages, m = schedule.placement.num_stages, schedule.num_microbatches
+        kw: dict[str, Any] = {}
+        if base is not None:
+            kw.update(F=base.F, B=base.B, I=base.I, W=base.W)
+        for k in BODY_KINDS:
+            if k in table:
+                kw[k] = self.numbers("cost", k, table[k], stages, "stage", True)
         if "activation" in table:
-            kinds["activation"] = self.numbers("cost", "activation", table["activation"],
-                                               schedule.placement.num_stages, "stage", False)
-        return CostModel(**kinds)
+            kw["activation"] = self.numbers("cost", "activation", table["activation"],
+                                            stages, "stage", False)
+        segments = []
+        names = {seg.name for seg in schedule.cut.segments}
+        given = table.get("segments", {})
+        for name in given:
+            if name not in names:
+                known = ", ".join(sorted(names)) or "none"
+                raise self.error(f"[cost.segments.{name}]: this schedule has no segment "
+                                 f"{name!r} (its segments: {known})", f"cost.segments.{name}")
+        for name in sorted(names):
+            seg = given.get(name, {})
+            where = f"cost.segments.{name}"
+            fields: dict[str, Any] = {}
+            for k in ("F", "B", "R"):
+                if k in seg:
+                    fields[k] = self.numbers(where, k, seg[k], m, "microbatch", False)
+            if "F" not in fields and base is not None:
+                fields["F"] = base.segment(name).F
+            if "F" not in fields and isinstance(term, Transpose) and term.costs:
+                fields["F"] = term.costs
+            for k in ("activation", "output", "input", "static"):
+                if k in seg:
+                    fields[k] = self.numbers(where, k, seg[k], 0, "", False)
+            segments.append((name, SegmentCost(**fields)))
+        kw["segments"] = tuple(segments)
+        if "comm" in data:
+            comm = {}
+            for k, v in data["comm"].items():
+                if k == "bandwidth":
+                    comm[k] = self.numbers("comm", k, v, 0, "", True)
+                else:
+                    comm[k] = self.numbers("comm", k, v, 0, "", False)
+            kw["comm"] = CommModel(**comm)
+        if "static" in memory:
+            kw["static"] = self.numbers("memory", "static", memory["static"],
+                                        schedule.num_ranks, "rank", False)
+        return CostModel(**kw)
 
     def limit(self, table: dict, schedule: Schedule) -> float | tuple[float, ...] | None:
         if "limit" not in table:

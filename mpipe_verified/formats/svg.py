@@ -278,8 +278,8 @@ class _Drawing:
     def _memory(self, rank: int, top: float) -> list[str]:
         tl = self.tl
         h = MEM - 8
-        vmax = max([*tl.peak_memory.values(), *(x for x in self.limits if x is not None),
-                    1e-9])
+        vmax = 1.1 * max([*tl.peak_memory.values(), *(x for x in self.limits if x is not None),
+                          1e-9])  # headroom: a limit at the peak stays visible
         base = top + h
 
         def y(level: float) -> float:
