@@ -31,14 +31,19 @@ Mutations (``MUTATIONS``; ``mutate(plan, kind, chooser)``), each one edit of a p
 ``swap_adjacent``      exchange two neighbouring (different) ops
 ``move``               move one op elsewhere on its rank
 ``swap_sends``         exchange two bare SENDs of one rank that go to different peers
-``payload``            change the mb or the stage of one SEND/RECV payload (group
-                       members included)
+``payload``            change the mb (to another in 0..m, m being one past the end) or
+                       the stage of one SEND/RECV payload (group members included)
 ``reorder_collectives`` exchange two different collectives on one rank
 ``drop_group``         dissolve a ``Group`` into its members, posted one by one in
                        listed or reversed order
 ``insert_group``       post a bare comm op together with up to 3 of the next comm ops of
                        its rank (within 4 positions) as one ``Group``, at its position
 =====================  ================================================================
+
+A mutant comes with a memory limit (``memory_limit_for``: none, the base plan's highest
+unit-model peak, or its per-rank peaks), so edits that raise a peak violate ``memory``.
+Comparison helpers (``verifier_verdict``, ``reference_verdict``, ``classify``) are shared
+by ``test_fuzz.py`` and the benchmark.
 """
 
 from __future__ import annotations
@@ -258,7 +263,7 @@ def with_groups(plan: Plan, ch) -> Plan:
             j = i
             while j < len(program) and isinstance(program[j], (Send, Recv)):
                 j += 1
-            if j - i >= 2 and ch.int(0, 1):
+            if j - i >= 2 and ch.int(0, 1) == 0:
                 out.append(Group(tuple(program[i:j])))
                 i = j
             else:
@@ -286,7 +291,9 @@ def with_collectives(plan: Plan, ch) -> Plan:
     """A hand-made plan with collectives: 1-4 collectives of ``collective_menu``, each
     called by every member, in one global order, at the start or the end."""
     menu = collective_menu(plan.num_ranks)
-    chosen = [ch.pick(menu) for _ in range(ch.int(1, 4))]
+    chosen = []
+    for _ in range(ch.int(2, min(4, len(menu)))):  # distinct ones, in a random order
+        chosen.append(ch.pick([c for c in menu if c not in chosen]))
     programs = []
     for rank, program in enumerate(plan.programs):
         head = tuple(c for c, where in chosen if where == "start" and rank in c.ranks)
@@ -342,7 +349,7 @@ def _payload_choices(plan: Plan, op) -> list[tuple[str, int]]:
     p = op.payload
     stages = plan.placement.num_stages
     lo, hi = (0, stages - 2) if p.kind == ACT else (1, stages - 1)
-    out = [("mb", mb) for mb in range(plan.num_microbatches) if mb != p.mb]
+    out = [("mb", mb) for mb in range(plan.num_microbatches + 1) if mb != p.mb]  # m: off by one
     out += [("stage", s) for s in range(lo, hi + 1) if s != p.stage]
     return out
 
@@ -446,6 +453,10 @@ def mutate(plan: Plan, kind: str, ch) -> tuple[Plan, str]:
 
 # ---------------------------------------------------------------- mutant strategy
 
+# fewest ranks that give every base an op the mutation can edit (comm needs 2 ranks, two
+# send peers need 3), so the simplest draw is already usable
+MIN_RANKS = {"swap_sends": 3, "payload": 2, "insert_group": 2, "drop_group": 2}
+
 
 def memory_limit_for(plan: Plan, ch):
     """None, the base plan's highest peak, or its per-rank peaks (unit model): a mutant
@@ -476,7 +487,8 @@ def random_mutant(ch, kind: str | None = None, depth: int = 1, families: bool = 
     how = {"reorder_collectives": "collectives", "drop_group": "groups"}.get(kind)
     if how is None:
         how = ch.pick(["plain", "plain", "groups", "collectives"])
-    p = ch.int(3, MAX_P) if kind == "swap_sends" else None  # two send peers need p >= 3
+    low = MIN_RANKS.get(kind)
+    p = None if low is None else ch.int(low, MAX_P)
     while True:
         term = random_family_term(ch, p) if families else random_term(ch, depth, p=p)
         base = decorate(lowered(term), ch, how)
