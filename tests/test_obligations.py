@@ -47,3 +47,23 @@ def test_a_violating_fact_hidden_by_a_bad_merge_is_found():
         obligations.add("le", "cls", lane, fact)
     outcome = prove(obligations)
     assert outcome.status == "violated" and outcome.witness == ("le", (9, 5))
+
+
+def test_deadlock_certificate_includes_program_order(monkeypatch):
+    """A forged run whose times ignore program order must not certify a deadlocking plan:
+    both ranks receive first, and the forged times let each receive meet its send."""
+    from mpipe_verified.ir import ACT, GRAD, Payload, Placement, Plan, Recv, Send
+    from mpipe_verified.semantics import Execution
+    from mpipe_verified.verify import properties, verify
+
+    act, grad = Payload(ACT, 0, 0), Payload(GRAD, 1, 0)
+    plan = Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, act)),
+                                          (Recv(0, act), Send(0, grad))))
+    assert verify(plan).status == "violated"
+    # rank 0: recv meets at 4, send at 2 (posted at 1, before the recv finished)
+    forged = Execution(start=((3.0, 1.0), (1.0, 3.0)), finish=((4.0, 2.0), (2.0, 4.0)),
+                       waits=())
+    monkeypatch.setattr(properties, "execute", lambda *a, **k: forged)
+    report = verify(plan)
+    assert report.status != "verified"
+    assert report.stats["properties"]["deadlock"]["status"] == "unknown"

@@ -219,9 +219,24 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
     return [], _deadlock_witness(plan, comm_model, run, pairing, collectives)
 
 
+_COMM_STEP = (Send, Recv, Group, Collective)
+
+
 def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligations:
+    """Facts: program order (each comm step is posted no earlier than the previous comm
+    step on its rank finished; compute never blocks, so only comm steps are ordered),
+    every meeting after both ends were posted and before either end finishes, every
+    collective after all members posted it."""
     obligations = Obligations()
     start, finish = run.start, run.finish
+    for rank, program in enumerate(plan.programs):
+        facts = obligations.lane("le", "program_order", rank)
+        previous = None
+        for index, op in enumerate(program):
+            if isinstance(op, _COMM_STEP):
+                if previous is not None:
+                    facts.append((finish[rank][previous], start[rank][index]))
+                previous = index
     chunk = _chunk_index(plan.placement)
     for lane, (_, pairs) in enumerate(sorted(pairing.channels.items())):
         for (sr, si, sm), (rr, ri, _) in pairs:
