@@ -13,6 +13,11 @@ of ``add_target_arguments`` and ``load_target``)::
                         [--sarif OUT] [--junit OUT] [--svg OUT [--arrows] [--memory]]
                         [--only-schedules]
     mpipe-verify diff   OLD NEW [--format ...] [--comm-model ...] [--memory-limit N] [--json]
+    mpipe-verify simulate SPEC|FILE | --family ... [--compare FAMILY ...] [--memory-limit N]
+                        [--comm-model eager|rendezvous] [--json]
+
+``--family transpose`` takes ``--body``, ``--mode``, ``--ownership``, ``--side`` and
+``--encoder-cost`` (every other target rejects them: ``check_transpose_options``).
 
 Invariants: bad input or usage exits 2 with exactly one line on stderr
 (``mpipe-verify: error: ...``, naming the file and position where there is one) and
@@ -35,6 +40,7 @@ import tomllib
 from typing import Callable, NoReturn, Sequence
 
 from .algebra.families import FAMILIES, family
+from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from .errors import InputError, ParameterError
 from .formats import sarif
 from .formats.chrome_trace import chrome_trace, dumps as dump_trace
@@ -83,11 +89,71 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read SPEC|FILE (auto: by extension, else by content)")
     g = p.add_argument_group("a standard family instead of a file")
-    g.add_argument("--family", choices=list(FAMILIES), metavar="NAME",
-                   help=f"one of {', '.join(FAMILIES)}")
+    g.add_argument("--family", choices=[*FAMILIES, TRANSPOSE], metavar="NAME",
+                   help=f"one of {', '.join([*FAMILIES, TRANSPOSE])}")
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
     g.add_argument("--microbatches", type=int, metavar="M")
     g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
+    add_transpose_arguments(p)
+
+
+TRANSPOSE_OPTIONS = ("body", "mode", "ownership", "side", "encoder_cost")
+
+
+def add_transpose_arguments(p: argparse.ArgumentParser) -> None:
+    """``--family transpose`` options (``algebra.transpose.transpose_family``); any other
+    target rejects them (``check_transpose_options``)."""
+    g = p.add_argument_group("with --family transpose (an encoder moved into the bubbles)")
+    g.add_argument("--body", choices=list(FAMILIES), metavar="NAME",
+                   help="the body's family (default 1f1b; --chunks for interleaved-1f1b)")
+    g.add_argument("--mode", choices=MODES,
+                   help="recompute (default for a source), owner (default for a sink), "
+                        "frozen or none")
+    g.add_argument("--ownership", choices=OWNERSHIPS,
+                   help="who runs each microbatch's encoder forward (default cost)")
+    g.add_argument("--side", choices=SIDES, help="source encoder (default) or sink generator")
+    g.add_argument("--encoder-cost", metavar="X",
+                   help="encoder forward cost: one number, or a comma list per microbatch "
+                        "(default 1; body forward 1, backward 2)")
+
+
+def check_transpose_options(args: argparse.Namespace) -> None:
+    """The transpose options go with ``--family transpose`` only."""
+    given = [o for o in TRANSPOSE_OPTIONS if getattr(args, o, None) is not None]
+    if given and getattr(args, "family", None) != TRANSPOSE:
+        flag = "--" + given[0].replace("_", "-")
+        other = (f"--family {args.family}" if getattr(args, "family", None) is not None
+                 else "a file (a spec sets them in its [transpose] table)")
+        raise UsageError(f"{flag} goes with --family transpose, not with {other}")
+
+
+def encoder_costs(text: str, microbatches: int) -> tuple[float, ...]:
+    """``--encoder-cost``: one number (every microbatch) or one per microbatch."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--encoder-cost must be a number or a comma list of numbers, got "
+                         f"{text!r}") from None
+    if not all(0 <= v < float("inf") for v in values):
+        raise UsageError(f"--encoder-cost must be finite numbers >= 0, got {text!r}")
+    if len(values) == 1:
+        return (values[0],) * microbatches
+    if len(values) != microbatches:
+        raise UsageError(f"--encoder-cost needs one number or {microbatches} (one per "
+                         f"microbatch), got {len(values)}")
+    return tuple(values)
+
+
+def family_term(args: argparse.Namespace):
+    """The term of ``--family NAME --pp P --microbatches M [--chunks V]`` (and the
+    transpose options); raises ``ParameterError`` or ``UsageError``."""
+    if args.family != TRANSPOSE:
+        return family(args.family, args.pp, args.microbatches, args.chunks)
+    costs = () if args.encoder_cost is None else encoder_costs(args.encoder_cost,
+                                                                args.microbatches)
+    return transpose_family(args.pp, args.microbatches, args.chunks, body=args.body or "1f1b",
+                            side=args.side or SOURCE, mode=args.mode,
+                            ownership=args.ownership or "cost", costs=costs)
 
 
 def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
@@ -98,6 +164,7 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
     (compute-only) and a ``Plan`` otherwise, with ``spec`` None. Raises ``UsageError`` or
     ``InputError``."""
     family_opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
+    check_transpose_options(args)
     if args.family is not None:
         if args.target is not None:
             raise UsageError(f"give either SPEC|FILE ({args.target}) or --family, not both")
@@ -106,7 +173,7 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
             raise UsageError(f"--family {args.family} needs {' and '.join(missing)}")
         name = f"--family {args.family}"
         try:
-            term = family(args.family, args.pp, args.microbatches, args.chunks)
+            term = family_term(args)
             spec = Spec.of_term(term, name)
         except ParameterError as e:
             raise UsageError(f"{name}: {e}") from None
@@ -171,7 +238,8 @@ def run_export(args: argparse.Namespace) -> int:
     if args.compute_only:
         out: Schedule | Plan = compute_only(target)
     else:
-        out = lower(target) if isinstance(target, Schedule) else target
+        out = (lower(target, spec.duration if spec else standard_duration)
+               if isinstance(target, Schedule) else target)
     try:
         if args.output is None:
             sys.stdout.write(format_torch_csv(out))
@@ -343,6 +411,7 @@ def _worst(a: int, b: int) -> int:
 
 def _check_targets(args: argparse.Namespace) -> list[str | None]:
     """The inputs of ``check``: ``[None]`` for ``--family``, else the files given."""
+    check_transpose_options(args)
     if args.family is not None:
         if args.target:
             raise UsageError(f"give either SPEC|FILE ({args.target[0]}) or --family, not both")
@@ -390,7 +459,8 @@ def _check_one(args: argparse.Namespace, progress: Progress
         memory_model = spec.memory_model if spec is not None else UNIT_MEMORY
         if not as_written:
             progress.phase(f"{name}: lowering")
-        plan = target if as_written else lower(target)
+        plan = target if as_written else lower(  # ordered for the spec's own costs
+            target, spec.duration if spec is not None else standard_duration)
         progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3")
         report = verify(plan, limit, args.comm_model, memory_model, rlimit=args.solver_rlimit)
     if args.svg is not None:
@@ -452,8 +522,72 @@ def render_report(report: Report, name: str, as_written: bool) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- laws
+
+
+def _add_laws(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("laws", help="prove the algebra's laws and the families' invariants "
+                                    "with Z3",
+                       description="Prove every law of proofs/ with Z3: one line per law "
+                                   "(status, name, seconds, scope). Exit 0: all proved; "
+                                   "1: a law failed; 3: a law is unknown (none failed).")
+    p.add_argument("--json", action="store_true",
+                   help='print {"laws": [{"name", "status", "scope", "seconds", '
+                        '"statement", ...}]}')
+    p.add_argument("--law", action="append", metavar="NAME",
+                   help="prove only this law (repeatable; the deliberately false demo laws "
+                        "false_* are run only when named)")
+    p.add_argument("--list", action="store_true", help="list the laws without proving them")
+    p.add_argument("--timeout", type=float, default=20.0, metavar="S",
+                   help="Z3 time limit per proof obligation, in seconds (default 20)")
+    p.add_argument("--jobs", type=int, metavar="N",
+                   help="laws proved at once, each in its own process (default: one per "
+                        "CPU; 0: one after another in this process)")
+    p.set_defaults(run=run_laws)
+
+
+def run_laws(args: argparse.Namespace) -> int:
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "proofs", "registry.py")) and root not in sys.path:
+        sys.path.insert(0, root)  # proofs/ sits next to the package (source checkout)
+    try:
+        from proofs import core, registry
+    except ImportError as e:
+        raise UsageError(f"cannot import the proofs package ({e}); run from a source "
+                         "checkout") from None
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    if args.jobs is not None and args.jobs < 0:
+        raise UsageError(f"--jobs must be >= 0, got {args.jobs}")
+    try:
+        laws = registry.select(args.law)
+    except KeyError as e:
+        raise UsageError(f"--law {e.args[0]}: unknown law; known: "
+                         f"{', '.join(registry.BY_NAME)}") from None
+    if args.list:
+        for law in laws:
+            print(f"{law.name:<40} {law.scope}")
+        return 0
+    started = time.perf_counter()
+    results = core.run_all(laws, int(args.timeout * 1000), args.jobs)
+    if args.json:
+        print(json.dumps({"laws": [r.to_json() for r in results]}, indent=2))
+    else:
+        for r in results:
+            detail = f"  [{r.detail}]" if r.status != core.PROVED and r.detail else ""
+            print(f"{r.status:<8} {r.name:<40} {r.seconds:7.2f}s  {r.scope}{detail}")
+        counts = {s: sum(r.status == s for r in results)
+                  for s in (core.PROVED, core.FAILED, core.UNKNOWN)}
+        print(f"total: {len(results)} laws, {counts[core.PROVED]} proved, "
+              f"{counts[core.FAILED]} failed, {counts[core.UNKNOWN]} unknown "
+              f"({time.perf_counter() - started:.1f}s)")
+    return core.exit_code(results)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _add_show,
-                                                                  _add_check]
+                                                                  _add_check, _add_laws]
 
 
 # ---------------------------------------------------------------- diff
@@ -496,6 +630,50 @@ def run_diff(args: argparse.Namespace) -> int:
 
 
 COMMANDS.append(_add_diff)
+
+
+# ---------------------------------------------------------------- simulate
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="time a verified schedule with its cost model and "
+                                        "compare it with other families",
+                       description="Verify the plan (exit 1 and no figures if it is not "
+                                   "verified), then time it with the spec's cost model "
+                                   "(sim.simulate): makespan, bubble fraction, per-rank busy "
+                                   "time, bubble and peak memory. --compare times the same "
+                                   "model under other families with the cut segment inline "
+                                   "on its home rank (docs/transpose.md).")
+    add_target_arguments(p)
+    p.add_argument("--compare", nargs="+", action="extend", choices=list(FAMILIES),
+                   metavar="FAMILY", help=f"baseline families ({', '.join(FAMILIES)})")
+    p.add_argument("--memory-limit", type=float, metavar="N",
+                   help="per-rank memory limit (overrides the spec's [memory] limit)")
+    p.add_argument("--comm-model", choices=COMM_MODELS, default="eager",
+                   help="timing model (default eager: sends are posted asynchronously); the "
+                        "plan is always verified under rendezvous")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from .comparison import ScheduleTerm, render_simulation, simulation
+    if args.memory_limit is not None and not (0 <= args.memory_limit < float("inf")):
+        raise UsageError(f"--memory-limit must be a finite number >= 0, got {args.memory_limit}")
+    target, spec, name = load_target(args)
+    if spec is None:  # a torch CSV: standard costs, no cut
+        schedule = compute_only(target)
+        spec = Spec(ScheduleTerm(schedule), schedule, None, None, name)
+    try:
+        doc, _, _ = simulation(spec, name, args.compare or (), args.memory_limit,
+                               args.comm_model, target=target)
+    except ParameterError as e:
+        raise UsageError(str(e)) from None
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_simulation(doc))
+    return doc["exit_code"]
+
+
+COMMANDS.append(_add_simulate)
 
 
 # ---------------------------------------------------------------- entry point

@@ -1,14 +1,22 @@
 """Lowering: compute-only schedule → plan with ``SEND``/``RECV`` (DESIGN §6 ``lower``).
 
-Construction: time the schedule with the standard unit costs (``semantics.schedule_times``),
-then replay one global event list: each compute op at its start time, and each transfer
-as a *pair* — the ``SEND`` appended on the producer's rank and the matching ``RECV`` on the
-consumer's rank — at the producer's finish time (transfers before computes at equal
-times). Every rank's program is the projection of that list, so the list itself is a run
+Construction: time the schedule (``semantics.schedule_times``) with the cost model's
+durations (the standard unit costs by default; a spec may lower with its own ``[cost]``
+so the order of its transfers fits the run it will have), then replay one global event
+list: each compute op at its start time, and each transfer as a *pair* — the ``SEND``
+appended on the producer's rank and the matching ``RECV`` on the consumer's rank — at the
+producer's finish time (transfers before computes at equal times; among transfers at
+equal times, each rank's sends before its receives along a chain of stages,
+``_send_first``). Every rank's program is the projection of that list, so the list itself is a run
 in which each pair meets at once: the plan completes under rendezvous with every op posted
 on its own (no groups needed, so the torch CSV form runs as written), and per-pair FIFO
 order holds because both ends of the k-th pair are appended by the same event. Stages on
 one rank exchange nothing.
+
+The guarantees hold for any durations: they only use that the event list is a run. A
+compute op's duration is taken as at least a tiny positive amount (1e-9 of the total, so
+it still advances the clock), so a transfer never sorts before the op that produces it (a
+zero-cost segment forward, mode ``none``).
 
 A schedule that cannot run (a rank waits for an input that never comes) still lowers, so
 the verifier can say why: the ops after the stuck point keep their order, each ``SEND``
@@ -17,17 +25,26 @@ right after its producer and each ``RECV`` right before its consumer.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .ir import Compute, Idle, Op, Plan, Recv, Schedule, Send, computes_of
-from .semantics import Chain, schedule_times
+from .semantics import Chain, schedule_times, standard_duration
 
 
-def lower(schedule: Schedule) -> Plan:
-    """Insert communication; see the module docstring for the guarantees."""
+def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duration) -> Plan:
+    """Insert communication, ordered by a run with ``duration``; see the module docstring
+    for the guarantees."""
     placement = schedule.placement
     programs = schedule.programs
     chain = Chain(placement, schedule.cut)
-    timing = schedule_times(programs, placement, cut=schedule.cut)
-    events: list[tuple[float, int, int, int, int, tuple]] = []
+    total = sum(duration(op) for prog in programs for op in prog if computes_of(op))
+    tiny = 1e-9 * (total if total > 0 else 1.0)  # resolvable at every time of the run
+
+    def at_least_tiny(op: Op) -> float:
+        d = duration(op)
+        return d if d >= tiny or not computes_of(op) else tiny
+    timing = schedule_times(programs, placement, at_least_tiny, cut=schedule.cut)
+    events: list[tuple[float, int, tuple, int, int, int, tuple]] = []
     where: dict[Compute, tuple[int, int]] = {}
     for rank, program in enumerate(programs):
         for index, op in enumerate(program):
@@ -41,22 +58,24 @@ def lower(schedule: Schedule) -> Plan:
             if isinstance(op, Idle):
                 continue
             if index < timed:
-                events.append((timing.start[rank][index], 1, rank, index, 0, (rank, op)))
+                events.append((timing.start[rank][index], 1, _NO_TIE, rank, index, 0,
+                               (rank, op)))
             for c in computes_of(op):
                 for member, (there, payload) in enumerate(chain.destinations(c, rank)):
                     send, recv = Send(there, payload), Recv(rank, payload)
                     if index < timed:
                         t = timing.finish[rank][index]
-                        events.append((t, 0, rank, index, member, (rank, send, there, recv)))
+                        events.append((t, 0, _send_first(payload), rank, index, member,
+                                       (rank, send, there, recv)))
                         continue
                     late.setdefault((rank, index), []).append(send)
                     consumer = _consumer_position(payload, where)
                     if consumer is not None:
                         early.setdefault(consumer, []).append(recv)
-    events.sort(key=lambda e: e[:5])
+    events.sort(key=lambda e: e[:6])
     out: list[list[Op]] = [[] for _ in programs]
     for event in events:
-        payload = event[5]
+        payload = event[6]
         if len(payload) == 2:
             out[payload[0]].append(payload[1])
         else:
@@ -70,6 +89,21 @@ def lower(schedule: Schedule) -> Plan:
             out[rank].append(program[index])
             out[rank].extend(late.get((rank, index), ()))
     return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut)
+
+
+_NO_TIE = (0, 0)
+
+
+def _send_first(payload) -> tuple[int, int]:
+    """Order of transfers that happen at the same time: activations (and inputs) by
+    descending producing stage, then gradients by ascending stage. Along a chain of stages
+    every rank then posts its own send before it receives the next item from upstream,
+    so a transfer's duration delays only its own consumer (with the rank order instead, a
+    rank waits for ``RECV_F(k+1)`` before it posts ``SEND_F(k)``, and with transfer costs
+    those waits chain from rank to rank)."""
+    if payload.kind == "grad":
+        return (1, payload.stage)
+    return (0, -payload.stage)
 
 
 def _consumer_position(payload, where: dict) -> tuple[int, int] | None:

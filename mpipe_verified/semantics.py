@@ -685,7 +685,11 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
             elif c.kind in (BACKWARD, WEIGHT_GRAD):
                 frees.append(("stored", c.segment, c.stage, c.mb))
             if c.kind in (BACKWARD, INPUT_GRAD):
-                frees.append(("buffer", _payload_key(GRAD, c.segment, c.stage + 1, c.mb)))
+                if c.segment and chain is not None and chain.segment(c.segment) is not None:
+                    # a source's backward consumes the gradient of the body's first stage
+                    frees.append(("buffer", _payload_key(GRAD, BODY, 0, c.mb)))
+                else:
+                    frees.append(("buffer", _payload_key(GRAD, c.segment, c.stage + 1, c.mb)))
         for r in p2p_of(op):
             if isinstance(r, Recv):
                 size = model.buffer(r.payload)

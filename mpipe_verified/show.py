@@ -4,8 +4,8 @@ One line per rank; each column is one time quantum (the largest step that divide
 op's duration: 1 with the standard costs, where a ``B`` spans 2 columns). An op's cell
 holds its text (``0F3``, ``1B0``, an overlapped step as ``0F7;7B3``) padded over its
 span; idle columns show ``.``. Times come from ``semantics.schedule_times`` over the
-compute steps (comm ops, idle cells and markers are dropped: transfers are implicit and
-free). A footer gives the makespan, each rank's
+compute steps and collectives (point-to-point ops, idle cells and markers are dropped:
+transfers are implicit and free; a collective is a zero-cost barrier, not drawn). A footer gives the makespan, each rank's
 idle time (bubble) and peak memory (``semantics.peak_memory``), and any rank that cannot
 finish. Wide grids wrap into blocks of columns that fit ``width`` characters.
 """
@@ -16,7 +16,7 @@ import math
 from fractions import Fraction
 from typing import Callable
 
-from .ir import Op, Plan, Schedule, computes_of
+from .ir import Collective, Op, Plan, Schedule, computes_of
 from .semantics import UNIT_MEMORY, MemoryModel, peak_memory, schedule_times, standard_duration
 
 IDLE = "."
@@ -25,14 +25,16 @@ IDLE = "."
 def render_grid(target: Schedule | Plan, duration: Callable[[Op], float] = standard_duration,
                 memory: MemoryModel = UNIT_MEMORY, width: int = 0) -> str:
     """The grid text of ``target`` (``width`` 0: never wrap). Ends with a newline."""
-    programs = tuple(tuple(op for op in prog if computes_of(op)) for prog in target.programs)
-    timing = schedule_times(programs, target.placement, duration)
+    # collectives stay for the timing (a transpose's broadcast gates the segment forwards)
+    programs = tuple(tuple(op for op in prog if computes_of(op) or isinstance(op, Collective))
+                     for prog in target.programs)
+    timing = schedule_times(programs, target.placement, duration, cut=target.cut)
     spans = [list(zip(timing.start[r], timing.finish[r])) for r in range(len(programs))]
     quantum = _quantum([f - s for row in spans for s, f in row] or [1.0])
     cells: list[dict[int, tuple[str, int]]] = []  # rank -> first column -> (text, columns)
     for r, row in enumerate(spans):
         cells.append({round(s / quantum): (_text(op), max(1, round((f - s) / quantum)))
-                      for op, (s, f) in zip(programs[r], row)})
+                      for op, (s, f) in zip(programs[r], row) if computes_of(op)})
     ncols = max((c + n for row in cells for c, (_, n) in row.items()), default=0)
     cw = max([len(IDLE) + 1] + [math.ceil((len(t) + 1) / n) for row in cells
                                  for t, n in row.values()])

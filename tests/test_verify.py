@@ -133,8 +133,8 @@ def test_dropped_recv_is_a_matching_violation():
     messages = [v.message for v in report.violations if v.property == "matching"]
     assert any("1SEND_F7 to rank 2 has no matching receive (8 sends, 7 receives on 1->2)" in m
                for m in messages)
-    assert any("rank 1 position 3 sends 1SEND_F0 but the matching receive at rank 2 "
-               "position 1 is 2RECV_F1" in m for m in messages)
+    assert any("rank 1 position 2 sends 1SEND_F0 but the matching receive at rank 2 "
+               "position 2 is 2RECV_F1" in m for m in messages)
 
 
 def test_dropped_last_recv_leaves_a_send_unmatched():

@@ -11,39 +11,88 @@ segment's ops into the owners' programs:
 - ``full``: round-robin over all microbatches (``mb % p``);
 - ``min``: the first ``NT = min(p, m)`` microbatches round-robin (the last NT for a sink),
   the rest inline;
-- ``cost``: cost-aware: microbatches in order of need, each to the rank whose forward
-  would finish earliest within its idle time (per-microbatch ``costs``).
+- ``cost``: cost-aware: microbatches in order of need, each to the rank where its work
+  (with ``owner`` mode, forward and backward together) costs the least estimated delay,
+  given the idle time left on each rank (per-microbatch ``costs``; ties go to the least
+  loaded rank). The greedy is kept only if the operator's own estimate of the woven
+  schedule (``_estimate``) does not finish later than round-robin's; otherwise the
+  result is the round-robin one.
 
-An owner runs a source forward just before the first op of its own program that starts
-after the forward's latest useful start (the time rank 0 needs the output, minus the
-forward's cost), so warmup idle slots fill first; a sink forward (and its backward) go
-where the owner idles in cooldown: at the end of its program.
+Placement. The operator times the body with its own estimate of the costs
+(``body_forward`` per forward, ``body_backward`` per backward, half of it per ``I``/``W``;
+a segment forward costs ``costs[mb]``, its backward twice and its recompute once that)
+and lists every rank's idle gaps. A source's first forward delays the whole body (nothing
+can start before it), so the timeline is shifted by its cost first. Then, microbatch by
+microbatch in order of need:
+
+- a source forward goes into the owner's *latest* idle gap that ends before rank 0 needs
+  the output (``F(0, mb)``'s start), so warmup bubbles fill first and an output waits as
+  little as possible; failing that it is pushed in just early enough (before the first op
+  that finishes after its latest useful start), delaying that rank;
+- a backward (``owner`` mode), a recompute (``recompute`` mode: the home rank re-runs the
+  forward from the shipped input) or a sink's work goes into the *earliest* gap after its
+  input arrives (a recompute between the body's first-stage backwards of the previous
+  microbatch and of its own, so recomputed activations do not pile up),
+  or, failing that, right after the body op it follows on the home rank, or at the end of
+  another owner's program or pushed in after its input arrives, whichever delays less;
+- on the home rank itself, with ``inline`` ownership, everything stays adjacent to the
+  body op it feeds or follows (the baseline a real framework runs).
+
+Work pushed into a rank delays that rank's later ops in the estimate (``_Rank.delay_from``).
+The positions follow estimates only: the woven program is an ordinary schedule, lowered
+and verified like any other, and ``sim.simulate`` times it with the spec's real costs.
+Safety does not rest on the estimate: every position is bounded by the body's own times
+(``_Rank.start0``): a forward never goes after an op that starts once the body op it
+feeds has finished, a backward (or a sink's work) never before an op that starts before
+its input was produced. So no inserted op waits, directly or through other ranks, on
+something that waits on it, and the woven program is acyclic whenever the body is.
+
+The ``costs`` are also the segment's durations a spec gives the simulator (``[transpose]
+costs`` or ``[cost.segments.NAME] F``), and a spec's ``[cost]`` F and B set
+``body_forward``/``body_backward``; the family ``transpose_family`` builds the term.
 
 Modes: ``recompute`` (trainable, parameters broadcast from home at the start, the home
-rank re-runs the forward (``R``) from the shipped input right after the body's first-stage
-backward, then the segment backward); ``owner`` (trainable, broadcast at the start, the
-owner runs the backward at its program's end and all ranks all-reduce the gradients);
-``frozen`` (no parameters to move, no backward); ``none`` (parameter-free: only data
-loading moves; same structure as frozen, zero cost by default).
+rank re-runs the forward (``R``) from the shipped input, then the segment backward after
+the body's first-stage backward); ``owner`` (trainable, broadcast at the start, the owner
+runs the backward and all ranks all-reduce the gradients at the end); ``frozen`` (no
+parameters to move, no backward); ``none`` (parameter-free: only data loading moves; same
+structure as frozen, zero cost by default).
 """
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from ..errors import ParameterError
-from ..ir import (BACKWARD, BODY, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collective,
+from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collective,
                   Compute, Cut, Op, Schedule, SegmentWork, computes_of)
 from ..semantics import schedule_times
 
 MODES = ("recompute", "owner", "frozen", "none")
 OWNERSHIPS = ("inline", "full", "min", "cost")
 SIDES = (SOURCE, SINK)
+BACKWARD_RATIO, RECOMPUTE_RATIO = 2.0, 1.0  # the operator's estimate, per forward cost
 
 
 def _need(condition: bool, message: str) -> None:
     if not condition:
         raise ParameterError(message)
+
+
+def _floats(values) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in values)
+    except (TypeError, ValueError):
+        raise ParameterError(f"segment costs must be numbers, got {values!r}") from None
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ParameterError(f"a cost must be a number, got {value!r}") from None
 
 
 @attrs.frozen
@@ -53,21 +102,26 @@ class Transpose:
     side: str = SOURCE
     mode: str = "recompute"
     ownership: str = "full"
-    costs: tuple[float, ...] = ()  # per-microbatch forward cost of the segment (default 1)
-    body_forward: float = 1.0
-    body_backward: float = 2.0
+    # per-microbatch forward cost of the segment (default 1; 0 with mode "none")
+    costs: tuple[float, ...] = attrs.field(default=(), converter=_floats)
+    body_forward: float = attrs.field(default=1.0, converter=_float)
+    body_backward: float = attrs.field(default=2.0, converter=_float)
 
     def __attrs_post_init__(self) -> None:
         _need(self.side in SIDES, f"transpose side must be one of {SIDES}, got {self.side!r}")
         _need(self.mode in MODES, f"transpose mode must be one of {MODES}, got {self.mode!r}")
         _need(self.ownership in OWNERSHIPS,
               f"transpose ownership must be one of {OWNERSHIPS}, got {self.ownership!r}")
-        _need(bool(self.segment) and self.segment.isidentifier(),
+        _need(isinstance(self.segment, str) and bool(self.segment)
+              and self.segment.isidentifier(),
               f"segment name must be an identifier, got {self.segment!r}")
         _need(not (self.side == SINK and self.mode == "recompute"),
               "a sink segment is transposed with mode 'owner', 'frozen' or 'none' "
               "(central recompute applies to source encoders)")
-        _need(all(c >= 0 for c in self.costs), "segment costs must be >= 0")
+        _need(all(math.isfinite(c) and c >= 0 for c in self.costs),
+              "segment costs must be finite numbers >= 0")
+        _need(all(math.isfinite(c) and c > 0 for c in (self.body_forward, self.body_backward)),
+              "body_forward and body_backward must be positive numbers")
 
     def derive(self) -> Schedule:
         body = self.body.derive()
@@ -77,10 +131,19 @@ class Transpose:
               f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")
         costs = self.costs or ((0.0 if self.mode == "none" else 1.0),) * m
         home = 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
-        owners = self._owners(body, costs, home)
+        schedule = self._weave(body, costs, home, self.ownership)
+        if self.ownership == "cost" and p > 1:  # keep the greedy only where it pays
+            round_robin = self._weave(body, costs, home, "full")
+            if self._estimate(round_robin, costs) < self._estimate(schedule, costs) - _EPS:
+                schedule = round_robin
+        return schedule
+
+    def _weave(self, body: Schedule, costs, home: int, ownership: str) -> Schedule:
+        p, m = body.num_ranks, body.num_microbatches
+        weaver = _Weaver(self, body, costs, home, ownership)
+        owners = weaver.place()
         work = self._segment_work(owners, home, p)
-        programs = [list(prog) for prog in body.programs]
-        self._weave(body, programs, work, costs)
+        programs = weaver.programs()
         if work.broadcast:
             tag = f"params:{self.segment}"
             for prog in programs:
@@ -90,41 +153,29 @@ class Transpose:
                 prog.append(Collective("all_reduce", tuple(range(p)), f"grads:{self.segment}"))
         return Schedule(body.placement, m, tuple(map(tuple, programs)), Cut((work,)))
 
-    # ------------------------------------------------------------ ownership
+    def _estimate(self, schedule: Schedule, costs) -> float:
+        """The makespan of a woven schedule under the operator's own cost estimate."""
+        def duration(op: Op) -> float:
+            total = 0.0
+            for c in computes_of(op):
+                if c.segment:
+                    ratio = {FORWARD: 1.0, RECOMPUTE: RECOMPUTE_RATIO}.get(c.kind,
+                                                                          BACKWARD_RATIO)
+                    total += ratio * costs[c.mb]
+                else:
+                    total += (self.body_forward if c.kind == FORWARD else self.body_backward
+                              if c.kind == BACKWARD else self.body_backward / 2)
+            return total
+        timing = schedule_times(schedule.programs, schedule.placement, duration,
+                                cut=schedule.cut)
+        return math.inf if timing.stuck else timing.makespan
 
-    def _owners(self, body: Schedule, costs, home: int) -> tuple[int, ...]:
-        p, m = body.num_ranks, body.num_microbatches
-        nt = min(p, m)
-        if self.ownership == "inline":
-            return (home,) * m
-        if self.ownership == "full":
-            return tuple(mb % p for mb in range(m))
-        if self.ownership == "min":
-            chosen = range(nt) if self.side == SOURCE else range(m - nt, m)
-            rr = {mb: k % p for k, mb in enumerate(chosen)}
-            return tuple(rr.get(mb, home) for mb in range(m))
-        return self._cost_aware(body, costs)
-
-    def _cost_aware(self, body: Schedule, costs) -> tuple[int, ...]:
-        """Earliest finish within idle time: microbatches in order of need, each to the
-        rank where ``max(ready, idle start) + cost`` is smallest, charging the rank for
-        the work (ties to the rank with more idle time)."""
-        p, m = body.num_ranks, body.num_microbatches
-        timing = self._body_timing(body)
-        first_busy = [timing.start[r][0] if timing.start[r] else 0.0 for r in range(p)]
-        load = [0.0] * p
-        owners = []
-        for mb in range(m):
-            def finish(r):
-                overrun = max(0.0, load[r] + costs[mb] - first_busy[r])
-                return (load[r] + costs[mb] + 2 * overrun, -first_busy[r], r)
-            best = min(range(p), key=finish)
-            load[best] += costs[mb]
-            owners.append(best)
-        return tuple(owners)
+    @property
+    def trainable(self) -> bool:
+        return self.mode in ("recompute", "owner")
 
     def _segment_work(self, owners, home: int, p: int) -> SegmentWork:
-        trainable = self.mode in ("recompute", "owner")
+        trainable = self.trainable
         if not trainable:
             backward = None
         elif self.mode == "recompute":
@@ -137,68 +188,6 @@ class Transpose:
                            broadcast=trainable and moved and p > 1,
                            all_reduce=self.mode == "owner" and moved and p > 1)
 
-    # ------------------------------------------------------------ placement in programs
-
-    def _body_timing(self, body: Schedule):
-        def duration(op: Op) -> float:
-            return sum(self.body_forward if c.kind == FORWARD else
-                       self.body_backward if c.kind == BACKWARD else self.body_backward / 2
-                       for c in computes_of(op))
-        return schedule_times(body.programs, body.placement, duration)
-
-    def _weave(self, body: Schedule, programs, work: SegmentWork, costs) -> None:
-        seg, m = self.segment, body.num_microbatches
-        timing = self._body_timing(body)
-        position = {c: (r, i) for r, prog in enumerate(body.programs)
-                    for i, op in enumerate(prog) for c in computes_of(op)}
-        last = body.placement.num_stages - 1
-        before: dict[tuple[int, int], list[Op]] = {}
-        after: dict[tuple[int, int], list[Op]] = {}
-        tail: dict[int, list[Op]] = {}
-        for mb in range(m):
-            owner = work.forward_rank[mb]
-            fwd = Compute(FORWARD, 0, mb, seg)
-            if self.side == SOURCE:
-                r0, i0 = position[Compute(FORWARD, 0, mb)]
-                if owner == r0:
-                    before.setdefault((r0, i0), []).append(fwd)
-                else:
-                    need = timing.start[r0][i0] - costs[mb]
-                    at = _first_at_or_after(timing.start[owner], need)
-                    before.setdefault((owner, at), []).append(fwd)
-                if work.trainable:
-                    self._source_backward(mb, work, position, after, tail)
-            else:
-                rl, il = position[Compute(FORWARD, last, mb)]
-                ops = [fwd] + ([Compute(BACKWARD, 0, mb, seg)] if work.trainable else [])
-                if owner == rl:
-                    after.setdefault((rl, il), []).extend(ops)
-                else:
-                    tail.setdefault(owner, []).extend(ops)
-        for r, prog in enumerate(body.programs):
-            out: list[Op] = []
-            for i, op in enumerate(prog):
-                out.extend(before.get((r, i), ()))
-                out.append(op)
-                out.extend(after.get((r, i), ()))
-            out.extend(before.get((r, len(prog)), ()))
-            out.extend(tail.get(r, ()))
-            programs[r] = out
-
-    def _source_backward(self, mb, work, position, after, tail) -> None:
-        seg = self.segment
-        grad_op = (Compute(BACKWARD, 0, mb) if Compute(BACKWARD, 0, mb) in position
-                   else Compute(INPUT_GRAD, 0, mb))
-        r0, i0 = position[grad_op]
-        ops: list[Op] = []
-        if work.needs_recompute(mb):
-            ops.append(Compute(RECOMPUTE, 0, mb, seg))
-        ops.append(Compute(BACKWARD, 0, mb, seg))
-        if work.backward_rank[mb] == r0:
-            after.setdefault((r0, i0), []).extend(ops)
-        else:
-            tail.setdefault(work.backward_rank[mb], []).extend(ops)
-
     def __str__(self) -> str:
         extra = f", costs={list(self.costs)}" if self.costs else ""
         if (self.body_forward, self.body_backward) != (1.0, 2.0):
@@ -207,6 +196,344 @@ class Transpose:
                 f"mode={self.mode!r}, ownership={self.ownership!r}{extra})")
 
 
-def _first_at_or_after(starts, t: float) -> int:
-    """Index of the first op starting at or after ``t`` (``len`` if none)."""
-    return next((i for i, s in enumerate(starts) if s >= t), len(starts))
+# ---------------------------------------------------------------- placement
+
+_EPS = 1e-9
+
+
+class _Rank:
+    """One rank's estimated timeline. ``start0``/``finish0``: the body's times (fixed;
+    every safety bound on a position is taken from them); ``start``/``finish``: the
+    estimate after the work pushed in so far (it delays every later op of the rank);
+    ``gaps``: idle ``[start, end, index]`` of the estimate (work placed in a gap goes
+    before program position ``index``; the last gap is open-ended)."""
+
+    def __init__(self, starts, finishes, shift: float) -> None:
+        self.start0 = [s + shift for s in starts]
+        self.finish0 = [f + shift for f in finishes]
+        self.start, self.finish = list(self.start0), list(self.finish0)
+        self.gaps: list[list[float]] = []
+        t = 0.0
+        for i, (s, f) in enumerate(zip(self.start, self.finish)):
+            if s > t + _EPS:
+                self.gaps.append([t, s, i])
+            t = max(t, f)
+        self.end = t
+        self.gaps.append([t, math.inf, len(self.start)])
+        self.pushed = 0.0  # estimated delay this rank already took from pushed-in work
+        self.load = 0.0  # segment work placed here
+
+    def first_start0_at_or_after(self, t: float) -> int:
+        """The first position whose op starts (in the body's times) at or after ``t``:
+        no op from there on can be a prerequisite of anything that finished by ``t``."""
+        return next((i for i, s in enumerate(self.start0) if s >= t - _EPS), len(self.start0))
+
+    def fit(self, cost: float, ready: float, deadline: float, horizon: float,
+            latest: bool, lo: int, hi: int):
+        """The best gap at a position in ``lo..hi`` that holds ``cost`` after ``ready``
+        and finishing by ``deadline``: ``(start, gap, overrun)``, where ``overrun`` is how
+        far the work runs past ``horizon`` in the open-ended last gap; None if none fits.
+        ``latest`` prefers the latest such gap (else the earliest)."""
+        best = None
+        for gap in self.gaps:
+            a, b, index = gap
+            if not lo <= index <= hi:
+                continue
+            s = max(a, ready)
+            if s + cost > min(b, deadline) + _EPS:
+                continue
+            overrun = max(0.0, s + cost - horizon) if b == math.inf else 0.0
+            if overrun > 0 and best is not None:
+                continue
+            best = (s, gap, overrun)
+            if not latest:
+                break
+        return best
+
+    def push_before_finish_after(self, t: float, hi: int) -> tuple[int, float]:
+        """Position (at most ``hi``) before the first op that finishes after ``t``, and
+        the time the inserted work starts (when the previous op ends)."""
+        i = next((i for i, f in enumerate(self.finish) if f > t + _EPS), len(self.finish))
+        i = min(i, hi)
+        return i, (self.finish[i - 1] if i else 0.0)
+
+    def push_at_or_after(self, t: float, lo: int) -> tuple[int, float]:
+        """Position (at least ``lo``) before the first op that starts at or after ``t``."""
+        i = next((i for i, s in enumerate(self.start) if s >= t - _EPS), len(self.start))
+        i = max(i, lo)
+        return i, max(t, self.finish[i - 1] if i else 0.0)
+
+    def take(self, gap, start: float, cost: float) -> None:
+        """Use ``[start, start + cost]`` of ``gap``: what is left on either side stays."""
+        a, b, index = gap
+        at = self.gaps.index(gap)
+        pieces = [[a, start, index]] if start > a + _EPS else []
+        if b - (start + cost) > _EPS:
+            pieces.append([start + cost, b, index])
+        self.gaps[at:at + 1] = pieces
+
+    def delay_from(self, index: int, by: float) -> None:
+        """Work pushed in before position ``index`` delays every op from there on."""
+        for i in range(index, len(self.start)):
+            self.start[i] += by
+            self.finish[i] += by
+        for gap in self.gaps:
+            if gap[2] >= index:
+                gap[0] += by
+                gap[1] += by
+
+
+class _Weaver:
+    """Chooses owners and positions for one ``Transpose`` (see the module docstring)."""
+
+    def __init__(self, t: Transpose, body: Schedule, costs, home: int,
+                 ownership: str) -> None:
+        self.t, self.body, self.costs, self.home = t, body, costs, home
+        self.ownership = ownership
+        self.p, self.m = body.num_ranks, body.num_microbatches
+        timing = schedule_times(body.programs, body.placement, self._body_duration)
+        self.position = {c: (r, i) for r, prog in enumerate(body.programs)
+                         for i, op in enumerate(prog) for c in computes_of(op)}
+        last = body.placement.num_stages - 1
+        if t.side == SOURCE:
+            self.order = sorted(range(self.m), key=lambda mb: (self._start_of(
+                timing, Compute(FORWARD, 0, mb)), mb))
+            shift = costs[self.order[0]] if self.m else 0.0
+        else:
+            self.order = sorted(range(self.m), key=lambda mb: (self._start_of(
+                timing, Compute(FORWARD, last, mb)), mb))
+            shift = 0.0
+        self.ranks = [_Rank(timing.start[r], timing.finish[r], shift) for r in range(self.p)]
+        self.horizon = max((rk.end for rk in self.ranks), default=0.0)
+        self.last = last
+        # (rank, position) -> [(where, estimated start, sequence, op)], see ``_insert``
+        self.inserted: dict[tuple[int, int], list[tuple[int, float, float, Op]]] = {}
+        self._seq = 0
+
+    def _body_duration(self, op: Op) -> float:
+        t = self.t
+        return sum(t.body_forward if c.kind == FORWARD else
+                   t.body_backward if c.kind == BACKWARD else t.body_backward / 2
+                   for c in computes_of(op))
+
+    def _start_of(self, timing, c: Compute) -> float:
+        r, i = self.position[c]
+        return timing.start[r][i]
+
+    def _time(self, c: Compute, which: str) -> float:
+        """The estimated start or finish of a body op (pushed-in work included)."""
+        r, i = self.position[c]
+        rk = self.ranks[r]
+        return rk.start[i] if which == "start" else rk.finish[i]
+
+    def _time0(self, c: Compute) -> float:
+        """The finish of a body op in the body's own times (for safety bounds)."""
+        r, i = self.position[c]
+        return self.ranks[r].finish0[i]
+
+    def _grad_op(self, mb: int) -> Compute:
+        b = Compute(BACKWARD, 0, mb)
+        return b if b in self.position else Compute(INPUT_GRAD, 0, mb)
+
+    def _insert(self, rank: int, index: int, at: float, ops, where: int = 1) -> None:
+        """Put ``ops`` before program position ``index`` of ``rank``. Ops at one position
+        run in the order: right after the previous body op (``where`` 0), placed in the
+        gap or pushed in (1, by estimated start time), right before the next body op (2)."""
+        for op in ops:
+            self._seq += 1
+            self.inserted.setdefault((rank, index), []).append((where, at, self._seq, op))
+
+    # ---------------------------------------------------------------- ownership
+
+    def _fixed_owner(self, mb: int) -> int | None:
+        own = self.ownership
+        if own == "inline":
+            return self.home
+        if own == "full":
+            return mb % self.p
+        if own == "min":
+            nt = min(self.p, self.m)
+            chosen = range(nt) if self.t.side == SOURCE else range(self.m - nt, self.m)
+            rr = {x: j % self.p for j, x in enumerate(chosen)}
+            return rr.get(mb, self.home)
+        return None  # cost-aware: chosen by place()
+
+    def place(self) -> tuple[int, ...]:
+        owners = [self.home] * self.m
+        for mb in self.order:
+            fixed = self._fixed_owner(mb)
+            candidates = [fixed] if fixed is not None else range(self.p)
+            options = []
+            for r in candidates:
+                plan = self._plan_owner(mb, r)
+                penalty = plan[0]
+                rk = self.ranks[r]
+                options.append(((rk.pushed + penalty, penalty, rk.load, r != self.home, r),
+                                r, plan))
+            _, owner, plan = min(options, key=lambda o: o[0])
+            self._commit(owner, plan)
+            owners[mb] = owner
+        if self.t.side == SOURCE and self.t.mode == "recompute":
+            for mb in self.order:  # the home rank runs every backward
+                self._commit(self.home, (0.0, [self._backward_step(mb, self.home)]))
+            for mb in self.order:
+                if owners[mb] != self.home:
+                    self._place_recompute(mb)
+        return tuple(owners)
+
+    # ---------------------------------------------------------------- one microbatch
+
+    def _plan_owner(self, mb: int, r: int):
+        """``(penalty, steps)``: the estimated delay of giving ``mb``'s work to rank
+        ``r`` and its placements (each as ``_place_one`` returns it)."""
+        seg, c = self.t.segment, self.costs[mb]
+        trainable = self.t.trainable
+        if self.t.side == SOURCE:
+            fwd = Compute(FORWARD, 0, mb, seg)
+            need = self._time(Compute(FORWARD, 0, mb), "start")
+            # no op that starts after F(0, mb) finishes may come before the forward
+            hi = self.ranks[r].first_start0_at_or_after(self._time0(Compute(FORWARD, 0, mb)))
+            steps = [self._place_one(r, c, 0.0, need, latest=True, ops=(fwd,),
+                                     adjacent=self.position[Compute(FORWARD, 0, mb)],
+                                     adjacent_after=False, hi=hi)]
+            if self.t.mode == "owner":
+                steps.append(self._backward_step(mb, r))
+        else:
+            ops = (Compute(FORWARD, 0, mb, seg),) + (
+                (Compute(BACKWARD, 0, mb, seg),) if trainable else ())
+            cost = c * (1 + (BACKWARD_RATIO if trainable else 0))
+            producer = Compute(FORWARD, self.last, mb)
+            ready = self._time(producer, "finish")
+            lo = self.ranks[r].first_start0_at_or_after(self._time0(producer))
+            steps = [self._place_one(r, cost, ready, math.inf, latest=False, ops=ops,
+                                     adjacent=self.position[producer], adjacent_after=True,
+                                     lo=lo)]
+        return sum(s[0] for s in steps), steps
+
+    def _backward_step(self, mb: int, r: int):
+        """A source backward of ``mb`` on rank ``r``, after the body's first-stage
+        backward (or input gradient) of ``mb``."""
+        grad = self._grad_op(mb)
+        lo = self.ranks[r].first_start0_at_or_after(self._time0(grad))
+        return self._place_one(r, BACKWARD_RATIO * self.costs[mb], self._time(grad, "finish"),
+                               math.inf, latest=False,
+                               ops=(Compute(BACKWARD, 0, mb, self.t.segment),),
+                               adjacent=self.position[grad], adjacent_after=True, lo=lo)
+
+    def _place_one(self, r: int, cost: float, ready: float, deadline: float, latest: bool,
+                   ops, adjacent: tuple[int, int], adjacent_after: bool,
+                   lo: int = 0, hi: int | None = None):
+        """Where ``ops`` (``cost`` in all) go on rank ``r``: ``(penalty, r, gap, index,
+        start, cost, ops, where)`` (``where``: see ``_insert``), at a position in
+        ``lo..hi`` (bounds from the body's times that keep the program acyclic).
+        ``adjacent`` is the body op they feed (or follow): on that op's rank, the fallback
+        (and, with inline ownership, the only choice) is right next to it."""
+        rk = self.ranks[r]
+        hi = len(rk.start) if hi is None else hi
+        adj_rank, adj_index = adjacent
+        if r == adj_rank:
+            index = adj_index + 1 if adjacent_after else adj_index
+            at = rk.finish[adj_index] if adjacent_after else rk.start[adj_index] - cost
+            adj = (cost, r, None, index, at, cost, ops, 0 if adjacent_after else 2)
+            if self.ownership == "inline":
+                return adj
+        found = rk.fit(cost, ready, deadline, self.horizon, latest, lo, hi)
+        if found is not None and found[2] <= 0:
+            s, gap, _ = found
+            return (0.0, r, gap, int(gap[2]), s, cost, ops, 1)
+        options = []
+        if r == adj_rank:
+            options.append(adj)
+        if found is not None:  # the open-ended last gap, running past the horizon
+            s, gap, overrun = found
+            options.append((overrun, r, gap, int(gap[2]), s, cost, ops, 1))
+        if r != adj_rank:
+            if deadline < math.inf:
+                index, s = rk.push_before_finish_after(deadline - cost, hi)
+            else:
+                index, s = rk.push_at_or_after(ready, lo)
+            options.append((cost, r, None, index, s, cost, ops, 1))
+        return min(options, key=lambda o: (o[0], o[3]))
+
+    def _commit(self, owner: int, plan) -> None:
+        _, steps = plan
+        for penalty, r, gap, index, start, cost, ops, where in steps:
+            rk = self.ranks[r]
+            if gap is not None and gap not in rk.gaps:  # split by an earlier step
+                gap = next((g for g in rk.gaps if g[0] <= start + _EPS
+                            and start + cost <= g[1] + _EPS), None)
+            if gap is not None:
+                rk.take(gap, start, cost)
+            else:  # pushed in (or next to its body op): what follows runs later
+                rk.delay_from(index, cost)
+                for (rank, i), items in self.inserted.items():
+                    if rank == r and i > index:
+                        items[:] = [(w, at + cost, seq, op) for w, at, seq, op in items]
+            rk.pushed += penalty
+            rk.load += cost
+            self._insert(r, index, start, ops, where)
+
+    def _place_recompute(self, mb: int) -> None:
+        """Central recompute on the home rank: ``R`` in an idle gap after the input's
+        arrival (the owner's forward) and between the body's first-stage backwards of the
+        previous microbatch and of ``mb`` (so at most one recomputed activation waits for
+        its backward), else right before the segment backward (which ``place`` put after
+        that body op)."""
+        seg, c = self.t.segment, self.costs[mb]
+        rk = self.ranks[self.home]
+        grad = self._grad_op(mb)
+        at = self.position[grad][1]
+        before = [self.position[self._grad_op(k)][1] for k in range(self.m)]
+        lo = max((i for i in before if i < at), default=-1) + 1
+        fwd_done = next(t for items in self.inserted.values()
+                        for _, t, _, op in items if op == Compute(FORWARD, 0, mb, seg)) + c
+        r_op = Compute(RECOMPUTE, 0, mb, seg)
+        found = rk.fit(RECOMPUTE_RATIO * c, fwd_done, self._time(grad, "start"),
+                       self.horizon, latest=False, lo=lo, hi=at)
+        if found is not None and found[2] <= 0:
+            s, gap, _ = found
+            rk.take(gap, s, RECOMPUTE_RATIO * c)
+            self._insert(self.home, int(gap[2]), s, (r_op,))
+            return
+        b_op = Compute(BACKWARD, 0, mb, seg)
+        for items in self.inserted.values():
+            for n, (where, at, seq, op) in enumerate(items):
+                if op == b_op:
+                    items.insert(n, (where, at - _EPS, seq - 0.5, r_op))
+                    return
+
+    def programs(self) -> list[list[Op]]:
+        out = []
+        for r, prog in enumerate(self.body.programs):
+            row: list[Op] = []
+            for i in range(len(prog) + 1):
+                row.extend(op for *_, op in sorted(self.inserted.get((r, i), ()),
+                                                   key=lambda x: x[:3]))
+                if i < len(prog):
+                    row.append(prog[i])
+            out.append(row)
+        return out
+
+
+# ---------------------------------------------------------------- the family
+
+TRANSPOSE = "transpose"
+
+
+def transpose_family(pp: int, microbatches: int, chunks: int | None = None,
+                     body: str = "1f1b", segment: str = "vision", side: str = SOURCE,
+                     mode: str | None = None, ownership: str = "cost",
+                     costs=(), body_forward: float = 1.0,
+                     body_backward: float = 2.0) -> Transpose:
+    """The ``transpose`` family (``--family transpose``, ``[schedule] family =
+    "transpose"``): ``body`` (a family name; ``chunks`` for interleaved-1f1b) with one
+    segment transposed. ``mode`` defaults to ``recompute`` for a source and ``owner`` for
+    a sink; ``costs`` is one number (every microbatch) or one per microbatch."""
+    from .families import family
+    term = family(body, pp, microbatches, chunks)
+    if mode is None:
+        mode = "recompute" if side == SOURCE else "owner"
+    if isinstance(costs, (int, float)) and not isinstance(costs, bool):
+        costs = (float(costs),) * microbatches
+    return Transpose(term, segment, side, mode, ownership, tuple(costs), body_forward,
+                     body_backward)

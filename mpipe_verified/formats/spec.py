@@ -32,7 +32,8 @@ A spec has one required table and optional ones::
     activation = 0.35         # stored per forward; output/input: receive buffers of a
     output = 0.015            # shipped output / raw input; static: one replicated copy
     input = 0.008
-    static = 5.5
+    static = 5.5              # ... on the home rank and backward ranks; replica: a
+    replica = 0.6             # forward-only copy on the other owners (default: static)
 
     [comm]                    # optional (sim.CommModel); all default 0, bandwidth inf
     latency = 0.03            # per message, time units
@@ -305,7 +306,7 @@ TABLES: dict[str, tuple[str, ...]] = {
     "comm": ("latency", "bandwidth", "activation_bytes", "segment_output_bytes",
              "segment_input_bytes", "parameter_bytes", "collective_latency"),
 }
-SEGMENT_KEYS = ("F", "B", "R", "activation", "output", "input", "static")
+SEGMENT_KEYS = ("F", "B", "R", "activation", "output", "input", "static", "replica")
 BODY_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
 FAMILY_NAMES = (*families.FAMILIES, TRANSPOSE)
 _TOML_POS = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
@@ -579,7 +580,7 @@ class _Builder:
                 fields["F"] = base.segment(name).F
             if "F" not in fields and isinstance(term, Transpose) and term.costs:
                 fields["F"] = term.costs
-            for k in ("activation", "output", "input", "static"):
+            for k in ("activation", "output", "input", "static", "replica"):
                 if k in seg:
                     fields[k] = self.numbers(where, k, seg[k], 0, "", False)
             segments.append((name, SegmentCost(**fields)))

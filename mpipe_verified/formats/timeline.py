@@ -54,15 +54,17 @@ class Timeline:
         return self.finish[rank][-1] if self.finish[rank] else 0.0
 
 
-def as_plan(target: Schedule | Plan) -> Plan:
-    """A plan as ``check`` judges it: a compute-only schedule is lowered, a plan is kept."""
-    return lower(target) if isinstance(target, Schedule) else target
+def as_plan(target: Schedule | Plan, duration: Callable[[Op], float] = standard_duration
+            ) -> Plan:
+    """A plan as ``check`` judges it: a compute-only schedule is lowered (ordered for
+    ``duration``, the spec's costs), a plan is kept."""
+    return lower(target, duration) if isinstance(target, Schedule) else target
 
 
 def timeline(target: Schedule | Plan, duration: Callable[[Op], float] = standard_duration,
              memory: MemoryModel = UNIT_MEMORY, comm_model: str = EAGER) -> Timeline:
     """Time ``target`` (see the module docstring)."""
-    plan = as_plan(target)
+    plan = as_plan(target, duration)
     try:
         run = simulate(plan, duration, memory=memory, comm_model=comm_model)
     except SimulationError:

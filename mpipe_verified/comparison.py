@@ -1,0 +1,211 @@
+"""``mpipe-verify simulate``: a spec's verified plan timed with its cost model, and the same
+model under other families for comparison.
+
+``simulation(spec, name, compare)`` lowers the spec's schedule (``lower``), verifies the
+plan with the spec's memory model and limit (``verify``: the simulator only times
+certified plans), times it with ``sim.simulate`` (durations, transfer costs and memory of
+the spec's ``CostModel``) and, for each family in ``compare``, builds the *baseline* on the
+same model and times it the same way:
+
+- the baseline keeps the cut segment **inline** on its home rank
+  (``Transpose(family(...), ownership="inline")`` with the spec's segment, side, mode and
+  costs), so ``--compare interleaved-1f1b`` is Megatron's interleaved 1F1B with the
+  encoder on the first stage, the schedule the transpose paper compares against; a spec
+  without a cut compares with the bare family;
+- the same model on another family's stage count: the cost model is ``rescaled`` (a stage
+  of half the layers takes half the time and stores half the activations; boundary
+  payloads, segments and static memory stay), ``interleaved-1f1b`` keeps the spec's
+  chunks (2 when the spec's body has one stage per rank);
+- each baseline's peak memory is compared with the same limit (``within_limit``) and its
+  plan is verified too (``status``).
+
+The document (``--json``) holds ``makespan``, ``bubble_fraction``, ``peak_memory`` (per rank),
+per-rank ``busy`` and ``bubble``, and ``compare: {FAMILY: {makespan, bubble_fraction,
+peak_memory, within_limit, status, speedup}}`` where ``speedup`` is the baseline's makespan
+over the spec's.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .algebra import families
+from .algebra.transpose import Transpose
+from .errors import ParameterError
+from .formats.spec import Spec
+from .ir import Plan, Schedule
+from .lower import lower
+from .semantics import EAGER, RENDEZVOUS
+from .sim import CostModel, SimResult, simulate
+from .verify import Report, verify
+
+
+@attrs.frozen
+class Timed:
+    """One simulated plan: its term text, plan, verdict and run."""
+
+    term: str
+    plan: Plan
+    report: Report | None
+    run: SimResult
+    memory_limit: float | tuple[float, ...] | None
+
+    def within_limit(self) -> bool | None:
+        lim = self.memory_limit
+        if lim is None:
+            return None
+        return all(peak <= (lim[r] if isinstance(lim, tuple) else lim) + 1e-9
+                   for r, peak in self.run.peak_memory.items())
+
+
+def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
+              check: bool = True, target: Schedule | Plan | None = None) -> Timed:
+    """Lower (a schedule), verify (with ``check``) and simulate ``spec`` with its costs."""
+    target = spec.schedule if target is None else target
+    plan = lower(target, spec.duration) if isinstance(target, Schedule) else target
+    limit = spec.memory_limit if memory_limit is None else memory_limit
+    report = verify(plan, limit, RENDEZVOUS, spec.memory_model) if check else None
+    run = simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model)
+    return Timed(str(spec.term), plan, report, run, limit)
+
+
+def chunks_of(term) -> int | None:
+    """Stages per rank of a term's body (a transpose's body, else the term)."""
+    body = term.body if isinstance(term, Transpose) else term
+    schedule = body.derive()
+    return schedule.placement.num_stages // schedule.num_ranks
+
+
+def baseline_spec(spec: Spec, name: str) -> Spec:
+    """``name`` on ``spec``'s model with the segment inline (see the module docstring)."""
+    schedule = spec.schedule
+    p, m = schedule.num_ranks, schedule.num_microbatches
+    chunks = None
+    if name == "interleaved-1f1b":
+        own = chunks_of(spec.term)
+        chunks = own if own and own >= 2 else 2
+    body = families.family(name, p, m, chunks)
+    stages = body.derive().placement.num_stages
+    ratio = schedule.placement.num_stages / stages
+    term = spec.term
+    if isinstance(term, Transpose):
+        term = attrs.evolve(term, body=body, ownership="inline",
+                            body_forward=term.body_forward * ratio,
+                            body_backward=term.body_backward * ratio)
+    else:
+        term = body
+    cost = spec.cost.rescaled(schedule.placement.num_stages, stages) if spec.cost else None
+    if cost is None and isinstance(term, Transpose):
+        cost = CostModel()
+    return Spec(term, term.derive(), cost, spec.memory_limit, f"{name} (inline)")
+
+
+def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
+               comm_model: str = EAGER, target: Schedule | Plan | None = None,
+               check_compared: bool = True) -> tuple[dict, Timed, dict[str, Timed]]:
+    """The ``simulate`` document, the spec's timed plan and each baseline's. The spec's
+    plan is verified first; when it is not, the document says so and nothing is timed
+    (``makespan`` None)."""
+    mine = time_spec(spec, memory_limit, comm_model, target=target)
+    doc = _doc(mine, name)
+    if not mine.report.verified:
+        return doc, mine, {}
+    out: dict[str, Timed] = {}
+    doc["compare"] = {}
+    for family in compare:
+        try:
+            base = baseline_spec(spec, family)
+        except ParameterError as e:
+            raise ParameterError(f"--compare {family}: {e}") from None
+        timed = time_spec(base, memory_limit, comm_model, check=check_compared)
+        out[family] = timed
+        entry = _figures(timed)
+        entry["speedup"] = (round(timed.run.makespan / mine.run.makespan, 6)
+                            if mine.run.makespan else None)
+        doc["compare"][family] = entry
+    return doc, mine, out
+
+
+def _figures(t: Timed) -> dict:
+    run = t.run
+    out = {"term": t.term, "makespan": run.makespan,
+           "bubble_fraction": round(run.bubble_fraction, 6),
+           "peak_memory": {str(r): v for r, v in sorted(run.peak_memory.items())},
+           "within_limit": t.within_limit()}
+    if t.report is not None:
+        out["status"] = t.report.status
+    return out
+
+
+def _doc(t: Timed, name: str) -> dict:
+    report = t.report
+    doc = {"source": name, "term": t.term, "verified": report.verified,
+           "status": report.status, "exit_code": report.exit_code,
+           "memory_limit": (list(t.memory_limit) if isinstance(t.memory_limit, tuple)
+                            else t.memory_limit)}
+    if not report.verified:
+        doc.update(makespan=None, bubble_fraction=None, peak_memory={
+            str(r): v for r, v in sorted(report.peak_memory.items())},
+            violations=[{"property": v.property, "message": v.message}
+                        for v in report.violations], undecided=list(report.undecided))
+        return doc
+    doc.update(_figures(t))
+    doc.pop("status", None)
+    doc["status"] = report.status
+    run = t.run
+    doc["busy"] = {str(r): b for r, b in enumerate(run.busy)}
+    doc["bubble"] = {str(r): round(b, 6) for r, b in enumerate(run.bubble)}
+    doc["ranks"] = t.plan.num_ranks
+    doc["microbatches"] = t.plan.num_microbatches
+    doc["certificate"] = report.certificate.digest if report.certificate else None
+    return doc
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.6g}"
+
+
+def render_simulation(doc: dict) -> str:
+    """The text form of a ``simulation`` document."""
+    lines = [f"{doc['source']}: {doc['status'].upper()}; {doc['term']}"]
+    if not doc["verified"]:
+        lines.append("refusing to simulate a plan that is not verified "
+                     "(mpipe-verify check says why):")
+        lines.extend(f"  {v['property']}: {v['message']}" for v in doc.get("violations", ()))
+        lines.extend(f"  undecided: {u}" for u in doc.get("undecided", ()))
+        return "\n".join(lines) + "\n"
+    limit = doc["memory_limit"]
+    lines.append(f"  makespan {_num(doc['makespan'])}, bubble fraction "
+                 f"{doc['bubble_fraction']:.1%}, memory limit "
+                 f"{'none' if limit is None else limit}")
+    lines.append(f"  {'rank':>4}  {'busy':>10}  {'bubble':>7}  {'peak memory':>11}")
+    for r in sorted(doc["busy"], key=int):
+        lines.append(f"  {r:>4}  {_num(doc['busy'][r]):>10}  {doc['bubble'][r]:>7.1%}  "
+                     f"{_num(doc['peak_memory'][r]):>11}")
+    if doc.get("compare"):
+        lines.append("compared on the same model and costs (the segment inline on its home "
+                     "rank):")
+        lines.append(f"  {'family':<18} {'makespan':>10}  {'bubble':>7}  {'peak memory':>11}  "
+                     f"{'fits limit':>10}  {'speedup':>8}")
+        for fam, e in doc["compare"].items():
+            peak = max(e["peak_memory"].values(), default=0.0)
+            fits = {None: "-", True: "yes", False: "NO"}[e["within_limit"]]
+            lines.append(f"  {fam:<18} {_num(e['makespan']):>10}  {e['bubble_fraction']:>7.1%}  "
+                         f"{_num(peak):>11}  {fits:>10}  {e['speedup']:>7.3f}x")
+        lines.append("  (speedup: the family's makespan over this spec's)")
+    return "\n".join(lines) + "\n"
+
+
+class ScheduleTerm:
+    """A schedule read from a file (a torch CSV) standing in for a term."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+
+    def derive(self) -> Schedule:
+        return self.schedule
+
+    def __str__(self) -> str:
+        return "the file's schedule (no term)"

@@ -1,0 +1,309 @@
+"""The Z3 proofs of the algebra's laws (``proofs/``) and ``mpipe-verify laws``: every law
+is proved with a stated scope, deliberately false laws come out ``failed`` with Z3's
+counterexample, undecided ones ``unknown``, and the models the proofs reason about agree
+with the package's code on concrete schedules."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import z3
+from hypothesis import given
+from hypothesis import strategies as st
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # proofs/ is a top-level package of the checkout
+    sys.path.insert(0, str(ROOT))
+
+from mpipe_verified.algebra import terms as algebra_terms  # noqa: E402
+from mpipe_verified.algebra.families import FAMILIES, family  # noqa: E402
+from mpipe_verified.algebra.pattern import RankStreams  # noqa: E402
+from mpipe_verified.algebra.terms import MergeBW, Relabel, SplitBW, _merge  # noqa: E402
+from mpipe_verified.cli import main  # noqa: E402
+from mpipe_verified.ir import (COMM_STEP, Compute, Idle, Marker, Overlap,  # noqa: E402
+                               Schedule)
+from mpipe_verified.lower import lower  # noqa: E402
+from proofs import FALSE_LAWS, LAWS, core, model, registry  # noqa: E402
+from proofs.core import Law, Obligation, law  # noqa: E402
+from proofs.relabel import PI, relabel_fn  # noqa: E402
+from proofs.sequences import merge_go_fn, split_fn  # noqa: E402
+
+STATUSES = {"proved", "failed", "unknown"}
+
+
+def _script() -> str:
+    found = pathlib.Path(sys.executable).with_name("mpipe-verify")
+    return str(found) if found.exists() else shutil.which("mpipe-verify") or "mpipe-verify"
+
+
+@pytest.fixture(scope="module")
+def all_laws_json():
+    """One run of every law, through the installed console script, from outside the
+    checkout (the command must find proofs/ on its own)."""
+    proc = subprocess.run([_script(), "laws", "--json"], capture_output=True, text=True,
+                          cwd="/", timeout=600)
+    return proc
+
+
+# ---------------------------------------------------------------- the whole registry
+
+
+def test_laws_json_schema_and_exit_code(all_laws_json):
+    proc = all_laws_json
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert set(out) == {"laws"}
+    names = [entry["name"] for entry in out["laws"]]
+    assert names == [law.name for law in LAWS]
+    for entry in out["laws"]:
+        assert {"name", "status", "scope", "seconds", "statement"} <= set(entry)
+        assert entry["status"] in STATUSES
+        assert isinstance(entry["seconds"], (int, float)) and entry["seconds"] >= 0
+        assert isinstance(entry["statement"], str) and "\n" not in entry["statement"]
+
+
+def test_every_law_is_proved_with_a_scope(all_laws_json):
+    for entry in json.loads(all_laws_json.stdout)["laws"]:
+        assert entry["status"] == "proved", entry
+        scope = entry["scope"]
+        assert scope.startswith("all sizes") or (scope.startswith("bounded (")
+                                                 and scope.endswith(")")), scope
+
+
+def test_the_brief_s_laws_are_all_there():
+    names = {law.name for law in LAWS}
+    assert {"seq_assoc", "seq_identity", "par_comm", "par_assoc", "lower_par",
+            "split_merge_identity", "relabel_weave", "lower_work_conservation",
+            "par_deadlock_free", "seq_deadlock_free", "1f1b_completeness",
+            "1f1b_dependency", "1f1b_peak_memory", "interleaved_1f1b_complete_dependency",
+            "zb_h1_invariants", "zb_h2_invariants"} <= names
+    unbounded = [law.name for law in LAWS if law.scope.startswith("all sizes")]
+    assert len(unbounded) >= 18
+
+
+# ---------------------------------------------------------------- the harness can fail
+
+
+@pytest.mark.parametrize("false_law", FALSE_LAWS, ids=lambda law: law.name)
+def test_false_laws_are_reported_failed_with_a_counterexample(false_law):
+    result = false_law()
+    assert result.status == "failed"
+    assert "counterexample" in result.detail
+
+
+def test_par_of_plans_exchanging_messages_can_deadlock():
+    """The counterexample of ``false_par_exchanging`` is the classic one: both ranks
+    receive first."""
+    ob, = registry.BY_NAME["false_par_exchanging"].obligations()
+    verdict, detail = core.refute(ob, 10_000)
+    assert verdict == "failed"
+    assert "P_kind_0_0" in detail
+
+
+def test_a_wrong_algebra_law_fails():
+    @law("seq_comm", "seq(a,b) = seq(b,a)", "all sizes")
+    def seq_comm():
+        (a, ha), (b, hb) = model.prog_var("a"), model.prog_var("b")
+        ab, d = model.seq(a, b)
+        ba, _ = model.seq(b, a)
+        yield Obligation("equal", model.prog_eq(ab, ba), tuple(ha + hb) + (d,))
+    assert seq_comm().status == "failed"
+
+
+def test_inconsistent_hypotheses_are_not_a_proof():
+    x = z3.Int("x")
+
+    @law("vacuous", "anything", "all sizes")
+    def vacuous():
+        yield Obligation("from x > 0 and x < 0", x == 42, (x > 0, x < 0))
+    result = vacuous()
+    assert result.status == "failed" and "vacuous" in result.detail
+
+
+def test_an_undecided_obligation_is_unknown_never_proved():
+    x, y, zz = z3.Ints("x y z")
+
+    @law("fermat3", "no positive cubes add up", "all sizes")
+    def fermat3():  # Z3 cannot settle this (nonlinear integers) in 50 ms
+        yield Obligation("x^3 + y^3 != z^3",
+                         z3.Implies(z3.And(x > 0, y > 0, zz > 0),
+                                    x * x * x + y * y * y != zz * zz * zz))
+    result = core.check(fermat3, timeout_ms=50)
+    assert result.status == "unknown"
+    assert core.exit_code([result]) == 3
+
+
+def test_exit_codes():
+    def result(status):
+        return core.LawResult("x", "s", "all sizes", status, 0.0)
+    assert core.exit_code([result("proved")] * 2) == 0
+    assert core.exit_code([result("proved"), result("unknown")]) == 3
+    assert core.exit_code([result("unknown"), result("failed")]) == 1
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_cli_runs_selected_laws_and_prints_one_line_each(capsys):
+    code = main(["laws", "--law", "seq_assoc", "--law", "1f1b_completeness"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["proved", "seq_assoc"]
+    assert lines[1].split()[:2] == ["proved", "1f1b_completeness"]
+    assert "all sizes" in lines[0] and lines[0].split()[2].endswith("s")
+    assert lines[2].startswith("total: 2 laws, 2 proved")
+
+
+def test_cli_exit_1_on_a_failed_law(capsys):
+    code = main(["laws", "--json", "--law", "false_seq_unshifted", "--law", "seq_identity"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [e["status"] for e in out["laws"]] == ["failed", "proved"]
+
+
+def test_cli_exit_3_on_an_unknown_law(capsys, monkeypatch):
+    x, y, zz = z3.Ints("x y z")
+    undecided = Law("undecided", "nonlinear", "all sizes", lambda: [Obligation(
+        "cubes", z3.Implies(z3.And(x > 0, y > 0, zz > 0), x * x * x + y * y * y != zz * zz * zz))])
+    monkeypatch.setattr(registry, "select", lambda names: [undecided, LAWS[0]])
+    code = main(["laws", "--json", "--timeout", "0.05", "--jobs", "0"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 3
+    assert [e["status"] for e in out["laws"]] == ["unknown", "proved"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["laws", "--law", "no_such_law"], "unknown law"),
+    (["laws", "--timeout", "0"], "--timeout"),
+    (["laws", "--jobs", "-1"], "--jobs"),
+])
+def test_cli_bad_usage_exits_2(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_list(capsys):
+    assert main(["laws", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out] == [law.name for law in LAWS]
+
+
+# ---------------------------------------------------------------- models vs the package
+
+
+def _enc_work(c: Compute):
+    return model.work(model.__dict__[c.kind], c.stage, c.mb, 0)
+
+
+def _enc(op):
+    if isinstance(op, Compute):
+        return model.Op.compute(_enc_work(op))
+    if isinstance(op, Overlap):
+        assert len(op.ops) == 2
+        return model.Op.overlap(_enc_work(op.ops[0]), _enc_work(op.ops[1]))
+    return model.Op.other(0)
+
+
+def _seq(ops):
+    items = [z3.Unit(_enc(op)) for op in ops]
+    if not items:
+        return z3.Empty(model.OpSeq)
+    return items[0] if len(items) == 1 else z3.Concat(*items)
+
+
+def _value(expr, *given):
+    """Z3's value of a ground term over recursive functions (``given``: constraints on
+    the free symbols it uses)."""
+    v = z3.Const("value", expr.sort())
+    s = z3.Solver()
+    s.add(v == expr, *given)
+    assert s.check() == z3.sat
+    return s.model().eval(v, model_completion=True)
+
+
+def _same(expr, ops) -> bool:
+    s = z3.Solver()
+    s.add(expr != _seq(ops))
+    return s.check() == z3.unsat
+
+
+class _Given:
+    """A schedule given op by op, as a term."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+
+    def derive(self) -> Schedule:
+        return self.schedule
+
+
+KINDS = st.sampled_from("FBIW")
+OPS = st.lists(st.one_of(
+    st.builds(Compute, KINDS, st.integers(0, 2), st.integers(0, 2)),
+    st.just(Idle())), max_size=7)
+
+
+@given(OPS)
+def test_split_and_merge_models_are_the_operators(ops):
+    sched = Schedule(algebra_terms.make_placement("looped", 3, 1), 3, (tuple(ops), (), ()))
+    split = SplitBW(_Given(sched)).derive().programs[0]
+    assert _same(_value(split_fn()(_seq(ops))), split)
+    assert _same(_value(merge_go_fn()(z3.Empty(model.OpSeq), _seq(ops))), _merge(tuple(ops)))
+
+
+def test_merge_after_split_needs_no_bare_i_or_w():
+    """The law's precondition is needed: an I W pair already in s is merged."""
+    ops = (Compute("I", 0, 0), Compute("W", 0, 0))
+    sched = Schedule(algebra_terms.make_placement("looped", 1, 1), 1, (ops,))
+    assert MergeBW(SplitBW(_Given(sched))).derive().programs[0] == (
+        Compute("B", 0, 0),)
+
+
+@given(OPS, st.permutations(range(3)))
+def test_relabel_model_is_the_operator(ops, perm):
+    sched = Schedule(algebra_terms.make_placement("looped", 3, 1), 3, (tuple(ops), (), ()))
+    relabeled = Relabel(_Given(sched), tuple(perm)).derive().programs[0]
+    value = _value(relabel_fn()(_seq(ops)), *[PI(i) == perm[i] for i in range(3)])
+    assert _same(value, relabeled)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_relabelling_a_family_is_weaving_relabelled_streams(monkeypatch, name):
+    """``relabel_weave``'s conclusion on the real weave."""
+    p, m = 3, 6
+    t = family(name, p, m, 2 if name == "interleaved-1f1b" else None)
+    perm = tuple(reversed(range(m)))
+    expected = Relabel(t, perm).derive()
+    original = algebra_terms._rank_streams
+
+    def relabelled_streams(placement, rank, m_, group):
+        streams = original(placement, rank, m_, group)
+        fwd = [(c, s, perm[mb]) for c, s, mb in streams._order["F"]]
+        bwd = [(c, s, perm[mb]) for c, s, mb in streams._order["B"]]
+        return RankStreams(fwd, bwd)
+    monkeypatch.setattr(algebra_terms, "_rank_streams", relabelled_streams)
+    assert t.derive() == expected
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_lowering_only_inserts_comm_ops(name):
+    """``lower_work_conservation`` on the real lowering (Idle steps are dropped)."""
+    sched = family(name, 4, 8, 2 if name == "interleaved-1f1b" else None).derive()
+    plan = lower(sched)
+    for prog, lowered in zip(sched.programs, plan.programs):
+        assert [op for op in lowered if not isinstance(op, COMM_STEP)] == \
+            [op for op in prog if not isinstance(op, Idle)]
+
+
+def test_lowering_drops_idle_steps_and_keeps_markers():
+    placement = algebra_terms.make_placement("looped", 1, 1)
+    prog = (Compute("F", 0, 0), Idle(), Marker(0, "UNSHARD"), Compute("B", 0, 0))
+    plan = lower(Schedule(placement, 1, (prog,)))
+    assert plan.programs[0] == (Compute("F", 0, 0), Marker(0, "UNSHARD"), Compute("B", 0, 0))
