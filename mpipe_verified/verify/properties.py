@@ -230,11 +230,15 @@ def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligation
     obligations = Obligations()
     start, finish = run.start, run.finish
     for rank, program in enumerate(plan.programs):
-        facts = obligations.lane("le", "program_order", rank)
+        lanes: dict = {}
         previous = None
         for index, op in enumerate(program):
             if isinstance(op, _COMM_STEP):
                 if previous is not None:
+                    cls = ("program_order", _comm_class(program[previous]), _comm_class(op))
+                    facts = lanes.get(cls)
+                    if facts is None:
+                        facts = lanes[cls] = obligations.lane("le", cls, rank)
                     facts.append((finish[rank][previous], start[rank][index]))
                 previous = index
     chunk = _chunk_index(plan.placement)
@@ -256,6 +260,13 @@ def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligation
             obligations.add("lt", "collective_post", r, (start[r][i], meet))
             obligations.add("le", "collective_finish", r, (meet, finish[r][i]))
     return obligations
+
+
+def _comm_class(op) -> tuple:
+    """Which stream a comm step belongs to (steady states interleave a few of them)."""
+    if isinstance(op, (Send, Recv)):
+        return (type(op).__name__, op.payload.kind)
+    return (type(op).__name__,)
 
 
 def _chunk_index(placement) -> dict[int, int]:
