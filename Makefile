@@ -19,6 +19,7 @@ demo: $(STAMP)
 	$(BIN)/mpipe-verify export examples/zb-h1.toml --to torch-csv -o out/zb-h1.csv
 	$(BIN)/mpipe-verify check out/zb-h1.csv
 	@echo "lowered plan written to out/zb-h1.csv and verified as written"
+	$(BIN)/mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule transpose --steps 20
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

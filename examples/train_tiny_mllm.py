@@ -1,0 +1,220 @@
+"""Train a tiny multimodal LM with a certified pipeline plan.
+
+    mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule transpose --steps 20
+    torchrun --nproc-per-node 4 examples/train_tiny_mllm.py --schedule zb-h1 --steps 20
+
+The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
+decoder LM (token + position embedding plus the image embedding, attention-free residual
+blocks that mix tokens with a causal running mean, a vocabulary head). The data:
+synthetic image–caption pairs, one caption per image class, images are the class
+prototype plus noise (deterministic per step and seed, identical on every rank).
+
+The script builds the algebra term (``--schedule NAME`` for every family, with the encoder
+kept inline on the first stage as a cut segment; ``--schedule transpose --mode
+recompute|owner|frozen`` moves the encoder into the bubbles), derives and lowers it,
+writes the payload shapes into the plan, verifies it (and refuses to run unless it is
+verified), then runs it with ``PipelineExecutor``; rank 0 prints ``step K loss X``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import warnings
+
+warnings.filterwarnings("ignore", message=".*NumPy.*")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
+from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
+                                     PipelineExecutor, infer_payload_shapes, split_sequential,
+                                     with_payload_shapes)
+from mpipe_verified.lower import lower  # noqa: E402
+from mpipe_verified.verify import verify  # noqa: E402
+
+SCHEDULES = (*FAMILIES, "transpose")
+MODES = ("recompute", "owner", "frozen")
+IMAGE = (3, 4, 4)
+
+
+# ---------------------------------------------------------------- model
+
+
+class VisionEncoder(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(math.prod(IMAGE), hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(images.flatten(1))))
+
+
+class Embed(nn.Module):
+    """Token + position embedding plus the image embedding (broadcast over positions)."""
+
+    def __init__(self, vocab: int, dim: int, length: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(length, dim) * 0.02)
+
+    def forward(self, image: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens) + self.pos[: tokens.shape[1]] + image[:, None, :]
+
+
+class Block(nn.Module):
+    """Attention-free: a residual MLP over each position and its causal running mean."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(2 * dim, 2 * dim)
+        self.fc2 = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[None, :, None]
+        mixed = h.cumsum(1) / steps
+        return x + self.fc2(F.gelu(self.fc1(torch.cat([h, mixed], -1))))
+
+
+class Head(nn.Module):
+    def __init__(self, dim: int, vocab: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def build_model(layers: int = 6, dim: int = 32, vocab: int = 64, length: int = 8,
+                seed: int = 0) -> tuple[nn.Module, nn.Sequential]:
+    """``(encoder, body)``; the same seed gives the same weights on every rank."""
+    torch.manual_seed(seed)
+    encoder = VisionEncoder(dim, 2 * dim)
+    body = nn.Sequential(Embed(vocab, dim, length), *[Block(dim) for _ in range(layers)],
+                         Head(dim, vocab))
+    return encoder, body
+
+
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over the microbatch."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: int = 8,
+               seed: int = 0) -> Batch:
+    """Synthetic image–caption pairs: class prototypes (fixed by ``seed``) plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(classes, *IMAGE, generator=g)
+    captions = torch.randint(0, vocab, (classes, length + 1), generator=g)
+    g.manual_seed(seed * 1_000_003 + step + 1)
+    labels = torch.randint(0, classes, (rows,), generator=g)
+    images = prototypes[labels] + 0.3 * torch.randn(rows, *IMAGE, generator=g)
+    text = captions[labels]
+    return Batch(body=text[:, :-1], target=text[:, 1:], segments={"vision": images})
+
+
+# ---------------------------------------------------------------- plan
+
+
+def build_term(schedule: str, pp: int, microbatches: int, mode: str = "recompute",
+               ownership: str = "full", body: str = "1f1b"):
+    """Every family keeps the encoder inline on the first stage (a cut segment on rank
+    0); ``transpose`` moves it into the bubbles of the ``body`` family."""
+    if schedule == "transpose":
+        return Transpose(family(body, pp, microbatches), segment="vision", mode=mode,
+                         ownership=ownership)
+    return Transpose(family(schedule, pp, microbatches), segment="vision",
+                     mode="frozen" if mode == "frozen" else "recompute", ownership="inline")
+
+
+def prepare(schedule: str, pp: int, microbatches: int, rows: int, mode: str = "recompute",
+            ownership: str = "full", body: str = "1f1b", layers: int = 6, dim: int = 32,
+            seed: int = 0):
+    """Term → plan (lowered, shapes annotated) and the model split to the plan's stages.
+    Returns ``(plan, encoder, stages, full_body)``."""
+    term = build_term(schedule, pp, microbatches, mode, ownership, body)
+    plan = lower(term.derive())
+    num_stages = plan.placement.num_stages
+    encoder, full = build_model(max(layers, num_stages - 2), dim, seed=seed)
+    if mode == "frozen":
+        encoder.requires_grad_(False)
+    stages = split_sequential(full, num_stages)
+    shapes = infer_payload_shapes(stages, make_batch(0, rows, seed=seed), microbatches,
+                                  {"vision": encoder})
+    return with_payload_shapes(plan, shapes), encoder, stages, full
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    ap.add_argument("--mode", choices=MODES, default="recompute",
+                    help="transpose: how the encoder trains (frozen also applies to families)")
+    ap.add_argument("--ownership", choices=("inline", "full", "min", "cost"), default="full",
+                    help="transpose: which ranks run the encoder forwards")
+    ap.add_argument("--body", choices=tuple(FAMILIES), default="1f1b",
+                    help="transpose: the body schedule")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--microbatches", type=int, default=None, help="default: 2 x ranks")
+    ap.add_argument("--batch-size", type=int, default=None, help="default: 4 x microbatches")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=None, help="seconds (MPIPE_TIMEOUT)")
+    args = ap.parse_args(argv)
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    m = args.microbatches or 2 * world
+    rows = args.batch_size or 4 * m
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        plan, encoder, stages, _ = prepare(args.schedule, world, m, rows, args.mode,
+                                           args.ownership, args.body, args.layers, args.dim,
+                                           args.seed)
+    except ValueError as err:
+        print(f"rank {rank}: cannot build the plan: {err}", file=sys.stderr)
+        return 2
+    report = verify(plan)
+    if not report.verified:
+        if rank == 0:
+            print(f"plan is {report.status}; refusing to run it", file=sys.stderr)
+            for v in report.violations[:5]:
+                print(f"  {v.property}: {v.message}", file=sys.stderr)
+        return 1
+    try:
+        executor = PipelineExecutor(
+            plan, report.certificate, stages=stages, segments={"vision": encoder},
+            loss_fn=loss_fn, timeout=args.timeout,
+            optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr))
+        if rank == 0:
+            print(f"{args.schedule}: {world} ranks, {plan.placement.num_stages} stages, "
+                  f"{m} microbatches, {plan.num_ops} ops; plan verified "
+                  f"({report.certificate.digest[:12]})", flush=True)
+        for step in range(args.steps):
+            loss = executor.step(make_batch(step, rows, seed=args.seed))
+            if rank == 0:
+                print(f"step {step} loss {loss:.4f}", flush=True)
+    except CertificateError as err:
+        print(f"rank {rank}: refused: {err}", file=sys.stderr, flush=True)
+        return 2
+    except PipelineError as err:
+        print(f"rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        os._exit(1)  # do not wait for peers at interpreter exit
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

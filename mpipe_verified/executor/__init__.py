@@ -1,0 +1,47 @@
+"""Run certified plans on ``torch.distributed`` (DESIGN §8).
+
+    plan = lower(term.derive())
+    plan = with_payload_shapes(plan, infer_payload_shapes(stages, batch, m, segments))
+    certificate = certify(plan)                 # verify(plan); refuses unless verified
+    ex = PipelineExecutor(plan, certificate, stages=stages, segments=segments,
+                          loss_fn=loss_fn, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    loss = ex.step(batch)                       # once per training step
+
+Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``interpreter``
+(the per-rank interpreter), ``partition`` (stages and payload shapes), ``comm``
+(process group, checked messages, watchdog), ``launch`` (``mpipe-run``).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# Names are imported on first use, so that ``mpipe-run`` (``executor.launch``) starts
+# without importing torch or Z3.
+_EXPORTS = {
+    "PipelineExecutor": ".interpreter",
+    "Batch": ".batch",
+    "init_distributed": ".comm",
+    "PipelineError": ".errors", "PayloadMismatchError": ".errors", "PeerError": ".errors",
+    "CertificateError": ".errors",
+    "StageSequential": ".partition", "balanced_cuts": ".partition",
+    "infer_payload_shapes": ".partition", "split_sequential": ".partition",
+    "with_payload_shapes": ".partition",
+    "certify": ".certify", "NotVerifiedError": ".certify",
+    "group_adjacent_comms": ".grouping",
+    "Certificate": "..verify.report", "check_certificate": "..verify.report",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,596 @@
+"""Per-rank interpreter of a certified plan over ``torch.distributed`` (DESIGN §8).
+
+One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in order:
+
+- ``F``: the stage (or cut segment) forward; at the body's last stage also the loss, scaled
+  so that the sum over microbatches is the full batch's loss (``loss_reduction="mean"``:
+  each microbatch's mean loss weighted by its share of the rows). ``B``: backward through
+  the stored graph (``torch.autograd.backward`` into the stage's parameters and input).
+  ``I``: input gradient only (``torch.autograd.grad``, graph retained); ``W``: weight
+  gradient from the retained graph. ``R``: re-run a segment's forward from its shipped
+  input to rebuild the graph a following ``B`` needs. ``Overlap`` steps run their members
+  one after the other, all reading their inputs first and publishing after.
+- ``SEND``/``RECV``: ``isend``/``irecv``; a ``Group``: ``batch_isend_irecv`` of its
+  members. Every comm op is *posted* at its place in the plan, in plan order. With
+  ``overlap_comms=False`` the rank then waits for it at once (the rendezvous program of
+  DESIGN §3, literally). By default (``overlap_comms=True``) it waits for a received
+  value just before the first op that reads it, and for sends when they complete (polled
+  at each comm op; all are waited for before the step ends). This is safe for every
+  certified plan: waiting later never makes any op post later (each rank posts the same
+  ops in the same order, each no later than under rendezvous), so a plan that completes
+  under rendezvous completes here; and a value is still read only after its transfer
+  completed. Messages are checked against the plan's payloads (``comm``).
+- ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
+  from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
+
+Dependencies are not re-derived here: the rank keeps a store keyed by the shared
+semantics' tokens ``(kind, segment, stage, mb)``. ``Chain.needs(op, rank)`` says which
+tokens an op reads (checked present before it runs) and ``produces(op)`` which it leaves
+(a ``RECV`` fills its payload's token, a ``SEND`` sends its payload's token). A token is
+kept only if a later op of this rank needs it and dropped after its last use, so stored
+activations are freed exactly where the semantics' memory model frees them; a forward
+whose stored activation no later op needs runs without building a graph.
+
+Certified plans only: the constructor calls ``check_certificate`` before anything else
+(no process group is touched when it refuses), and ``connect`` compares every rank's plan
+digest before the first op runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Callable, Mapping, Sequence
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD, Collective,
+                  Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
+from ..semantics import RENDEZVOUS, Chain, Token, produces
+from ..verify.report import Certificate, CertificateError, check_certificate
+from . import comm
+from .batch import Batch
+from .errors import PeerError, PipelineError
+
+_WATCHDOG: comm.Watchdog | None = None
+_MISSING = object()
+
+
+@attrs.frozen
+class _Saved:
+    """What a forward keeps for its backward: the input leaves whose gradient the plan
+    ships back, the graph's output (the scaled loss at the last stage) and the
+    parameters that receive weight gradients."""
+
+    leaves: tuple
+    output: torch.Tensor
+    params: tuple
+
+
+class _Transfer:
+    """Posted point-to-point works of one plan step (``overlap_comms``): waited for when
+    a received value is first used, else at the end of the step."""
+
+    __slots__ = ("works", "buffers", "where", "peers", "done")
+
+    def __init__(self, works: list, buffers: list, where: str, peers: str) -> None:
+        self.works, self.where, self.peers, self.done = works, where, peers, False
+        self.buffers = buffers  # kept alive until the works complete
+
+    def finished(self) -> bool:
+        if not self.done and all(w.is_completed() for w in self.works):
+            self.done, self.buffers = True, []
+        return self.done
+
+
+class _Pending:
+    """A received value whose transfer may still be in flight."""
+
+    __slots__ = ("transfer", "buf", "payload", "src", "value")
+
+    def __init__(self, transfer: _Transfer, buf, payload, src: int) -> None:
+        self.transfer, self.buf, self.payload, self.src = transfer, buf, payload, src
+        self.value = None
+
+
+@attrs.frozen
+class _Instr:
+    index: int
+    op: object
+    needs: tuple            # tokens read (checked present first)
+    keep: frozenset         # produced tokens some later op needs
+    drop: tuple             # tokens whose last use is this op
+    members: tuple = ()     # per compute member of an Overlap: its own needs
+    where: str = ""         # "OP at position I", for messages
+    peers: str = ""         # the ranks a comm step talks to, for messages
+
+
+class PipelineExecutor:
+    """Run a certified ``plan`` on this rank.
+
+    ``stages``: the body's stage modules (a mapping ``stage -> module`` or a sequence
+    indexed by stage; only this rank's stages are used). ``segments``: cut segments'
+    modules by name (e.g. ``{"vision": encoder}``), needed on every rank whose program
+    touches the segment. ``loss_fn(output, target)``: the loss at the body's last stage
+    (a mean over the microbatch's rows when ``loss_reduction="mean"``). ``optimizer``: a
+    callable ``params -> torch.optim.Optimizer`` over ``self.parameters()`` (used by
+    ``step``). ``check_messages``: send a self-describing trailer with every message
+    (see ``comm``). ``timeout``: seconds (default ``MPIPE_TIMEOUT`` or 30).
+
+    Calling order: construct (refuses uncertified plans), ``connect()`` (process group
+    and digest handshake; ``step``/``run`` call it if needed), then ``step(batch)`` per
+    training step.
+    """
+
+    def __init__(self, plan: Plan, certificate: Certificate | None, *,
+                 stages: Mapping[int, nn.Module] | Sequence[nn.Module],
+                 loss_fn: Callable, segments: Mapping[str, nn.Module] | None = None,
+                 optimizer: Callable | None = None, rank: int | None = None,
+                 device: torch.device | str | None = None, check_messages: bool = True,
+                 timeout: float | datetime.timedelta | None = None,
+                 loss_reduction: str = "mean", overlap_comms: bool = True) -> None:
+        # Refuse before anything else: no process group, no traffic.
+        check_certificate(plan, certificate, RENDEZVOUS)
+        self.plan, self.certificate = plan, certificate
+        self.chain = Chain.of(plan)
+        self.rank = self._rank(rank)
+        self.num_stages = plan.placement.num_stages
+        self.last_stage = self.num_stages - 1
+        self.device = torch.device(device) if device is not None else None
+        self.check_messages = check_messages
+        self.overlap_comms = overlap_comms
+        self.timeout_s = comm.timeout_seconds(timeout)
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self.loss_reduction = loss_reduction
+        self.loss_fn = loss_fn
+        self.program = plan.programs[self.rank]
+        self.stages = self._local_stages(stages)
+        self.segments = self._local_segments(dict(segments or {}))
+        self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
+                        for m in (*self.stages.values(), *self.segments.values())}
+        self._check_payloads()
+        self._instrs = self._compile()
+        self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
+        self._connected = False
+        self._groups: dict[tuple[int, ...], object] = {}
+        self.store: dict = {}
+
+    # ------------------------------------------------------------ set-up checks
+
+    def _rank(self, rank: int | None) -> int:
+        if rank is None:
+            if dist.is_initialized():
+                rank = dist.get_rank()
+            elif "RANK" in os.environ:
+                rank = int(os.environ["RANK"])
+            else:
+                raise PipelineError("no rank given and RANK is not set")
+        if not 0 <= rank < self.plan.num_ranks:
+            raise PipelineError(f"rank {rank} is outside the plan's ranks "
+                                f"0..{self.plan.num_ranks - 1}")
+        return rank
+
+    def _local_stages(self, stages) -> dict[int, nn.Module]:
+        mine = self.plan.placement.stages_of(self.rank)
+        if isinstance(stages, Mapping):
+            table = dict(stages)
+        else:
+            stages = list(stages)
+            if len(stages) != self.num_stages:
+                raise PipelineError(f"rank {self.rank}: {len(stages)} stage modules for a plan "
+                                    f"with {self.num_stages} stages")
+            table = dict(enumerate(stages))
+        missing = [s for s in mine if s not in table]
+        if missing:
+            raise PipelineError(f"rank {self.rank}: no module for stage(s) {missing} "
+                                f"(placed on this rank)")
+        return {s: table[s] for s in mine}
+
+    def _local_segments(self, segments: dict) -> dict[str, nn.Module]:
+        cut = self.plan.cut.segments
+        if any(s.side == SINK for s in cut):
+            raise PipelineError("the executor does not run sink segments yet (only source "
+                                "encoders feeding the body's first stage)")
+        if len(cut) > 1:
+            raise PipelineError("the executor runs at most one source segment; the plan has "
+                                f"{len(cut)} ({', '.join(s.name for s in cut)})")
+        used = {c.segment for op in self.program for c in _computes(op) if c.segment}
+        used |= {op.tag.split(":", 1)[1] for op in self.program
+                 if isinstance(op, Collective) and ":" in op.tag}
+        missing = sorted(used - set(segments))
+        if missing:
+            raise PipelineError(f"rank {self.rank}: the plan runs segment(s) "
+                                f"{', '.join(missing)} here but no module was given "
+                                "(segments={name: module})")
+        return {name: segments[name] for name in sorted(used)}
+
+    def _check_payloads(self) -> None:
+        for index, op in enumerate(self.program):
+            for c in _p2p(op):
+                try:
+                    comm.expected_layout(c.payload)
+                except PipelineError as err:
+                    raise PipelineError(f"rank {self.rank}: {op} at position {index}: "
+                                        f"{err}") from None
+
+    def _compile(self) -> tuple[_Instr, ...]:
+        """Precompute each op's needs, which produced tokens to keep and what to drop,
+        from ``Chain.needs``/``produces`` (the shared semantics)."""
+        needs = [self.chain.needs(op, self.rank) for op in self.program]
+        last: dict = {}
+        for index, tokens in enumerate(needs):
+            for t in tokens:
+                last[t] = index
+        out = []
+        for index, op in enumerate(self.program):
+            keep = frozenset(t for t in produces(op) if last.get(t, -1) > index)
+            drop = tuple(dict.fromkeys(t for t in needs[index] if last[t] == index))
+            members = (tuple(self.chain.needs(c, self.rank) for c in op.ops)
+                       if isinstance(op, Overlap) else ())
+            peers = ", ".join(f"rank {r}" for r in sorted({c.peer for c in _p2p(op)}))
+            out.append(_Instr(index, op, needs[index], keep, drop, members,
+                              f"{op} at position {index}", peers))
+        return tuple(out)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Trainable parameters this rank updates: its stages', plus each cut segment's on
+        the segment's home rank (other copies are refreshed by the plan's broadcast)."""
+        out, seen = [], set()
+        modules = list(self.stages.values())
+        for name, module in self.segments.items():
+            seg = self.plan.cut.get(name)
+            if seg is not None and seg.home == self.rank:
+                modules.append(module)
+        for module in modules:
+            for p in self._params[id(module)]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def zero_grad(self) -> None:
+        for module in (*self.stages.values(), *self.segments.values()):
+            for p in module.parameters():
+                p.grad = None
+
+    # ------------------------------------------------------------ process group
+
+    def connect(self) -> None:
+        """Join (or start) the process group, check that every rank runs this very plan
+        (digest handshake), and create the sub-groups the plan's collectives use."""
+        if self._connected:
+            return
+        check_certificate(self.plan, self.certificate, RENDEZVOUS)
+        _, world, device = comm.init_distributed(self.timeout_s)
+        self.device = self.device or device
+        if world != self.plan.num_ranks:
+            raise PipelineError(f"the plan has {self.plan.num_ranks} ranks but the process "
+                                f"group has {world}")
+        if dist.get_rank() != self.rank:
+            raise PipelineError(f"executor built for rank {self.rank} runs as rank "
+                                f"{dist.get_rank()}")
+        self._handshake(world)
+        wanted = sorted({tuple(sorted(op.ranks)) for prog in self.plan.programs for op in prog
+                         if isinstance(op, Collective)})
+        for ranks in wanted:
+            self._groups[ranks] = (None if ranks == tuple(range(world))
+                                   else dist.new_group(list(ranks)))
+        self.messages = comm.Messages(self.rank, self.device, self.check_messages)
+        global _WATCHDOG
+        if _WATCHDOG is None:
+            _WATCHDOG = comm.Watchdog(self.rank, self.timeout_s)
+        _WATCHDOG.limit_s = max(_WATCHDOG.limit_s, self.timeout_s + 10.0)
+        self._watchdog = _WATCHDOG
+        self._connected = True
+
+    def _handshake(self, world: int) -> None:
+        mine = torch.tensor(list(bytes.fromhex(self.certificate.digest)), dtype=torch.uint8,
+                            device=self.device)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        self._wait([dist.all_gather(every, mine, async_op=True)], "the plan digest handshake",
+                   "all ranks")
+        digests = [bytes(t.tolist()).hex() for t in every]
+        odd = [r for r, d in enumerate(digests) if d != digests[self.rank]]
+        if odd:
+            raise CertificateError(
+                f"rank {self.rank} runs plan {digests[self.rank][:16]}… but rank(s) "
+                f"{odd} run {digests[odd[0]][:16]}…: every rank must run the same certified plan")
+
+    # ------------------------------------------------------------ a training step
+
+    def step(self, batch: Batch, broadcast_loss: bool = True) -> float | None:
+        """``zero_grad``, ``run``, then the optimizer step. Returns the batch loss (on
+        every rank when ``broadcast_loss``, else on the last stage's rank, None
+        elsewhere)."""
+        self.zero_grad()
+        loss = self.run(batch, broadcast_loss)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        return loss
+
+    def run(self, batch: Batch, broadcast_loss: bool = True) -> float | None:
+        """Run the plan once on ``batch``: forward, backward and the plan's collectives;
+        gradients accumulate into ``.grad``."""
+        self.connect()
+        m = self.plan.num_microbatches
+        batch = batch.to(self.device)
+        self._mbs = batch.split(m)
+        total = batch.rows()
+        self._weights = [(_rows(mb) / total) if self.loss_reduction == "mean" else 1.0
+                         for mb in self._mbs]
+        self._loss = None
+        self.store = {}
+        self._inflight: list[_Transfer] = []
+        self._unread: list[_Pending] = []
+        for instr in self._instrs:
+            self._execute(instr)
+        for pending in self._unread:  # received but never read: still check them
+            self._resolve(pending)
+        for transfer in self._inflight:
+            self._finish(transfer)
+        self._inflight, self._unread = [], []
+        self.store = {}
+        loss = None if self._loss is None else float(self._loss)
+        if broadcast_loss:
+            holder = self.plan.placement.rank_of(self.last_stage)
+            t = torch.tensor([loss or 0.0], dtype=torch.float64, device=self.device)
+            self._wait([dist.broadcast(t, holder, async_op=True)], "the loss broadcast",
+                       f"rank {holder}")
+            loss = float(t.item())
+        return loss
+
+    def _execute(self, instr: _Instr) -> None:
+        store, op = self.store, instr.op
+        for t in instr.needs:
+            value = store.get(t, _MISSING)
+            if value is _MISSING:
+                raise PipelineError(f"rank {self.rank}: {op} at position {instr.index} needs "
+                                    f"{Token(*t)}, which is not on this rank (the executor "
+                                    "disagrees with the certified semantics: internal error)")
+            if type(value) is _Pending:
+                store[t] = self._resolve(value)
+        kind = type(op)
+        try:
+            if kind is Compute:
+                produced = self._compute(op, instr.needs, instr.keep)
+            elif kind is Overlap:
+                produced = {}
+                for c, needs in zip(op.ops, instr.members):
+                    produced.update(self._compute(c, needs, instr.keep))
+            elif kind is Send or kind is Recv or kind is Group:
+                produced = self._p2p(instr)
+            elif kind is Collective:
+                produced = self._collective(instr)
+            elif kind is Idle or kind is Marker:
+                produced = {}
+            else:
+                raise PipelineError(f"rank {self.rank}: cannot run {op!r}")
+        except PipelineError:
+            raise
+        except Exception as err:
+            raise PipelineError(f"rank {self.rank}: {op} at position {instr.index} failed: "
+                                f"{type(err).__name__}: {err}") from err
+        for t, value in produced.items():
+            if t in instr.keep:
+                store[t] = value
+        for t in instr.drop:
+            store.pop(t, None)
+
+    # ------------------------------------------------------------ compute
+
+    def _module(self, c: Compute) -> nn.Module:
+        return self.segments[c.segment] if c.segment else self.stages[c.stage]
+
+    def _compute(self, c: Compute, needs: tuple, keep: frozenset) -> dict:
+        if c.kind == FORWARD:
+            return self._forward(c, needs, keep)
+        if c.kind == RECOMPUTE:
+            return self._recompute(c, needs)
+        if c.kind == BACKWARD:
+            return self._backward(c, needs)
+        if c.kind == INPUT_GRAD:
+            return self._input_grad(c, needs)
+        if c.kind == WEIGHT_GRAD:
+            return self._weight_grad(c, needs)
+        raise PipelineError(f"rank {self.rank}: unknown compute kind in {c}")
+
+    def _forward(self, c: Compute, needs: tuple, keep: frozenset) -> dict:
+        seg, s, mb = c.segment, c.stage, c.mb
+        data = self._mbs[mb]
+        stored = ("stored", seg, s, mb)
+        graph = stored in keep
+        module = self._module(c)
+        leaves, args = [], []
+        with torch.set_grad_enabled(graph):
+            for t in needs:
+                if t[0] != "out":
+                    continue
+                x = self.store[t]
+                if graph and self.chain.expected_backward(t[1], t[3])[0]:
+                    x = x.detach().requires_grad_(True)
+                    leaves.append(x)
+                args.append(x)
+            if seg:
+                raw = data.segments.get(seg)
+                if raw is None:
+                    raise PipelineError(f"rank {self.rank}: {c}: the batch has no input for "
+                                        f"segment {seg!r} (Batch(segments={{{seg!r}: ...}}))")
+                args.append(raw)
+            elif s == 0 and data.body is not None:
+                args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
+            y = module(*args)
+            out = y
+            if not seg and s == self.last_stage:
+                loss = self.loss_fn(y, data.target)
+                self._loss = (loss.detach() * self._weights[mb] if self._loss is None
+                              else self._loss + loss.detach() * self._weights[mb])
+                out = loss * self._weights[mb]
+        produced = {("out", seg, s, mb): y.detach()}
+        if graph:
+            produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)])
+        if seg:
+            produced[("input", seg, s, mb)] = raw
+        return produced
+
+    def _recompute(self, c: Compute, needs: tuple) -> dict:
+        module = self._module(c)
+        with torch.enable_grad():
+            y = module(self.store[("input", c.segment, c.stage, c.mb)])
+        return {("stored", c.segment, c.stage, c.mb): _Saved((), y, self._params[id(module)])}
+
+    def _grad_out(self, needs: tuple):
+        for t in needs:
+            if t[0] == "grad":
+                return self.store[t]
+        return None
+
+    def _backward(self, c: Compute, needs: tuple) -> dict:
+        saved: _Saved = self.store[("stored", c.segment, c.stage, c.mb)]
+        g = self._grad_out(needs)
+        targets = saved.leaves + saved.params
+        if targets and saved.output.requires_grad:
+            torch.autograd.backward(saved.output, g, inputs=list(targets))
+        grad_in = saved.leaves[0].grad if saved.leaves else None
+        return {("grad", c.segment, c.stage, c.mb): grad_in,
+                ("wdone", c.segment, c.stage, c.mb): True}
+
+    def _input_grad(self, c: Compute, needs: tuple) -> dict:
+        saved: _Saved = self.store[("stored", c.segment, c.stage, c.mb)]
+        g = self._grad_out(needs)
+        grad_in = None
+        if saved.leaves and saved.output.requires_grad:
+            grad_in = torch.autograd.grad(saved.output, list(saved.leaves), g,
+                                          retain_graph=True)[0]
+        return {("grad", c.segment, c.stage, c.mb): grad_in,
+                ("wgrad_ready", c.segment, c.stage, c.mb): (saved, g)}
+
+    def _weight_grad(self, c: Compute, needs: tuple) -> dict:
+        saved, g = self.store[("wgrad_ready", c.segment, c.stage, c.mb)]
+        if saved.params and saved.output.requires_grad:
+            torch.autograd.backward(saved.output, g, inputs=list(saved.params))
+        return {("wdone", c.segment, c.stage, c.mb): True}
+
+    # ------------------------------------------------------------ communication
+
+    def _wait(self, works: list, where: str, peers: str) -> None:
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            watchdog.arm(f"{where} with {peers}")
+        try:
+            comm.wait_all(works, self.timeout_s, self.rank, where, peers)
+        finally:
+            if watchdog is not None:
+                watchdog.disarm()
+
+    def _p2p(self, instr: _Instr) -> dict:
+        where, peers = instr.where, instr.peers
+        items, recvs = [], []
+        for c in _p2p(instr.op):
+            if type(c) is Send:
+                value = self.store[self.chain.needs(c, self.rank)[0]]
+                if value is None:
+                    raise PipelineError(f"rank {self.rank}: {where}: the plan sends "
+                                        f"{comm.describe(c.payload)} but the model produced "
+                                        "no gradient there (does that input require grad?)")
+                comm.check_outgoing(value, c.payload, self.rank, where)
+                items.append((True, self.messages.outgoing(value, c.payload), c.dst))
+            else:
+                buf = self.messages.incoming(c.payload)
+                items.append((False, buf, c.src))
+                recvs.append((c, buf))
+        try:
+            works = comm.post_p2p(items)
+        except Exception as err:
+            raise PeerError(f"rank {self.rank}: {where}: posting to {peers} failed: "
+                            f"{comm.backend_reason(err, self.timeout_s)}") from err
+        transfer = _Transfer(works, [buf for _, buf, _ in items], where, peers)
+        if not self.overlap_comms:
+            self._finish(transfer)
+            return {produces(c)[0]: self.messages.decode(buf, c.payload, c.src, where)
+                    for c, buf in recvs}
+        self._inflight = [t for t in self._inflight if not t.finished()]
+        self._inflight.append(transfer)
+        out = {}
+        for c, buf in recvs:
+            pending = _Pending(transfer, buf, c.payload, c.src)
+            out[produces(c)[0]] = pending
+            self._unread.append(pending)
+        return out
+
+    def _finish(self, transfer: _Transfer) -> None:
+        if not transfer.done:
+            self._wait(transfer.works, transfer.where, transfer.peers)
+            transfer.done = True
+        transfer.buffers = []
+
+    def _resolve(self, pending: _Pending):
+        """Wait for a received value (if still in flight) and check it against the plan."""
+        if pending.buf is not None:
+            self._finish(pending.transfer)
+            pending.value = self.messages.decode(pending.buf, pending.payload, pending.src,
+                                                 pending.transfer.where)
+            pending.buf = None
+        return pending.value
+
+    def _collective(self, instr: _Instr) -> dict:
+        op: Collective = instr.op
+        where = f"{op} at position {instr.index}"
+        group = self._groups.get(tuple(sorted(op.ranks)))
+        kind, _, name = op.tag.partition(":")
+        module = self.segments.get(name)
+        if module is None or (op.kind, kind) not in (("broadcast", "params"),
+                                                     ("all_reduce", "grads")):
+            raise PipelineError(f"rank {self.rank}: {where}: the executor runs broadcast of "
+                                "params:NAME and all_reduce of grads:NAME only")
+        params = [p for p in module.parameters()]
+        peers = f"ranks {','.join(map(str, op.ranks))}"
+        if op.kind == "broadcast":
+            flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else \
+                torch.empty(0, device=self.device)
+            self._wait([dist.broadcast(flat, op.root, group=group, async_op=True)], where, peers)
+            if self.rank != op.root:
+                with torch.no_grad():
+                    offset = 0
+                    for p in params:
+                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                        offset += p.numel()
+            return {t: True for t in produces(op)}
+        trainable = [p for p in params if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in trainable]) if trainable else torch.empty(0, device=self.device)
+        self._wait([dist.all_reduce(flat, group=group, async_op=True)], where, peers)
+        offset = 0
+        for p in trainable:
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        return {}
+
+
+def _computes(op) -> tuple:
+    if isinstance(op, Compute):
+        return (op,)
+    if isinstance(op, Overlap):
+        return op.ops
+    return ()
+
+
+def _p2p(op) -> tuple:
+    if isinstance(op, (Send, Recv)):
+        return (op,)
+    if isinstance(op, Group):
+        return op.ops
+    return ()
+
+
+def _rows(mb: Batch) -> int:
+    try:
+        return mb.rows()
+    except ValueError:
+        return 1
+
+
+__all__ = ["PipelineExecutor"]

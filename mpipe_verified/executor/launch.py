@@ -1,0 +1,125 @@
+"""``mpipe-run``: start one process per rank on this machine.
+
+    mpipe-run --nproc N [--backend gloo|nccl] [--timeout S] script.py [args...]
+
+Each process runs ``python script.py args...`` with ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT`` (a
+free port) set, so the script initialises with ``init_distributed()`` (env init), exactly
+as under ``torchrun``. The backend is gloo on CPU, NCCL when every rank has its own GPU
+(``--backend`` or ``MPIPE_BACKEND`` overrides); ``OMP_NUM_THREADS`` defaults to the
+cores divided among the ranks. When a rank exits with an error, the
+others are stopped at once and ``mpipe-run`` exits with that rank's code (128 + signal
+for a rank killed by a signal); it exits 0 only if every rank does. Multi-node runs are
+``torchrun``'s job (see docs/executor.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, nproc: int, port: int, base: dict | None = None,
+             backend: str | None = None, timeout: float | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+               LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    if "OMP_NUM_THREADS" not in env:  # like torchrun: do not oversubscribe the cores
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    if backend:
+        env["MPIPE_BACKEND"] = backend
+    if timeout is not None:
+        env["MPIPE_TIMEOUT"] = str(timeout)
+    return env
+
+
+def _code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def launch(nproc: int, command: list[str], backend: str | None = None,
+           timeout: float | None = None, env: dict | None = None, quiet: bool = False) -> int:
+    """Run ``command`` (argv) as ``nproc`` ranks; returns the exit code described in the
+    module docstring."""
+    if nproc < 1:
+        raise ValueError("--nproc must be >= 1")
+    port = free_port()
+    procs = [subprocess.Popen(command, env=rank_env(r, nproc, port, env, backend, timeout))
+             for r in range(nproc)]
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank, code = failed[0]
+                if not quiet:
+                    sys.stderr.write(f"mpipe-run: rank {rank} exited with code {_code(code)}; "
+                                     "stopping the other ranks\n")
+                _stop(procs)
+                return _code(code)
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.05)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        _stop(procs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="mpipe-run", description="Run a script as N ranks of a torch.distributed job "
+        "on this machine (env init, like torchrun).")
+    ap.add_argument("--nproc", "--nproc-per-node", type=int, required=True,
+                    help="number of ranks (processes)")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                    help="process-group backend (default: NCCL if every rank has a GPU, "
+                         "else gloo)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds a communication op may wait before the ranks give up "
+                         "(MPIPE_TIMEOUT; default 30)")
+    ap.add_argument("script", help="Python script to run on every rank")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    ns = ap.parse_args(argv)
+    if ns.nproc < 1:
+        ap.error("--nproc must be >= 1")
+    if not os.path.exists(ns.script):
+        ap.error(f"no such script: {ns.script}")
+    return launch(ns.nproc, [sys.executable, ns.script, *ns.args], ns.backend, ns.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The executor against a single-process run, with real gloo processes on CPU.
+
+Two launches (2 and 4 ranks, one process per rank, env init on a free port) run every
+family (encoder inline on the first stage), transpose in the recompute/owner/frozen modes,
+a plan whose adjacent comm ops are posted as groups, the strict wait-after-every-comm mode
+and bare (trailer-less) messages; each case's loss and every
+parameter gradient after one step must equal a single-process, non-pipelined run of the
+same model on the same data (float32, atol 1e-5). Each launch then ends with failure
+scenarios: on 2 ranks a received message smaller than the plan's payload, then a stage
+that returns the wrong shape (refused before sending; the silent peer times out); on 4
+ranks a rank killed with SIGKILL mid-step, after which the others must exit non-zero
+within 60 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+warnings.filterwarnings("ignore")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+
+import train_tiny_mllm as tiny  # noqa: E402
+from mpipe_verified.executor.launch import free_port, rank_env  # noqa: E402
+
+FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev")
+MODES = ("recompute", "owner", "frozen")
+WORKER = os.path.join(HERE, "test_executor_worker.py")
+LAUNCH_TIMEOUT = 300
+
+
+def cases(world: int) -> list[dict]:
+    m = 2 * world  # dualpipev needs m >= 2p
+    out = [{"name": f, "schedule": f, "m": m} for f in FAMILIES]
+    out += [{"name": f"transpose-{mode}", "schedule": "transpose", "mode": mode, "m": m}
+            for mode in MODES]
+    out.append({"name": "1f1b-grouped", "schedule": "1f1b", "m": m, "group": True})
+    # waiting right after every comm op (overlap_comms=False), and bare messages
+    out.append({"name": "zb-h2-strict", "schedule": "zb-h2", "m": m, "strict": True})
+    out.append({"name": "transpose-owner-strict", "schedule": "transpose", "mode": "owner",
+                "m": m, "strict": True})
+    out.append({"name": "dualpipev-bare", "schedule": "dualpipev", "m": m, "bare": True})
+    return out
+
+
+CASE_NAMES = [c["name"] for c in cases(2)]
+
+
+class Launch:
+    """``world`` worker processes; records each one's exit code and exit time."""
+
+    def __init__(self, world: int, out_dir: str, final: str) -> None:
+        self.world, self.out = world, out_dir
+        with open(os.path.join(out_dir, "cases.json"), "w") as f:
+            json.dump(cases(world), f)
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if k != "MPIPE_BACKEND"}
+        env["MPIPE_BACKEND"] = "gloo"
+        self.logs = [open(os.path.join(out_dir, f"stderr.{r}"), "w+") for r in range(world)]
+        self.procs = [subprocess.Popen(
+            [sys.executable, WORKER, out_dir, os.path.join(out_dir, "cases.json"), "--final",
+             final], env=rank_env(r, world, port, env), stdout=self.logs[r],
+            stderr=subprocess.STDOUT) for r in range(world)]
+        self.codes: list[int | None] = [None] * world
+        self.ended: list[float | None] = [None] * world
+        deadline = time.time() + LAUNCH_TIMEOUT
+        while None in self.codes and time.time() < deadline:
+            for r, p in enumerate(self.procs):
+                if self.codes[r] is None and p.poll() is not None:
+                    self.codes[r], self.ended[r] = p.returncode, time.time()
+            time.sleep(0.05)
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def stderr(self, rank: int) -> str:
+        self.logs[rank].seek(0)
+        return self.logs[rank].read()
+
+    def result(self, name: str, rank: int) -> dict | None:
+        path = os.path.join(self.out, f"{name}.{rank}.pt")
+        return torch.load(path) if os.path.exists(path) else None
+
+    def describe(self) -> str:
+        return "\n".join(f"rank {r} exit {self.codes[r]}:\n{self.stderr(r)[-3000:]}"
+                         for r in range(self.world))
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    out = {}
+    for world, final in ((2, "send-mismatch"), (4, "kill")):
+        d = tmp_path_factory.mktemp(f"executor{world}")
+        out[world] = Launch(world, str(d), final)
+    return out
+
+
+def reference(case: dict, world: int) -> tuple[float, dict]:
+    """Loss and gradients of the plain model (no pipeline) on the same batch."""
+    term = tiny.build_term(case["schedule"], world, case["m"], case.get("mode", "recompute"))
+    num_stages = term.derive().placement.num_stages
+    encoder, body = tiny.build_model(max(6, num_stages - 2))
+    frozen = case.get("mode") == "frozen"
+    if frozen:
+        encoder.requires_grad_(False)
+    batch = tiny.make_batch(0, 2 * case["m"])
+    x = body[0](encoder(batch.segments["vision"]), batch.body)
+    for layer in list(body)[1:]:
+        x = layer(x)
+    loss = tiny.loss_fn(x, batch.target)
+    loss.backward()
+    grads = {f"vision.{n}": p.grad for n, p in encoder.named_parameters() if p.grad is not None}
+    grads.update({f"body.{n}": p.grad for n, p in body.named_parameters()})
+    return float(loss.detach()), grads
+
+
+@pytest.mark.parametrize("world", (2, 4))
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_step_matches_single_process(launches, world, name):
+    run = launches[world]
+    case = next(c for c in cases(world) if c["name"] == name)
+    results = [run.result(name, r) for r in range(world)]
+    assert all(r is not None for r in results), f"{name} produced no result\n{run.describe()}"
+    want_loss, want = reference(case, world)
+    for r, res in enumerate(results):
+        assert abs(res["loss"] - want_loss) <= 1e-5, (r, res["loss"], want_loss)
+    got: dict = {}
+    for r, res in enumerate(results):
+        for key, grad in res["grads"].items():
+            if key.startswith("vision.") and r != res["home"]:
+                # non-home copies: only the owner mode all-reduces them; then they must agree
+                torch.testing.assert_close(grad, want[key], atol=1e-5, rtol=0)
+                continue
+            assert key not in got, f"{key} has a gradient on two ranks"
+            got[key] = grad
+    assert set(got) == set(want), (sorted(set(want) ^ set(got)))
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=0,
+                                   msg=lambda m, k=key: f"{name} on {world} ranks, {k}: {m}")
+
+
+def test_received_message_smaller_than_payload_is_refused(launches):
+    run = launches[2]
+    path = os.path.join(run.out, "recv-mismatch.txt")
+    assert os.path.exists(path), run.describe()
+    text = open(path).read()
+    assert "(4, 7) float32" in text and "(4, 8) float32" in text and "rank 0" in text, text
+
+
+def test_wrong_shape_is_refused_before_sending_and_a_silent_peer_times_out(launches):
+    run = launches[2]
+    path = os.path.join(run.out, "send-mismatch.txt")
+    assert os.path.exists(path), run.describe()
+    text = open(path).read()
+    assert "refusing to send act of stage 0 mb 0" in text, text
+    assert "(2, 8, 33) float32" in text and "(2, 8, 32) float32" in text, text
+    assert run.codes == [3, 1], run.describe()
+    err = run.stderr(1)
+    assert "PeerError" in err and "timed out after 2 s" in err and "1RECV_F0" in err, err
+
+
+def test_killed_rank_ends_the_others_within_60s(launches):
+    run = launches[4]
+    path = os.path.join(run.out, "killed_at")
+    assert os.path.exists(path), run.describe()
+    killed_at = float(open(path).read())
+    assert run.codes[1] == -9, run.describe()
+    for r in (0, 2, 3):
+        assert run.codes[r] not in (0, None), run.describe()
+        assert run.ended[r] - killed_at < 60, (r, run.ended[r] - killed_at)
+        err = run.stderr(r)
+        assert "PeerError" in err or "made no progress" in err, err[-2000:]

@@ -1,0 +1,300 @@
+"""Executor pieces that need no process group: partitioning, payload shapes, refusal of
+uncertified plans (before any torch.distributed call), message checks, the watchdog and
+the ``mpipe-run`` launcher (with plain-Python scripts)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import attrs
+import pytest
+
+torch = pytest.importorskip("torch")
+warnings.filterwarnings("ignore")
+
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+from mpipe_verified.algebra import Transpose, family  # noqa: E402
+from mpipe_verified.executor import (Batch, CertificateError, PayloadMismatchError,  # noqa: E402
+                                     PipelineError, PipelineExecutor, balanced_cuts, certify,
+                                     infer_payload_shapes, split_sequential,
+                                     with_payload_shapes)
+from mpipe_verified.executor.comm import Messages, check_outgoing  # noqa: E402
+from mpipe_verified.executor import NotVerifiedError  # noqa: E402
+from mpipe_verified.ir import Payload, Recv, Send  # noqa: E402
+from mpipe_verified.lower import lower  # noqa: E402
+from mpipe_verified.verify import verify  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MPIPE_RUN = os.path.join(os.path.dirname(sys.executable), "mpipe-run")
+
+
+# ---------------------------------------------------------------- partitioning
+
+
+def test_balanced_cuts_minimise_the_largest_stage():
+    assert balanced_cuts([1, 1, 1, 1], 2) == [0, 2]
+    assert balanced_cuts([10, 1, 1, 1, 1, 10], 3) == [0, 1, 5]
+    assert balanced_cuts([5], 1) == [0]
+    with pytest.raises(ValueError):
+        balanced_cuts([1, 2], 3)
+
+
+def test_split_sequential_keeps_layers_order_and_names():
+    seq = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 4),
+                        nn.Linear(4, 4))
+    stages = split_sequential(seq, 3)  # parameters 20, 80, 0, 68, 20: best max is 88
+    assert [list(s._modules) for s in stages][:2] == [["0"], ["1"]]
+    assert max(sum(p.numel() for p in s.parameters()) for s in stages) == 88
+    assert [m for s in stages for m in s] == list(seq)
+    with pytest.raises(ValueError, match="cannot cut 5 layers into 6"):
+        split_sequential(seq, 6)
+    x = torch.randn(2, 4)
+    y = x
+    for s in stages:
+        y = s(y)
+    torch.testing.assert_close(y, seq(x))
+
+
+def tiny_stages(num_stages: int, dim: int = 4):
+    torch.manual_seed(0)
+    encoder = nn.Linear(3, dim)
+
+    class First(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, dim)
+
+        def forward(self, image, tokens):
+            return self.emb(tokens) + image[:, None, :]
+
+    layers = [First()] + [nn.Linear(dim, dim) for _ in range(num_stages - 1)]
+    return encoder, split_sequential(nn.Sequential(*layers), num_stages)
+
+
+def tiny_batch(rows: int = 4):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 10, (rows, 5), generator=g)
+    return Batch(body=tokens, target=torch.randn(rows, 5, 4, generator=g),
+                 segments={"vision": torch.randn(rows, 3, generator=g)})
+
+
+def shaped_plan(name="1f1b", pp=2, m=2, mode="recompute", ownership="inline"):
+    plan = lower(Transpose(family(name, pp, m), mode=mode, ownership=ownership).derive())
+    encoder, stages = tiny_stages(plan.placement.num_stages)
+    fn = infer_payload_shapes(stages, tiny_batch(), m, {"vision": encoder})
+    return with_payload_shapes(plan, fn), plan, encoder, stages
+
+
+def test_payload_shapes_annotate_both_ends_and_still_verify():
+    plan, bare, _, _ = shaped_plan("1f1b", 2, 2, mode="recompute", ownership="full")
+    payloads = [c.payload for prog in plan.programs for c in prog if isinstance(c, (Send, Recv))]
+    assert payloads and all(p.shape is not None and p.dtype for p in payloads)
+    kinds = {p.kind: (p.shape, p.dtype) for p in payloads}
+    assert kinds["act"] == ((2, 5, 4), "float32") or kinds["act"] == ((2, 4), "float32")
+    assert kinds["input"] == ((2, 3), "float32")  # the encoder's raw input, for recompute
+    report = verify(plan)
+    assert report.verified
+    assert report.certificate.digest != verify(bare).certificate.digest
+
+
+def test_meta_shape_inference_agrees_with_real_tensors():
+    bare = lower(Transpose(family("1f1b", 2, 3), ownership="full").derive())
+    encoder, stages = tiny_stages(2)
+    real = infer_payload_shapes(stages, tiny_batch(5), 3, {"vision": encoder})
+    meta = infer_payload_shapes(stages, tiny_batch(5), 3, {"vision": encoder}, meta=True)
+    assert with_payload_shapes(bare, real) == with_payload_shapes(bare, meta)
+
+
+# ---------------------------------------------------------------- refusal
+
+
+@pytest.fixture
+def no_traffic(monkeypatch):
+    """Every torch.distributed entry point the executor could use records its call."""
+    calls = []
+    for name in ("init_process_group", "isend", "irecv", "send", "recv", "batch_isend_irecv",
+                 "broadcast", "all_reduce", "all_gather", "barrier", "new_group"):
+        def record(*args, _name=name, **kwargs):
+            calls.append(_name)
+            raise AssertionError(f"torch.distributed.{_name} called")
+        monkeypatch.setattr(dist, name, record)
+    return calls
+
+
+def make(plan, certificate, encoder, stages, rank=0):
+    return PipelineExecutor(plan, certificate, stages=stages, segments={"vision": encoder},
+                            loss_fn=nn.functional.mse_loss, rank=rank)
+
+
+def swap_first_two_ops(plan, rank=1):
+    prog = list(plan.programs[rank])
+    i = next(k for k in range(len(prog) - 1) if prog[k] != prog[k + 1])
+    prog[i], prog[i + 1] = prog[i + 1], prog[i]
+    programs = list(plan.programs)
+    programs[rank] = tuple(prog)
+    return attrs.evolve(plan, programs=tuple(programs))
+
+
+def reshape_one_payload(plan):
+    programs = [list(p) for p in plan.programs]
+    for prog in programs:
+        for i, op in enumerate(prog):
+            if isinstance(op, Send):
+                prog[i] = Send(op.dst, attrs.evolve(op.payload, shape=(1, 2, 3)))
+                return attrs.evolve(plan, programs=tuple(map(tuple, programs)))
+    raise AssertionError("no send")
+
+
+def test_tampered_or_uncertified_plans_are_refused_before_any_communication(no_traffic):
+    plan, _, encoder, stages = shaped_plan()
+    cert = certify(plan)
+    other = certify(shaped_plan("gpipe")[0])
+    eager = verify(plan, comm_model="eager").certificate
+    refusals = {
+        "no certificate": (plan, None, "no certificate"),
+        "reordered ops": (swap_first_two_ops(plan), cert, "altered"),
+        "changed payload shape": (reshape_one_payload(plan), cert, "altered"),
+        "another plan's certificate": (plan, other, "altered"),
+        "eager-model certificate": (plan, eager, "eager"),
+        "forged properties": (plan, attrs.evolve(cert, properties=("completeness",)),
+                              "does not prove"),
+    }
+    for what, (p, c, words) in refusals.items():
+        with pytest.raises(CertificateError, match=words):
+            make(p, c, encoder, stages)
+    assert no_traffic == [] and not dist.is_initialized()
+    make(plan, cert, encoder, stages)  # the genuine pair is accepted (still no traffic)
+    assert no_traffic == []
+
+
+def test_certify_refuses_a_plan_the_verifier_rejects():
+    plan, _, _, _ = shaped_plan()
+    broken = attrs.evolve(plan, programs=(plan.programs[0][:-1], plan.programs[1]))
+    with pytest.raises(NotVerifiedError, match="violated"):
+        certify(broken)
+
+
+def test_plan_without_shapes_or_modules_is_a_clear_error():
+    _, bare, encoder, stages = shaped_plan()
+    with pytest.raises(PipelineError, match="with_payload_shapes"):
+        make(bare, certify(bare), encoder, stages)
+    plan, _, encoder, stages = shaped_plan()
+    with pytest.raises(PipelineError, match=r"no module for stage\(s\) \[1\]"):
+        make(plan, certify(plan), encoder, {0: stages[0]}, rank=1)
+    with pytest.raises(PipelineError, match="segment"):
+        PipelineExecutor(plan, certify(plan), stages=stages, loss_fn=nn.functional.mse_loss,
+                         rank=0)
+
+
+# ---------------------------------------------------------------- messages
+
+
+def transport(sent: torch.Tensor, posted: torch.Tensor) -> torch.Tensor:
+    """What gloo does with a message no larger than the posted buffer."""
+    posted[: sent.numel()].copy_(sent)
+    return posted
+
+
+def test_message_round_trip_and_checks():
+    rx, tx = Messages(1, torch.device("cpu")), Messages(0, torch.device("cpu"))
+    want = Payload("act", 1, 2, shape=(3, 5), dtype="float32")
+    x = torch.randn(3, 5)
+    got = rx.decode(transport(tx.outgoing(x, want), rx.incoming(want)), want, 0, "op")
+    assert torch.equal(got, x)
+    cases = {
+        "smaller": (torch.randn(3, 4), attrs.evolve(want, shape=(3, 4)), r"shape \(3, 4\) float32"),
+        "dtype": (torch.ones(3, 5, dtype=torch.int32), attrs.evolve(want, dtype="int32"),
+                  r"shape \(3, 5\) int32"),
+        "microbatch": (x, attrs.evolve(want, mb=3), "act of stage 1 mb 3"),
+        "kind": (x, attrs.evolve(want, kind="grad"), "grad of stage 1 mb 2"),
+    }
+    for what, (tensor, sent, words) in cases.items():
+        buf = transport(tx.outgoing(tensor, sent), rx.incoming(want))
+        with pytest.raises(PayloadMismatchError, match=words):
+            rx.decode(buf, want, 0, "op")
+    with pytest.raises(PayloadMismatchError, match="without a trailer"):
+        rx.decode(transport(torch.ones(20, dtype=torch.uint8), rx.incoming(want)), want, 0, "op")
+
+
+def test_sender_checks_shape_and_dtype():
+    want = Payload("grad", 2, 0, shape=(3, 5), dtype="float32")
+    check_outgoing(torch.zeros(3, 5), want, 0, "op")
+    with pytest.raises(PayloadMismatchError, match=r"\(3, 6\) float32 but the plan's payload "
+                                                   r"is \(3, 5\) float32"):
+        check_outgoing(torch.zeros(3, 6), want, 0, "op")
+    with pytest.raises(PayloadMismatchError, match="float64"):
+        check_outgoing(torch.zeros(3, 5, dtype=torch.float64), want, 0, "op")
+
+
+def test_watchdog_ends_a_stuck_process():
+    code = textwrap.dedent("""
+        import time
+        from mpipe_verified.executor.comm import Watchdog
+        w = Watchdog(3, 0.2, grace_s=0.0)
+        w.arm("0RECV_F1 at position 4 with rank 1")
+        time.sleep(30)
+    """)
+    t = time.time()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 124 and time.time() - t < 30
+    assert "rank 3: 0RECV_F1 at position 4 with rank 1 made no progress" in done.stderr
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def run_launcher(tmp_path, body: str, nproc: int = 2, timeout: float = 60):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    t = time.time()
+    done = subprocess.run([MPIPE_RUN, "--nproc", str(nproc), str(script), str(tmp_path)],
+                          capture_output=True, text=True, timeout=timeout)
+    return done, time.time() - t
+
+
+def test_launcher_sets_env_and_succeeds(tmp_path):
+    done, _ = run_launcher(tmp_path, """
+        import os, sys
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        with open(os.path.join(sys.argv[1], "env." + os.environ["RANK"]), "w") as f:
+            f.write(" ".join(os.environ[k] for k in keys))
+    """, nproc=3)
+    assert done.returncode == 0, done.stderr
+    envs = [(tmp_path / f"env.{r}").read_text().split() for r in range(3)]
+    assert [e[0] for e in envs] == ["0", "1", "2"] and {e[1] for e in envs} == {"3"}
+    assert len({e[4] for e in envs}) == 1 and envs[0][3] == "127.0.0.1"
+
+
+def test_launcher_forwards_a_failure_and_stops_the_others(tmp_path):
+    done, elapsed = run_launcher(tmp_path, """
+        import os, time
+        if os.environ["RANK"] == "1":
+            raise SystemExit(3)
+        time.sleep(120)
+    """)
+    assert done.returncode == 3 and elapsed < 30
+    assert "rank 1 exited with code 3" in done.stderr
+
+
+def test_launcher_reports_a_killed_rank(tmp_path):
+    done, elapsed = run_launcher(tmp_path, """
+        import os, signal, time
+        if os.environ["RANK"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)
+    """)
+    assert done.returncode == 137 and elapsed < 30
+
+
+def test_launcher_usage_errors():
+    done = subprocess.run([MPIPE_RUN, "--nproc", "2", "no/such/script.py"], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and "no such script" in done.stderr

@@ -1,0 +1,187 @@
+"""One rank of the executor tests (run as a script by ``test_executor.py``; it holds no
+tests itself).
+
+    python tests/test_executor_worker.py OUT CASES.json [--final NAME]
+
+Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each case
+``{"name", "schedule", "mode", "m", "group", "strict", "bare"}`` it builds the tiny MLLM's plan (as the
+example does), verifies it, runs one step without optimizer and saves the loss and every
+local gradient (named like the single-process model: ``vision.*``, ``body.*``) to
+``OUT/NAME.rank.pt``. ``--final`` ends with a failure scenario:
+
+- ``send-mismatch`` (2 ranks): first rank 0 sends a message for a smaller tensor than the
+  plan's payload and rank 1 must raise ``PayloadMismatchError`` (``OUT/recv-mismatch.txt``);
+  then stage 0 returns a wrong shape: rank 0 must refuse to send it
+  (``OUT/send-mismatch.txt``) and stay alive and silent until rank 1, waiting for that
+  message, has timed out (2 s) and exited 1; rank 0 then exits 3;
+- ``kill`` (4 ranks): rank 1 SIGKILLs itself inside a forward (writing ``OUT/killed_at``).
+A failure is printed as one line on stderr (and written to ``OUT/failed.RANK``) and the
+rank exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import train_tiny_mllm as tiny  # noqa: E402
+from mpipe_verified.executor import (PayloadMismatchError, PipelineError,  # noqa: E402
+                                     PipelineExecutor, group_adjacent_comms)
+from mpipe_verified.executor.comm import Messages, init_distributed  # noqa: E402
+from mpipe_verified.ir import Group, Payload  # noqa: E402
+from mpipe_verified.verify import verify  # noqa: E402
+
+
+def rows_for(m: int) -> int:
+    return 2 * m
+
+
+def build(case: dict, world: int):
+    plan, encoder, stages, full = tiny.prepare(case["schedule"], world, case["m"],
+                                               rows_for(case["m"]), case.get("mode", "recompute"))
+    if case.get("group"):
+        plan = group_adjacent_comms(plan)
+        assert any(isinstance(op, Group) for prog in plan.programs for op in prog)
+    report = verify(plan)
+    if not report.verified:
+        raise SystemExit(f"case {case['name']}: plan {report.status}: "
+                         f"{[v.message for v in report.violations][:3]}")
+    return plan, report.certificate, encoder, stages, full
+
+
+def names(encoder, full) -> dict[int, str]:
+    out = {id(p): f"vision.{n}" for n, p in encoder.named_parameters()}
+    out.update({id(p): f"body.{n}" for n, p in full.named_parameters()})
+    return out
+
+
+def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
+    plan, cert, encoder, stages, full = build(case, world)
+    ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+                          loss_fn=tiny.loss_fn, overlap_comms=not case.get("strict"),
+                          check_messages=not case.get("bare"))
+    loss = ex.step(tiny.make_batch(0, rows_for(case["m"])))
+    table = names(encoder, full)
+    grads = {}
+    for module in (*ex.stages.values(), *ex.segments.values()):
+        for p in module.parameters():
+            if p.grad is not None:
+                grads[table[id(p)]] = p.grad.detach().clone()
+    torch.save({"loss": loss, "grads": grads, "home": plan.cut.segments[0].home},
+               os.path.join(out_dir, f"{case['name']}.{rank}.pt"))
+
+
+def recv_mismatch(rank: int, out_dir: str) -> None:
+    """Rank 0 sends a (4, 7) float32 act where the plan says (4, 8): rank 1's trailer check
+    must name both."""
+    expected = Payload("act", 1, 2, shape=(4, 8), dtype="float32")
+    sent = Payload("act", 1, 2, shape=(4, 7), dtype="float32")
+    messages = Messages(rank, torch.device("cpu"))
+    if rank == 0:
+        dist.isend(messages.outgoing(torch.ones(4, 7), sent), 1).wait()
+    elif rank == 1:
+        buf = messages.incoming(expected)
+        dist.irecv(buf, 0).wait()
+        try:
+            messages.decode(buf, expected, 0, "1RECV_F2 at position 7")
+            message = "no error"
+        except PayloadMismatchError as err:
+            message = str(err)
+        with open(os.path.join(out_dir, "recv-mismatch.txt"), "w") as f:
+            f.write(message)
+    dist.barrier()
+
+
+class WrongShape(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        y = self.inner(*args)
+        return torch.cat([y, y[..., :1]], dim=-1)
+
+
+class Suicide(torch.nn.Module):
+    def __init__(self, inner, out_dir):
+        super().__init__()
+        self.inner, self.out_dir, self.calls = inner, out_dir, 0
+
+    def forward(self, *args):
+        self.calls += 1
+        if self.calls == 2:
+            with open(os.path.join(self.out_dir, "killed_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner(*args)
+
+
+def final(name: str, rank: int, world: int, out_dir: str) -> None:
+    if name == "kill":
+        case = {"name": "kill", "schedule": "1f1b", "m": 2 * world}
+        plan, cert, encoder, stages, _ = build(case, world)
+        if rank == 1:
+            stages[1] = Suicide(stages[1], out_dir)
+        ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+                              loss_fn=tiny.loss_fn)
+        ex.step(tiny.make_batch(0, rows_for(case["m"])))
+        raise SystemExit(f"rank {rank}: the kill scenario did not fail")
+    recv_mismatch(rank, out_dir)
+    # Stage 0 returns a wrong shape: rank 0 refuses to send it and stays alive but
+    # silent; rank 1, waiting for that message, must time out (2 s here) on its own.
+    case = {"name": "send-mismatch", "schedule": "1f1b", "m": 2 * world}
+    plan, cert, encoder, stages, _ = build(case, world)
+    stages[0] = WrongShape(stages[0])
+    ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+                          loss_fn=tiny.loss_fn, timeout=2)
+    try:
+        ex.step(tiny.make_batch(0, rows_for(case["m"])))
+    except PayloadMismatchError as err:
+        if rank != 0:
+            raise
+        with open(os.path.join(out_dir, "send-mismatch.txt"), "w") as f:
+            f.write(str(err))
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(out_dir, "failed.1")) and time.time() < deadline:
+            time.sleep(0.05)
+        os._exit(3)
+    raise SystemExit(f"rank {rank}: the send-mismatch scenario did not fail")
+
+
+def main() -> None:
+    out_dir, cases_file = sys.argv[1], sys.argv[2]
+    final_name = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--final" else None
+    torch.set_num_threads(1)
+    rank, world, _ = init_distributed()
+    with open(cases_file) as f:
+        cases = json.load(f)
+    try:
+        for case in cases:
+            run_case(case, rank, world, out_dir)
+        with open(os.path.join(out_dir, f"done.{rank}"), "w") as f:
+            f.write("ok")
+        if final_name:
+            final(final_name, rank, world, out_dir)
+    except PipelineError as err:
+        sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
+        sys.stderr.flush()
+        with open(os.path.join(out_dir, f"failed.{rank}"), "w") as f:
+            f.write(str(err))
+        os._exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
