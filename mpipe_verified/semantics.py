@@ -671,7 +671,7 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
             if c.kind in (FORWARD, RECOMPUTE):
                 if chain is None or chain.stores(c, rank):
                     size = model.stored(c.stage, c.segment)
-                    live[("stored", c.segment, c.stage, c.mb)] = (f"activation of {c}", size)
+                    live[("stored", c.segment, c.stage, c.mb)] = ("activation of", c, size)
                     alloc += size
                 frees.append(("buffer", _payload_key(ACT, c.segment, c.stage - 1, c.mb)))
                 if c.kind == RECOMPUTE:
@@ -696,11 +696,11 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
                 if size:
                     p = r.payload
                     live[("buffer", _payload_key(p.kind, p.segment, p.stage, p.mb))] = (
-                        f"receive buffer of {r}", size)
+                        "receive buffer of", r, size)
                     alloc += size
-        if index == live_at:
-            snapshot = list(live.values())
-        freed = sum(live.pop(key)[1] for key in frees if key in live)
+        if index == live_at:  # described only when asked: formatting every op is costly
+            snapshot = [(f"{what} {op}", size) for what, op, size in live.values()]
+        freed = sum(live.pop(key)[2] for key in frees if key in live)
         steps.append((alloc, freed))
     return steps, snapshot
 

@@ -96,7 +96,8 @@ def parse_torch_csv(text: str, file: str) -> Plan:
             tuple(_build(cell, placement, file, r + 1, c + 1, payloads)
                   for c, cell in enumerate(row))
             for r, row in enumerate(rows))
-    mbs = [mb for row in rows for cell in row for mb in _mbs(cell)]
+    mbs = [cell[2] for row in rows for cell in row if cell[2] is not None]
+    mbs += [mb for row in rows for cell in row if cell[0] == "OVERLAP" for mb in _mbs(cell)]
     return Plan(placement, max(mbs) + 1 if mbs else 0, programs)
 
 
@@ -150,8 +151,17 @@ def _parse_cells(text: str, file: str) -> list[list[_Cell]]:
     rows: list[list[_Cell]] = []
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
+        plain, make = _PLAIN.fullmatch, tuple.__new__
         for r, raw in enumerate(reader, start=1):
-            rows.append([_parse_cell(s, file, r, c) for c, s in enumerate(raw, start=1)])
+            row: list[_Cell] = []
+            for c, cell in enumerate(raw, start=1):
+                m = plain(cell)  # fast path: the well-formed common case, parsed once
+                if m is None:
+                    row.append(_parse_cell(cell, file, r, c))
+                else:
+                    stage, kind, mb = m.groups()
+                    row.append(make(_Cell, (kind, int(stage), int(mb), None)))
+            rows.append(row)
     except csv.Error as e:
         raise InputError(f"malformed CSV ({e}); expected comma-separated action cells",
                          file, len(rows) + 1) from None
@@ -220,12 +230,14 @@ def _mbs(cell: _Cell) -> tuple[int, ...]:
 def _infer_placement(rows: list[list[_Cell]], file: str) -> Placement:
     where: dict[int, int] = {}
     for r, row in enumerate(rows):
-        for c, cell in enumerate(row):
-            for stage in _stages(cell):
-                first = where.setdefault(stage, r)
-                if first != r:
-                    raise InputError(f"stage {stage} appears on rows {first + 1} and {r + 1}; "
-                                     "expected each stage on one rank (row)", file, r + 1, c + 1)
+        stages = {cell[1] for cell in row if cell[0] and cell[0] != "OVERLAP"}
+        stages.update(stage for cell in row if cell[0] == "OVERLAP" for stage in _stages(cell))
+        for stage in stages:
+            first = where.setdefault(stage, r)
+            if first != r:
+                c = next(c for c, cell in enumerate(row) if stage in _stages(cell))
+                raise InputError(f"stage {stage} appears on rows {first + 1} and {r + 1}; "
+                                 "expected each stage on one rank (row)", file, r + 1, c + 1)
     missing = next(s for s in range(len(where) + 1) if s not in where)
     if missing < len(where):
         raise InputError(f"stage {missing} appears on no row; expected stages 0.."
@@ -233,30 +245,36 @@ def _infer_placement(rows: list[list[_Cell]], file: str) -> Placement:
     return Placement(tuple(where[s] for s in range(len(where))), len(rows))
 
 
+_COMPUTE_KINDS = frozenset("FBIW")
+_PEER = {"SEND_F": (1, ACT, True), "SEND_B": (-1, GRAD, True),  # peer offset, kind, is send
+         "RECV_F": (-1, ACT, False), "RECV_B": (1, GRAD, False)}
+
+
 def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
            payloads: dict[tuple, Payload]) -> Op:
-    kind, stage, mb = cell.kind, cell.stage, cell.mb
+    kind, stage, mb, subs = cell
+    if kind in _COMPUTE_KINDS:
+        return Compute(kind, stage, mb)
+    peer_info = _PEER.get(kind)
+    if peer_info is not None:
+        offset, payload_kind, is_send = peer_info
+        peer = stage + offset
+        if not 0 <= peer < placement.num_stages:
+            side, other = ("last", "next") if peer > stage else ("first", "previous")
+            raise InputError(f"{stage}{kind}{mb}: stage {stage} is the {side} of stages 0.."
+                             f"{placement.num_stages - 1}, so there is no {other} stage to "
+                             f"{_VERB[kind]}", file, r, c)
+        key = (payload_kind, stage if is_send else peer, mb)
+        payload = payloads.get(key)
+        if payload is None:
+            payload = payloads[key] = Payload(*key)
+        rank = placement.stage_to_rank[peer]
+        return Send(rank, payload) if is_send else Recv(rank, payload)
     if not kind:
         return Idle()
     if kind == "OVERLAP":
-        return Overlap(tuple(Compute(sub.kind, sub.stage, sub.mb) for sub in cell.subs))
-    if kind in _MARKERS:
-        return Marker(stage, kind, mb)
-    if kind not in _COMMS:
-        return Compute(kind, stage, mb)
-    peer = stage + 1 if kind in ("SEND_F", "RECV_B") else stage - 1
-    if not 0 <= peer < placement.num_stages:
-        side, other = ("last", "next") if peer > stage else ("first", "previous")
-        raise InputError(f"{stage}{kind}{mb}: stage {stage} is the {side} of stages 0.."
-                         f"{placement.num_stages - 1}, so there is no {other} stage to "
-                         f"{_VERB[kind]}", file, r, c)
-    rank = placement.stage_to_rank[peer]
-    key = (ACT if kind in ("SEND_F", "RECV_F") else GRAD,
-           stage if kind.startswith("SEND") else peer, mb)
-    payload = payloads.get(key)
-    if payload is None:
-        payload = payloads[key] = Payload(*key)
-    return Send(rank, payload) if kind.startswith("SEND") else Recv(rank, payload)
+        return Overlap(tuple(Compute(sub.kind, sub.stage, sub.mb) for sub in subs))
+    return Marker(stage, kind, mb)
 
 
 # ------------------------------------------------------------------- writing

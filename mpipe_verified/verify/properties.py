@@ -125,10 +125,18 @@ class _Codes:
         return self._ids.setdefault(value, len(self._ids))
 
 
-def _payload_code(codes, c) -> tuple:
+_PAYLOAD_KINDS = {"act": 0, "grad": 1, "input": 2}
+
+
+def _payload_code(codes, c, cache: dict) -> tuple:
+    """Every field of the payload as integers (cached per payload object: both ends of
+    a pair usually share one)."""
     p = c.payload
-    return (0 if p.kind == ACT else 1, p.stage, p.mb, codes(p.segment), codes(p.shape),
-            codes(p.dtype))
+    code = cache.get(id(p))
+    if code is None:
+        code = cache[id(p)] = (_PAYLOAD_KINDS[p.kind], p.stage, p.mb, codes(p.segment),
+                               codes(p.shape), codes(p.dtype), codes(p.to_segment))
+    return code
 
 
 def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding], Obligations]:
@@ -136,7 +144,7 @@ def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding],
     called in the same order with the same kind, tag and root by every member."""
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
-    codes = _Codes()
+    codes, cache = _Codes(), {}
     obligations = Obligations()
     findings = []
     mismatched = set(pairing.mismatched)
@@ -147,7 +155,7 @@ def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding],
         for s_end, r_end in pairs:
             send = p2p_of(plan.programs[s_end[0]][s_end[1]])[s_end[2]]
             recv = p2p_of(plan.programs[r_end[0]][r_end[1]])[r_end[2]]
-            fact = _payload_code(codes, send) + _payload_code(codes, recv)
+            fact = _payload_code(codes, send, cache) + _payload_code(codes, recv, cache)
             if (s_end, r_end) in mismatched:
                 findings.append(_mismatch(plan, s_end, r_end, fact))
             else:
