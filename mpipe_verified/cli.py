@@ -43,12 +43,8 @@ from .algebra.families import FAMILIES, family
 from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from .errors import InputError, ParameterError
 from .formats import sarif
-from .formats.chrome_trace import chrome_trace, dumps as dump_trace
-from .formats.junit import junit_xml
 from .formats.output import write_output
 from .formats.spec import Spec, parse_spec, read_text
-from .formats.svg import render_svg
-from .formats.timeline import timeline
 from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
 from .ir import COMM_STEP, Plan, Schedule
 from .lower import lower
@@ -230,6 +226,8 @@ def run_export(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output}: is a directory, expected a file path")
     target, spec, name = load_target(args)
     if args.to == "chrome-trace":  # timed with the spec's cost model (standard costs else)
+        from .formats.chrome_trace import chrome_trace, dumps as dump_trace
+        from .formats.timeline import timeline
         run = timeline(target, spec.duration if spec else standard_duration,
                        spec.memory_model if spec else UNIT_MEMORY)
         write_output(args.output or "-", dump_trace(chrome_trace(run, name,
@@ -288,6 +286,8 @@ def write_svg(args: argparse.Namespace, target: Schedule | Plan, spec: Spec | No
     """Time ``target`` with the spec's costs (standard costs without one) and write the
     SVG timeline to ``args.svg``."""
     duration = spec.duration if spec else standard_duration
+    from .formats.svg import render_svg  # drawing modules load only when drawing
+    from .formats.timeline import timeline
     run = timeline(target, duration, spec.memory_model if spec else UNIT_MEMORY, comm_model)
     write_output(args.svg, render_svg(run, duration, title=title, arrows=args.arrows,
                                       memory=args.memory, memory_limit=limit,
@@ -389,6 +389,7 @@ def run_check(args: argparse.Namespace) -> int:
         progress.phase("writing SARIF")
         write_output(args.sarif, json.dumps(sarif.sarif_log(checked, code), indent=2) + "\n")
     if args.junit is not None:
+        from .formats.junit import junit_xml
         write_output(args.junit, junit_xml(checked))
     progress.done()
     to_stdout = "-" in (args.sarif, args.junit, args.svg)

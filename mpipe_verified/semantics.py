@@ -21,8 +21,8 @@ from typing import Callable, NamedTuple
 import attrs
 
 from .ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
-                 SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Op, Overlap,
-                 Payload, Plan, Placement, Recv, Send, computes_of, p2p_of)
+                 SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Idle, Marker, Op,
+                 Overlap, Payload, Plan, Placement, Recv, Send, computes_of, p2p_of)
 
 RENDEZVOUS, EAGER = "rendezvous", "eager"
 COMM_MODELS = (RENDEZVOUS, EAGER)
@@ -667,7 +667,13 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
     chain = Chain.of(plan) if plan.cut.segments else None
     for index, op in enumerate(plan.programs[rank]):
         alloc, frees = 0.0, []
-        for c in computes_of(op):
+        kind = type(op)
+        if kind is Send or kind is Idle or kind is Marker or kind is Collective:
+            steps.append((0.0, 0.0))  # allocates and frees nothing
+            if index == live_at:
+                snapshot = [(f"{what} {x}", size) for what, x, size in live.values()]
+            continue
+        for c in ((op,) if kind is Compute else computes_of(op)):
             if c.kind in (FORWARD, RECOMPUTE):
                 if chain is None or chain.stores(c, rank):
                     size = model.stored(c.stage, c.segment)
@@ -690,7 +696,7 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
                     frees.append(("buffer", _payload_key(GRAD, BODY, 0, c.mb)))
                 else:
                     frees.append(("buffer", _payload_key(GRAD, c.segment, c.stage + 1, c.mb)))
-        for r in p2p_of(op):
+        for r in ((op,) if kind is Recv else p2p_of(op)):
             if isinstance(r, Recv):
                 size = model.buffer(r.payload)
                 if size:
