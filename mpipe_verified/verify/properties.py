@@ -227,9 +227,6 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
     return [], _deadlock_witness(plan, comm_model, run, pairing, collectives)
 
 
-_COMM_STEP = (Send, Recv, Group, Collective)
-
-
 def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligations:
     """Facts: program order (each comm step is posted no earlier than the previous comm
     step on its rank finished; compute never blocks, so only comm steps are ordered),
@@ -239,16 +236,23 @@ def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligation
     start, finish = run.start, run.finish
     for rank, program in enumerate(plan.programs):
         lanes: dict = {}
-        previous = None
+        previous, previous_cls = None, None
+        fin, st = finish[rank], start[rank]
         for index, op in enumerate(program):
-            if isinstance(op, _COMM_STEP):
-                if previous is not None:
-                    cls = ("program_order", _comm_class(program[previous]), _comm_class(op))
-                    facts = lanes.get(cls)
-                    if facts is None:
-                        facts = lanes[cls] = obligations.lane("le", cls, rank)
-                    facts.append((finish[rank][previous], start[rank][index]))
-                previous = index
+            kind = type(op)
+            if kind is Send or kind is Recv:  # the stream a comm step joins
+                cls = (kind.__name__, op.payload.kind)
+            elif kind is Group or kind is Collective:
+                cls = (kind.__name__,)
+            else:
+                continue
+            if previous is not None:
+                key = (previous_cls, cls)
+                facts = lanes.get(key)
+                if facts is None:
+                    facts = lanes[key] = obligations.lane("le", ("program_order",) + key, rank)
+                facts.append((fin[previous], st[index]))
+            previous, previous_cls = index, cls
     chunk = _chunk_index(plan.placement)
     for lane, (_, pairs) in enumerate(sorted(pairing.channels.items())):
         for (sr, si, sm), (rr, ri, _) in pairs:
@@ -268,13 +272,6 @@ def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligation
             obligations.add("lt", "collective_post", r, (start[r][i], meet))
             obligations.add("le", "collective_finish", r, (meet, finish[r][i]))
     return obligations
-
-
-def _comm_class(op) -> tuple:
-    """Which stream a comm step belongs to (steady states interleave a few of them)."""
-    if isinstance(op, (Send, Recv)):
-        return (type(op).__name__, op.payload.kind)
-    return (type(op).__name__,)
 
 
 def _chunk_index(placement) -> dict[int, int]:
