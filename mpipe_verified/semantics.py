@@ -14,7 +14,6 @@ Positions are ``(rank, index)`` into ``plan.programs``; a point-to-point endpoin
 
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
 from typing import Callable, NamedTuple
 

@@ -322,19 +322,29 @@ def simulate(plan: Plan, duration: Callable[[Op], float] = standard_duration,
     makespan = run.makespan
     busy = tuple(sum(duration(op) for op in prog) for prog in plan.programs)
     bubble = tuple((1.0 - b / makespan) if makespan else 0.0 for b in busy)
-    timelines, peaks = [], {}
-    for rank in range(plan.num_ranks):
-        level = memory.static_of(rank)
-        points, peak = [(0.0, level)], level
-        for index, (alloc, freed) in enumerate(memory_steps(plan, rank, memory)[0]):
-            if alloc or freed:
-                peak = max(peak, level + alloc)
-                points.append((run.start[rank][index], level + alloc))
-                level += alloc - freed
-                points.append((run.finish[rank][index], level))
-        timelines.append(tuple(points))
-        peaks[rank] = peak
-    return SimResult(makespan, busy, bubble, peaks, tuple(timelines), run.start, run.finish)
+    curves = [memory_curve(plan, rank, memory, run.start, run.finish)
+              for rank in range(plan.num_ranks)]
+    peaks = {rank: peak for rank, (_, peak) in enumerate(curves)}
+    return SimResult(makespan, busy, bubble, peaks, tuple(c for c, _ in curves), run.start,
+                     run.finish)
+
+
+def memory_curve(plan: Plan, rank: int, memory: MemoryModel, start, finish
+                 ) -> tuple[tuple[tuple[float, float], ...], float]:
+    """``((time, level), ...)`` at each step of ``rank`` that moves memory (its peak at
+    the step's start, its level after it at the finish) and the peak, over the steps that
+    ran (``start[rank]`` may stop early in a run that got stuck)."""
+    level = memory.static_of(rank)
+    points, peak = [(0.0, level)], level
+    steps = memory_steps(plan, rank, memory)[0]
+    for index in range(len(start[rank])):
+        alloc, freed = steps[index]
+        if alloc or freed:
+            peak = max(peak, level + alloc)
+            points.append((start[rank][index], level + alloc))
+            level += alloc - freed
+            points.append((finish[rank][index], level))
+    return tuple(points), peak
 
 
 def simulate_with(plan: Plan, cost: CostModel, comm_model: str = EAGER) -> SimResult:

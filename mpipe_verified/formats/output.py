@@ -16,8 +16,9 @@ import uuid
 STDOUT = "-"
 
 
-def write_output(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically (``-``: standard output)."""
+def write_output(path: str | os.PathLike[str], text: str, newline: str = "\n") -> None:
+    """Write ``text`` to ``path`` atomically (``-``: standard output); ``newline`` as for
+    ``open`` (``""`` keeps the text's own line ends, e.g. CSV's ``\r\n``)."""
     name = os.fspath(path)
     if name == STDOUT:
         sys.stdout.write(text)
@@ -28,7 +29,7 @@ def write_output(path: str | os.PathLike[str], text: str) -> None:
     parent = os.path.dirname(name) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(name)}.{uuid.uuid4().hex[:12]}.tmp")
-    f = open(tmp, "x", encoding="utf-8", newline="\n")
+    f = open(tmp, "x", encoding="utf-8", newline=newline)
     try:
         with f:
             f.write(text)

@@ -17,9 +17,8 @@ import attrs
 
 from ..ir import Op, Plan, Schedule
 from ..lower import lower
-from ..semantics import (EAGER, UNIT_MEMORY, MemoryModel, Wait, execute, memory_steps,
-                         standard_duration)
-from ..sim import SimulationError, simulate
+from ..semantics import EAGER, UNIT_MEMORY, MemoryModel, Wait, execute, standard_duration
+from ..sim import SimulationError, memory_curve, simulate
 
 
 @attrs.frozen
@@ -75,19 +74,9 @@ def timeline(target: Schedule | Plan, duration: Callable[[Op], float] = standard
 
 def _partial(plan: Plan, duration, memory: MemoryModel, comm_model: str) -> Timeline:
     run = execute(plan, comm_model, duration)
-    curves, peaks = [], {}
-    for rank in range(plan.num_ranks):
-        level = memory.static_of(rank)
-        points, peak = [(0.0, level)], level
-        steps = memory_steps(plan, rank, memory)[0]
-        for index in range(len(run.start[rank])):
-            alloc, freed = steps[index]
-            if alloc or freed:
-                peak = max(peak, level + alloc)
-                points.append((run.start[rank][index], level + alloc))
-                level += alloc - freed
-                points.append((run.finish[rank][index], level))
-        curves.append(tuple(points))
-        peaks[rank] = peak
+    curves = [memory_curve(plan, rank, memory, run.start, run.finish)
+              for rank in range(plan.num_ranks)]
+    peaks = {rank: peak for rank, (_, peak) in enumerate(curves)}
+    curves = [c for c, _ in curves]
     return Timeline(plan, run.start, run.finish, tuple(curves), peaks, run.makespan,
                     run.waits, comm_model)

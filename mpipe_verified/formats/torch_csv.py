@@ -19,12 +19,10 @@ quoted cells, blanks around a cell) are written back in that canonical form.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import os
 import re
-import uuid
 from typing import IO, NamedTuple
 
 import attrs
@@ -32,6 +30,7 @@ import attrs
 from ..errors import InputError
 from ..ir import (ACT, GRAD, Compute, Idle, Marker, Op, Overlap, Payload, Placement, Plan,
                   Recv, Schedule, Send)
+from .output import write_output
 
 MAX_INDEX = 10**6
 MAX_BYTES = 1 << 28  # far above any real schedule; stops /dev/zero-like inputs
@@ -123,22 +122,7 @@ def write_torch_csv(plan: Plan | Schedule, out: str | os.PathLike[str] | IO[str]
     if not isinstance(out, (str, os.PathLike)):
         out.write(text)
         return
-    path = os.fspath(out)
-    tmp = os.path.join(os.path.dirname(path),
-                       f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-    f = open(tmp, "x", encoding="utf-8", newline="")  # mode from the umask, like torch's
-    try:
-        with f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(OSError):  # keep an existing file's permissions
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_output(out, text, newline="")  # csv.writer's own \r\n line ends
 
 
 # ---------------------------------------------------------------- pass 1: cells

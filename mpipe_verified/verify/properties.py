@@ -12,8 +12,8 @@ from typing import Callable
 
 import attrs
 
-from ..ir import (ACT, Collective, Compute, Group, Plan, Recv, Send, computes_of, p2p_of)
-from ..semantics import (EAGER, Chain, MemoryModel, Token, execute, live_tensors, memory_steps, needs,
+from ..ir import Collective, Compute, Group, Plan, Recv, Send, p2p_of
+from ..semantics import (EAGER, Chain, MemoryModel, Token, execute, live_tensors, memory_steps,
                          pair_collectives, pair_p2p, produces, required_work, wait_cycle,
                          work_table)
 from .obligations import Obligations
