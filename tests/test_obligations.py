@@ -67,3 +67,49 @@ def test_deadlock_certificate_includes_program_order(monkeypatch):
     report = verify(plan)
     assert report.status != "verified"
     assert report.stats["properties"]["deadlock"]["status"] == "unknown"
+
+
+def _lowered_family(name, p, m, v=None):
+    from mpipe_verified.algebra import family
+    from mpipe_verified.lower import lower
+    return lower(family(name, p, m, v).derive())
+
+
+def _deferred_receives(name, p, m):
+    """Every RECV moved to just before its consumer (pytorch#172668): deadlocks."""
+    from mpipe_verified.ir import Plan, Recv
+    plan = _lowered_family(name, p, m)
+    programs = []
+    for prog in plan.programs:
+        recvs = [op for op in prog if isinstance(op, Recv)]
+        rest = [op for op in prog if not isinstance(op, Recv)]
+        out = []
+        for op in rest:
+            out.extend(r for r in recvs if r.payload.consumer_stage == getattr(op, "stage", -1)
+                       and r.payload.mb == getattr(op, "mb", -1)
+                       and (r.payload.kind == "act") == (getattr(op, "kind", "") == "F"))
+            out.append(op)
+        programs.append(tuple(out))
+    return Plan(plan.placement, plan.num_microbatches, tuple(programs))
+
+
+import functools  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("make", [
+    functools.partial(_lowered_family, "interleaved-1f1b", 8, 32, 2),
+    functools.partial(_deferred_receives, "1f1b", 4, 8),
+])
+@pytest.mark.parametrize("rlimit", [None, 1])
+def test_two_process_verdicts_equal_one_process(make, rlimit):
+    """verify_loaded (child runs the plan and proves half the deadlock runs, this process
+    the other half) reaches the same verdicts as verify."""
+    from mpipe_verified.verify import verify, verify_loaded
+    one = verify(make(), rlimit=rlimit)
+    _, two = verify_loaded(make, rlimit=rlimit)
+    assert two.status == one.status
+    assert [v.message for v in two.violations] == [v.message for v in one.violations]
+    assert {k: v["status"] for k, v in two.stats["properties"].items()} == \
+        {k: v["status"] for k, v in one.stats["properties"].items()}
+    assert (two.certificate is None) == (one.certificate is None)
