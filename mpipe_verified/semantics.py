@@ -518,40 +518,45 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
     programs = plan.programs
     start: list[list[float]] = [[] for _ in range(n)]
     finish: list[list[float]] = [[] for _ in range(n)]
-    posted: dict[tuple[int, int], float] = {}  # (rank, index) -> post time of a comm step
+    posted = [[None] * len(prog) for prog in programs]  # post time of each comm step
+    peer = [[None] * len(prog) for prog in programs]  # a bare send/recv's partner position
+    for (r, i, member), other in p2p.partner.items():
+        if member == 0 and not isinstance(programs[r][i], Group):
+            peer[r][i] = other[:2]
     ready = [0.0] * n  # time each rank becomes free
     blocked: dict[int, tuple[int, int] | None] = {}
     waiting_on: dict[tuple[int, int], list[int]] = defaultdict(list)
     todo = list(range(n))
 
-    partner, eager = p2p.partner, comm_model == EAGER
+    eager = comm_model == EAGER
     while todo:
         rank = todo.pop()
         blocked.pop(rank, None)
         program, st, fi = programs[rank], start[rank], finish[rank]
+        posts, peers = posted[rank], peer[rank]
         t0, index, end = ready[rank], len(st), len(program)
         while index < end:
             op = program[index]
             kind = type(op)
             if kind is Send or kind is Recv:  # the common case, inlined
-                posted[(rank, index)] = t0
+                posts[index] = t0
                 if waiting_on:
                     todo.extend(waiting_on.pop((rank, index), ()))
-                other = partner.get((rank, index, 0))
+                other = peers[index]
                 if eager and kind is Send:  # buffered: never blocks, partner or not
                     done = t0
                 elif other is None:
                     blocked[rank] = None
                     break
                 else:
-                    done = posted.get(other[:2])
+                    done = posted[other[0]][other[1]]
                     if done is None:
-                        blocked[rank] = other[:2]
-                        waiting_on[other[:2]].append(rank)
+                        blocked[rank] = other
+                        waiting_on[other].append(rank)
                         break
                 t1 = (t0 if t0 > done else done) + comm_time(op)
             elif kind is Group or kind is Collective:
-                posted[(rank, index)] = t0
+                posts[index] = t0
                 if waiting_on:
                     todo.extend(waiting_on.pop((rank, index), ()))
                 done = _comm_completion(plan, rank, index, op, comm_model, posted, p2p,
@@ -590,19 +595,19 @@ def _comm_completion(plan, rank, index, op, comm_model, posted, p2p, collectives
         for r in group:
             if r not in where:
                 return _NEVER
-            t = posted.get((r, where[r]))
+            t = posted[r][where[r]]
             if t is None:
                 return (r, where[r])
             times.append(t)
         return max(times)
-    times = [posted[(rank, index)]]
+    times = [posted[rank][index]]
     for member, c in enumerate(p2p_of(op)):
         if comm_model == EAGER and isinstance(c, Send):
             continue  # buffered: never blocks, partner or not
         other = p2p.partner.get((rank, index, member))
         if other is None:
             return _NEVER
-        t = posted.get(other[:2])
+        t = posted[other[0]][other[1]]
         if t is None:
             return other[:2]
         times.append(t)
