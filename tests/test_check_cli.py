@@ -17,11 +17,11 @@ import attrs
 import pytest
 
 from mpipe_verified.algebra.families import family
+from plan_edits import defer_receives
 from mpipe_verified.cli import main, render_report
 from mpipe_verified.formats.torch_csv import format_torch_csv
 from mpipe_verified.ir import Plan, Recv
 from mpipe_verified.lower import lower
-from mpipe_verified.semantics import needs, produces
 from mpipe_verified.verify import PROPERTIES, verify
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
@@ -36,24 +36,6 @@ def lowered(name: str, p: int, m: int, v: int | None = None) -> Plan:
 def with_program(plan: Plan, rank: int, ops) -> Plan:
     programs = list(plan.programs)
     programs[rank] = tuple(ops)
-    return attrs.evolve(plan, programs=tuple(programs))
-
-
-def defer_receives(plan: Plan) -> Plan:
-    """Every RECV moved to just before the op consuming it (pytorch/pytorch#172668)."""
-    stages = plan.placement.num_stages
-    programs = []
-    for program in plan.programs:
-        pending = [op for op in program if isinstance(op, Recv)]
-        out = []
-        for op in program:
-            if isinstance(op, Recv):
-                continue
-            for recv in [r for r in pending if set(produces(r)) & set(needs(op, stages))]:
-                out.append(recv)
-                pending.remove(recv)
-            out.append(op)
-        programs.append(tuple(out))
     return attrs.evolve(plan, programs=tuple(programs))
 
 

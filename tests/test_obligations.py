@@ -76,21 +76,8 @@ def _lowered_family(name, p, m, v=None):
 
 
 def _deferred_receives(name, p, m):
-    """Every RECV moved to just before its consumer (pytorch#172668): deadlocks."""
-    from mpipe_verified.ir import Plan, Recv
-    plan = _lowered_family(name, p, m)
-    programs = []
-    for prog in plan.programs:
-        recvs = [op for op in prog if isinstance(op, Recv)]
-        rest = [op for op in prog if not isinstance(op, Recv)]
-        out = []
-        for op in rest:
-            out.extend(r for r in recvs if r.payload.consumer_stage == getattr(op, "stage", -1)
-                       and r.payload.mb == getattr(op, "mb", -1)
-                       and (r.payload.kind == "act") == (getattr(op, "kind", "") == "F"))
-            out.append(op)
-        programs.append(tuple(out))
-    return Plan(plan.placement, plan.num_microbatches, tuple(programs))
+    from plan_edits import defer_receives
+    return defer_receives(_lowered_family(name, p, m))
 
 
 import functools  # noqa: E402

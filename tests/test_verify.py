@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 import reference
 from mpipe_verified.algebra.families import family
+from plan_edits import defer_receives
 from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Payload, Plan,
                                Recv, Send)
 from mpipe_verified.lower import lower
-from mpipe_verified.semantics import needs, produces
 from mpipe_verified.verify import (PROPERTIES, Certificate, CertificateError,
                                    check_certificate, plan_digest, verify)
 
@@ -45,27 +45,6 @@ def props(report) -> set[str]:
 def with_program(plan: Plan, rank: int, ops) -> Plan:
     programs = list(plan.programs)
     programs[rank] = tuple(ops)
-    return attrs.evolve(plan, programs=tuple(programs))
-
-
-def defer_receives(plan: Plan) -> Plan:
-    """The pattern of pytorch/pytorch#172668: every RECV moved to just before the compute
-    op that consumes it (instead of where the lowering posted it)."""
-    stages = plan.placement.num_stages
-    programs = []
-    for program in plan.programs:
-        pending = [op for op in program if isinstance(op, Recv)]
-        out = []
-        for op in program:
-            if isinstance(op, Recv):
-                continue
-            wanted = set(needs(op, stages))
-            for recv in [r for r in pending if set(produces(r)) & wanted]:
-                out.append(recv)
-                pending.remove(recv)
-            out.append(op)
-        assert not pending, "every receive has a consumer"
-        programs.append(tuple(out))
     return attrs.evolve(plan, programs=tuple(programs))
 
 

@@ -1,0 +1,29 @@
+"""Hand edits of lowered plans shared by several test files."""
+
+from __future__ import annotations
+
+import attrs
+
+from mpipe_verified.ir import Plan, Recv
+from mpipe_verified.semantics import needs, produces
+
+
+def defer_receives(plan: Plan) -> Plan:
+    """The pattern of pytorch/pytorch#172668: every RECV moved to just before the compute
+    op that consumes it (instead of where the lowering posted it)."""
+    stages = plan.placement.num_stages
+    programs = []
+    for program in plan.programs:
+        pending = [op for op in program if isinstance(op, Recv)]
+        out = []
+        for op in program:
+            if isinstance(op, Recv):
+                continue
+            wanted = set(needs(op, stages))
+            for recv in [r for r in pending if set(produces(r)) & wanted]:
+                out.append(recv)
+                pending.remove(recv)
+            out.append(op)
+        assert not pending, "every receive has a consumer"
+        programs.append(tuple(out))
+    return attrs.evolve(plan, programs=tuple(programs))
