@@ -136,8 +136,14 @@ def _runs_along(facts: list[tuple]) -> list[tuple[tuple, tuple, int]]:
             break
         d = _sub(facts[i + 1], a)
         j = i + 1
-        while j + 1 < n and _sub(facts[j + 1], facts[j]) == d:
-            j += 1
+        if len(d) == 2:  # most facts are pairs: compare without building tuples
+            d0, d1 = d
+            while j + 1 < n and (facts[j + 1][0] - facts[j][0] == d0
+                                 and facts[j + 1][1] - facts[j][1] == d1):
+                j += 1
+        else:
+            while j + 1 < n and _sub(facts[j + 1], facts[j]) == d:
+                j += 1
         runs.append((a, d, j - i + 1))
         i = j + 1
     return runs
