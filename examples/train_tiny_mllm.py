@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             loss = executor.step(make_batch(step, rows, seed=args.seed))
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
+        executor.close()
     except CertificateError as err:
         print(f"rank {rank}: refused: {err}", file=sys.stderr, flush=True)
         return 2

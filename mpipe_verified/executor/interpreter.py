@@ -287,6 +287,17 @@ class PipelineExecutor:
         self._watchdog = _WATCHDOG
         self._connected = True
 
+    def close(self) -> None:
+        """Leave the process group cleanly: wait until every rank is done (so no rank tears
+        down a connection a peer still uses), then destroy it. Without this, gloo's
+        threads may be torn down while still running at interpreter exit (SIGABRT)."""
+        if not self._connected:
+            return
+        self._connected = False
+        if dist.is_initialized():
+            self._wait([dist.barrier(async_op=True)], "the closing barrier", "all ranks")
+            dist.destroy_process_group()
+
     def _handshake(self, world: int) -> None:
         mine = torch.tensor(list(bytes.fromhex(self.certificate.digest)), dtype=torch.uint8,
                             device=self.device)
