@@ -139,7 +139,7 @@ def relabel_fn():
 
 def _relabel_cat(rl):
     """Lemma obligations: relabel(u ++ v) = relabel(u) ++ relabel(v), |relabel(u)| = |u|."""
-    u, v, t = z3.Const("u", OpSeq), z3.Const("v", OpSeq), z3.Const("t", OpSeq)
+    v, t = z3.Const("v", OpSeq), z3.Const("t", OpSeq)
     x = z3.Const("x", Op)
 
     def cat_claim(u_):

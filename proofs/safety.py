@@ -160,24 +160,38 @@ def par_deadlock_free():
                                    claim, 0, P.len(r), hyps, example=ex)
         i = z3.Int("i")
         agree.append(z3.ForAll([r, i, k, q], z3.Implies(z3.And(0 <= i, i <= P.len(r)), claim(i))))
+    mono = yield from _monotone_both(A, B, hyps, ex)
+    tP = lambda r_, i_: z3.If(in_a(r_), tA(r_, i_), tB(r_, i_))
+    yield from _certificate_obligations("par", P, tP, hyps, tuple(agree + mono), ex,
+                                        lambda r_, i_: in_a(r_), "on A's ranks", "on B's ranks")
+
+
+def _monotone_both(A, B, hyps, ex):
+    """Yield both sides' monotonicity obligations; return their goals (as lemmas)."""
     mono = []
     for X in (A, B):
         obs = list(_monotone(X, hyps, ex))
         yield from obs
         mono += [obs[-2].goal, obs[-1].goal]
-    tP = lambda r_, i_: z3.If(in_a(r_), tA(r_, i_), tB(r_, i_))
-    lemmas = tuple(agree + mono)
-    yield Obligation("par: steps strictly increase on every rank", P.ordered(tP), hyps,
+    return mono
+
+
+def _certificate_obligations(name, P, tP, hyps, lemmas, ex, in_a, a_where, b_where):
+    """The composed times ``tP`` certify ``P``: strictly increasing on every rank, every
+    channel balanced, and every matched pair meeting, in four cases by which side
+    (``in_a(rank, position)``) each end lies on."""
+    yield Obligation(f"{name}: steps strictly increase on every rank", P.ordered(tP), hyps,
                      lemmas=lemmas, example=ex)
-    yield Obligation("par: every channel balanced", P.balanced(), hyps, lemmas=lemmas,
+    yield Obligation(f"{name}: every channel balanced", P.balanced(), hyps, lemmas=lemmas,
                      example=ex)
     r, i, q, j = z3.Ints("r i q j")
     meets = z3.Implies(P.matched(r, i, q, j), tP(r, i) == tP(q, j))
-    for label, case in (("both on A's ranks", z3.And(in_a(r), in_a(q))),
-                        ("send on A's, receive on B's", z3.And(in_a(r), z3.Not(in_a(q)))),
-                        ("send on B's, receive on A's", z3.And(z3.Not(in_a(r)), in_a(q))),
-                        ("both on B's ranks", z3.And(z3.Not(in_a(r)), z3.Not(in_a(q))))):
-        yield Obligation(f"par: matched pair meets ({label})", meets, hyps + (case,),
+    send_a, recv_a = in_a(r, i), in_a(q, j)
+    for label, case in ((f"both {a_where}", z3.And(send_a, recv_a)),
+                        (f"send {a_where}, receive {b_where}", z3.And(send_a, z3.Not(recv_a))),
+                        (f"send {b_where}, receive {a_where}", z3.And(z3.Not(send_a), recv_a)),
+                        (f"both {b_where}", z3.And(z3.Not(send_a), z3.Not(recv_a)))):
+        yield Obligation(f"{name}: matched pair meets ({label})", meets, hyps + (case,),
                          lemmas=lemmas, example=ex)
 
 
@@ -214,30 +228,12 @@ def _seq_law(shift: bool):
     yield from _induction_on_i("seq counter = A's total + B's counter on B's part", second, 0,
                                B.len(r), hyps, lemmas=(first_l,), example=ex)
     second_l = z3.ForAll([r, i, k, q], second(i))
-    mono = []
-    for X in (A, B):
-        obs = list(_monotone(X, hyps, ex))
-        yield from obs
-        mono += [obs[-2].goal, obs[-1].goal]
+    mono = yield from _monotone_both(A, B, hyps, ex)
     delta = hi_a - lo_b + 1 if shift else 0
     tS = lambda r_, i_: z3.If(i_ < A.len(r_), tA(r_, i_), tB(r_, i_ - A.len(r_)) + delta)
-    lemmas = (first_l, second_l) + tuple(mono)
-    yield Obligation("seq: steps strictly increase on every rank", S.ordered(tS), hyps,
-                     lemmas=lemmas, example=ex)
-    yield Obligation("seq: every channel balanced", S.balanced(), hyps, lemmas=lemmas,
-                     example=ex)
-    r, i, q, j = z3.Ints("r i q j")
-    meets = z3.Implies(S.matched(r, i, q, j), tS(r, i) == tS(q, j))
-    in_a_part = lambda r_, i_: i_ < A.len(r_)
-    for label, case in (("both in A's part", z3.And(in_a_part(r, i), in_a_part(q, j))),
-                        ("send in A's part, receive in B's",
-                         z3.And(in_a_part(r, i), z3.Not(in_a_part(q, j)))),
-                        ("send in B's part, receive in A's",
-                         z3.And(z3.Not(in_a_part(r, i)), in_a_part(q, j))),
-                        ("both in B's part",
-                         z3.And(z3.Not(in_a_part(r, i)), z3.Not(in_a_part(q, j))))):
-        yield Obligation(f"seq: matched pair meets ({label})", meets, hyps + (case,),
-                         lemmas=lemmas, example=ex)
+    yield from _certificate_obligations("seq", S, tS, hyps, (first_l, second_l) + tuple(mono),
+                                        ex, lambda r_, i_: i_ < A.len(r_), "in A's part",
+                                        "in B's part")
 
 
 @law("seq_deadlock_free",

@@ -27,12 +27,17 @@ EVERYTHING = all_sizes("every rank, program length and content, microbatch count
      "per-rank sequences (b's microbatches shifted by m_a, c's by m_a+m_b)",
      EVERYTHING)
 def seq_assoc():
+    yield from _associativity(seq)
+
+
+def _associativity(op):
+    """``op(op(a,b),c)`` and ``op(a,op(b,c))`` are defined together and then equal."""
     (a, ha), (b, hb), (c, hc) = prog_var("a"), prog_var("b"), prog_var("c")
     hyps = tuple(ha + hb + hc)
-    ab, d1 = seq(a, b)
-    lhs, d2 = seq(ab, c)
-    bc, d3 = seq(b, c)
-    rhs, d4 = seq(a, bc)
+    ab, d1 = op(a, b)
+    lhs, d2 = op(ab, c)
+    bc, d3 = op(b, c)
+    rhs, d4 = op(a, bc)
     yield Obligation("defined iff", z3.And(d1, d2) == z3.And(d3, d4), hyps)
     yield Obligation("equal", prog_eq(lhs, rhs), hyps + (d1, d2))
 
@@ -69,14 +74,7 @@ def par_comm():
      "then equal",
      EVERYTHING)
 def par_assoc():
-    (a, ha), (b, hb), (c, hc) = prog_var("a"), prog_var("b"), prog_var("c")
-    hyps = tuple(ha + hb + hc)
-    ab, d1 = par(a, b)
-    lhs, d2 = par(ab, c)
-    bc, d3 = par(b, c)
-    rhs, d4 = par(a, bc)
-    yield Obligation("defined iff", z3.And(d1, d2) == z3.And(d3, d4), hyps)
-    yield Obligation("equal", prog_eq(lhs, rhs), hyps + (d1, d2))
+    yield from _associativity(par)
 
 
 @law("par_identity",
