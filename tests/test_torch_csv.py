@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpipe_verified.errors import InputError
-from mpipe_verified.formats.torch_csv import (MAX_INDEX, format_torch_csv, parse_torch_csv,
+from mpipe_verified.formats.torch_csv import (MAX_INDEX, _parse_general, _parse_plain,
+                                              format_torch_csv, parse_torch_csv,
                                               read_torch_csv, write_torch_csv)
 from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Marker, Overlap,
                                Payload, Placement, Plan, Recv, Schedule, Send)
@@ -41,6 +42,21 @@ def test_torch_dump_round_trips_byte_for_byte(tmp_path, name, p, m, v, fmt):
     assert plan.placement == expected
     if name != "1F1B":  # torch's 1F1B order runs F{m} on the last rank (a torch bug)
         assert plan.num_microbatches == m
+    fast = _parse_plain(text)  # every dump without overlaps takes the one-pass path
+    assert (fast is None) == ("OVERLAP" in text)
+    assert fast is None or fast == _parse_general(text, "x.csv") == plan
+
+
+def _same_plan_on_both_paths(text: str) -> None:
+    """The one-pass path builds what the general path builds, and declines (``None``)
+    whatever the general path rejects."""
+    fast = _parse_plain(text)
+    try:
+        general = _parse_general(text, "x.csv")
+    except InputError:
+        assert fast is None
+        return
+    assert fast is None or fast == general
 
 
 def test_cells_map_to_ops():
@@ -218,6 +234,7 @@ def test_any_text_parses_or_raises_input_error(text):
         parse_torch_csv(text, "fuzz.csv")
     except InputError as e:
         assert e.file == "fuzz.csv"
+    _same_plan_on_both_paths(text)
 
 
 @settings(max_examples=100, deadline=None)
@@ -254,6 +271,8 @@ def _canonical_rows(draw) -> list[list[str]]:
 @given(_canonical_rows())
 def test_every_accepted_canonical_file_round_trips(rows):
     text = "".join(",".join(r) + "\r\n" for r in rows)
+    _same_plan_on_both_paths(text)
+    _same_plan_on_both_paths(text.replace("\r\n", "\n"))
     try:
         plan = parse_torch_csv(text, "gen.csv")
     except InputError as e:  # only a send/receive past either end of the pipeline

@@ -5,10 +5,12 @@ One row per rank, one cell per step: ``2F0``, ``1B3``, ``0I2``, ``0W2``, ``3SEND
 empty cell is an idle step. A ``SEND`` cell names the producing stage, a ``RECV`` cell the
 consuming one, so every cell's stage lives on its row's rank.
 
-Reading takes two passes: parse every cell (syntax, index limits), then infer the
-stage → rank placement from the rows and build the ops (peers need the placement). Bad
-input raises ``InputError`` with the file, the 1-based row as ``line`` and the 1-based cell
-index as ``column``.
+Reading a file in torch's plain form (what every dump without overlaps is) takes one
+pass over the cells (``_parse_plain``); anything else takes the general path's two passes:
+parse every cell (syntax, index limits), then infer the stage → rank placement from the
+rows and build the ops (peers need the placement). Both build the same plan for the same
+text. Bad input raises ``InputError`` with the file, the 1-based row as ``line`` and the
+1-based cell index as ``column``.
 
 Writing uses ``csv.writer``'s default dialect (``\\r\\n``, minimal quoting: ``;`` and
 parentheses are not quoted), as torch does, so the bytes match torch's own dump. A file in
@@ -86,6 +88,13 @@ def parse_torch_csv(text: str, file: str) -> Plan:
     Placement is inferred: ranks = rows, each stage on the row where it appears; stages
     must be exactly ``0..S-1``; ``num_microbatches`` is the largest microbatch index + 1.
     """
+    plan = _parse_plain(text)
+    return plan if plan is not None else _parse_general(text, file)
+
+
+def _parse_general(text: str, file: str) -> Plan:
+    """Any accepted spelling, in two passes (cells, then placement and ops); bad input
+    raises ``InputError`` at its row and column."""
     rows = _parse_cells(text, file)
     placement = _infer_placement(rows, file)
     payloads: dict[tuple, Payload] = {}  # one object per payload, shared by both ends
@@ -123,6 +132,87 @@ def write_torch_csv(plan: Plan | Schedule, out: str | os.PathLike[str] | IO[str]
         out.write(text)
         return
     write_output(out, text, newline="")  # csv.writer's own \r\n line ends
+
+
+# ------------------------------------------------------- fast path: plain files
+
+_IDLE_OP = Idle()
+
+
+def _parse_plain(text: str) -> Plan | None:
+    """The plan of a file in torch's plain form (every cell empty, ``_PLAIN`` or a marker:
+    no quotes, overlaps or blanks; one kind of line end), in one pass over the cells;
+    ``None`` for anything else, which the general path then reads (and reports). Equal
+    to what ``_parse_general`` builds for the same text."""
+    lines = _plain_lines(text)
+    if lines is None:
+        return None
+    plain, where, top = _PLAIN_OR_MARKER.fullmatch, {}, -1
+    programs, comms = [], []  # comms: per row, (position, kind, stage, mb) to build later
+    with attrs.validators.disabled():
+        for r, line in enumerate(lines):
+            ops, pending = [], []
+            for c, cell in enumerate(line.split(",") if line else ()):
+                if not cell:
+                    ops.append(_IDLE_OP)
+                    continue
+                m = plain(cell)
+                if m is None:
+                    return None
+                stage_s, kind, mb_s = m.groups()
+                stage = int(stage_s)
+                if where.setdefault(stage, r) != r:
+                    return None
+                if mb_s is None:
+                    if kind not in _MARKERS:
+                        return None
+                    ops.append(Marker(stage, kind))
+                    continue
+                mb = int(mb_s)
+                if mb > top:
+                    top = mb
+                if kind in _COMPUTE_KINDS:
+                    ops.append(Compute(kind, stage, mb))
+                elif kind in _MARKERS:
+                    ops.append(Marker(stage, kind, mb))
+                else:
+                    ops.append(None)
+                    pending.append((c, kind, stage, mb))
+            programs.append(ops)
+            comms.append(pending)
+        if not where or len(where) != max(where) + 1:
+            return None
+        placement = Placement(tuple(where[s] for s in range(len(where))), len(lines))
+        if not _fill_comms(programs, comms, placement):
+            return None
+    return Plan(placement, top + 1, tuple(map(tuple, programs)))
+
+
+def _plain_lines(text: str) -> list[str] | None:
+    """The rows of ``text`` as ``csv.reader`` sees them, if no cell is quoted and all line
+    ends are ``\\r\\n`` or all are ``\\n``; else ``None``."""
+    if '"' in text:
+        return None
+    crlf = text.count("\r\n")
+    if text.count("\r") != crlf or (crlf and text.count("\n") != crlf):
+        return None
+    lines = text.split("\r\n" if crlf else "\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _fill_comms(programs: list[list], comms: list[list], placement: Placement) -> bool:
+    """Build each row's SEND/RECV cells in place, one payload object per transfer;
+    ``False`` if a cell's peer stage does not exist."""
+    payloads: dict[tuple, Payload] = {}
+    for ops, pending in zip(programs, comms):
+        for c, kind, stage, mb in pending:
+            op = _p2p(kind, stage, mb, placement, payloads)
+            if op is None:
+                return False
+            ops[c] = op
+    return True
 
 
 # ---------------------------------------------------------------- pass 1: cells
@@ -173,6 +263,11 @@ def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
 
 _PLAIN = re.compile(  # the common, well-formed case: no leading zeros, at most 6 digits
     r"(0|[1-9][0-9]{0,5})(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B)(0|[1-9][0-9]{0,5})")
+
+
+_PLAIN_OR_MARKER = re.compile(  # the fast path's cells: _PLAIN, or a marker (mb optional)
+    r"(0|[1-9][0-9]{0,5})(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)"
+    r"(0|[1-9][0-9]{0,5})?")
 
 
 def _parse_action(s: str, raw: str, file: str, r: int, c: int) -> _Cell:
@@ -239,26 +334,35 @@ def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
     kind, stage, mb, subs = cell
     if kind in _COMPUTE_KINDS:
         return Compute(kind, stage, mb)
-    peer_info = _PEER.get(kind)
-    if peer_info is not None:
-        offset, payload_kind, is_send = peer_info
-        peer = stage + offset
-        if not 0 <= peer < placement.num_stages:
-            side, other = ("last", "next") if peer > stage else ("first", "previous")
+    if kind in _PEER:
+        op = _p2p(kind, stage, mb, placement, payloads)
+        if op is None:
+            side, other = ("last", "next") if _PEER[kind][0] > 0 else ("first", "previous")
             raise InputError(f"{stage}{kind}{mb}: stage {stage} is the {side} of stages 0.."
                              f"{placement.num_stages - 1}, so there is no {other} stage to "
                              f"{_VERB[kind]}", file, r, c)
-        key = (payload_kind, stage if is_send else peer, mb)
-        payload = payloads.get(key)
-        if payload is None:
-            payload = payloads[key] = Payload(*key)
-        rank = placement.stage_to_rank[peer]
-        return Send(rank, payload) if is_send else Recv(rank, payload)
+        return op
     if not kind:
         return Idle()
     if kind == "OVERLAP":
         return Overlap(tuple(Compute(sub.kind, sub.stage, sub.mb) for sub in subs))
     return Marker(stage, kind, mb)
+
+
+def _p2p(kind: str, stage: int, mb: int, placement: Placement,
+         payloads: dict[tuple, Payload]) -> Send | Recv | None:
+    """The ``SEND_*``/``RECV_*`` op of a cell on ``stage``'s rank (``None`` if the peer
+    stage does not exist); both ends of a transfer share one ``Payload`` in ``payloads``."""
+    offset, payload_kind, is_send = _PEER[kind]
+    peer = stage + offset
+    if not 0 <= peer < placement.num_stages:
+        return None
+    key = (payload_kind, stage if is_send else peer, mb)
+    payload = payloads.get(key)
+    if payload is None:
+        payload = payloads[key] = Payload(*key)
+    rank = placement.stage_to_rank[peer]
+    return Send(rank, payload) if is_send else Recv(rank, payload)
 
 
 # ------------------------------------------------------------------- writing
