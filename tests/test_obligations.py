@@ -4,7 +4,7 @@ property from the wrong facts)."""
 
 from collections import Counter
 
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mpipe_verified.verify.obligations import Obligations, prove
 
@@ -90,8 +90,8 @@ import pytest  # noqa: E402
 ])
 @pytest.mark.parametrize("rlimit", [None, 1])
 def test_two_process_verdicts_equal_one_process(make, rlimit):
-    """verify_loaded (child runs the plan and proves half the deadlock runs, this process
-    the other half) reaches the same verdicts as verify."""
+    """verify_loaded (this process decides completeness, dependency and memory, the child
+    matching and deadlock) reaches the same verdicts as verify."""
     from mpipe_verified.verify import verify, verify_loaded
     one = verify(make(), rlimit=rlimit)
     _, two = verify_loaded(make, rlimit=rlimit)
@@ -100,3 +100,21 @@ def test_two_process_verdicts_equal_one_process(make, rlimit):
     assert {k: v["status"] for k, v in two.stats["properties"].items()} == \
         {k: v["status"] for k, v in one.stats["properties"].items()}
     assert (two.certificate is None) == (one.certificate is None)
+
+
+ARITY = {"lt": 2, "le": 2, "eq": 4, "rendezvous": 7, "collective": 4, "unit": 8, "memory": 5}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(sorted(ARITY)), st.data())
+def test_smt_text_templates_say_what_the_z3_templates_say(template, data):
+    """``prove`` reads the SMT-LIB text of a template, ``confirm`` the Python-built one:
+    on any ground fact both must agree (a typo in either would prove the wrong thing)."""
+    from mpipe_verified.verify.obligations import SMT_TEMPLATES, TEMPLATES, confirm
+    assert set(ARITY) == set(TEMPLATES) == set(SMT_TEMPLATES)
+    fact = tuple(data.draw(st.lists(st.integers(-2, 2), min_size=ARITY[template],
+                                    max_size=ARITY[template])))
+    obligations = Obligations()
+    obligations.add(template, "cls", 0, fact)
+    expected = "violated" if confirm(template, fact) == "violated" else "proved"
+    assert prove(obligations).status == expected

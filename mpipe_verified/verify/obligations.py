@@ -42,10 +42,19 @@ def _eq_halves(x):
 
 
 def _rendezvous(x):
-    """(post_a, post_b, meet, finish_a, finish_b): both ends posted before they meet,
-    and neither finishes before the meeting."""
-    post_a, post_b, meet, fin_a, fin_b = x
-    return z3.And(post_a < meet, post_b < meet, meet <= fin_a, meet <= fin_b)
+    """(ready_a, ready_b, post_a, post_b, meet, finish_a, finish_b): each end posted no
+    earlier than its rank was ready, both posted before they meet, and neither finishes
+    before the meeting."""
+    ready_a, ready_b, post_a, post_b, meet, fin_a, fin_b = x
+    return z3.And(ready_a <= post_a, ready_b <= post_b, post_a < meet, post_b < meet,
+                  meet <= fin_a, meet <= fin_b)
+
+
+def _collective(x):
+    """(ready, post, meet, finish): posted no earlier than the rank was ready, before the
+    meeting, and not finished before it."""
+    ready, post, meet, fin = x
+    return z3.And(ready <= post, post < meet, meet <= fin)
 
 
 def _unit(x):
@@ -67,8 +76,8 @@ def _memory(x):
 
 
 TEMPLATES: dict[str, Callable] = {
-    "lt": _lt, "le": _le, "eq": _eq_halves, "rendezvous": _rendezvous, "unit": _unit,
-    "memory": _memory,
+    "lt": _lt, "le": _le, "eq": _eq_halves, "rendezvous": _rendezvous,
+    "collective": _collective, "unit": _unit, "memory": _memory,
 }
 REAL_TEMPLATES = frozenset({"memory"})
 
@@ -195,8 +204,9 @@ SMT_TEMPLATES: dict[str, Callable[[list[str]], str]] = {
     "le": lambda x: f"(<= {x[0]} {x[1]})",
     "eq": lambda x: "(and " + " ".join(f"(= {x[k]} {x[len(x) // 2 + k]})"
                                        for k in range(len(x) // 2)) + ")",
-    "rendezvous": lambda x: f"(and (< {x[0]} {x[2]}) (< {x[1]} {x[2]}) (<= {x[2]} {x[3]}) "
-                            f"(<= {x[2]} {x[4]}))",
+    "rendezvous": lambda x: f"(and (<= {x[0]} {x[2]}) (<= {x[1]} {x[3]}) (< {x[2]} {x[4]}) "
+                            f"(< {x[3]} {x[4]}) (<= {x[4]} {x[5]}) (<= {x[4]} {x[6]}))",
+    "collective": lambda x: f"(and (<= {x[0]} {x[1]}) (< {x[1]} {x[2]}) (<= {x[2]} {x[3]}))",
     "unit": lambda x: f"(and (= {x[0]} 1) (= {x[5]} 0) (= {x[4]} {x[7]}) (ite (= {x[6]} 1) "
                       f"(or (and (= {x[1]} 1) (= {x[2]} 0) (= {x[3]} 0)) (and (= {x[1]} 0) "
                       f"(= {x[2]} 1) (= {x[3]} 1))) (and (= {x[1]} 0) (= {x[2]} 0) (= {x[3]} 0))))",

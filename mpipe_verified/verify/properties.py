@@ -228,50 +228,52 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
 
 
 def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligations:
-    """Facts: program order (each comm step is posted no earlier than the previous comm
-    step on its rank finished; compute never blocks, so only comm steps are ordered),
-    every meeting after both ends were posted and before either end finishes, every
-    collective after all members posted it."""
+    """Facts, one per matched pair and one per collective member: each end was posted no
+    earlier than the previous comm step on its rank finished (program order: compute
+    never blocks, so only comm steps are ordered), the meeting comes after both ends were
+    posted and before either end finishes, and a collective meets after all members
+    posted it. Every comm step of a completed run is an end of some pair or collective."""
     obligations = Obligations()
     start, finish = run.start, run.finish
-    for rank, program in enumerate(plan.programs):
-        lanes: dict = {}
-        previous, previous_cls = None, None
-        fin, st = finish[rank], start[rank]
-        for index, op in enumerate(program):
-            kind = type(op)
-            if kind is Send or kind is Recv:  # the stream a comm step joins
-                cls = (kind.__name__, op.payload.kind)
-            elif kind is Group or kind is Collective:
-                cls = (kind.__name__,)
-            else:
-                continue
-            if previous is not None:
-                key = (previous_cls, cls)
-                facts = lanes.get(key)
-                if facts is None:
-                    facts = lanes[key] = obligations.lane("le", ("program_order",) + key, rank)
-                facts.append((fin[previous], st[index]))
-            previous, previous_cls = index, cls
+    ready = _program_order(plan, finish)
     chunk = _chunk_index(plan.placement)
+    eager = comm_model == EAGER
     for lane, (_, pairs) in enumerate(sorted(pairing.channels.items())):
         for (sr, si, sm), (rr, ri, _) in pairs:
             payload = p2p_of(plan.programs[sr][si])[sm].payload
             post_s, post_r = start[sr][si], start[rr][ri]
             cls = (payload.kind, chunk.get(payload.stage, -1))
-            if comm_model == EAGER:
+            meet = max(post_s, post_r) + 1
+            if eager:  # the send returns at once: it finishes after it was posted
                 obligations.lane("lt", ("eager_send",) + cls, lane).append(
                     (post_s, finish[sr][si]))
-            meet = max(post_s, post_r) + 1
             obligations.lane("rendezvous", cls, lane).append(
-                (post_s, post_r, meet, finish[sr][si] if comm_model != EAGER else meet,
-                 finish[rr][ri]))
+                (ready[sr][si], ready[rr][ri], post_s, post_r, meet,
+                 meet if eager else finish[sr][si], finish[rr][ri]))
     for (group, _), where in collectives.members.items():
         meet = max(start[r][i] for r, i in where.items()) + 1
         for r, i in where.items():
-            obligations.add("lt", "collective_post", r, (start[r][i], meet))
-            obligations.add("le", "collective_finish", r, (meet, finish[r][i]))
+            obligations.add("collective", "collective", r,
+                            (ready[r][i], start[r][i], meet, finish[r][i]))
     return obligations
+
+
+def _program_order(plan, finish) -> list[dict[int, float]]:
+    """Per rank, comm step position -> when the previous comm step on that rank finished
+    (0 for the first)."""
+    ready = []
+    for rank, program in enumerate(plan.programs):
+        previous, out = 0.0, {}
+        fin = finish[rank]
+        for index, op in enumerate(program):
+            if type(op) in _COMM_TYPES:
+                out[index] = previous
+                previous = fin[index]
+        ready.append(out)
+    return ready
+
+
+_COMM_TYPES = frozenset({Send, Recv, Group, Collective})
 
 
 def _chunk_index(placement) -> dict[int, int]:
