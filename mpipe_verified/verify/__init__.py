@@ -76,8 +76,11 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
         future = pool.submit(_load_then_comm, load, comm_model, rlimit)
         plan = load()
         local = _local_properties(plan, memory_limit, memory_model, rlimit)
+        # while the child works: the digest a certificate would need
+        digest = plan_digest(plan) if all(
+            local[name][0] == "proved" for name in local if name != "peaks") else None
         decided = {**local, **future.result()}
-        return plan, _report(plan, decided, memory_limit, comm_model, clock)
+        return plan, _report(plan, decided, memory_limit, comm_model, clock, digest)
 
 
 def _load_then_comm(load, comm_model, rlimit) -> dict:
@@ -89,9 +92,11 @@ def _check_model(comm_model: str) -> None:
         raise ValueError(f"comm model must be one of {COMM_MODELS}, got {comm_model!r}")
 
 
-def _report(plan: Plan, decided: dict, memory_limit, comm_model: str, clock: float) -> Report:
+def _report(plan: Plan, decided: dict, memory_limit, comm_model: str, clock: float,
+            digest: str | None = None) -> Report:
     """Assemble the verdict: violated if any property has confirmed violations, undecided
-    if any is unknown, verified (with a certificate) only if all five are proven."""
+    if any is unknown, verified (with a certificate) only if all five are proven.
+    ``digest``: ``plan_digest(plan)`` if already known."""
     decided = dict(decided)
     peaks = decided.pop("peaks")
     violations, undecided = [], []
@@ -107,7 +112,7 @@ def _report(plan: Plan, decided: dict, memory_limit, comm_model: str, clock: flo
     status = "violated" if violations else "undecided" if undecided else "verified"
     certificate = None
     if status == "verified":
-        certificate = Certificate(plan_digest(plan), PROPERTIES,
+        certificate = Certificate(digest or plan_digest(plan), PROPERTIES,
                                   _limits(memory_limit, plan.num_ranks), comm_model)
     return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided))
 

@@ -9,7 +9,8 @@ exactly as runs
 
     x(i, j) = a + ra·i + d·j      for 0 <= i < R, 0 <= j < L0 + rL·i
 
-(level 1 compresses along a lane, usually a rank; level 2 across lanes). The encoding is
+(level 1 compresses along a lane, usually a rank; level 2 across lanes, or along the lane
+for runs no other lane shares, such as a cooldown's periodic pattern). The encoding is
 exact: every fact added lies in exactly one run and every run point is a fact. Z3 then
 decides the single query "some run point violates its template"; ``unsat`` proves every
 fact, ``sat`` yields a concrete violating fact, ``unknown`` is never success.
@@ -122,15 +123,27 @@ class Obligations:
     def runs(self) -> list[tuple[str, Run]]:
         """Level-2 runs: the k-th level-1 run of each lane of a ``(template, class)``,
         taken over consecutive lanes, merged while start and length move by constant
-        steps."""
+        steps; a level-1 run left alone there is merged along its own lane instead (the
+        k-th, (k+1)-th, ... runs of one lane: periodic patterns, like a cooldown's)."""
         ordinal: dict[tuple, list[tuple[int, tuple]]] = defaultdict(list)
         for (template, cls, lane), facts in self._lanes.items():
             for k, run in enumerate(_runs_along(facts)):
                 ordinal[(template, cls, k)].append((lane, run))
         out: list[tuple[str, Run]] = []
-        for (template, _, _), lanes in ordinal.items():
+        alone: dict[tuple, list[tuple]] = defaultdict(list)  # (template, cls, lane) -> runs
+        for (template, cls, _), lanes in sorted(ordinal.items(), key=lambda item: item[0][2]):
             lanes.sort(key=lambda item: item[0])
-            out.extend((template, run) for run in _merge_lanes([r for _, r in lanes]))
+            for lane, run in _merge_lanes(lanes):
+                if run.count == 1:
+                    alone[(template, cls, lane)].append((run.a, run.d, run.length))
+                else:
+                    out.append((template, run))
+        for (template, _, _), runs in alone.items():
+            by_step: dict[tuple, list] = defaultdict(list)  # interleaved patterns, too
+            for k, run in enumerate(runs):
+                by_step[run[1]].append((k, run))
+            for same_step in by_step.values():
+                out.extend((template, run) for _, run in _merge_lanes(same_step))
         return out
 
 
@@ -158,13 +171,13 @@ def _runs_along(facts: list[tuple]) -> list[tuple[tuple, tuple, int]]:
     return runs
 
 
-def _merge_lanes(runs: list[tuple]) -> list[Run]:
-    """Merge consecutive level-1 runs ``(a, d, length)`` with equal ``d`` while ``a`` and
-    ``length`` grow by constant steps: the i-th merged run is exactly
-    ``(a0 + ra*i, d, length0 + rlength*i)``."""
-    merged: list[Run] = []
-    for a, d, length in runs:
-        cur = merged[-1] if merged else None
+def _merge_lanes(runs: list[tuple[int, tuple]]) -> list[tuple[int, Run]]:
+    """Merge consecutive level-1 runs ``(key, (a, d, length))`` with equal ``d`` while
+    ``a`` and ``length`` grow by constant steps: the i-th merged run is exactly
+    ``(a0 + ra*i, d, length0 + rlength*i)``. Each merged run comes with its first key."""
+    merged: list[tuple[int, Run]] = []
+    for key, (a, d, length) in runs:
+        cur = merged[-1][1] if merged else None
         if cur is not None and cur.d == d:
             if cur.count == 1:
                 cur.ra, cur.rlength, cur.count = _sub(a, cur.a), length - cur.length, 2
@@ -173,8 +186,8 @@ def _merge_lanes(runs: list[tuple]) -> list[Run]:
             if a == expected_a and length == cur.length + cur.rlength * cur.count:
                 cur.count += 1
                 continue
-        merged.append(Run(a, d, length))
-    for run in merged:
+        merged.append((key, Run(a, d, length)))
+    for _, run in merged:
         if run.count == 1:
             run.ra, run.rlength = (0,) * len(run.a), 0
     return merged
