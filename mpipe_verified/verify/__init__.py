@@ -118,7 +118,7 @@ def _report(plan: Plan, decided: dict, memory_limit, comm_model: str, clock: flo
 
 
 def _local_properties(plan, memory_limit, memory_model, rlimit) -> dict:
-    """Completeness, dependency, memory and matching (the half that needs no run)."""
+    """Completeness, dependency and memory (the half that needs no pairing or run)."""
     out = {}
     for name, run in (("completeness", lambda: properties.completeness(plan)),
                       ("dependency", lambda: properties.dependency(plan))):
