@@ -61,6 +61,9 @@ class Overlap:
         return "(" + ";".join(map(str, self.ops)) + ")OVERLAP_F_B"
 
 
+_LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN"}
+
+
 @attrs.frozen(order=True)
 class Payload:
     """What travels: the activation (``act``, to ``stage + 1``), the gradient (``grad``, to
@@ -88,7 +91,7 @@ class Payload:
 
     @property
     def letter(self) -> str:
-        return {ACT: "F", GRAD: "B", INPUT: "IN"}[self.kind]
+        return _LETTERS[self.kind]
 
 
 @attrs.frozen(order=True)
@@ -344,7 +347,7 @@ class Plan:
         if self.cut.segments:
             head += ";cut=" + repr(self.cut)
         rows = [
-            ",".join(_canonical(op) for op in prog if not isinstance(op, Idle))
+            ",".join([_canonical(op) for op in prog if type(op) is not Idle])
             for prog in self.programs
         ]
         return "\n".join([head, *rows])
@@ -356,10 +359,12 @@ class Plan:
 
 
 def _canonical(op: Op) -> str:
-    if isinstance(op, (Send, Recv)):
+    kind = type(op)
+    if kind is Send or kind is Recv:
         p = op.payload
-        extra = f"<{op.peer}|{p.shape}|{p.dtype}>" if (p.shape or p.dtype) else f"<{op.peer}>"
-        return str(op) + extra
-    if isinstance(op, Group):
+        if p.shape or p.dtype:
+            return f"{op}<{op.peer}|{p.shape}|{p.dtype}>"
+        return f"{op}<{op.peer}>"
+    if kind is Group:
         return "[" + ";".join(_canonical(o) for o in op.ops) + "]GROUP"
     return str(op)

@@ -383,11 +383,12 @@ def pair_p2p(plan: Plan) -> P2PPairing:
     recvs: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
     for rank, program in enumerate(plan.programs):
         for index, op in enumerate(program):
-            if isinstance(op, Send):
+            kind = type(op)
+            if kind is Send:
                 sends[(rank, op.dst)].append((rank, index, 0))
-            elif isinstance(op, Recv):
+            elif kind is Recv:
                 recvs[(op.src, rank)].append((rank, index, 0))
-            elif isinstance(op, Group):
+            elif kind is Group:
                 for member, c in enumerate(op.ops):
                     if isinstance(c, Send):
                         sends[(rank, c.dst)].append((rank, index, member))
@@ -521,11 +522,11 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
     posted = [[None] * len(prog) for prog in programs]  # post time of each comm step
     peer = [[None] * len(prog) for prog in programs]  # a bare send/recv's partner position
     for (r, i, member), other in p2p.partner.items():
-        if member == 0 and not isinstance(programs[r][i], Group):
+        if member == 0 and type(programs[r][i]) is not Group:
             peer[r][i] = other[:2]
     ready = [0.0] * n  # time each rank becomes free
     blocked: dict[int, tuple[int, int] | None] = {}
-    waiting_on: dict[tuple[int, int], list[int]] = defaultdict(list)
+    waiters: list[dict[int, list[int]]] = [{} for _ in range(n)]  # rank -> pos -> ranks
     todo = list(range(n))
 
     eager = comm_model == EAGER
@@ -533,15 +534,15 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
         rank = todo.pop()
         blocked.pop(rank, None)
         program, st, fi = programs[rank], start[rank], finish[rank]
-        posts, peers = posted[rank], peer[rank]
+        posts, peers, mine = posted[rank], peer[rank], waiters[rank]
         t0, index, end = ready[rank], len(st), len(program)
         while index < end:
             op = program[index]
             kind = type(op)
             if kind is Send or kind is Recv:  # the common case, inlined
                 posts[index] = t0
-                if waiting_on:
-                    todo.extend(waiting_on.pop((rank, index), ()))
+                if mine:
+                    todo.extend(mine.pop(index, ()))
                 other = peers[index]
                 if eager and kind is Send:  # buffered: never blocks, partner or not
                     done = t0
@@ -552,19 +553,19 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
                     done = posted[other[0]][other[1]]
                     if done is None:
                         blocked[rank] = other
-                        waiting_on[other].append(rank)
+                        waiters[other[0]].setdefault(other[1], []).append(rank)
                         break
                 t1 = (t0 if t0 > done else done) + comm_time(op)
             elif kind is Group or kind is Collective:
                 posts[index] = t0
-                if waiting_on:
-                    todo.extend(waiting_on.pop((rank, index), ()))
+                if mine:
+                    todo.extend(mine.pop(index, ()))
                 done = _comm_completion(plan, rank, index, op, comm_model, posted, p2p,
                                         collectives)
                 if isinstance(done, tuple):  # waiting on that position
                     blocked[rank] = done if done[0] >= 0 else None
                     if done[0] >= 0:
-                        waiting_on[done].append(rank)
+                        waiters[done[0]].setdefault(done[1], []).append(rank)
                     break
                 t1 = max(t0, done) + comm_time(op)
             else:

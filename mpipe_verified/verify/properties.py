@@ -115,27 +115,18 @@ def _missing_input(plan, rank, index, token) -> Finding:
 
 # ---------------------------------------------------------------- matching
 
-class _Codes:
-    """Interns strings and shapes as small integers so payloads become int tuples."""
-
-    def __init__(self) -> None:
-        self._ids: dict = {}
-
-    def __call__(self, value) -> int:
-        return self._ids.setdefault(value, len(self._ids))
-
-
 _PAYLOAD_KINDS = {"act": 0, "grad": 1, "input": 2}
 
 
-def _payload_code(codes, c, cache: dict) -> tuple:
-    """Every field of the payload as integers (cached per payload object: both ends of
-    a pair usually share one)."""
-    p = c.payload
+def _payload_code(codes: dict, p, cache: dict) -> tuple:
+    """The payload as integers ``(kind, stage, mb, rest)``, where ``rest`` numbers the
+    distinct ``(segment, shape, dtype, to_segment)`` values: equal codes iff equal
+    payloads. Cached per payload object (both ends of a pair usually share one)."""
     code = cache.get(id(p))
     if code is None:
-        code = cache[id(p)] = (_PAYLOAD_KINDS[p.kind], p.stage, p.mb, codes(p.segment),
-                               codes(p.shape), codes(p.dtype), codes(p.to_segment))
+        rest = (p.segment, p.shape, p.dtype, p.to_segment)
+        code = cache[id(p)] = (_PAYLOAD_KINDS[p.kind], p.stage, p.mb,
+                               codes.setdefault(rest, len(codes)))
     return code
 
 
@@ -144,19 +135,21 @@ def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding],
     called in the same order with the same kind, tag and root by every member."""
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
-    codes, cache = _Codes(), {}
+    codes: dict = {}
+    cache: dict = {}
     obligations = Obligations()
     findings = []
     mismatched = set(pairing.mismatched)
+    programs = plan.programs
     for lane, (channel, pairs) in enumerate(sorted(pairing.channels.items())):
         counts = pairing.counts[channel]
         obligations.add("eq", "count", lane, counts)
         facts = obligations.lane("eq", "payload", lane)
         for s_end, r_end in pairs:
-            send = p2p_of(plan.programs[s_end[0]][s_end[1]])[s_end[2]]
-            recv = p2p_of(plan.programs[r_end[0]][r_end[1]])[r_end[2]]
+            send = p2p_of(programs[s_end[0]][s_end[1]])[s_end[2]].payload
+            recv = p2p_of(programs[r_end[0]][r_end[1]])[r_end[2]].payload
             fact = _payload_code(codes, send, cache) + _payload_code(codes, recv, cache)
-            if (s_end, r_end) in mismatched:
+            if mismatched and (s_end, r_end) in mismatched:
                 findings.append(_mismatch(plan, s_end, r_end, fact))
             else:
                 facts.append(fact)
@@ -238,18 +231,22 @@ def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligation
     ready = _program_order(plan, finish)
     chunk = _chunk_index(plan.placement)
     eager = comm_model == EAGER
+    programs = plan.programs
     for lane, (_, pairs) in enumerate(sorted(pairing.channels.items())):
+        facts: dict = {}  # class -> this lane's fact list
         for (sr, si, sm), (rr, ri, _) in pairs:
-            payload = p2p_of(plan.programs[sr][si])[sm].payload
+            payload = p2p_of(programs[sr][si])[sm].payload
             post_s, post_r = start[sr][si], start[rr][ri]
             cls = (payload.kind, chunk.get(payload.stage, -1))
-            meet = max(post_s, post_r) + 1
+            meet = (post_s if post_s > post_r else post_r) + 1
             if eager:  # the send returns at once: it finishes after it was posted
                 obligations.lane("lt", ("eager_send",) + cls, lane).append(
                     (post_s, finish[sr][si]))
-            obligations.lane("rendezvous", cls, lane).append(
-                (ready[sr][si], ready[rr][ri], post_s, post_r, meet,
-                 meet if eager else finish[sr][si], finish[rr][ri]))
+            lane_facts = facts.get(cls)
+            if lane_facts is None:
+                lane_facts = facts[cls] = obligations.lane("rendezvous", cls, lane)
+            lane_facts.append((ready[sr][si], ready[rr][ri], post_s, post_r, meet,
+                               meet if eager else finish[sr][si], finish[rr][ri]))
     for (group, _), where in collectives.members.items():
         meet = max(start[r][i] for r, i in where.items()) + 1
         for r, i in where.items():
