@@ -118,3 +118,21 @@ def test_smt_text_templates_say_what_the_z3_templates_say(template, data):
     obligations.add(template, "cls", 0, fact)
     expected = "violated" if confirm(template, fact) == "violated" else "proved"
     assert prove(obligations).status == expected
+
+
+def test_eager_unmatched_send_keeps_its_program_order(monkeypatch):
+    """Under eager an unmatched send never blocks, so the run completes without pairing
+    it; a forged run posting it before the receive ahead of it finished must not certify."""
+    from mpipe_verified.ir import ACT, GRAD, Payload, Placement, Plan, Recv, Send
+    from mpipe_verified.semantics import Execution
+    from mpipe_verified.verify import properties, verify
+
+    grad, extra = Payload(GRAD, 1, 0), Payload(ACT, 0, 0)
+    plan = Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, extra)), (Send(0, grad),)))
+    honest = verify(plan, comm_model="eager")
+    assert honest.stats["properties"]["deadlock"]["status"] == "proved"
+    assert honest.stats["properties"]["matching"]["status"] == "violated"
+    forged = Execution(start=((0.0, 0.0), (0.0,)), finish=((1.0, 1.0), (1.0,)), waits=())
+    monkeypatch.setattr(properties, "execute", lambda *a, **k: forged)
+    report = verify(plan, comm_model="eager")
+    assert report.stats["properties"]["deadlock"]["status"] == "unknown"

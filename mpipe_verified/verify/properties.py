@@ -225,7 +225,9 @@ def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligation
     earlier than the previous comm step on its rank finished (program order: compute
     never blocks, so only comm steps are ordered), the meeting comes after both ends were
     posted and before either end finishes, and a collective meets after all members
-    posted it. Every comm step of a completed run is an end of some pair or collective."""
+    posted it. Every comm step of a completed run is an end of some pair or collective,
+    or an unmatched send under eager (it never blocks), whose program order is a fact of
+    its own."""
     obligations = Obligations()
     start, finish = run.start, run.finish
     ready = _program_order(plan, finish)
@@ -247,6 +249,8 @@ def _deadlock_witness(plan, comm_model, run, pairing, collectives) -> Obligation
                 lane_facts = facts[cls] = obligations.lane("rendezvous", cls, lane)
             lane_facts.append((ready[sr][si], ready[rr][ri], post_s, post_r, meet,
                                meet if eager else finish[sr][si], finish[rr][ri]))
+    for r, i, _ in pairing.unmatched:
+        obligations.add("le", "unmatched_send", r, (ready[r][i], start[r][i]))
     for (group, _), where in collectives.members.items():
         meet = max(start[r][i] for r, i in where.items()) + 1
         for r, i in where.items():
