@@ -30,18 +30,23 @@ from typing import IO, NamedTuple
 import attrs
 
 from ..errors import InputError
-from ..ir import (ACT, GRAD, Compute, Idle, Marker, Op, Overlap, Payload, Placement, Plan,
-                  Recv, Schedule, Send)
+from ..ir import (ACT, GRAD, MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload,
+                  Placement, Plan, Recv, Schedule, Send)
 from .output import write_output
 
 MAX_INDEX = 10**6
 MAX_BYTES = 1 << 28  # far above any real schedule; stops /dev/zero-like inputs
 EXPECTED = "expected an action like 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B"
-_ACTION = re.compile(  # ASCII digits only: \d would also take other scripts' digits
-    r"([0-9]+)(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)([0-9]*)")
-_OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
-_MARKERS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+_MARKERS = MARKER_ACTIONS
 _COMMS = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
+_STEPS = "|".join(("F", "B", "I", "W") + _COMMS)  # the actions that name a microbatch
+_INDEX = "(0|[1-9][0-9]{0,5})"  # canonical: no leading zeros, at most 6 digits
+_ACTION = re.compile(  # ASCII digits only: \d would also take other scripts' digits
+    rf"([0-9]+)({_STEPS}|{'|'.join(_MARKERS)})([0-9]*)")
+_PLAIN = re.compile(rf"{_INDEX}({_STEPS}){_INDEX}")  # the common, well-formed case
+_PLAIN_OR_MARKER = re.compile(  # the one-pass reader's cells: _PLAIN, or a marker
+    rf"{_INDEX}({_STEPS}|{'|'.join(_MARKERS)}){_INDEX}?")
+_OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
 _VERB = {"SEND_F": "send its activation to", "SEND_B": "send its gradient to",
          "RECV_F": "receive an activation from", "RECV_B": "receive a gradient from"}
 
@@ -180,9 +185,9 @@ def _parse_plain(text: str) -> Plan | None:
                     pending.append((c, kind, stage, mb))
             programs.append(ops)
             comms.append(pending)
-        if not where or len(where) != max(where) + 1:
+        if not where or _missing_stage(where) is not None:
             return None
-        placement = Placement(tuple(where[s] for s in range(len(where))), len(lines))
+        placement = _placement(where, len(lines))
         if not _fill_comms(programs, comms, placement):
             return None
     return Plan(placement, top + 1, tuple(map(tuple, programs)))
@@ -261,15 +266,6 @@ def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
     return _parse_action(s, raw, file, r, c)
 
 
-_PLAIN = re.compile(  # the common, well-formed case: no leading zeros, at most 6 digits
-    r"(0|[1-9][0-9]{0,5})(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B)(0|[1-9][0-9]{0,5})")
-
-
-_PLAIN_OR_MARKER = re.compile(  # the fast path's cells: _PLAIN, or a marker (mb optional)
-    r"(0|[1-9][0-9]{0,5})(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)"
-    r"(0|[1-9][0-9]{0,5})?")
-
-
 def _parse_action(s: str, raw: str, file: str, r: int, c: int) -> _Cell:
     m = _PLAIN.fullmatch(s)
     if m:
@@ -317,11 +313,22 @@ def _infer_placement(rows: list[list[_Cell]], file: str) -> Placement:
                 c = next(c for c, cell in enumerate(row) if stage in _stages(cell))
                 raise InputError(f"stage {stage} appears on rows {first + 1} and {r + 1}; "
                                  "expected each stage on one rank (row)", file, r + 1, c + 1)
-    missing = next(s for s in range(len(where) + 1) if s not in where)
-    if missing < len(where):
+    missing = _missing_stage(where)
+    if missing is not None:
         raise InputError(f"stage {missing} appears on no row; expected stages 0.."
                          f"{max(where)} with no gap", file)
-    return Placement(tuple(where[s] for s in range(len(where))), len(rows))
+    return _placement(where, len(rows))
+
+
+def _missing_stage(where: dict[int, int]) -> int | None:
+    """The first stage below the largest one that no row holds, if any."""
+    missing = next(s for s in range(len(where) + 1) if s not in where)
+    return missing if missing < len(where) else None
+
+
+def _placement(where: dict[int, int], num_rows: int) -> Placement:
+    """Stage -> row, for stages ``0..len(where)-1`` without a gap."""
+    return Placement(tuple(where[s] for s in range(len(where))), num_rows)
 
 
 _COMPUTE_KINDS = frozenset("FBIW")
