@@ -15,7 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Iterator, Union
+from typing import Union
 
 import attrs
 
@@ -81,8 +81,10 @@ class Payload:
 
     @property
     def consumer_stage(self) -> int:
-        if self.to_segment is not None or self.kind == INPUT:
-            return self.stage if self.kind == INPUT else 0
+        if self.kind == INPUT:
+            return self.stage
+        if self.to_segment is not None:
+            return 0
         return self.stage + 1 if self.kind == ACT else self.stage - 1
 
     @property
@@ -304,10 +306,6 @@ class Schedule:
     @property
     def num_ranks(self) -> int:
         return self.placement.num_ranks
-
-    def compute_ops(self, rank: int) -> Iterator[Compute]:
-        for op in self.programs[rank]:
-            yield from computes_of(op)
 
     def text(self) -> str:
         return _programs_text(self.programs)
