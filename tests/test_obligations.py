@@ -4,7 +4,7 @@ property from the wrong facts)."""
 
 from collections import Counter
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from mpipe_verified.verify.obligations import Obligations, prove
 
@@ -136,3 +136,23 @@ def test_eager_unmatched_send_keeps_its_program_order(monkeypatch):
     monkeypatch.setattr(properties, "execute", lambda *a, **k: forged)
     report = verify(plan, comm_model="eager")
     assert report.stats["properties"]["deadlock"]["status"] == "unknown"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-4, 4, allow_nan=False, allow_infinity=False), min_size=5,
+                max_size=5))
+@example([1.0000000001, 0.0, 0.0, 1.0000000001, 1.0])  # over by 1e-10: violated
+@example([0.1, 0.2, 0.1, 0.2, 0.3])  # the rationals of 0.1 and 0.2 sum above 0.3's
+@example([0.1, 0.2, 0.1, 0.2, 0.30000000000000004])  # holds exactly
+def test_real_facts_are_read_exactly_by_prove_and_confirm(values):
+    """Floats in a real template are the rationals they denote, in ``prove``'s SMT text
+    and in ``confirm`` alike: both agree with exact rational arithmetic."""
+    from fractions import Fraction
+    from mpipe_verified.verify.obligations import confirm
+    before, alloc, free, after, bound = map(Fraction, values)
+    holds = before + alloc <= bound and after == before + alloc - free
+    fact = tuple(values)
+    assert confirm("memory", fact) == ("holds" if holds else "violated")
+    obligations = Obligations()
+    obligations.add("memory", "cls", 0, fact)
+    assert prove(obligations).status == ("proved" if holds else "violated")

@@ -230,6 +230,32 @@ def test_memory_limit_one_below_the_peak_is_violated_and_the_peak_itself_holds()
     assert [v.ranks for v in per_rank.violations] == [(3,)]
 
 
+def test_odd_float_sizes_are_summed_exactly_and_verified():
+    """A stored size with no short decimal (4 * it is not a float sum of it): the level
+    facts ``after == before + alloc - free`` hold exactly, so the plan is verified."""
+    from mpipe_verified.semantics import MemoryModel, peak_memory
+    plan = lowered("1f1b", 4, 8)
+    model = MemoryModel(stored=lambda s, seg: 0.8444218515250481)
+    report = verify(plan, memory_model=model)
+    assert report.status == "verified", report.undecided
+    assert report.peak_memory == {r: peak for r, (peak, _) in peak_memory(plan, model).items()}
+    assert verify(plan, memory_limit=report.peak_memory[0] + 1e-9,
+                  memory_model=model).status == "verified"
+
+
+def test_a_limit_exceeded_by_a_tiny_amount_is_violated():
+    """The unit peak 4 against a limit 1e-10 below it: a real overrun, confirmed by Z3 on
+    the exact rationals (rounding the limit to 4 once made Z3 call it holding)."""
+    plan = lowered("1f1b", 4, 8)
+    report = verify(plan, memory_limit=4 - 1e-10)
+    assert report.status == "violated" and props(report) == {"memory"}
+    (v,) = report.violations
+    assert v.ranks == (0,) and "memory peak 4 exceeds the limit 4 " in v.message
+    from mpipe_verified.verify.obligations import confirm
+    assert confirm("memory", (1.0000000001, 0, 0, 1.0000000001, 1.0)) == "violated"
+    assert confirm("memory", (1.0, 0, 0, 1.0, 1.0)) == "holds"
+
+
 def test_unknown_comm_model_is_refused():
     with pytest.raises(ValueError, match="comm model"):
         verify(lowered("gpipe", 2, 2), comm_model="buffered")

@@ -206,8 +206,11 @@ class Outcome:
 
 
 def _value(v, real: bool):
+    """``v`` as a Z3 constant; for a real template, a float is the rational it denotes
+    exactly (rounding it would confirm or prove a different fact)."""
     if real:
-        return z3.RealVal(Fraction(v).limit_denominator(10**9) if isinstance(v, float) else v)
+        q = Fraction(v)
+        return z3.Q(q.numerator, q.denominator)
     return z3.IntVal(v)
 
 
@@ -229,7 +232,7 @@ SMT_TEMPLATES: dict[str, Callable[[list[str]], str]] = {
 
 def _num(v, real: bool) -> str:
     if real:
-        q = Fraction(v).limit_denominator(10**9) if isinstance(v, float) else Fraction(v)
+        q = Fraction(v)  # exact: a float is the rational it denotes
         text = f"(/ {abs(q.numerator)}.0 {q.denominator}.0)"
         return f"(- {text})" if q < 0 else text
     v = int(v)

@@ -8,6 +8,8 @@ with the ground fact (or small core) Z3 must confirm before it is reported.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Callable
 
 import attrs
@@ -331,21 +333,32 @@ def _cycle_core(cycle):
 
 def memory(plan: Plan, model: MemoryModel, limit) -> tuple[list[Finding], Obligations, dict]:
     """Peak of §3.6 per rank within ``limit`` (a number, a per-rank sequence or None).
-    Without a limit the proven bound is the reported peak itself."""
+    Without a limit the proven bound is the peak itself. Levels are summed and compared
+    exactly (a float size is the rational it denotes, ``_exact``): the facts are then the
+    ones Z3 checks. The reported peaks are the float sums, as ``semantics`` reports them."""
     obligations = Obligations()
     findings = []
     peaks: dict[int, float] = {}
+    exact: dict = {}  # size -> its exact value (sizes repeat)
     for rank in range(plan.num_ranks):
         steps, _ = memory_steps(plan, rank, model)
-        level = model.static_of(rank)
+        static = model.static_of(rank)
+        level = _exact(static, exact)
+        float_level, reported = static, None
         levels = []
         for alloc, freed in steps:
-            levels.append((level, alloc, freed, level + alloc - freed))
-            level += alloc - freed
+            at = float_level + alloc  # summed as semantics.memory_trace sums it
+            if reported is None or at > reported:
+                reported = at
+            float_level += alloc - freed
+            alloc, freed = _exact(alloc, exact), _exact(freed, exact)
+            after = level + alloc - freed
+            levels.append((level, alloc, freed, after))
+            level = after
         peak = max((b + a for b, a, _, _ in levels), default=level)
-        peaks[rank] = peak
+        peaks[rank] = static if reported is None else reported
         bound = _limit_of(limit, rank)
-        bound = peak if bound is None else bound
+        bound = peak if bound is None else _exact(bound, exact)
         program = plan.programs[rank]
         for index, (before, alloc, freed, after) in enumerate(levels):
             if alloc or freed:
@@ -354,6 +367,22 @@ def memory(plan: Plan, model: MemoryModel, limit) -> tuple[list[Finding], Obliga
         if peak > bound:
             findings.append(_over_limit(plan, model, rank, levels, peak, bound))
     return findings, obligations, peaks
+
+
+def _exact(x, cache: dict):
+    """``x`` exactly: an int or Fraction as it is, an integral float as an int (the unit
+    model stays in fast int arithmetic), any other float as the Fraction it denotes."""
+    v = cache.get(x)
+    if v is None:
+        if isinstance(x, (int, Fraction)):
+            v = x
+        else:
+            x = float(x)
+            if not math.isfinite(x):
+                raise ValueError(f"memory sizes and limits must be finite, got {x}")
+            v = int(x) if x.is_integer() else Fraction(x)
+        cache[x] = v
+    return v
 
 
 def _limit_of(limit, rank):
@@ -368,8 +397,8 @@ def _over_limit(plan, model, rank, levels, peak, bound) -> Finding:
     index = next(i for i, (b, a, _, _) in enumerate(levels) if b + a == peak)
     live = live_tensors(plan, rank, index, model)
     op = plan.programs[rank][index]
-    message = (f"rank {rank} position {index} ({op}): memory peak {peak:g} exceeds the limit "
-               f"{bound:g} with {len(live)} live tensors")
+    message = (f"rank {rank} position {index} ({op}): memory peak {float(peak):g} exceeds the "
+               f"limit {float(bound):g} with {len(live)} live tensors")
     trace = tuple(f"live: {name} ({size:g})" for name, size in live)
     fact = levels[index] + (bound,)
     return Finding(Violation("memory", message, (rank,), (_op_ref(plan, rank, index),), trace),
