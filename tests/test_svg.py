@@ -141,3 +141,22 @@ def test_picture_usage_errors_exit_2(capsys, argv, needle):
     code = main([a.format(good=EXAMPLES / "zb-h1.toml") for a in argv])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and err.count("\n") == 1
+
+
+def test_recompute_boxes_and_segment_input_arrows_are_drawn(tmp_path, capsys):
+    """A transpose source with recompute (the default mode) runs ``R`` ops and ships the
+    segment's ``input``: both have a colour and a legend entry (they used to raise
+    KeyError, exit 1 with a traceback)."""
+    family = ["--family", "transpose", "--pp", "4", "--microbatches", "4"]
+    out = tmp_path / "r.svg"
+    assert main(["check", *family, "--svg", str(out), "-q"]) == 0
+    root = parse(out.read_text())
+    recompute = elements(root, "rect", "R")
+    assert recompute and {b.get("fill") for b in recompute}.isdisjoint(
+        {b.get("fill") for k in "FBIW" for b in elements(root, "rect", k)})
+    assert "R recompute" in "".join(root.itertext())
+    assert main(["show", *family, "--svg", str(out), "--arrows", "--memory"]) == 0
+    assert capsys.readouterr() == ("", "")
+    root = parse(out.read_text())
+    assert elements(root, "line", "input") and elements(root, "rect", "R")
+    assert "segment input send→recv" in "".join(root.itertext())

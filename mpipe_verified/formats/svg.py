@@ -31,10 +31,12 @@ from ..ir import Compute, Idle, Marker, Op, computes_of, p2p_of
 from ..semantics import pair_p2p
 from .timeline import Timeline
 
-KIND_FILL = {"F": "#4c78a8", "B": "#54a24b", "I": "#f58518", "W": "#b279a2"}
-KIND_NAME = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient"}
+KIND_FILL = {"F": "#4c78a8", "B": "#54a24b", "I": "#f58518", "W": "#b279a2", "R": "#72b7b2"}
+KIND_NAME = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
+             "R": "recompute"}
 SEGMENT_SHADE = (0.0, 0.45, -0.35, 0.7, -0.55, 0.25)  # >0 lighter, <0 darker
-ARROW_COLOUR = {"act": "#27467a", "grad": "#2f6b2f"}
+ARROW_COLOUR = {"act": "#27467a", "grad": "#2f6b2f", "input": "#8c6d31"}
+ARROW_NAME = {"act": "activation", "grad": "gradient", "input": "segment input"}
 RED = "#d62728"
 
 LANE, MEM, GAP = 26, 34, 10
@@ -60,6 +62,10 @@ class _Drawing:
         plan = tl.plan
         self.segments = sorted({c.segment for prog in plan.programs for op in prog
                                 for c in computes_of(op)})
+        # activation and gradient arrows always have markers; others only when drawn
+        shipped = {m.payload.kind for prog in plan.programs for op in prog
+                   for m in p2p_of(op)} if arrows else set()
+        self.arrow_kinds = [k for k in ARROW_COLOUR if k in ("act", "grad") or k in shipped]
         span = tl.makespan
         self.tail = 0.0 if tl.completed else max(2.0, 0.12 * span)
         self.end = span + self.tail
@@ -107,7 +113,8 @@ class _Drawing:
                'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f3f3f3"/>'
                '<line x1="0" y1="0" x2="0" y2="6" stroke="#dadada" stroke-width="2"/>'
                '</pattern>']
-        for kind, colour in ARROW_COLOUR.items():
+        for kind in self.arrow_kinds:
+            colour = ARROW_COLOUR[kind]
             out.append(f'<marker id="arrow-{kind}" viewBox="0 0 8 8" refX="8" refY="4" '
                        f'markerWidth="6" markerHeight="6" orient="auto-start-reverse">'
                        f'<path d="M0,0 L8,4 L0,8 z" fill="{colour}"/></marker>')
@@ -351,8 +358,8 @@ class _Drawing:
                 items.append((f'fill="{shade}"', f"segment {s or '(default)'}"))
         items.append(('fill="url(#idle)" stroke="#cccccc"', "idle"))
         if self.arrows:
-            items += [(f'fill="{ARROW_COLOUR["act"]}"', "activation send→recv"),
-                      (f'fill="{ARROW_COLOUR["grad"]}"', "gradient send→recv")]
+            items += [(f'fill="{ARROW_COLOUR[k]}"', f"{ARROW_NAME[k]} send→recv")
+                      for k in self.arrow_kinds]
         if self.memory:
             items.append(('fill="#9ecae1" stroke="#3182bd"', "memory"))
         if not self.tl.completed:
