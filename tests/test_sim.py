@@ -204,16 +204,16 @@ def test_transpose_spec_feeds_one_cost_model():
 
 
 @pytest.mark.parametrize("extra,line,needle", [
-    ("[cost.segments.audio]\nF = 1\n", 27, "this schedule has no segment 'audio'"),
-    ("[cost.segments.vision.x]\nF = 1\n", 27, "unknown key 'x' in [cost.segments.vision]"),
-    ("[comm]\nspeed = 1\n", 27, "unknown key 'speed' in [comm]"),
+    ("[cost.segments.audio]\nF = 1\n", 18, "this schedule has no segment 'audio'"),
+    ("[cost.segments.vision.x]\nF = 1\n", 18, "unknown key 'x' in [cost.segments.vision]"),
+    ("[comm]\nspeed = 1\n", 19, "unknown key 'speed' in [comm]"),
 ])
 def test_cost_table_errors(extra, line, needle):
     base = TRANSPOSE_SPEC.replace("[comm]", "[comm_]").split("[comm_]")[0]
     with pytest.raises(InputError) as e:
         parse_spec(base + "[memory]\nlimit = 100\n" + extra, "t.toml")
     assert needle in e.value.message, str(e.value)
-    assert e.value.line is not None
+    assert e.value.line == line, str(e.value)
 
 
 def test_comm_bandwidth_must_be_positive():

@@ -378,6 +378,8 @@ class _Builder:
             m = re.match(r"\s*\[\[?\s*([^\]]*?)\s*\]", raw)
             if m:
                 current = _dotted(m.group(1))
+                if key is not None and current[:len(want)] == want:  # ``key`` is a table
+                    return n, m.start(1) + 1
                 if current == head and header is None:
                     header = (n, m.start(1) + 1)
                 continue
