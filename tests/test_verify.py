@@ -256,6 +256,22 @@ def test_a_limit_exceeded_by_a_tiny_amount_is_violated():
     assert confirm("memory", (1.0, 0, 0, 1.0, 1.0)) == "holds"
 
 
+def test_static_memory_over_the_limit_on_an_empty_program():
+    """A rank with no ops and a static part over the limit: reported at position -1
+    (as ``semantics.peak_memory`` does), naming no op, not a traceback."""
+    from mpipe_verified.semantics import MemoryModel
+    plan = lowered("gpipe", 2, 2)
+    plan = attrs.evolve(plan, programs=(plan.programs[0], ()))
+    model = MemoryModel(static=(0, 5))
+    report = verify(plan, memory_limit=5, memory_model=model)
+    assert report.stats["properties"]["memory"]["status"] == "proved"
+    assert report.peak_memory[1] == 5
+    over = [v for v in verify(plan, memory_limit=4, memory_model=model).violations
+            if v.property == "memory"]
+    assert [(v.message, v.ranks, v.ops) for v in over] == [
+        ("rank 1 position -1 (empty program): static memory 5 exceeds the limit 4", (1,), ())]
+
+
 def test_unknown_comm_model_is_refused():
     with pytest.raises(ValueError, match="comm model"):
         verify(lowered("gpipe", 2, 2), comm_model="buffered")

@@ -360,6 +360,8 @@ def memory(plan: Plan, model: MemoryModel, limit) -> tuple[list[Finding], Obliga
         bound = _limit_of(limit, rank)
         bound = peak if bound is None else _exact(bound, exact)
         program = plan.programs[rank]
+        static = _exact(static, exact)  # the level before the first step (or of none)
+        obligations.add("memory", "static", rank, (static, 0, 0, static, bound))
         for index, (before, alloc, freed, after) in enumerate(levels):
             if alloc or freed:
                 obligations.lane("memory", _kind_of(program[index]), rank).append(
@@ -394,7 +396,13 @@ def _limit_of(limit, rank):
 
 
 def _over_limit(plan, model, rank, levels, peak, bound) -> Finding:
-    index = next(i for i, (b, a, _, _) in enumerate(levels) if b + a == peak)
+    index = next((i for i, (b, a, _, _) in enumerate(levels) if b + a == peak), -1)
+    if index == -1:  # an empty program: the static part alone is over (position -1,
+        # as in semantics.peak_memory; no op to name)
+        message = (f"rank {rank} position -1 (empty program): static memory "
+                   f"{float(peak):g} exceeds the limit {float(bound):g}")
+        return Finding(Violation("memory", message, (rank,)),
+                       ("memory", (peak, 0, 0, peak, bound)))
     live = live_tensors(plan, rank, index, model)
     op = plan.programs[rank][index]
     message = (f"rank {rank} position {index} ({op}): memory peak {float(peak):g} exceeds the "
