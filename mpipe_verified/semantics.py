@@ -43,8 +43,13 @@ class Token(NamedTuple):
 _TOKEN_OF_PAYLOAD = {ACT: "out", GRAD: "grad", INPUT: "input"}
 
 
-def _payload_token(p: Payload) -> tuple:
+def payload_token(p: Payload) -> tuple:
+    """The token a transfer of ``p`` carries: what its ``SEND`` needs and its ``RECV``
+    produces (``out``, ``grad`` or ``input``)."""
     return (_TOKEN_OF_PAYLOAD[p.kind], p.segment, p.stage, p.mb)
+
+
+TRANSFER_TOKENS = frozenset(_TOKEN_OF_PAYLOAD.values())  # token kinds a transfer carries
 
 
 def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
@@ -62,7 +67,7 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
             return (("stored", seg, s, mb), ("grad", seg, s + 1, mb))
         return (("stored", seg, s, mb),)
     if kind is Send:
-        return (_payload_token(op.payload),)
+        return (payload_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in needs(c, num_stages))
     return ()
@@ -88,7 +93,7 @@ def produces(op: Op) -> tuple[tuple, ...]:
             return (("wdone", seg, s, mb),)
         return (("stored", seg, s, mb),)  # RECOMPUTE
     if kind is Recv:
-        return (_payload_token(op.payload),)
+        return (payload_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in produces(c))
     if kind is Collective and op.kind == "broadcast" and op.tag.startswith("params:"):
@@ -669,7 +674,7 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
     live: dict[object, tuple[str, float]] = {}
     steps: list[tuple[float, float]] = []
     snapshot: list = []
-    chain = Chain.of(plan) if plan.cut.segments else None
+    chain = Chain.of(plan)
     for index, op in enumerate(plan.programs[rank]):
         alloc, frees = 0.0, []
         kind = type(op)
@@ -680,34 +685,19 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
             continue
         for c in ((op,) if kind is Compute else computes_of(op)):
             if c.kind in (FORWARD, RECOMPUTE):
-                if chain is None or chain.stores(c, rank):
+                if chain.stores(c, rank):
                     size = model.stored(c.stage, c.segment)
                     live[("stored", c.segment, c.stage, c.mb)] = ("activation of", c, size)
                     alloc += size
-                frees.append(("buffer", _payload_key(ACT, c.segment, c.stage - 1, c.mb)))
-                if c.kind == RECOMPUTE:
-                    frees.append(("buffer", _payload_key(INPUT, c.segment, c.stage, c.mb)))
-                elif not c.segment and c.stage == 0 and chain is not None:
-                    frees.extend(("buffer", _payload_key(ACT, src.name, 0, c.mb))
-                                 for src in chain.cut.segments if src.side == SOURCE)
-                elif c.segment and chain is not None:
-                    frees.append(("buffer", _payload_key(ACT, BODY, plan.placement.num_stages - 1,
-                                                         c.mb)))
             elif c.kind in (BACKWARD, WEIGHT_GRAD):
                 frees.append(("stored", c.segment, c.stage, c.mb))
-            if c.kind in (BACKWARD, INPUT_GRAD):
-                if c.segment and chain is not None and chain.segment(c.segment) is not None:
-                    # a source's backward consumes the gradient of the body's first stage
-                    frees.append(("buffer", _payload_key(GRAD, BODY, 0, c.mb)))
-                else:
-                    frees.append(("buffer", _payload_key(GRAD, c.segment, c.stage + 1, c.mb)))
+            # a receive buffer is freed by the op that consumes its token (§3.6)
+            frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
         for r in ((op,) if kind is Recv else p2p_of(op)):
             if isinstance(r, Recv):
                 size = model.buffer(r.payload)
                 if size:
-                    p = r.payload
-                    live[("buffer", _payload_key(p.kind, p.segment, p.stage, p.mb))] = (
-                        "receive buffer of", r, size)
+                    live[("buffer", payload_token(r.payload))] = ("receive buffer of", r, size)
                     alloc += size
         if index == live_at:  # described only when asked: formatting every op is costly
             snapshot = [(f"{what} {op}", size) for what, op, size in live.values()]
@@ -729,10 +719,6 @@ def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_ME
                  ) -> list[tuple[str, float]]:
     """The tensors live on ``rank`` at the peak of step ``index``."""
     return memory_steps(plan, rank, model, live_at=index)[1]
-
-
-def _payload_key(kind, segment, stage, mb):
-    return (kind, segment, stage, mb)
 
 
 def peak_memory(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, tuple[float, int]]:
@@ -816,7 +802,7 @@ def schedule_times(programs, placement: Placement,
                 have[rank].setdefault(token, free)
             for c in computes_of(op):
                 for there, payload in chain.destinations(c, rank):
-                    token = _payload_token(payload)
+                    token = payload_token(payload)
                     have[there].setdefault(token, free + delay)
                     if waiting.pop((there, token), None) is not None:
                         todo.append(there)
