@@ -153,6 +153,11 @@ def family_term(args: argparse.Namespace):
                             ownership=args.ownership or "cost", costs=costs)
 
 
+def display_name(args: argparse.Namespace) -> str:
+    """How reports name the input: the file as given, or ``--family NAME``."""
+    return args.target or f"--family {args.family}"
+
+
 def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
     """Resolve the target options to ``(schedule_or_plan, spec, source_name)``.
 
@@ -168,7 +173,7 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
         missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
         if missing:
             raise UsageError(f"--family {args.family} needs {' and '.join(missing)}")
-        name = f"--family {args.family}"
+        name = display_name(args)
         try:
             term = family_term(args)
             spec = Spec.of_term(term, name)
@@ -377,9 +382,10 @@ def run_check(args: argparse.Namespace) -> int:
         except (UsageError, InputError, ParameterError) as e:
             progress.done()
             _fail(str(e))
-            checked.append(sarif.Checked(target, None, sarif.SPEC if str(target).endswith(
-                ".toml") else sarif.TORCH_CSV, error=_one_line(str(e))))
-            results.append(({"source": target, "status": "error", "exit_code": 2,
+            name = display_name(one)
+            checked.append(sarif.Checked(name, None, _input_kind(one, name.endswith(".toml")),
+                                         error=_one_line(str(e))))
+            results.append(({"source": name, "status": "error", "exit_code": 2,
                              "error": _one_line(str(e))}, ""))
             code = _worst(code, 2)
             continue
@@ -444,7 +450,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
                ) -> tuple[sarif.Checked, dict, str]:
     """Verify one input; returns its SARIF/JUnit record, JSON object and text report."""
     spec = None
-    progress.phase(f"{args.target or '--family ' + args.family}: reading")
+    progress.phase(f"{display_name(args)}: reading")
     if _is_big_csv(args):  # each process loads its own copy (verify_loaded)
         name = args.target
         progress.phase(f"{name}: verifying on two cores with Z3")
@@ -470,8 +476,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
         props = sorted({v.property for v in report.violations})
         title = f"{name}: {report.status.upper()}" + (f" ({', '.join(props)})" if props else "")
         write_svg(args, plan, spec, title, args.comm_model, limit, report.violations)
-    kind = (sarif.FAMILY if args.family is not None else sarif.SPEC if spec is not None
-            else sarif.TORCH_CSV if as_written else sarif.TORCH_CSV_LOWERED)
+    kind = _input_kind(args, spec is not None, as_written)
     text = None
     if args.sarif is not None and kind in (sarif.SPEC, sarif.TORCH_CSV_LOWERED) \
             and report.violations:
@@ -480,6 +485,12 @@ def _check_one(args: argparse.Namespace, progress: Progress
     doc["source"] = name
     doc["lowered"] = not as_written
     return sarif.Checked(name, report, kind, text), doc, render_report(report, name, as_written)
+
+
+def _input_kind(args: argparse.Namespace, is_spec: bool, as_written: bool = True) -> str:
+    """How ``check`` read the input, for SARIF locations (``sarif.Checked.kind``)."""
+    return (sarif.FAMILY if args.family is not None else sarif.SPEC if is_spec
+            else sarif.TORCH_CSV if as_written else sarif.TORCH_CSV_LOWERED)
 
 
 def _is_big_csv(args: argparse.Namespace) -> bool:

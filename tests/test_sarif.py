@@ -132,6 +132,22 @@ def test_several_files_worst_exit_code_and_bad_input_notification(capsys, tmp_pa
     assert code == 1 and [d["status"] for d in docs] == ["verified", "violated"]
 
 
+def test_bad_family_is_reported_by_its_name_in_sarif_and_junit(capsys, tmp_path):
+    """A --family that cannot be built is an input error named ``--family NAME`` (not
+    None) with no file location; JUnit used to fail with "cannot serialize None"."""
+    sarif_path, junit_path = tmp_path / "r.sarif", tmp_path / "r.xml"
+    code, out, err = check(capsys, "--family", "gpipe", "--pp", "0", "--microbatches", "2",
+                           "--sarif", sarif_path, "--junit", junit_path)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--family gpipe" in err
+    run = json.loads(sarif_path.read_text())["runs"][0]
+    (note,) = run["invocations"][0]["toolExecutionNotifications"]
+    assert note["message"]["text"].startswith("--family gpipe: ") and "None" not in str(note)
+    assert "locations" not in note and "artifacts" not in run
+    suite = ET.fromstring(junit_path.read_text()).find("testsuite")
+    assert suite.get("name") == "--family gpipe" and suite.get("errors") == "1"
+    assert suite.find("testcase").get("classname") == "--family gpipe"
+
+
 def test_junit_one_testcase_per_property(capsys, tmp_path):
     path = tmp_path / "j.xml"
     code, _, _ = check(capsys, BROKEN_CSV, EXAMPLES / "zb-h1.toml", "--junit", path, "-q")
