@@ -69,11 +69,11 @@ from ..errors import ParameterError
 from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collective,
                   Compute, Cut, Op, Schedule, SegmentWork, computes_of)
 from ..semantics import schedule_times
+from ..sim import CostModel, SegmentCost
 
 MODES = ("recompute", "owner", "frozen", "none")
 OWNERSHIPS = ("inline", "full", "min", "cost")
 SIDES = (SOURCE, SINK)
-BACKWARD_RATIO, RECOMPUTE_RATIO = 2.0, 1.0  # the operator's estimate, per forward cost
 
 
 def _need(condition: bool, message: str) -> None:
@@ -129,18 +129,28 @@ class Transpose:
         p, m = body.num_ranks, body.num_microbatches
         _need(not self.costs or len(self.costs) == m,
               f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")
-        costs = self.costs or ((0.0 if self.mode == "none" else 1.0),) * m
+        cost = self.estimate_cost()
         home = 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
-        schedule = self._weave(body, costs, home, self.ownership)
+        schedule = self._weave(body, cost, home, self.ownership)
         if self.ownership == "cost" and p > 1:  # keep the greedy only where it pays
-            round_robin = self._weave(body, costs, home, "full")
-            if self._estimate(round_robin, costs) < self._estimate(schedule, costs) - _EPS:
+            round_robin = self._weave(body, cost, home, "full")
+            if self._estimate(round_robin, cost) < self._estimate(schedule, cost) - _EPS:
                 schedule = round_robin
         return schedule
 
-    def _weave(self, body: Schedule, costs, home: int, ownership: str) -> Schedule:
+    def estimate_cost(self) -> CostModel:
+        """The operator's own cost model (also a spec's default for this term): a body
+        forward costs ``body_forward``, a backward ``body_backward`` and an ``I``/``W``
+        half of it; a segment forward ``costs[mb]`` (default 1, 0 with mode ``none``), its
+        backward twice and its recompute once that (``sim.SegmentCost``'s defaults)."""
+        bf, bb = self.body_forward, self.body_backward
+        seg_f = self.costs or (0.0 if self.mode == "none" else 1.0)
+        return CostModel(F=bf, B=bb, I=bb / 2, W=bb / 2,
+                         segments=((self.segment, SegmentCost(F=seg_f)),))
+
+    def _weave(self, body: Schedule, cost: CostModel, home: int, ownership: str) -> Schedule:
         p, m = body.num_ranks, body.num_microbatches
-        weaver = _Weaver(self, body, costs, home, ownership)
+        weaver = _Weaver(self, body, cost, home, ownership)
         owners = weaver.place()
         work = self._segment_work(owners, home, p)
         programs = weaver.programs()
@@ -153,20 +163,9 @@ class Transpose:
                 prog.append(Collective("all_reduce", tuple(range(p)), f"grads:{self.segment}"))
         return Schedule(body.placement, m, tuple(map(tuple, programs)), Cut((work,)))
 
-    def _estimate(self, schedule: Schedule, costs) -> float:
+    def _estimate(self, schedule: Schedule, cost: CostModel) -> float:
         """The makespan of a woven schedule under the operator's own cost estimate."""
-        def duration(op: Op) -> float:
-            total = 0.0
-            for c in computes_of(op):
-                if c.segment:
-                    ratio = {FORWARD: 1.0, RECOMPUTE: RECOMPUTE_RATIO}.get(c.kind,
-                                                                          BACKWARD_RATIO)
-                    total += ratio * costs[c.mb]
-                else:
-                    total += (self.body_forward if c.kind == FORWARD else self.body_backward
-                              if c.kind == BACKWARD else self.body_backward / 2)
-            return total
-        timing = schedule_times(schedule.programs, schedule.placement, duration,
+        timing = schedule_times(schedule.programs, schedule.placement, cost.duration,
                                 cut=schedule.cut)
         return math.inf if timing.stuck else timing.makespan
 
@@ -286,19 +285,20 @@ class _Rank:
 class _Weaver:
     """Chooses owners and positions for one ``Transpose`` (see the module docstring)."""
 
-    def __init__(self, t: Transpose, body: Schedule, costs, home: int,
+    def __init__(self, t: Transpose, body: Schedule, cost: CostModel, home: int,
                  ownership: str) -> None:
-        self.t, self.body, self.costs, self.home = t, body, costs, home
+        self.t, self.body, self.home = t, body, home
+        self.seg = cost.segment(t.segment)  # the segment's forward/backward/recompute
         self.ownership = ownership
         self.p, self.m = body.num_ranks, body.num_microbatches
-        timing = schedule_times(body.programs, body.placement, self._body_duration)
+        timing = schedule_times(body.programs, body.placement, cost.duration)
         self.position = {c: (r, i) for r, prog in enumerate(body.programs)
                          for i, op in enumerate(prog) for c in computes_of(op)}
         last = body.placement.num_stages - 1
         if t.side == SOURCE:
             self.order = sorted(range(self.m), key=lambda mb: (self._start_of(
                 timing, Compute(FORWARD, 0, mb)), mb))
-            shift = costs[self.order[0]] if self.m else 0.0
+            shift = self.seg.forward(self.order[0]) if self.m else 0.0
         else:
             self.order = sorted(range(self.m), key=lambda mb: (self._start_of(
                 timing, Compute(FORWARD, last, mb)), mb))
@@ -309,12 +309,6 @@ class _Weaver:
         # (rank, position) -> [(where, estimated start, sequence, op)], see ``_insert``
         self.inserted: dict[tuple[int, int], list[tuple[int, float, float, Op]]] = {}
         self._seq = 0
-
-    def _body_duration(self, op: Op) -> float:
-        t = self.t
-        return sum(t.body_forward if c.kind == FORWARD else
-                   t.body_backward if c.kind == BACKWARD else t.body_backward / 2
-                   for c in computes_of(op))
 
     def _start_of(self, timing, c: Compute) -> float:
         r, i = self.position[c]
@@ -386,7 +380,7 @@ class _Weaver:
     def _plan_owner(self, mb: int, r: int):
         """``(penalty, steps)``: the estimated delay of giving ``mb``'s work to rank
         ``r`` and its placements (each as ``_place_one`` returns it)."""
-        seg, c = self.t.segment, self.costs[mb]
+        seg, c = self.t.segment, self.seg.forward(mb)
         trainable = self.t.trainable
         if self.t.side == SOURCE:
             fwd = Compute(FORWARD, 0, mb, seg)
@@ -401,7 +395,7 @@ class _Weaver:
         else:
             ops = (Compute(FORWARD, 0, mb, seg),) + (
                 (Compute(BACKWARD, 0, mb, seg),) if trainable else ())
-            cost = c * (1 + (BACKWARD_RATIO if trainable else 0))
+            cost = c + self.seg.backward(mb) if trainable else c
             producer = Compute(FORWARD, self.last, mb)
             ready = self._time(producer, "finish")
             lo = self.ranks[r].first_start0_at_or_after(self._time0(producer))
@@ -415,7 +409,7 @@ class _Weaver:
         backward (or input gradient) of ``mb``."""
         grad = self._grad_op(mb)
         lo = self.ranks[r].first_start0_at_or_after(self._time0(grad))
-        return self._place_one(r, BACKWARD_RATIO * self.costs[mb], self._time(grad, "finish"),
+        return self._place_one(r, self.seg.backward(mb), self._time(grad, "finish"),
                                math.inf, latest=False,
                                ops=(Compute(BACKWARD, 0, mb, self.t.segment),),
                                adjacent=self.position[grad], adjacent_after=True, lo=lo)
@@ -479,7 +473,7 @@ class _Weaver:
         previous microbatch and of ``mb`` (so at most one recomputed activation waits for
         its backward), else right before the segment backward (which ``place`` put after
         that body op)."""
-        seg, c = self.t.segment, self.costs[mb]
+        seg, c = self.t.segment, self.seg.forward(mb)
         rk = self.ranks[self.home]
         grad = self._grad_op(mb)
         at = self.position[grad][1]
@@ -488,11 +482,11 @@ class _Weaver:
         fwd_done = next(t for items in self.inserted.values()
                         for _, t, _, op in items if op == Compute(FORWARD, 0, mb, seg)) + c
         r_op = Compute(RECOMPUTE, 0, mb, seg)
-        found = rk.fit(RECOMPUTE_RATIO * c, fwd_done, self._time(grad, "start"),
+        found = rk.fit(self.seg.recompute(mb), fwd_done, self._time(grad, "start"),
                        self.horizon, latest=False, lo=lo, hi=at)
         if found is not None and found[2] <= 0:
             s, gap, _ = found
-            rk.take(gap, s, RECOMPUTE_RATIO * c)
+            rk.take(gap, s, self.seg.recompute(mb))
             self._insert(self.home, int(gap[2]), s, (r_op,))
             return
         b_op = Compute(BACKWARD, 0, mb, seg)

@@ -93,12 +93,7 @@ Term = Any  # any of TERM_TYPES: an object with ``derive() -> Schedule``
 def default_cost(term: Term) -> CostModel | None:
     """The cost model a term implies by itself: a transpose's own estimates (its body
     costs and per-microbatch segment costs), None for any other term (standard costs)."""
-    if not isinstance(term, Transpose):
-        return None
-    bf, bb = term.body_forward, term.body_backward
-    seg_f = term.costs or (0.0 if term.mode == "none" else 1.0)
-    return CostModel(F=bf, B=bb, I=bb / 2, W=bb / 2,
-                     segments=((term.segment, SegmentCost(F=seg_f)),))
+    return term.estimate_cost() if isinstance(term, Transpose) else None
 
 
 @attrs.frozen
