@@ -272,6 +272,22 @@ def test_static_memory_over_the_limit_on_an_empty_program():
         ("rank 1 position -1 (empty program): static memory 5 exceeds the limit 4", (1,), ())]
 
 
+def test_a_per_rank_memory_limit_of_the_wrong_length_is_refused():
+    """One value for four ranks once bounded rank 0 only and took each other rank's own
+    peak as its bound (a rank over 5 could be certified)."""
+    from mpipe_verified.verify import verify_loaded
+    plan = lowered("1f1b", 4, 8)
+    for limit in ((5.0,), [4, 4, 4, 4, 4]):
+        with pytest.raises(ValueError, match=f"lists {len(limit)} per-rank values but the "
+                                             f"plan has 4 ranks"):
+            verify(plan, memory_limit=limit)
+    with pytest.raises(ValueError, match="lists 1 per-rank values but the plan has 4 ranks"):
+        verify_loaded(functools.partial(lowered, "1f1b", 4, 8), memory_limit=(5.0,))
+    with pytest.raises(ValueError, match="finite"):
+        verify(plan, memory_limit=float("inf"))
+    assert verify(plan, memory_limit=(4, 3, 2, 1)).status == "verified"
+
+
 def test_unknown_comm_model_is_refused():
     with pytest.raises(ValueError, match="comm model"):
         verify(lowered("gpipe", 2, 2), comm_model="buffered")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing as mp
+import numbers
 import time
 from typing import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -34,14 +35,15 @@ __all__ = ["verify", "verify_loaded", "Report", "Violation", "Certificate", "Cer
 def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
            memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
     """Judge ``plan`` under DESIGN §3 with ``comm_model``. ``memory_limit``: None, a
-    number, or one number per rank. ``rlimit`` caps Z3's resources per query (for tests
+    number, or one number per rank (another count is a ``ValueError``). ``rlimit`` caps Z3's resources per query (for tests
     and for callers that prefer "undecided" to waiting)."""
     _check_model(comm_model)
+    limits = properties.memory_limits(memory_limit, plan.num_ranks)
     clock = time.perf_counter()
     with collector_paused():
-        decided = {**_local_properties(plan, memory_limit, memory_model, rlimit),
+        decided = {**_local_properties(plan, limits, memory_model, rlimit),
                    **_comm_properties(plan, comm_model, rlimit)}
-        return _report(plan, decided, memory_limit, comm_model, clock)
+        return _report(plan, decided, limits, comm_model, clock)
 
 
 @contextlib.contextmanager
@@ -65,8 +67,15 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
     own copy of the plan (forking after would make both processes copy every page they
     touch), then this process decides completeness, dependency and memory while the
     child decides matching and deadlock. ``load`` must be deterministic and picklable (e.g. a
-    ``functools.partial`` of a module-level function). Same verdicts as ``verify``."""
+    ``functools.partial`` of a module-level function). Same verdicts as ``verify``. A
+    per-rank ``memory_limit`` of the wrong length is refused (``ValueError``) once the
+    plan is loaded, after the child finished."""
     _check_model(comm_model)
+    if memory_limit is not None:  # its values now, its length once the plan is loaded
+        if not isinstance(memory_limit, numbers.Real):
+            memory_limit = tuple(memory_limit)
+        properties.memory_limits(memory_limit, len(memory_limit)
+                                 if isinstance(memory_limit, tuple) else 1)
     clock = time.perf_counter()
     if "fork" not in mp.get_all_start_methods():
         with collector_paused():
@@ -75,12 +84,13 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
     with collector_paused(), ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as pool:
         future = pool.submit(_load_then_comm, load, comm_model, rlimit)
         plan = load()
-        local = _local_properties(plan, memory_limit, memory_model, rlimit)
+        limits = properties.memory_limits(memory_limit, plan.num_ranks)
+        local = _local_properties(plan, limits, memory_model, rlimit)
         # while the child works: the digest a certificate would need
         digest = plan_digest(plan) if all(
             local[name][0] == "proved" for name in local if name != "peaks") else None
         decided = {**local, **future.result()}
-        return plan, _report(plan, decided, memory_limit, comm_model, clock, digest)
+        return plan, _report(plan, decided, limits, comm_model, clock, digest)
 
 
 def _load_then_comm(load, comm_model, rlimit) -> dict:
@@ -92,10 +102,11 @@ def _check_model(comm_model: str) -> None:
         raise ValueError(f"comm model must be one of {COMM_MODELS}, got {comm_model!r}")
 
 
-def _report(plan: Plan, decided: dict, memory_limit, comm_model: str, clock: float,
+def _report(plan: Plan, decided: dict, limits, comm_model: str, clock: float,
             digest: str | None = None) -> Report:
     """Assemble the verdict: violated if any property has confirmed violations, undecided
     if any is unknown, verified (with a certificate) only if all five are proven.
+    ``limits``: one memory bound per rank or None (``properties.memory_limits``).
     ``digest``: ``plan_digest(plan)`` if already known."""
     decided = dict(decided)
     peaks = decided.pop("peaks")
@@ -113,12 +124,13 @@ def _report(plan: Plan, decided: dict, memory_limit, comm_model: str, clock: flo
     certificate = None
     if status == "verified":
         certificate = Certificate(digest or plan_digest(plan), PROPERTIES,
-                                  _limits(memory_limit, plan.num_ranks), comm_model)
+                                  _limits(limits), comm_model)
     return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided))
 
 
-def _local_properties(plan, memory_limit, memory_model, rlimit) -> dict:
-    """Completeness, dependency and memory (the half that needs no pairing or run)."""
+def _local_properties(plan, limits, memory_model, rlimit) -> dict:
+    """Completeness, dependency and memory (the half that needs no pairing or run).
+    ``limits``: one memory bound per rank or None (``properties.memory_limits``)."""
     out = {}
     for name, run in (("completeness", lambda: properties.completeness(plan)),
                       ("dependency", lambda: properties.dependency(plan))):
@@ -126,7 +138,7 @@ def _local_properties(plan, memory_limit, memory_model, rlimit) -> dict:
     mem = {}
 
     def memory():
-        findings, obligations, mem["peaks"] = properties.memory(plan, memory_model, memory_limit)
+        findings, obligations, mem["peaks"] = properties.memory(plan, memory_model, limits)
         return findings, obligations
     out["memory"] = _timed(memory, rlimit)
     out["peaks"] = mem["peaks"]
@@ -154,12 +166,9 @@ def _timed(run, rlimit) -> tuple[str, dict, list[Violation]]:
     return status, detail, found
 
 
-def _limits(memory_limit, ranks: int) -> tuple[float, ...] | None:
-    if memory_limit is None:
-        return None
-    if isinstance(memory_limit, (int, float)):
-        return (float(memory_limit),) * ranks
-    return tuple(float(x) for x in memory_limit)
+def _limits(limits) -> tuple[float, ...] | None:
+    """The certificate's per-rank memory limits, as floats."""
+    return None if limits is None else tuple(float(x) for x in limits)
 
 
 def _decide(findings, obligations, rlimit) -> tuple[str, dict]:

@@ -9,6 +9,7 @@ with the ground fact (or small core) Z3 must confirm before it is reported.
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 from typing import Callable
 
@@ -331,9 +332,10 @@ def _cycle_core(cycle):
 
 # ---------------------------------------------------------------- memory
 
-def memory(plan: Plan, model: MemoryModel, limit) -> tuple[list[Finding], Obligations, dict]:
-    """Peak of §3.6 per rank within ``limit`` (a number, a per-rank sequence or None).
-    Without a limit the proven bound is the peak itself. Levels are summed and compared
+def memory(plan: Plan, model: MemoryModel, limits: tuple | None
+           ) -> tuple[list[Finding], Obligations, dict]:
+    """Peak of §3.6 per rank within ``limits`` (one bound per rank, see ``memory_limits``,
+    or None). Without a limit the proven bound is the peak itself. Levels are summed and compared
     exactly (a float size is the rational it denotes, ``_exact``): the facts are then the
     ones Z3 checks. The reported peaks are the float sums, as ``semantics`` reports them."""
     obligations = Obligations()
@@ -357,8 +359,7 @@ def memory(plan: Plan, model: MemoryModel, limit) -> tuple[list[Finding], Obliga
             level = after
         peak = max((b + a for b, a, _, _ in levels), default=level)
         peaks[rank] = static if reported is None else reported
-        bound = _limit_of(limit, rank)
-        bound = peak if bound is None else _exact(bound, exact)
+        bound = peak if limits is None else _exact(limits[rank], exact)
         program = plan.programs[rank]
         static = _exact(static, exact)  # the level before the first step (or of none)
         obligations.add("memory", "static", rank, (static, 0, 0, static, bound))
@@ -387,12 +388,23 @@ def _exact(x, cache: dict):
     return v
 
 
-def _limit_of(limit, rank):
+def memory_limits(limit, ranks: int) -> tuple | None:
+    """``limit`` (None, a number, or a sequence of one number per rank) as one bound per
+    rank. A sequence of another length, or a bound that is not a finite number, is
+    refused with ``ValueError``: a missing rank must never go unchecked."""
     if limit is None:
         return None
-    if isinstance(limit, (int, float)):
-        return float(limit)
-    return float(limit[rank]) if rank < len(limit) else None
+    if isinstance(limit, numbers.Real):
+        bounds = (limit,) * ranks
+    else:
+        bounds = tuple(limit)
+        if len(bounds) != ranks:
+            raise ValueError(f"memory limit lists {len(bounds)} per-rank values but the "
+                             f"plan has {ranks} ranks: give one value per rank, or a number")
+    for x in bounds:
+        if not isinstance(x, numbers.Real) or not math.isfinite(x):
+            raise ValueError(f"memory limit must be a finite number per rank, got {x!r}")
+    return bounds
 
 
 def _over_limit(plan, model, rank, levels, peak, bound) -> Finding:
