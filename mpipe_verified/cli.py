@@ -570,8 +570,9 @@ def run_laws(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise UsageError(f"cannot import the proofs package ({e}); run from a source "
                          "checkout") from None
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    if not 0 < args.timeout < float("inf"):
+        raise UsageError(f"--timeout must be a finite number of seconds > 0, got "
+                         f"{args.timeout:g}")
     if args.jobs is not None and args.jobs < 0:
         raise UsageError(f"--jobs must be >= 0, got {args.jobs}")
     try:

@@ -230,3 +230,13 @@ def test_non_finite_memory_limit_console_script_has_no_traceback():
                           capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr[-300:]
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-inf", "1e400", "0", "-1"])
+def test_laws_timeout_must_be_finite_and_positive(capsys, timeout):
+    """``laws --timeout nan`` (or inf) used to reach ``int(timeout * 1000)`` and end in a
+    traceback; it is a usage error: exit 2, one line, nothing proved."""
+    code = main(["laws", "--law", "seq_assoc", f"--timeout={timeout}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--timeout must be" in err, err
