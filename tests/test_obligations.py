@@ -156,3 +156,21 @@ def test_real_facts_are_read_exactly_by_prove_and_confirm(values):
     obligations = Obligations()
     obligations.add("memory", "cls", 0, fact)
     assert prove(obligations).status == ("proved" if holds else "violated")
+
+
+def test_no_facts_is_still_proved_by_z3(monkeypatch):
+    """A property without facts (a one-rank plan has no channels) is proved by a Z3
+    query too (the empty disjunction is unsat), not by default."""
+    import z3
+    from mpipe_verified.verify import obligations as module
+    checks = []
+    real_check = z3.Solver.check
+
+    def counted(self, *args):
+        result = real_check(self, *args)
+        checks.append(result)
+        return result
+    monkeypatch.setattr(z3.Solver, "check", counted)
+    outcome = module.prove(Obligations())
+    assert outcome.status == "proved" and outcome.runs == 0 and outcome.facts == 0
+    assert checks == [z3.unsat]

@@ -249,7 +249,8 @@ def _affine(a, ra, d, i: str, j: str, real: bool) -> str:
 
 
 def _smt_query(runs: list[tuple[str, Run]]) -> str:
-    """One assertion: some run has a point ``(i, j)`` in range violating its template."""
+    """One assertion: some run has a point ``(i, j)`` in range violating its template
+    (over no runs, the empty disjunction: ``false``)."""
     decls, disjuncts = [], []
     for k, (template, run) in enumerate(runs):
         real = template in REAL_TEMPLATES
@@ -259,6 +260,8 @@ def _smt_query(runs: list[tuple[str, Run]]) -> str:
         bound = str(run.length) if not run.rlength else f"(+ {run.length} (* {run.rlength} {i}))"
         disjuncts.append(f"(and (<= 0 {i}) (< {i} {run.count}) (<= 0 {j}) (< {j} {bound}) "
                          f"(not {SMT_TEMPLATES[template](x)}))")
+    if not disjuncts:
+        return "(assert false)"
     return "".join(decls) + "(assert (or " + " ".join(disjuncts) + "))"
 
 
@@ -268,10 +271,11 @@ CHUNK = 256  # runs per Z3 query: runs share no variables, and small queries sta
 def prove(obligations: Obligations, rlimit: int | None = None) -> Outcome:
     """Ask Z3 whether any fact violates its template (see module docstring). The runs
     are independent, so they are decided in chunks of ``CHUNK``; every chunk must be
-    unsat for the facts to be proven."""
+    unsat for the facts to be proven. Without facts Z3 is still asked (the empty
+    disjunction), so even that verdict is Z3's."""
     runs = obligations.runs()
     facts = obligations.facts
-    for first in range(0, len(runs), CHUNK):
+    for first in range(0, max(len(runs), 1), CHUNK):
         chunk = runs[first:first + CHUNK]
         solver = z3.Solver()
         if rlimit is not None:
