@@ -114,6 +114,17 @@ def add_transpose_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 1; body forward 1, backward 2)")
 
 
+def memory_limit(text: str) -> float:
+    """``--memory-limit N`` (an argparse ``type``): a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def check_transpose_options(args: argparse.Namespace) -> None:
     """The transpose options go with ``--family transpose`` only."""
     given = [o for o in TRANSPOSE_OPTIONS if getattr(args, o, None) is not None]
@@ -328,7 +339,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     add_target_arguments(p, many=True)
     p.add_argument("--comm-model", choices=COMM_MODELS, default=RENDEZVOUS,
                    help="rendezvous (NCCL-like, default) or eager (sends never block; weaker)")
-    p.add_argument("--memory-limit", type=float, metavar="N",
+    p.add_argument("--memory-limit", type=memory_limit, metavar="N",
                    help="per-rank memory limit (unit model for torch CSV: one unit per "
                         "stored activation); overrides the spec's [memory] limit")
     p.add_argument("--json", action="store_true",
@@ -355,8 +366,6 @@ TWO_PROCESS_BYTES = 1 << 20  # inputs this big are verified on two cores (verify
 
 
 def run_check(args: argparse.Namespace) -> int:
-    if args.memory_limit is not None and not (0 <= args.memory_limit < float("inf")):
-        raise UsageError(f"--memory-limit must be a finite number >= 0, got {args.memory_limit}")
     if args.solver_rlimit is not None and args.solver_rlimit < 1:
         raise UsageError(f"--solver-rlimit must be >= 1, got {args.solver_rlimit}")
     _check_picture_arguments(args)
@@ -620,7 +629,7 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
                    help="how to read OLD and NEW (auto: by extension, else by content)")
     p.add_argument("--comm-model", choices=COMM_MODELS, default=RENDEZVOUS,
                    help="model under which each side is verified")
-    p.add_argument("--memory-limit", type=float, metavar="N",
+    p.add_argument("--memory-limit", type=memory_limit, metavar="N",
                    help="per-rank memory limit for both sides (else each spec's own)")
     p.add_argument("--json", action="store_true", help="print one JSON object (README: "
                                                        "Semantic diff)")
@@ -661,7 +670,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     add_target_arguments(p)
     p.add_argument("--compare", nargs="+", action="extend", choices=list(FAMILIES),
                    metavar="FAMILY", help=f"baseline families ({', '.join(FAMILIES)})")
-    p.add_argument("--memory-limit", type=float, metavar="N",
+    p.add_argument("--memory-limit", type=memory_limit, metavar="N",
                    help="per-rank memory limit (overrides the spec's [memory] limit)")
     p.add_argument("--comm-model", choices=COMM_MODELS, default="eager",
                    help="timing model (default eager: sends are posted asynchronously); the "
@@ -672,8 +681,6 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from .comparison import ScheduleTerm, render_simulation, simulation
-    if args.memory_limit is not None and not (0 <= args.memory_limit < float("inf")):
-        raise UsageError(f"--memory-limit must be a finite number >= 0, got {args.memory_limit}")
     target, spec, name = load_target(args)
     if spec is None:  # a torch CSV: standard costs, no cut
         schedule = compute_only(target)

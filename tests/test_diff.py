@@ -121,3 +121,14 @@ def test_bad_input_exits_2(capsys, tmp_path):
     assert main(["diff", str(EXAMPLES / "1f1b.toml"), str(tmp_path / "nope.csv")]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "nope.csv: no such file" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("limit", ["nan", "inf", "-1", "1e400"])
+def test_memory_limit_must_be_finite_and_non_negative(capsys, limit):
+    """As for check and simulate: ``diff --memory-limit nan`` used to end in a traceback
+    (and -1 was accepted)."""
+    code = main(["diff", str(EXAMPLES / "1f1b.toml"), str(EXAMPLES / "gpipe.toml"),
+                 f"--memory-limit={limit}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--memory-limit" in err and "finite" in err, err
