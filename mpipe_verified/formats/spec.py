@@ -144,27 +144,17 @@ def _family(name: str) -> Callable[..., Term]:
     return lambda pp, microbatches, chunks=None: families.family(name, pp, microbatches, chunks)
 
 
-def _weave(pp, microbatches, pattern, chunks=1, placement="looped", group=None):
-    return terms.Weave(pp, microbatches, pattern, chunks, placement, group)
-
-
 def _defer_w(t, lag):
     return terms.DeferW(t, str(lag))
 
 
-def _transpose(body, segment, side, mode, ownership, costs, body_forward, body_backward):
-    return Transpose(body, segment, side, mode, ownership, tuple(costs), body_forward,
-                     body_backward)
-
-
 _PP_M = (("pp", _INT, _REQUIRED), ("microbatches", _INT, _REQUIRED))
 # name -> (constructor, ((param, type, default), ...)); defaults equal the term's own.
+# The constructor takes the params positionally, in this order.
 FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]]] = {
-    "weave": (_weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
-                       ("placement", _STR, "looped"), ("group", _INT, None))),
-    "family": (lambda name, pp, microbatches, chunks=None:
-               families.family(name, pp, microbatches, chunks),
-               (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None))),
+    "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
+                            ("placement", _STR, "looped"), ("group", _INT, None))),
+    "family": (families.family, (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None))),
     **{("one_f_one_b" if name == "1f1b" else name.replace("-", "_")):
        (_family(name), _PP_M + ((("chunks", _INT, None),) if name == "interleaved-1f1b" else ()))
        for name in families.FAMILIES},
@@ -177,7 +167,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
     "defer_w": (_defer_w, (("t", _TERM, _REQUIRED), ("lag", (_STR, _INT), _REQUIRED))),
     "relabel": (lambda t, perm: terms.Relabel(t, tuple(perm)),
                 (("t", _TERM, _REQUIRED), ("perm", _INTS, _REQUIRED))),
-    "transpose": (_transpose, (("body", _TERM, _REQUIRED), ("segment", _STR, "vision"),
+    "transpose": (Transpose, (("body", _TERM, _REQUIRED), ("segment", _STR, "vision"),
                                ("side", _STR, "source"), ("mode", _STR, "recompute"),
                                ("ownership", _STR, "full"), ("costs", _NUMS, ()),
                                ("body_forward", _NUM, 1.0), ("body_backward", _NUM, 2.0))),
@@ -573,10 +563,8 @@ class _Builder:
             for k in ("F", "B", "R"):
                 if k in seg:
                     fields[k] = self.numbers(where, k, seg[k], m, "microbatch", False)
-            if "F" not in fields and base is not None:
+            if "F" not in fields and base is not None:  # a transpose's own costs
                 fields["F"] = base.segment(name).F
-            if "F" not in fields and isinstance(term, Transpose) and term.costs:
-                fields["F"] = term.costs
             for k in ("activation", "output", "input", "static", "replica"):
                 if k in seg:
                     fields[k] = self.numbers(where, k, seg[k], 0, "", False)
