@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .ir import Compute, Idle, Op, Plan, Recv, Schedule, Send, computes_of
-from .semantics import Chain, schedule_times, standard_duration
+from .ir import Idle, Op, Plan, Recv, Schedule, Send, computes_of
+from .semantics import Chain, payload_token, schedule_times, standard_duration
 
 
 def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duration) -> Plan:
@@ -45,11 +45,7 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
         return d if d >= tiny or not computes_of(op) else tiny
     timing = schedule_times(programs, placement, at_least_tiny, cut=schedule.cut)
     events: list[tuple[float, int, tuple, int, int, int, tuple]] = []
-    where: dict[Compute, tuple[int, int]] = {}
-    for rank, program in enumerate(programs):
-        for index, op in enumerate(program):
-            for c in computes_of(op):
-                where[c] = (rank, index)
+    needed: list[dict[tuple, int]] | None = None  # built only if a rank gets stuck
     late: dict[tuple[int, int], list[Op]] = {}
     early: dict[tuple[int, int], list[Op]] = {}
     for rank, program in enumerate(programs):
@@ -69,9 +65,11 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
                                        (rank, send, there, recv)))
                         continue
                     late.setdefault((rank, index), []).append(send)
-                    consumer = _consumer_position(payload, where)
+                    if needed is None:
+                        needed = _first_needs(programs, chain)
+                    consumer = needed[there].get(payload_token(payload))
                     if consumer is not None:
-                        early.setdefault(consumer, []).append(recv)
+                        early.setdefault((there, consumer), []).append(recv)
     events.sort(key=lambda e: e[:6])
     out: list[list[Op]] = [[] for _ in programs]
     for event in events:
@@ -106,10 +104,14 @@ def _send_first(payload) -> tuple[int, int]:
     return (0, -payload.stage)
 
 
-def _consumer_position(payload, where: dict) -> tuple[int, int] | None:
-    """Where the op consuming ``payload`` runs (an activation: the consumer's ``F``; a
-    gradient: its ``B`` or ``I``; an input: its ``R``), or None if the schedule lacks it."""
-    seg, stage, mb = payload.consumer_segment, payload.consumer_stage, payload.mb
-    kinds = {"act": ("F",), "grad": ("B", "I"), "input": ("R",)}[payload.kind]
-    return next((where[c] for c in (Compute(k, stage, mb, seg) for k in kinds) if c in where),
-                None)
+def _first_needs(programs, chain: Chain) -> list[dict[tuple, int]]:
+    """Per rank: each token's first position that needs it (``Chain.needs``), so a
+    transfer's ``RECV`` goes right before the op that consumes its token."""
+    out: list[dict[tuple, int]] = []
+    for rank, program in enumerate(programs):
+        first: dict[tuple, int] = {}
+        for index, op in enumerate(program):
+            for token in chain.needs(op, rank):
+                first.setdefault(token, index)
+        out.append(first)
+    return out
