@@ -150,6 +150,54 @@ def test_failed_export_leaves_no_file(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_outputs_write_through_symlinks_and_fifos(capsys, tmp_path):
+    """-o/--sarif follow a symlink (its target is replaced atomically, the link stays) and
+    write into a FIFO (or a device, like /dev/stdout) instead of replacing it with a
+    regular file."""
+    import json
+    import threading
+
+    expected = run(capsys, "export", str(EXAMPLES / "zb-h1.toml"), "--to", "torch-csv")[1]
+    target = tmp_path / "real" / "plan.csv"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    assert run(capsys, "export", str(EXAMPLES / "zb-h1.toml"), "--to", "torch-csv",
+               "-o", str(link)) == (0, "", "")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert read_torch_csv(target) == parse_torch_csv(expected, "x.csv")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["plan.csv"]
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    keep = tmp_path / "keep"  # a second name for the FIFO, to release a stuck reader
+    os.link(fifo, keep)
+    via = tmp_path / "via"
+    via.symlink_to(fifo)
+    for path, argv in ((fifo, ["export", str(EXAMPLES / "zb-h1.toml"), "--to",
+                               "torch-csv", "-o"]),
+                       (via, ["check", str(EXAMPLES / "zb-h1.toml"), "-q", "--sarif"])):
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+        reader.start()
+        code = main([*argv, str(path)])
+        reader.join(10)
+        if reader.is_alive():  # nothing opened the FIFO: let the reader go, then fail
+            os.close(os.open(keep, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(10)
+        capsys.readouterr()
+        assert code == 0 and fifo.is_fifo() and via.is_symlink(), path
+        assert got and got[0], path
+        if path == fifo:
+            assert parse_torch_csv(got[0].decode(), "x.csv") == parse_torch_csv(expected,
+                                                                                "x.csv")
+        else:
+            assert json.loads(got[0])["version"] == "2.1.0"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "keep", "link.csv",
+                                                          "real", "via"]
+
+
 def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     assert "export" in capsys.readouterr().out
