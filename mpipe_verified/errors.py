@@ -26,3 +26,9 @@ class InputError(Exception):
 
 class ParameterError(ValueError):
     """Invalid family or operator parameters; the message names the failed condition."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ``ParameterError(message)`` unless ``condition`` holds."""
+    if not condition:
+        raise ParameterError(message)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import ParameterError
+from ..errors import require as _need
 from .terms import Weave
 
 GPIPE = "F* B*"
@@ -18,11 +19,6 @@ ONE_F_ONE_B = "F^{p-1-r} (F B)*"
 INTERLEAVED_1F1B = "F^{(v-1)*g + 2*(p-1-r)} (F B)*"
 ZB_H1 = "F^{p-1-r} (F I)^{r} (F I W)* (I W)* W*"
 ZB_H2 = "F^{2*(p-1-r)+1} (I F)^{2*r} (I W F)* (I W)* W*"
-
-
-def _need(condition: bool, message: str) -> None:
-    if not condition:
-        raise ParameterError(message)
 
 
 def gpipe(pp: int, microbatches: int) -> Weave:
@@ -89,6 +85,9 @@ FAMILIES: dict[str, Callable[..., Weave]] = {
     "zbv": zbv,
     "dualpipev": dualpipev,
 }
+# the chunks each family other than interleaved-1f1b always uses (read off its term)
+_FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
+                 if name != "interleaved-1f1b"}
 
 
 def family(name: str, pp: int, microbatches: int, chunks: int | None = None) -> Weave:
@@ -100,6 +99,6 @@ def family(name: str, pp: int, microbatches: int, chunks: int | None = None) -> 
           f"microbatches must be an integer >= 1, got {microbatches!r}")
     if name == "interleaved-1f1b":
         return interleaved_1f1b(pp, microbatches, 2 if chunks is None else chunks)
-    _need(chunks is None or chunks == (2 if name in ("zbv", "dualpipev") else 1),
-          f"{name} takes no --chunks (it uses {2 if name in ('zbv', 'dualpipev') else 1})")
+    _need(chunks is None or chunks == _FIXED_CHUNKS[name],
+          f"{name} takes no --chunks (it uses {_FIXED_CHUNKS[name]})")
     return FAMILIES[name](pp, microbatches)

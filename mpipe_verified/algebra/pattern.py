@@ -197,8 +197,7 @@ class RankStreams:
     any letter marks the unit used, so mixed letters (``F`` and ``F0``) share the work.
     Mutable, but private to one ``weave`` call."""
 
-    def __init__(self, forwards, backwards, segment: str = "") -> None:
-        self.segment = segment
+    def __init__(self, forwards, backwards) -> None:
         self._order = {FORWARD: list(forwards), BACKWARD: list(backwards)}
         self._next = {FORWARD: 0, BACKWARD: 0}
         self._by_chunk = {kind: {} for kind in self._order}
@@ -218,7 +217,7 @@ class RankStreams:
         chunk, stage, mb = unit
         if letter.kind == INPUT_GRAD:
             self._weights.append(unit)
-        return Compute(letter.kind, stage, mb, self.segment)
+        return Compute(letter.kind, stage, mb)
 
     def _take(self, kind, chunk):
         if chunk is None:
@@ -240,7 +239,7 @@ class RankStreams:
         for i, unit in enumerate(self._weights):
             if chunk is None or unit[0] == chunk:
                 del self._weights[i]
-                return Compute(WEIGHT_GRAD, unit[1], unit[2], self.segment)
+                return Compute(WEIGHT_GRAD, unit[1], unit[2])
         return None
 
     def leftover(self) -> list[str]:

@@ -66,6 +66,7 @@ import math
 import attrs
 
 from ..errors import ParameterError
+from ..errors import require as _need
 from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collective,
                   Compute, Cut, Op, Schedule, SegmentWork, computes_of)
 from ..semantics import schedule_times
@@ -74,11 +75,6 @@ from ..sim import CostModel, SegmentCost
 MODES = ("recompute", "owner", "frozen", "none")
 OWNERSHIPS = ("inline", "full", "min", "cost")
 SIDES = (SOURCE, SINK)
-
-
-def _need(condition: bool, message: str) -> None:
-    if not condition:
-        raise ParameterError(message)
 
 
 def _floats(values) -> tuple[float, ...]:

@@ -155,9 +155,9 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
     "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
                             ("placement", _STR, "looped"), ("group", _INT, None))),
     "family": (families.family, (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None))),
-    **{("one_f_one_b" if name == "1f1b" else name.replace("-", "_")):
+    **{make.__name__:  # one_f_one_b, zb_h1, ...: the family functions' own names
        (_family(name), _PP_M + ((("chunks", _INT, None),) if name == "interleaved-1f1b" else ()))
-       for name in families.FAMILIES},
+       for name, make in families.FAMILIES.items()},
     "seq": (terms.Seq, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "par": (terms.Par, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "restrict": (lambda t, ranks: terms.Restrict(t, tuple(ranks)),
