@@ -92,7 +92,8 @@ def rank_main(args) -> int:
 
     results = []
     for schedule in args.schedules:
-        num_stages = world * (2 if schedule == "interleaved-1f1b" else 1)
+        derived = family(schedule, world, m).derive()
+        num_stages = derived.placement.num_stages
         layers = max(args.layers, num_stages - 2)
 
         def model():
@@ -105,7 +106,7 @@ def rank_main(args) -> int:
         stages, t_stages = model(), model()  # same weights, one copy each
         data = tiny.make_batch(0, rows)
         batch = Batch(body=(data.segments["vision"], data.body), target=data.target)
-        plan = lower(family(schedule, world, m).derive())
+        plan = lower(derived)
         plan = with_payload_shapes(plan, infer_payload_shapes(stages, batch, m))
         mine = plan.placement.stages_of(rank)
         certificate = certify(plan)
