@@ -435,6 +435,53 @@ def test_two_collectives_over_one_group_in_different_orders(second):
     assert a.ops == ((0, 8, str(first)), (1, 8, str(second)))  # both ends
 
 
+def test_collective_findings_are_confirmed_on_plan_facts():
+    """Each collective problem is confirmed by Z3 on a fact of the plan, not a constant:
+    the (kind, tag, root) codes of two disagreeing members, the callers of an instance
+    against its group's size, the non-member's occurrences in the group it calls."""
+    from mpipe_verified.verify import properties
+    plan = lowered("gpipe", 3, 1)
+    grads = Collective("all_reduce", (0, 1), "grads")
+    params = Collective("broadcast", (0, 1), "params", root=1)
+    swapped = _append(plan, [(grads, params), (params, grads), ()])
+    first, second = (f.fact for f in properties.matching(swapped)[0])
+    assert first[0] == second[0] == "eq"
+    grads_code, params_code = first[1][:3], first[1][3:]  # instance #0: rank 0, rank 1
+    assert second[1] == params_code + grads_code
+    assert grads_code[2] == -1 and params_code[2] == 1  # roots
+    assert grads_code[0] != params_code[0] and grads_code[1] != params_code[1]
+    findings, _ = properties.matching(_append(plan, [(grads,), (), ()]))
+    assert [f.fact for f in findings] == [("eq", (1, 2))]
+    findings, _ = properties.matching(_append(plan, [(grads,), (grads,), (grads,)]))
+    assert [f.fact for f in findings] == [("eq", (0, 1))]  # rank 2 occurs 0 times in (0, 1)
+    # deadlock's "no matching partner": the same instance fact; a p2p end: channel counts
+    (dead,) = properties.deadlock(_append(plan, [(grads,), (), ()]), "rendezvous")[0]
+    assert dead.fact == ("eq", (1, 2)) and dead.core is None
+    one_f = lowered("1f1b", 4, 8)
+    program = list(one_f.programs[0])
+    del program[max(i for i, op in enumerate(program) if isinstance(op, Recv))]
+    (dead,) = properties.deadlock(with_program(one_f, 0, program), "rendezvous")[0]
+    assert dead.fact == ("eq", (8, 7))
+
+
+def test_collective_agreement_is_part_of_the_certificate(monkeypatch):
+    """A pairing that forgot a kind/tag/root disagreement must not certify: the agreement
+    of every member with the lowest one is a fact Z3 checks."""
+    import attrs as attrs_
+    from mpipe_verified import verify as verify_module
+    from mpipe_verified.semantics import pair_collectives
+    plan = lowered("gpipe", 2, 2)
+    grads = Collective("all_reduce", (0, 1), "grads")
+    params = Collective("broadcast", (0, 1), "params", root=0)
+    broken = _append(plan, [(grads, params), (params, grads)])
+    assert props(verify(broken)) == {"matching"}
+    monkeypatch.setattr(verify_module, "pair_collectives",
+                        lambda p: attrs_.evolve(pair_collectives(p), problems=()))
+    report = verify(broken)
+    assert report.status != "verified" and report.certificate is None
+    assert report.stats["properties"]["matching"]["status"] == "unknown"
+
+
 def test_collectives_over_overlapping_groups_in_different_orders_deadlock():
     """Rank 0 calls A over {0,1} then B over {0,1,2}; rank 1 calls B then A: rank 0 waits in
     A for rank 1, which waits in B for rank 0."""

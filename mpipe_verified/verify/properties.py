@@ -158,15 +158,46 @@ def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding],
                 facts.append(fact)
         if counts[0] != counts[1]:
             findings.extend(_leftovers(plan, channel, counts, pairing))
+    calls: dict = {}  # (field, value) -> code, for _call_code
     for positions, problem in collectives.problems:
         ranks = tuple(dict.fromkeys(r for r, _ in positions))
+        if len(positions) == 2:  # two members disagree on kind, tag or root
+            (ra, ia), (rb, ib) = positions
+            fact = ("eq", _call_code(programs[ra][ia], calls) + _call_code(programs[rb][ib],
+                                                                           calls))
+        else:  # a member missing, or a call by a non-member
+            fact = _instance_fact(plan, *positions[0], collectives)
         findings.append(Finding(Violation("matching", problem, ranks,
                                           tuple(_op_ref(plan, r, i) for r, i in positions)),
-                                ("eq", (0, 1))))
+                                fact))
+    agree = obligations.lane("eq", "collective_calls", 0)
     for key, where in collectives.members.items():
         group, _ = key
         obligations.add("eq", "collective_members", 0, (len(where), len(group)))
+        first = min(where)  # every member calls what the lowest member calls
+        ref = _call_code(programs[first][where[first]], calls)
+        for r, i in where.items():
+            if r != first:
+                agree.append(ref + _call_code(programs[r][i], calls))
     return findings, obligations
+
+
+def _call_code(op: Collective, codes: dict) -> tuple[int, int, int]:
+    """A collective call's ``(kind, tag, root)`` as integers (root None as -1): equal
+    codes iff the calls agree."""
+    return (codes.setdefault(("kind", op.kind), len(codes)),
+            codes.setdefault(("tag", op.tag), len(codes)),
+            -1 if op.root is None else op.root)
+
+
+def _instance_fact(plan, rank, index, collectives) -> tuple[str, tuple]:
+    """Why the collective at ``(rank, index)`` cannot complete, as a plan fact: its
+    instance has fewer callers than its group has members, or ``rank`` is not a member
+    of the group it calls (it occurs 0 times in it, not once)."""
+    key = collectives.instance_of.get((rank, index))
+    if key is None:
+        return ("eq", (tuple(plan.programs[rank][index].ranks).count(rank), 1))
+    return ("eq", (len(collectives.members[key]), len(key[0])))
 
 
 def _mismatch(plan, s_end, r_end, fact) -> Finding:
@@ -219,7 +250,7 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
     collectives = collectives or pair_collectives(plan)
     run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
     if not run.completed:
-        return _deadlock_findings(plan, run), Obligations()
+        return _deadlock_findings(plan, run, comm_model, pairing, collectives), Obligations()
     return [], _deadlock_witness(plan, comm_model, run, pairing, collectives)
 
 
@@ -286,7 +317,7 @@ def _chunk_index(placement) -> dict[int, int]:
             for s in placement.stages_of(r)}
 
 
-def _deadlock_findings(plan, run) -> list[Finding]:
+def _deadlock_findings(plan, run, comm_model, pairing, collectives) -> list[Finding]:
     cycle = wait_cycle(run)
     if cycle:
         trace = tuple(f"rank {w.rank}, position {w.index}: {plan.programs[w.rank][w.index]} "
@@ -302,14 +333,26 @@ def _deadlock_findings(plan, run) -> list[Finding]:
         if w.on is None:
             violation = Violation("deadlock", f"rank {w.rank} position {w.index}: {w.reason}",
                                   (w.rank,), (_op_ref(plan, w.rank, w.index),), (w.reason,))
-            findings.append(Finding(violation, core=_no_partner_core))
+            findings.append(Finding(violation, _no_partner_fact(
+                plan, w.rank, w.index, comm_model, pairing, collectives)))
     return findings
 
 
-def _no_partner_core():
-    """The op completes only by meeting one of its candidate partners: there are none."""
-    import z3
-    return z3.Or([])
+def _no_partner_fact(plan, rank, index, comm_model, pairing, collectives
+                     ) -> tuple[str, tuple]:
+    """The plan fact behind "no matching partner": a collective instance short of members
+    (or a non-member's call), or an end without a partner on a channel whose send and
+    receive counts differ (FIFO pairs the first ``min`` of each)."""
+    op = plan.programs[rank][index]
+    if type(op) is Collective:
+        return _instance_fact(plan, rank, index, collectives)
+    for member, c in enumerate(p2p_of(op)):
+        if comm_model == EAGER and type(c) is Send:
+            continue  # buffered: never waits for a partner
+        if (rank, index, member) not in pairing.partner:
+            channel = (rank, c.dst) if type(c) is Send else (c.src, rank)
+            return ("eq", pairing.counts[channel])
+    return ("eq", (0, 0))  # no such fact: Z3 rejects it and the verdict is unknown
 
 
 def _cycle_core(cycle):
