@@ -51,6 +51,21 @@ def payload_token(p: Payload) -> tuple:
 
 TRANSFER_TOKENS = frozenset(_TOKEN_OF_PAYLOAD.values())  # token kinds a transfer carries
 
+PARAMS, GRADS = "params", "grads"  # collective tag roles: a segment's parameters, gradients
+
+
+def collective_tag(role: str, name: str) -> str:
+    """The tag of a collective over segment ``name``: ``params:NAME`` (its parameters,
+    broadcast) or ``grads:NAME`` (its weight gradients, all-reduced)."""
+    return f"{role}:{name}"
+
+
+def collective_segment(op: Collective) -> tuple[str, str] | None:
+    """``(role, segment name)`` of a collective tagged ``ROLE:NAME`` (see
+    ``collective_tag``), or None when its tag names no segment."""
+    role, sep, name = op.tag.partition(":")
+    return (role, name) if sep else None
+
 
 def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
     """Tokens that must already be on the rank before ``op`` runs (§3.5)."""
@@ -96,8 +111,10 @@ def produces(op: Op) -> tuple[tuple, ...]:
         return (payload_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in produces(c))
-    if kind is Collective and op.kind == "broadcast" and op.tag.startswith("params:"):
-        return (("params", op.tag[len("params:"):], 0, 0),)
+    if kind is Collective and op.kind == "broadcast":
+        tagged = collective_segment(op)
+        if tagged is not None and tagged[0] == PARAMS:
+            return (("params", tagged[1], 0, 0),)
     return ()
 
 
@@ -193,9 +210,10 @@ class Chain:
         return extra + base
 
     def _collective_needs(self, op: Collective, rank: int) -> tuple[tuple, ...]:
-        if op.kind != "all_reduce" or not op.tag.startswith("grads:"):
+        tagged = collective_segment(op)
+        if op.kind != "all_reduce" or tagged is None or tagged[0] != GRADS:
             return ()
-        seg = self._segments.get(op.tag[len("grads:"):])
+        seg = self._segments.get(tagged[1])
         if seg is None or seg.backward_rank is None:
             return ()
         return tuple(("wdone", seg.name, 0, mb) for mb, r in enumerate(seg.backward_rank)

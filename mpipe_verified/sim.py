@@ -32,8 +32,8 @@ import attrs
 from .ir import (ACT, BACKWARD, FORWARD, GRAD, INPUT, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD,
                  Collective, Compute, Cut, Op, Payload, Plan, Recv, computes_of,
                  p2p_of)
-from .semantics import (EAGER, UNIT_MEMORY, MemoryModel, execute, memory_steps,
-                        standard_duration)
+from .semantics import (EAGER, GRADS, PARAMS, UNIT_MEMORY, MemoryModel, collective_segment,
+                        execute, memory_steps, standard_duration)
 
 
 def _ring_factor(op: Collective) -> float:
@@ -169,7 +169,8 @@ class CommModel:
         return self.activation_bytes  # the body's (its last output to a sink included)
 
     def collective_bytes(self, op: Collective) -> float:
-        return self.parameter_bytes if op.tag.startswith(("params:", "grads:")) else 0.0
+        tagged = collective_segment(op)
+        return self.parameter_bytes if tagged and tagged[0] in (PARAMS, GRADS) else 0.0
 
     def comm_cost(self) -> CommCost:
         return CommCost(self.latency, self.bandwidth, self.payload_bytes,

@@ -49,7 +49,8 @@ from torch import nn
 
 from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD, Collective,
                   Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
-from ..semantics import RENDEZVOUS, Chain, Token, produces
+from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
+                         produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
 from . import comm
 from .batch import Batch
@@ -199,8 +200,8 @@ class PipelineExecutor:
             raise PipelineError("the executor runs at most one source segment; the plan has "
                                 f"{len(cut)} ({', '.join(s.name for s in cut)})")
         used = {c.segment for op in self.program for c in _computes(op) if c.segment}
-        used |= {op.tag.split(":", 1)[1] for op in self.program
-                 if isinstance(op, Collective) and ":" in op.tag}
+        used |= {tagged[1] for op in self.program
+                 if isinstance(op, Collective) and (tagged := collective_segment(op))}
         missing = sorted(used - set(segments))
         if missing:
             raise PipelineError(f"rank {self.rank}: the plan runs segment(s) "
@@ -551,10 +552,10 @@ class PipelineExecutor:
         op: Collective = instr.op
         where = f"{op} at position {instr.index}"
         group = self._groups.get(tuple(sorted(op.ranks)))
-        kind, _, name = op.tag.partition(":")
+        role, name = collective_segment(op) or ("", "")
         module = self.segments.get(name)
-        if module is None or (op.kind, kind) not in (("broadcast", "params"),
-                                                     ("all_reduce", "grads")):
+        if module is None or (op.kind, role) not in (("broadcast", PARAMS),
+                                                     ("all_reduce", GRADS)):
             raise PipelineError(f"rank {self.rank}: {where}: the executor runs broadcast of "
                                 "params:NAME and all_reduce of grads:NAME only")
         params = [p for p in module.parameters()]
