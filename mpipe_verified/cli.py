@@ -50,6 +50,7 @@ from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_cs
 from .ir import COMM_STEP, Plan, Schedule
 from .lower import lower
 from .progress import Progress
+from .sim import NO_COMM_COST
 from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, standard_duration
 from .show import render_grid
 from .verify import Report, verify, verify_loaded
@@ -646,7 +647,8 @@ def run_diff(args: argparse.Namespace) -> int:
         limit = args.memory_limit if args.memory_limit is not None else (
             spec.memory_limit if spec is not None else None)
         sides.append(Side(name, target, spec.duration if spec else standard_duration,
-                          spec.memory_model if spec else UNIT_MEMORY, limit))
+                          spec.memory_model if spec else UNIT_MEMORY, limit,
+                          spec.comm_cost if spec else NO_COMM_COST))
     doc = semantic_diff(*sides, comm_model=args.comm_model)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_diff(doc))
     return 0

@@ -11,8 +11,9 @@ sides:
 - **appeared** / **vanished**: compute ops only in the new / only in the old program of a
   rank; ``from_rank`` / ``to_rank`` say where an op that changed rank came from / went.
 - each side's **verdict** (``verify``: status, violated properties) and its **makespan**,
-  **bubble** and **peak memory** from the simulator (``sim.simulate`` with that side's cost
-  and memory model), and the deltas ``new - old``.
+  **bubble** and **peak memory** from the simulator (``sim.simulate`` with that side's
+  durations, transfer costs and memory model, as ``simulate`` times it), and the deltas
+  ``new - old``. A compute-only side is lowered for its own durations, as ``check`` does.
 
 A *position* is the index among the rank's compute steps (comm ops, idle cells and FSDP
 markers skipped; an overlapped step is one position holding both its ops), so a spec, its
@@ -30,19 +31,21 @@ import attrs
 from .formats.timeline import as_plan
 from .ir import Compute, Op, Plan, Schedule, computes_of
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
-from .sim import SimulationError, simulate
+from .sim import NO_COMM_COST, CommCost, SimulationError, simulate
 from .verify import verify
 
 
 @attrs.frozen
 class Side:
-    """One version: its name, the schedule or plan, and its cost model and limit."""
+    """One version: its name, the schedule or plan, its cost model (durations, memory,
+    transfer costs) and limit."""
 
     name: str
     target: Schedule | Plan
     duration: Callable[[Op], float] = standard_duration
     memory: MemoryModel = UNIT_MEMORY
     memory_limit: float | tuple[float, ...] | None = None
+    comm: CommCost = NO_COMM_COST
 
 
 def compute_steps(target: Schedule | Plan) -> list[list[tuple[Compute, int]]]:
@@ -107,7 +110,7 @@ def _lis(seq: list[int]) -> set[int]:
 
 def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
     """One side's verdict and simulated costs, as JSON."""
-    plan = as_plan(side.target)
+    plan = as_plan(side.target, side.duration)
     report = verify(plan, side.memory_limit, comm_model, side.memory)
     out = {"source": side.name, "status": report.status, "verified": report.verified,
            "exit_code": report.exit_code, "lowered": isinstance(side.target, Schedule),
@@ -117,7 +120,7 @@ def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
            "violations": [{"property": v.property, "message": v.message}
                           for v in report.violations]}
     try:
-        run = simulate(plan, side.duration, memory=side.memory)
+        run = simulate(plan, side.duration, side.comm, side.memory)
     except SimulationError as e:
         out.update(makespan=None, bubble=None, simulation_error=str(e),
                    peak_memory={str(r): p for r, p in sorted(report.peak_memory.items())})
