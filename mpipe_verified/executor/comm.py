@@ -1,5 +1,6 @@
 """Communication for the interpreter: process-group set-up, point-to-point messages that
-carry their own description, the transpose collectives, and a watchdog.
+carry their own description, and a watchdog (the transpose collectives are run by the
+interpreter's ``_collective``).
 
 Messages. Gloo (and NCCL) check neither the dtype nor, when the sender sends *fewer*
 bytes than the receiver posted, the size of a message: a wrong tensor would be read as
@@ -201,10 +202,15 @@ class Watchdog:
 
     def __init__(self, rank: int, limit_s: float, grace_s: float = 10.0) -> None:
         self.rank = rank
+        self.grace_s = grace_s
         self.limit_s = limit_s + grace_s
         self._armed: tuple[str, float] | None = None  # replaced whole: no lock needed
         self._thread = threading.Thread(target=self._run, name="mpipe-watchdog", daemon=True)
         self._thread.start()
+
+    def allow(self, limit_s: float) -> None:
+        """Raise the deadline to at least ``limit_s`` plus the grace (never lower it)."""
+        self.limit_s = max(self.limit_s, limit_s + self.grace_s)
 
     def arm(self, what: str) -> None:
         self._armed = (what, time.monotonic())

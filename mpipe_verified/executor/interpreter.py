@@ -49,6 +49,7 @@ from torch import nn
 
 from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD, Collective,
                   Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
+from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
@@ -199,7 +200,7 @@ class PipelineExecutor:
         if len(cut) > 1:
             raise PipelineError("the executor runs at most one source segment; the plan has "
                                 f"{len(cut)} ({', '.join(s.name for s in cut)})")
-        used = {c.segment for op in self.program for c in _computes(op) if c.segment}
+        used = {c.segment for op in self.program for c in computes_of(op) if c.segment}
         used |= {tagged[1] for op in self.program
                  if isinstance(op, Collective) and (tagged := collective_segment(op))}
         missing = sorted(used - set(segments))
@@ -211,7 +212,7 @@ class PipelineExecutor:
 
     def _check_payloads(self) -> None:
         for index, op in enumerate(self.program):
-            for c in _p2p(op):
+            for c in p2p_of(op):
                 try:
                     comm.expected_layout(c.payload)
                 except PipelineError as err:
@@ -232,7 +233,7 @@ class PipelineExecutor:
             drop = tuple(dict.fromkeys(t for t in needs[index] if last[t] == index))
             members = (tuple(self.chain.needs(c, self.rank) for c in op.ops)
                        if isinstance(op, Overlap) else ())
-            peers = ", ".join(f"rank {r}" for r in sorted({c.peer for c in _p2p(op)}))
+            peers = ", ".join(f"rank {r}" for r in sorted({c.peer for c in p2p_of(op)}))
             out.append(_Instr(index, op, needs[index], keep, drop, members,
                               f"{op} at position {index}", peers))
         return tuple(out)
@@ -284,7 +285,7 @@ class PipelineExecutor:
         global _WATCHDOG
         if _WATCHDOG is None:
             _WATCHDOG = comm.Watchdog(self.rank, self.timeout_s)
-        _WATCHDOG.limit_s = max(_WATCHDOG.limit_s, self.timeout_s + 10.0)
+        _WATCHDOG.allow(self.timeout_s)
         self._watchdog = _WATCHDOG
         self._connected = True
 
@@ -410,10 +411,17 @@ class PipelineExecutor:
             return self._weight_grad(c, needs)
         raise PipelineError(f"rank {self.rank}: unknown compute kind in {c}")
 
+    def _needed(self, needs: tuple, kind: str):
+        """The value of the token of ``kind`` among an op's ``needs`` (None if absent)."""
+        for t in needs:
+            if t[0] == kind:
+                return self.store[t]
+        return None
+
     def _forward(self, c: Compute, needs: tuple, keep: frozenset) -> dict:
         seg, s, mb = c.segment, c.stage, c.mb
         data = self._mbs[mb]
-        stored = ("stored", seg, s, mb)
+        out_token, stored, *raw_token = produces(c)  # raw input: a cut segment's forward
         graph = stored in keep
         module = self._module(c)
         leaves, args = [], []
@@ -441,50 +449,46 @@ class PipelineExecutor:
                 self._loss = (loss.detach() * self._weights[mb] if self._loss is None
                               else self._loss + loss.detach() * self._weights[mb])
                 out = loss * self._weights[mb]
-        produced = {("out", seg, s, mb): y.detach()}
+        produced = {out_token: y.detach()}
         if graph:
             produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)])
-        if seg:
-            produced[("input", seg, s, mb)] = raw
+        for t in raw_token:
+            produced[t] = raw
         return produced
 
     def _recompute(self, c: Compute, needs: tuple) -> dict:
         module = self._module(c)
         with torch.enable_grad():
-            y = module(self.store[("input", c.segment, c.stage, c.mb)])
-        return {("stored", c.segment, c.stage, c.mb): _Saved((), y, self._params[id(module)])}
-
-    def _grad_out(self, needs: tuple):
-        for t in needs:
-            if t[0] == "grad":
-                return self.store[t]
-        return None
+            y = module(self._needed(needs, "input"))
+        (stored,) = produces(c)
+        return {stored: _Saved((), y, self._params[id(module)])}
 
     def _backward(self, c: Compute, needs: tuple) -> dict:
-        saved: _Saved = self.store[("stored", c.segment, c.stage, c.mb)]
-        g = self._grad_out(needs)
+        saved: _Saved = self._needed(needs, "stored")
+        g = self._needed(needs, "grad")
         targets = saved.leaves + saved.params
         if targets and saved.output.requires_grad:
             torch.autograd.backward(saved.output, g, inputs=list(targets))
         grad_in = saved.leaves[0].grad if saved.leaves else None
-        return {("grad", c.segment, c.stage, c.mb): grad_in,
-                ("wdone", c.segment, c.stage, c.mb): True}
+        grad, wdone = produces(c)
+        return {grad: grad_in, wdone: True}
 
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
-        saved: _Saved = self.store[("stored", c.segment, c.stage, c.mb)]
-        g = self._grad_out(needs)
+        saved: _Saved = self._needed(needs, "stored")
+        g = self._needed(needs, "grad")
         grad_in = None
         if saved.leaves and saved.output.requires_grad:
             grad_in = torch.autograd.grad(saved.output, list(saved.leaves), g,
                                           retain_graph=True)[0]
-        return {("grad", c.segment, c.stage, c.mb): grad_in,
-                ("wgrad_ready", c.segment, c.stage, c.mb): (saved, g)}
+        grad, wgrad_ready = produces(c)
+        return {grad: grad_in, wgrad_ready: (saved, g)}
 
     def _weight_grad(self, c: Compute, needs: tuple) -> dict:
-        saved, g = self.store[("wgrad_ready", c.segment, c.stage, c.mb)]
+        saved, g = self._needed(needs, "wgrad_ready")
         if saved.params and saved.output.requires_grad:
             torch.autograd.backward(saved.output, g, inputs=list(saved.params))
-        return {("wdone", c.segment, c.stage, c.mb): True}
+        (wdone,) = produces(c)
+        return {wdone: True}
 
     # ------------------------------------------------------------ communication
 
@@ -501,7 +505,7 @@ class PipelineExecutor:
     def _p2p(self, instr: _Instr) -> dict:
         where, peers = instr.where, instr.peers
         items, recvs = [], []
-        for c in _p2p(instr.op):
+        for c in p2p_of(instr.op):
             if type(c) is Send:
                 value = self.store[self.chain.needs(c, self.rank)[0]]
                 if value is None:
@@ -550,7 +554,7 @@ class PipelineExecutor:
 
     def _collective(self, instr: _Instr) -> dict:
         op: Collective = instr.op
-        where = f"{op} at position {instr.index}"
+        where = instr.where
         group = self._groups.get(tuple(sorted(op.ranks)))
         role, name = collective_segment(op) or ("", "")
         module = self.segments.get(name)
@@ -580,22 +584,6 @@ class PipelineExecutor:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         return {}
-
-
-def _computes(op) -> tuple:
-    if isinstance(op, Compute):
-        return (op,)
-    if isinstance(op, Overlap):
-        return op.ops
-    return ()
-
-
-def _p2p(op) -> tuple:
-    if isinstance(op, (Send, Recv)):
-        return (op,)
-    if isinstance(op, Group):
-        return op.ops
-    return ()
 
 
 def _rows(mb: Batch) -> int:
