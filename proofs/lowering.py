@@ -327,7 +327,9 @@ def _timing_obligations():
      "lower(par(A,B)) = par(lower(A), lower(B)) for executable A, B on disjoint ranks with no "
      "message between them: same timing, same per-rank event order, same projection",
      all_sizes("every rank, length and content; executable, well-formed schedules; "
-               "induction on lists and on the data-flow order"))
+               "induction on lists and on the data-flow order; the step from the timing "
+               "part to the event part (par(A,B)'s events are A's and B's with their keys "
+               "from lower(A) and lower(B)) is assumed, not checked"))
 def lower_par():
     yield from _timing_obligations()
     yield from sorted_filter_kit()
@@ -419,9 +421,12 @@ def lower_par():
 
 
 @law("lower_work_conservation",
-     "deleting the comm ops from lower(S) gives back each rank's program of S (Idle steps "
-     "dropped): lowering only inserts comm ops, so the multiset of compute work is kept",
-     all_sizes("every rank, program length and content; induction on lists"))
+     "if a rank's lowered sequence is its events sorted by key and its compute events are "
+     "exactly the program's non-Idle steps, one event each with keys increasing along the "
+     "program, then deleting the comm ops gives back the program (Idle steps dropped)",
+     all_sizes("every rank, program length and content; induction on lists; that the real "
+               "lowering meets the hypotheses is checked by tests/test_laws.py "
+               "test_lowering_only_inserts_comm_ops, not proved"))
 def lower_work_conservation():
     yield from sorted_filter_kit()
     srt, mem, flt, proj = sorted_fn(), mem_fn(), filter_fn(), proj_fn()

@@ -2,8 +2,9 @@
 
 **Ops.** ``Work`` is one unit of compute work ``work(kind, stage, mb, seg)`` with kind
 codes ``F=0, B=1, I=2, W=3`` (``seg`` numbers the segment). ``Op`` is a step of a rank:
-``compute(w)`` (an ``ir.Compute``), ``overlap(w1, w2)`` (an ``ir.Overlap`` of two compute
-ops, DualPipeV's only use), ``other(tag)`` (``Idle`` or ``Marker``: kept, never changed),
+``compute(w)`` (an ``ir.Compute``), ``overlap(w1, w2)`` (an ``ir.Overlap`` of exactly two
+compute ops: DualPipeV's use; patterns allow ``<L L+>`` with more, which the laws whose
+scope says "overlaps of two ops" do not cover), ``other(tag)`` (``Idle`` or ``Marker``: kept, never changed),
 ``send(peer, payload)`` / ``recv(peer, payload)`` (payload kind 0 = act, 1 = grad).
 
 **Two representations of a sequence.**
