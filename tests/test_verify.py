@@ -288,6 +288,31 @@ def test_a_per_rank_memory_limit_of_the_wrong_length_is_refused():
     assert verify(plan, memory_limit=(4, 3, 2, 1)).status == "verified"
 
 
+def test_dependency_and_matching_findings_are_capped_and_counted():
+    """Every receive of 1F1B(8, 64) removed: thousands of missing inputs and unmatched
+    sends. Each property lists (and Z3 confirms) at most MAX_FINDINGS of them and counts
+    the rest; the listed ones are the first ones, in plan order."""
+    from mpipe_verified.verify.properties import MAX_FINDINGS
+    plan = lowered("1f1b", 8, 64)
+    stripped = attrs.evolve(plan, programs=tuple(
+        tuple(op for op in program if not isinstance(op, Recv)) for program in plan.programs))
+    recvs = plan.num_ops - stripped.num_ops
+    report = verify(stripped)
+    info = report.stats["properties"]
+    for prop in ("dependency", "matching"):
+        assert info[prop]["status"] == "violated"
+        assert info[prop]["confirmed"] == MAX_FINDINGS
+        assert len([v for v in report.violations if v.property == prop]) == MAX_FINDINGS
+    # every receive fed one op (its consumer), and every send is now unmatched
+    assert info["dependency"]["confirmed"] + info["dependency"]["unlisted"] == recvs
+    assert info["matching"]["confirmed"] + info["matching"]["unlisted"] == recvs
+    first = next(v for v in report.violations if v.property == "dependency")
+    assert first.message == ("rank 0 position 16: 0B0 needs the gradient of stage 1 "
+                             "microbatch 0, which is never computed or received on rank 0")
+    small = verify(lowered("1f1b", 4, 8), memory_limit=3).stats["properties"]["memory"]
+    assert "unlisted" not in small
+
+
 def test_unknown_comm_model_is_refused():
     with pytest.raises(ValueError, match="comm model"):
         verify(lowered("gpipe", 2, 2), comm_model="buffered")

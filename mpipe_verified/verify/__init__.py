@@ -183,7 +183,10 @@ def _decide(findings, obligations, rlimit) -> tuple[str, dict]:
                 return "unknown", {"reason": f"Z3 rejected the counterexample "
                                              f"'{finding.violation.message}' (internal error)"}
             confirmed += 1
-        return "violated", {"confirmed": confirmed}
+        detail = {"confirmed": confirmed}
+        if getattr(findings, "unlisted", 0):  # found beyond the cap: counted, not listed
+            detail["unlisted"] = findings.unlisted
+        return "violated", detail
     outcome = prove(obligations, rlimit)
     detail = {"facts": outcome.facts, "runs": outcome.runs}
     if outcome.status == "proved":

@@ -42,6 +42,21 @@ def _op_ref(plan: Plan, rank: int, index: int) -> tuple[int, int, str]:
 MAX_FINDINGS = 200  # per property; the rest are counted, not listed
 
 
+class Findings(list):
+    """A property's findings: at most ``MAX_FINDINGS`` listed (each confirmed by Z3),
+    and ``unlisted``, how many more the pass found (dependency and matching count them;
+    completeness stops looking at the cap)."""
+
+    unlisted: int = 0
+
+    def add(self, make: Callable[[], Finding]) -> None:
+        """List ``make()`` below the cap, else only count it (never built)."""
+        if len(self) < MAX_FINDINGS:
+            self.append(make())
+        else:
+            self.unlisted += 1
+
+
 def completeness(plan: Plan) -> tuple[list[Finding], Obligations]:
     chain = Chain.of(plan)
     table = work_table(plan, chain)
@@ -70,15 +85,19 @@ def dependency(plan: Plan) -> tuple[list[Finding], Obligations]:
     input, the position that produced or received it."""
     chain = Chain.of(plan)
     obligations = Obligations()
-    findings = []
+    findings = Findings()
     for rank, program in enumerate(plan.programs):
         have: dict = {}
         lanes: dict = {}
+        missing = []  # (index, token) listed, explained once the rank is read
         for index, op in enumerate(program):
             for token in chain.needs(op, rank):
                 pos = have.get(token)
                 if pos is None:
-                    findings.append(_missing_input(plan, rank, index, Token(*token)))
+                    if len(findings) + len(missing) < MAX_FINDINGS:
+                        missing.append((index, token))
+                    else:
+                        findings.unlisted += 1
                     continue
                 cls = (_kind_of(op), token[0])
                 facts = lanes.get(cls)
@@ -88,6 +107,10 @@ def dependency(plan: Plan) -> tuple[list[Finding], Obligations]:
             for token in produces(op):
                 if token not in have:
                     have[token] = index
+        # ``have`` now holds where each token first appears on this rank: a missing
+        # input's token, if at all, appears only there (at or after its use)
+        findings.extend(_missing_input(plan, rank, index, Token(*token), have.get(token))
+                        for index, token in missing)
     return findings, obligations
 
 
@@ -95,15 +118,13 @@ def _kind_of(op) -> str:
     return op.kind if type(op) is Compute else type(op).__name__
 
 
-def _missing_input(plan, rank, index, token) -> Finding:
+def _missing_input(plan, rank, index, token, produced_at) -> Finding:
     what = {"out": "activation", "stored": "stored forward", "grad": "gradient",
             "wgrad_ready": "input-gradient step", "input": "shipped input",
             "params": "broadcast parameters", "wdone": "weight gradient"}[token.kind]
     seg = f"{token.segment}:" if token.segment else ""
     name = f"{what} of stage {seg}{token.stage} microbatch {token.mb}"
     op = plan.programs[rank][index]
-    produced_at = next((i for i in range(index, len(plan.programs[rank]))
-                        if tuple(token) in produces(plan.programs[rank][i])), None)
     if produced_at is None:
         message = f"rank {rank} position {index}: {op} needs the {name}, which is never " \
                   f"computed or received on rank {rank}"
@@ -141,9 +162,10 @@ def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding],
     codes: dict = {}
     cache: dict = {}
     obligations = Obligations()
-    findings = []
+    findings = Findings()
     mismatched = set(pairing.mismatched)
     programs = plan.programs
+    unmatched = _unmatched_by_channel(plan, pairing)
     for lane, (channel, pairs) in enumerate(sorted(pairing.channels.items())):
         counts = pairing.counts[channel]
         obligations.add("eq", "count", lane, counts)
@@ -153,13 +175,17 @@ def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding],
             recv = p2p_of(programs[r_end[0]][r_end[1]])[r_end[2]].payload
             fact = _payload_code(codes, send, cache) + _payload_code(codes, recv, cache)
             if mismatched and (s_end, r_end) in mismatched:
-                findings.append(_mismatch(plan, s_end, r_end, fact))
+                findings.add(lambda: _mismatch(plan, s_end, r_end, fact))
             else:
                 facts.append(fact)
         if counts[0] != counts[1]:
-            findings.extend(_leftovers(plan, channel, counts, pairing))
+            for end, op in unmatched.get(channel, ()):
+                findings.add(lambda: _leftover(plan, channel, counts, end, op))
     calls: dict = {}  # (field, value) -> code, for _call_code
     for positions, problem in collectives.problems:
+        if len(findings) >= MAX_FINDINGS:
+            findings.unlisted += 1
+            continue
         ranks = tuple(dict.fromkeys(r for r, _ in positions))
         if len(positions) == 2:  # two members disagree on kind, tag or root
             (ra, ia), (rb, ib) = positions
@@ -212,22 +238,26 @@ def _mismatch(plan, s_end, r_end, fact) -> Finding:
                    ("eq", fact))
 
 
-def _leftovers(plan, channel, counts, pairing) -> list[Finding]:
-    src, dst = channel
-    out = []
+def _unmatched_by_channel(plan, pairing) -> dict:
+    """Channel -> its unmatched ends ``(endpoint, op)``, in ``pairing.unmatched`` order."""
+    out: dict = {}
     for end in pairing.unmatched:
         op = p2p_of(plan.programs[end[0]][end[1]])[end[2]]
-        if isinstance(op, Send) and (end[0], op.dst) == channel:
-            message = (f"rank {src} position {end[1]}: {op} to rank {dst} has no matching "
-                       f"receive ({counts[0]} sends, {counts[1]} receives on {src}->{dst})")
-        elif isinstance(op, Recv) and (op.src, end[0]) == channel:
-            message = (f"rank {dst} position {end[1]}: {op} from rank {src} has no matching "
-                       f"send ({counts[0]} sends, {counts[1]} receives on {src}->{dst})")
-        else:
-            continue
-        out.append(Finding(Violation("matching", message, (end[0],),
-                                     (_op_ref(plan, end[0], end[1]),)), ("eq", counts)))
+        channel = (end[0], op.dst) if isinstance(op, Send) else (op.src, end[0])
+        out.setdefault(channel, []).append((end, op))
     return out
+
+
+def _leftover(plan, channel, counts, end, op) -> Finding:
+    src, dst = channel
+    if isinstance(op, Send):
+        message = (f"rank {src} position {end[1]}: {op} to rank {dst} has no matching "
+                   f"receive ({counts[0]} sends, {counts[1]} receives on {src}->{dst})")
+    else:
+        message = (f"rank {dst} position {end[1]}: {op} from rank {src} has no matching "
+                   f"send ({counts[0]} sends, {counts[1]} receives on {src}->{dst})")
+    return Finding(Violation("matching", message, (end[0],),
+                             (_op_ref(plan, end[0], end[1]),)), ("eq", counts))
 
 
 # ---------------------------------------------------------------- deadlock
