@@ -73,11 +73,9 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
     events.sort(key=lambda e: e[:6])
     out: list[list[Op]] = [[] for _ in programs]
     for event in events:
-        payload = event[6]
-        if len(payload) == 2:
-            out[payload[0]].append(payload[1])
-        else:
-            out[payload[0]].append(payload[1])
+        payload = event[6]  # (rank, op) or (rank, send, peer, recv)
+        out[payload[0]].append(payload[1])
+        if len(payload) == 4:
             out[payload[2]].append(payload[3])
     for rank, program in enumerate(programs):
         for index in range(len(timing.start[rank]), len(program)):

@@ -583,8 +583,7 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
                 posts[index] = t0
                 if mine:
                     todo.extend(mine.pop(index, ()))
-                done = _comm_completion(plan, rank, index, op, comm_model, posted, p2p,
-                                        collectives)
+                done = _comm_completion(rank, index, op, comm_model, posted, p2p, collectives)
                 if isinstance(done, tuple):  # waiting on that position
                     blocked[rank] = done if done[0] >= 0 else None
                     if done[0] >= 0:
@@ -598,7 +597,7 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
             t0 = t1
             index += 1
         ready[rank] = t0
-    waits = tuple(_describe_wait(plan, r, len(start[r]), blocked.get(r), p2p)
+    waits = tuple(_describe_wait(plan, r, len(start[r]), blocked.get(r))
                   for r in range(n) if len(start[r]) < len(programs[r]))
     return Execution(tuple(map(tuple, start)), tuple(map(tuple, finish)), waits)
 
@@ -606,7 +605,7 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
 _NEVER = (-1, -1)
 
 
-def _comm_completion(plan, rank, index, op, comm_model, posted, p2p, collectives):
+def _comm_completion(rank, index, op, comm_model, posted, p2p, collectives):
     """The time ``op`` (posted at ``(rank, index)``) can complete, or the position it waits
     on (``_NEVER`` when no partner exists)."""
     if isinstance(op, Collective):
@@ -638,7 +637,7 @@ def _comm_completion(plan, rank, index, op, comm_model, posted, p2p, collectives
     return max(times)
 
 
-def _describe_wait(plan, rank, index, on, p2p) -> Wait:
+def _describe_wait(plan, rank, index, on) -> Wait:
     op = plan.programs[rank][index]
     if on is None:
         return Wait(rank, index, None, f"{op} has no matching partner: it waits forever")

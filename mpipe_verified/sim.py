@@ -263,11 +263,6 @@ class CostModel:
         return MemoryModel(stored=self.stored, buffer=self.buffer(cut),
                            static=self.static_memory(cut, num_ranks))
 
-    @property
-    def memory_model(self) -> MemoryModel:
-        """Stored activations only (no cut, no static part)."""
-        return MemoryModel(stored=self.stored)
-
     def comm_cost(self) -> CommCost:
         return self.comm.comm_cost()
 
@@ -346,9 +341,3 @@ def memory_curve(plan: Plan, rank: int, memory: MemoryModel, start, finish
             level += alloc - freed
             points.append((finish[rank][index], level))
     return tuple(points), peak
-
-
-def simulate_with(plan: Plan, cost: CostModel, comm_model: str = EAGER) -> SimResult:
-    """``simulate`` with every cost taken from ``cost`` (durations, transfers, memory)."""
-    return simulate(plan, cost.duration, cost.comm_cost(),
-                    cost.memory_model_for(plan.cut, plan.num_ranks), comm_model)
