@@ -174,3 +174,12 @@ def test_no_facts_is_still_proved_by_z3(monkeypatch):
     outcome = module.prove(Obligations())
     assert outcome.status == "proved" and outcome.runs == 0 and outcome.facts == 0
     assert checks == [z3.unsat]
+
+
+def test_check_unsat_names_the_answer():
+    import z3
+    from mpipe_verified.verify.obligations import check_unsat
+    x = z3.Int("x")
+    assert check_unsat(z3.And(x > 0, x < 0)) == "unsat"
+    assert check_unsat(x > 0, sat="holds", unsat="violated") == "holds"
+    assert check_unsat(z3.And(x > 0, x < 0), unsat="violated") == "violated"

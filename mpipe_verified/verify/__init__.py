@@ -18,13 +18,11 @@ import time
 from typing import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
-import z3
-
 from ..ir import Plan
 from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, pair_collectives,
                          pair_p2p)
 from . import properties
-from .obligations import _answer, confirm, prove
+from .obligations import check_unsat, confirm, prove
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
@@ -200,9 +198,4 @@ def _decide(findings, obligations, rlimit) -> tuple[str, dict]:
 def _confirm(finding, rlimit) -> str:
     if finding.fact is not None:
         return confirm(*finding.fact, rlimit=rlimit)
-    solver = z3.Solver()
-    if rlimit is not None:
-        solver.set("rlimit", rlimit)
-    solver.add(finding.core())
-    result = solver.check()
-    return _answer(result, sat="holds", unsat="violated")
+    return check_unsat(finding.core(), rlimit, sat="holds", unsat="violated")

@@ -277,9 +277,7 @@ def prove(obligations: Obligations, rlimit: int | None = None) -> Outcome:
     facts = obligations.facts
     for first in range(0, max(len(runs), 1), CHUNK):
         chunk = runs[first:first + CHUNK]
-        solver = z3.Solver()
-        if rlimit is not None:
-            solver.set("rlimit", rlimit)
+        solver = _solver(rlimit)
         solver.from_string(_smt_query(chunk))
         result = solver.check()
         if result == z3.unknown:
@@ -304,18 +302,27 @@ def confirm(template: str, fact: Sequence[Number], rlimit: int | None = None) ->
     """Ask Z3 whether one ground ``fact`` violates ``template``: ``violated``,
     ``holds`` or ``unknown``."""
     real = template in REAL_TEMPLATES
-    solver = z3.Solver()
-    if rlimit is not None:
-        solver.set("rlimit", rlimit)
-    solver.add(z3.Not(TEMPLATES[template]([_value(v, real) for v in fact])))
+    return check_unsat(z3.Not(TEMPLATES[template]([_value(v, real) for v in fact])), rlimit,
+                       sat="violated", unsat="holds")
+
+
+def check_unsat(formula, rlimit: int | None = None, *, sat: str = "sat",
+                unsat: str = "unsat") -> str:
+    """Ask Z3 whether ``formula`` (a Z3 Boolean) is satisfiable, within ``rlimit``; the
+    answer is named ``sat`` or ``unsat`` as the caller says, anything else ``unknown``."""
+    solver = _solver(rlimit)
+    solver.add(formula)
     result = solver.check()
-    return _answer(result, sat="violated", unsat="holds")
-
-
-def _answer(result, sat: str, unsat: str) -> str:
-    """Name a Z3 ``check()`` result; anything but sat/unsat is ``unknown``."""
     if result == z3.sat:
         return sat
     if result == z3.unsat:
         return unsat
     return "unknown"
+
+
+def _solver(rlimit: int | None) -> z3.Solver:
+    """A fresh solver, capped at ``rlimit`` resource units when given."""
+    solver = z3.Solver()
+    if rlimit is not None:
+        solver.set("rlimit", rlimit)
+    return solver

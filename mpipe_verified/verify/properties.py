@@ -1,9 +1,9 @@
 """The five properties of DESIGN §4, each as: a linear pass over the plan (through the
 shared ``semantics``) that finds violations or builds the certificate's facts.
 
-Every function returns ``(violations, obligations, confirmations)``: ``obligations`` are
-the facts Z3 must prove when nothing was found; ``confirmations`` pair each violation
-with the ground fact (or small core) Z3 must confirm before it is reported.
+Every function returns ``(findings, obligations)`` (``memory`` adds the peaks):
+``findings`` pair each violation with the ground fact (or small core) Z3 must confirm
+before it is reported; ``obligations`` are the facts Z3 must prove when nothing was found.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 import attrs
 
-from ..ir import Collective, Compute, Group, Plan, Recv, Send, p2p_of
+from ..ir import COMM_STEP, Collective, Compute, Plan, Send, p2p_of
 from ..semantics import (EAGER, Chain, MemoryModel, Token, execute, live_tensors, memory_steps,
                          pair_collectives, pair_p2p, produces, required_work, wait_cycle,
                          work_table)
@@ -331,14 +331,14 @@ def _program_order(plan, finish) -> list[dict[int, float]]:
         previous, out = 0.0, {}
         fin = finish[rank]
         for index, op in enumerate(program):
-            if type(op) in _COMM_TYPES:
+            if type(op) in _COMM_TYPES:  # a hash lookup: this loop visits every op
                 out[index] = previous
                 previous = fin[index]
         ready.append(out)
     return ready
 
 
-_COMM_TYPES = frozenset({Send, Recv, Group, Collective})
+_COMM_TYPES = frozenset(COMM_STEP)
 
 
 def _chunk_index(placement) -> dict[int, int]:
