@@ -3,11 +3,15 @@
 One line per rank; each column is one time quantum (the largest step that divides every
 op's duration: 1 with the standard costs, where a ``B`` spans 2 columns). An op's cell
 holds its text (``0F3``, ``1B0``, an overlapped step as ``0F7;7B3``) padded over its
-span; idle columns show ``.``. Times come from ``semantics.schedule_times`` over the
-compute steps and collectives (point-to-point ops, idle cells and markers are dropped:
-transfers are implicit and free; a collective is a zero-cost barrier, not drawn). A footer gives the makespan, each rank's
-idle time (bubble) and peak memory (``semantics.peak_memory``), and any rank that cannot
-finish. Wide grids wrap into blocks of columns that fit ``width`` characters.
+span; idle columns show ``.``. Times come from ``formats.timeline.timeline``, as in the
+SVG and the Chrome trace: a compute-only schedule is lowered, the plan runs with its sends
+and receives under eager (transfers free; collectives are barriers, not drawn), and a plan
+that blocks is drawn as far as it runs. A compute-only schedule whose inputs never arrive
+(an op before its producer) is timed by data flow (``semantics.schedule_times``) instead:
+its lowered plan would run such an op anyway. A footer gives the makespan (or where the
+run stops), each rank's idle time (bubble) and peak memory (``semantics.peak_memory``),
+and every rank that cannot finish. Wide grids wrap into blocks of columns that fit
+``width`` characters.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 from fractions import Fraction
 from typing import Callable
 
+from .formats.timeline import timeline
 from .ir import Collective, Op, Plan, Schedule, computes_of
 from .semantics import UNIT_MEMORY, MemoryModel, peak_memory, schedule_times, standard_duration
 
@@ -25,20 +30,17 @@ IDLE = "."
 def render_grid(target: Schedule | Plan, duration: Callable[[Op], float] = standard_duration,
                 memory: MemoryModel = UNIT_MEMORY, width: int = 0) -> str:
     """The grid text of ``target`` (``width`` 0: never wrap). Ends with a newline."""
-    # collectives stay for the timing (a transpose's broadcast gates the segment forwards)
-    programs = tuple(tuple(op for op in prog if computes_of(op) or isinstance(op, Collective))
-                     for prog in target.programs)
-    timing = schedule_times(programs, target.placement, duration, cut=target.cut)
-    spans = [list(zip(timing.start[r], timing.finish[r])) for r in range(len(programs))]
-    quantum = _quantum([f - s for row in spans for s, f in row] or [1.0])
+    runs, footer = _timed(target, duration, memory)
+    steps = [[(op, s, f) for op, s, f in row if computes_of(op)] for row in runs]
+    quantum = _quantum([f - s for row in steps for _, s, f in row] or [1.0])
     cells: list[dict[int, tuple[str, int]]] = []  # rank -> first column -> (text, columns)
-    for r, row in enumerate(spans):
+    for row in steps:
         cells.append({round(s / quantum): (_text(op), max(1, round((f - s) / quantum)))
-                      for op, (s, f) in zip(programs[r], row) if computes_of(op)})
+                      for op, s, f in row})
     ncols = max((c + n for row in cells for c, (_, n) in row.items()), default=0)
     cw = max([len(IDLE) + 1] + [math.ceil((len(t) + 1) / n) for row in cells
                                  for t, n in row.values()])
-    label = max(len(f"rank {len(programs) - 1}"), len("time")) + 1
+    label = max(len(f"rank {len(runs) - 1}"), len("time")) + 1
     per_block = max(1, (width - label - 2) // cw) if width else max(1, ncols)
     lines: list[str] = []
     for b0 in range(0, max(ncols, 1), per_block):
@@ -51,8 +53,35 @@ def render_grid(target: Schedule | Plan, duration: Callable[[Op], float] = stand
         for r, row in enumerate(cells):
             lines.append(f"{f'rank {r}':<{label}}| {_row(row, b0, b1, cw)}".rstrip())
     lines.append("")
-    lines.extend(_footer(target, programs, timing, duration, memory))
+    lines.extend(footer)
     return "\n".join(lines) + "\n"
+
+
+def _timed(target: Schedule | Plan, duration, memory) -> tuple[list[list[tuple]], list[str]]:
+    """Per rank, ``(op, start, finish)`` of each op that ran, and the footer lines."""
+    if isinstance(target, Schedule):
+        # collectives stay for the timing (a transpose's broadcast gates the segment forwards)
+        programs = tuple(tuple(op for op in prog
+                               if computes_of(op) or isinstance(op, Collective))
+                         for prog in target.programs)
+        flow = schedule_times(programs, target.placement, duration, cut=target.cut)
+        if flow.stuck:  # an input never arrives: the lowered plan would not notice
+            runs = [list(zip(prog, flow.start[r], flow.finish[r]))
+                    for r, prog in enumerate(programs)]
+            stuck = [f"rank {r} is stuck at compute step {index} ({programs[r][index]}): "
+                     f"waits for {token.kind} of stage {token.stage} microbatch {token.mb}"
+                     for r, index, token in flow.stuck]
+            return runs, _footer(target, runs, flow.makespan, None, duration, memory) + stuck
+    run = timeline(target, duration, memory)
+    programs = run.plan.programs
+    runs = [[(programs[r][i], run.start[r][i], run.finish[r][i]) for i in range(run.executed(r))]
+            for r in range(run.plan.num_ranks)]
+    blocked = [f"rank {w.rank} is blocked at position {w.index}: {w.reason}"
+               for w in run.waits]
+    stops = None if run.completed else (f"stops at time {_num(run.makespan)}: "
+                                        f"{len(run.waits)} of {len(runs)} ranks blocked "
+                                        f"({run.comm_model})")
+    return runs, _footer(target, runs, run.makespan, stops, duration, memory) + blocked
 
 
 def _quantum(durations: list[float]) -> float:
@@ -91,20 +120,18 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _footer(target, programs, timing, duration, memory) -> list[str]:
+def _footer(target, runs, span, stops: str | None, duration, memory) -> list[str]:
+    """Makespan (or ``stops``: where a blocked run ends), bubble, and each rank's busy and
+    idle time (compute steps and collectives that ran) and peak memory."""
     plan = target if isinstance(target, Plan) else Plan.from_schedule(target)
-    span = timing.makespan
     peaks = peak_memory(plan, memory)
-    busy = [sum(duration(op) for op in prog[:len(timing.start[r])])
-            for r, prog in enumerate(programs)]
-    total = span * len(programs)
+    busy = [sum(duration(op) for op, _, _ in row if computes_of(op) or isinstance(op, Collective))
+            for row in runs]
+    total = span * len(runs)
     ratio = (1 - sum(busy) / total) if total else 0.0
-    out = [f"makespan {_num(span)}, bubble {ratio:.1%} "
-           f"({len(programs)} ranks, {plan.num_microbatches} microbatches)"]
-    for r in range(len(programs)):
+    out = [f"{stops or f'makespan {_num(span)}'}, bubble {ratio:.1%} "
+           f"({len(runs)} ranks, {plan.num_microbatches} microbatches)"]
+    for r in range(len(runs)):
         out.append(f"rank {r}: busy {_num(busy[r])}, idle {_num(span - busy[r])}, "
                    f"peak memory {_num(peaks[r][0])}")
-    for r, index, token in timing.stuck:
-        out.append(f"rank {r} is stuck at compute step {index} ({programs[r][index]}): "
-                   f"waits for {token.kind} of stage {token.stage} microbatch {token.mb}")
     return out

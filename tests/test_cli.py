@@ -244,3 +244,25 @@ def test_show_names_stuck_ranks(capsys, tmp_path):
     code, out, _ = run(capsys, "show", str(bad))
     assert code == 0
     assert "rank 1 is stuck at compute step 0 (1B0)" in out
+
+
+def test_show_times_sends_and_receives_and_states_a_blocked_run(capsys, tmp_path):
+    """The grid runs the plan as written (timeline, as --svg does): each rank receives
+    before it sends, so nothing past rank 0's first forward runs (it used to print
+    "makespan 6" as if the transfers were free and unordered)."""
+    dead = tmp_path / "dead.csv"
+    dead.write_text("0F0,0RECV_B0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n")
+    code, out, err = run(capsys, "show", str(dead), "--width", "0")
+    assert (code, err) == (0, "")
+    assert "makespan" not in out and "1F0" not in out and "0B0" not in out.split("\n\n")[1]
+    assert "stops at time 1: 2 of 2 ranks blocked (eager)" in out
+    assert "rank 0 is blocked at position 1: 0RECV_B0 waits for rank 1" in out
+    assert "rank 1 is blocked at position 0: 1RECV_F0 waits for rank 0" in out
+    # a plan that completes: the same grid and figures as its compute-only schedule
+    lowered = tmp_path / "zb.csv"
+    assert run(capsys, "export", str(EXAMPLES / "zb-h1.toml"), "--to", "torch-csv",
+               "-o", str(lowered))[0] == 0
+    _, as_written, _ = run(capsys, "show", str(lowered), "--width", "0")
+    _, from_spec, _ = run(capsys, "show", str(EXAMPLES / "zb-h1.toml"), "--width", "0")
+    assert as_written.split("\n", 1)[1] == from_spec.split("\n", 1)[1]
+    assert "makespan 27," in as_written and "blocked" not in as_written
