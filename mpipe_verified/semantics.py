@@ -723,13 +723,21 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
     return steps, snapshot
 
 
+def memory_levels(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY):
+    """Per step of ``rank``: ``(before, allocated, freed, after)``, starting from the
+    static part; the step's peak is ``before + allocated`` (allocations count before
+    frees). Numbers are summed as the model gives them (a step that moves nothing keeps
+    ``before`` as it is)."""
+    level = model.static_of(rank)
+    for alloc, freed in memory_steps(plan, rank, model)[0]:
+        after = level + (alloc - freed) if alloc or freed else level
+        yield level, alloc, freed, after
+        level = after
+
+
 def memory_trace(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY) -> list[float]:
     """Each step's peak level on ``rank`` (static part included)."""
-    level, peaks = model.static_of(rank), []
-    for alloc, freed in memory_steps(plan, rank, model)[0]:
-        peaks.append(level + alloc)
-        level += alloc - freed
-    return peaks
+    return [before + alloc for before, alloc, _, _ in memory_levels(plan, rank, model)]
 
 
 def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_MEMORY

@@ -2,7 +2,7 @@
 with real durations, reporting makespan, busy and bubble fractions and memory timelines.
 
 There is one interpreter: ``simulate`` is ``semantics.execute`` (the verifier's run of
-DESIGN §3) with durations, plus ``semantics.memory_steps`` for memory. This module only
+DESIGN §3) with durations, plus ``semantics.memory_levels`` for memory. This module only
 supplies the *costs*:
 
 - ``CostModel`` (what a spec's ``[cost]``, ``[cost.segments.NAME]``, ``[comm]`` and
@@ -33,7 +33,7 @@ from .ir import (ACT, BACKWARD, FORWARD, GRAD, INPUT, INPUT_GRAD, RECOMPUTE, SIN
                  Collective, Compute, Cut, Op, Payload, Plan, Recv, computes_of,
                  p2p_of)
 from .semantics import (EAGER, GRADS, PARAMS, UNIT_MEMORY, MemoryModel, collective_segment,
-                        execute, memory_steps, standard_duration)
+                        execute, memory_levels, standard_duration)
 
 
 def _ring_factor(op: Collective) -> float:
@@ -332,12 +332,12 @@ def memory_curve(plan: Plan, rank: int, memory: MemoryModel, start, finish
     ran (``start[rank]`` may stop early in a run that got stuck)."""
     level = memory.static_of(rank)
     points, peak = [(0.0, level)], level
-    steps = memory_steps(plan, rank, memory)[0]
-    for index in range(len(start[rank])):
-        alloc, freed = steps[index]
+    ran = len(start[rank])
+    for index, (before, alloc, freed, after) in enumerate(memory_levels(plan, rank, memory)):
+        if index >= ran:
+            break
         if alloc or freed:
-            peak = max(peak, level + alloc)
-            points.append((start[rank][index], level + alloc))
-            level += alloc - freed
-            points.append((finish[rank][index], level))
+            peak = max(peak, before + alloc)
+            points.append((start[rank][index], before + alloc))
+            points.append((finish[rank][index], after))
     return tuple(points), peak
