@@ -30,7 +30,6 @@ exits with the worst code (``EXIT_SEVERITY``).
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import os
@@ -46,6 +45,7 @@ from .errors import InputError, ParameterError
 from .formats import sarif
 from .formats.output import write_output
 from .formats.spec import Spec, parse_spec, read_text
+from .formats.timeline import as_plan
 from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
 from .ir import COMM_STEP, Plan, Schedule
 from .lower import lower
@@ -464,10 +464,10 @@ def _check_one(args: argparse.Namespace, progress: Progress
     if _is_big_csv(args):  # each process loads its own copy (verify_loaded)
         name = args.target
         progress.phase(f"{name}: verifying on two cores with Z3")
-        plan, report = verify_loaded(functools.partial(plan_of, args), args.memory_limit,
-                                     args.comm_model, UNIT_MEMORY, rlimit=args.solver_rlimit)
-        with open(args.target, "rb") as f:
-            as_written = re.search(rb"SEND_|RECV_", f.read()) is not None
+        load = PlanOf(args)
+        plan, report = verify_loaded(load, args.memory_limit, args.comm_model, UNIT_MEMORY,
+                                     rlimit=args.solver_rlimit)
+        as_written = not load.lowered  # this process loaded it too
         limit = args.memory_limit
     else:
         target, spec, name = load_target(args)
@@ -512,11 +512,19 @@ def _is_big_csv(args: argparse.Namespace) -> bool:
     return is_csv and os.path.getsize(args.target) >= TWO_PROCESS_BYTES
 
 
-def plan_of(args: argparse.Namespace) -> Plan:
-    """The plan ``check`` judges: a torch CSV with comm cells as written, anything else
-    lowered by ``lower``."""
-    target, _, _ = load_target(args)
-    return target if isinstance(target, Plan) else lower(target)
+class PlanOf:
+    """Loads the plan ``check`` judges (a torch CSV with comm cells as written, anything
+    else lowered by ``lower``) for ``verify_loaded``: picklable, and it remembers whether
+    it lowered (``lowered``, set once called)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.lowered: bool | None = None
+
+    def __call__(self) -> Plan:
+        target, _, _ = load_target(self.args)
+        self.lowered = isinstance(target, Schedule)
+        return as_plan(target)
 
 
 def render_report(report: Report, name: str, as_written: bool) -> str:

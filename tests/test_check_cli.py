@@ -270,3 +270,23 @@ def test_render_report_of_a_lowered_plan_says_so():
     assert "peak memory per rank: 0: 2, 1: 2" in text
     verified = render_report(verify(lowered("gpipe", 2, 2)), "g", as_written=False)
     assert "certificate: sha256 " + verify(lowered("gpipe", 2, 2)).certificate.digest in verified
+
+
+def test_big_csv_two_process_path_says_whether_it_lowered(capsys, tmp_path, monkeypatch):
+    """Inputs over ``TWO_PROCESS_BYTES`` are verified on two cores; the report still says
+    whether the file was checked as written (comm cells) or lowered (compute only)."""
+    from mpipe_verified import cli
+    from mpipe_verified.ir import Schedule, computes_of
+
+    monkeypatch.setattr(cli, "TWO_PROCESS_BYTES", 0)
+    plan = lowered("1f1b", 2, 4)
+    compute = Schedule(plan.placement, plan.num_microbatches,
+                       tuple(tuple(op for op in prog if computes_of(op))
+                             for prog in plan.programs))
+    for name, target, as_written in (("comm.csv", plan, True), ("compute.csv", compute, False)):
+        path = tmp_path / name
+        path.write_text(format_torch_csv(target), newline="")
+        code, doc = check_json(capsys, str(path))
+        assert code == 0 and doc["verified"] and doc["lowered"] is not as_written, name
+        code, out, _ = check(capsys, str(path))
+        assert code == 0 and ("lowered by mpipe" in out) is not as_written, name
