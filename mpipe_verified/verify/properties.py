@@ -418,24 +418,40 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None
     for rank in range(plan.num_ranks):
         steps, _ = memory_steps(plan, rank, model)
         static = model.static_of(rank)
-        level = _exact(static, exact)
-        float_level, reported = static, None
+        level = start = _exact(static, exact)
+        float_level = static  # summed as semantics.memory_trace sums it, for the report
+        reported = peak = None  # the highest step peak: as reported, and exactly
         levels = []
+        append, get = levels.append, exact.get
         for alloc, freed in steps:
-            at = float_level + alloc  # summed as semantics.memory_trace sums it
+            if not (alloc or freed):  # most steps: the level stays
+                if peak is None or level > peak:
+                    peak = level
+                if reported is None or float_level > reported:
+                    reported = float_level
+                append((level, 0, 0, level))
+                continue
+            at = float_level + alloc
             if reported is None or at > reported:
                 reported = at
             float_level += alloc - freed
-            alloc, freed = _exact(alloc, exact), _exact(freed, exact)
-            after = level + alloc - freed
-            levels.append((level, alloc, freed, after))
+            a, f = get(alloc), get(freed)
+            if a is None:
+                a = _exact(alloc, exact)
+            if f is None:
+                f = _exact(freed, exact)
+            top = level + a
+            if peak is None or top > peak:
+                peak = top
+            after = top - f
+            append((level, a, f, after))
             level = after
-        peak = max((b + a for b, a, _, _ in levels), default=level)
-        peaks[rank] = static if reported is None else reported
+        if peak is None:  # no steps: the static part is all there is
+            peak, reported = start, static
+        peaks[rank] = reported
         bound = peak if limits is None else _exact(limits[rank], exact)
         program = plan.programs[rank]
-        static = _exact(static, exact)  # the level before the first step (or of none)
-        obligations.add("memory", "static", rank, (static, 0, 0, static, bound))
+        obligations.add("memory", "static", rank, (start, 0, 0, start, bound))
         for index, (before, alloc, freed, after) in enumerate(levels):
             if alloc or freed:
                 obligations.lane("memory", _kind_of(program[index]), rank).append(
