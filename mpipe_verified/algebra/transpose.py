@@ -69,7 +69,7 @@ from ..errors import ParameterError
 from ..errors import require as _need
 from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collective,
                   Compute, Cut, Op, Schedule, SegmentWork, computes_of)
-from ..semantics import schedule_times
+from ..semantics import GRADS, PARAMS, collective_tag, schedule_times
 from ..sim import CostModel, SegmentCost
 
 MODES = ("recompute", "owner", "frozen", "none")
@@ -151,12 +151,13 @@ class Transpose:
         work = self._segment_work(owners, home, p)
         programs = weaver.programs()
         if work.broadcast:
-            tag = f"params:{self.segment}"
+            tag = collective_tag(PARAMS, self.segment)
             for prog in programs:
                 prog.insert(0, Collective("broadcast", tuple(range(p)), tag, home))
         if work.all_reduce:
+            tag = collective_tag(GRADS, self.segment)
             for prog in programs:
-                prog.append(Collective("all_reduce", tuple(range(p)), f"grads:{self.segment}"))
+                prog.append(Collective("all_reduce", tuple(range(p)), tag))
         return Schedule(body.placement, m, tuple(map(tuple, programs)), Cut((work,)))
 
     def _estimate(self, schedule: Schedule, cost: CostModel) -> float:
