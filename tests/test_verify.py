@@ -636,13 +636,13 @@ def test_deadlock_and_completeness_verdicts_agree_with_the_reference(case):
 
 
 def test_eager_unmatched_send_does_not_block():
-    """PACKAGE BUG (fails until fixed). DESIGN §3.7: under the eager model sends are
+    """Regression (a package bug, fixed). DESIGN §3.7: under the eager model sends are
     buffered and never block. A plan whose only fault is one extra send (1F1B(4, 8) with
     rank 1's last ``1SEND_B7`` duplicated) violates ``matching`` under both models, but
     under eager every rank still runs to its end, so ``deadlock`` must hold. The verifier
-    reports "1SEND_B7 has no matching partner: it waits forever" under eager too:
-    ``semantics._comm_completion`` returns ``_NEVER`` for a member without a partner
-    before it looks at ``comm_model == EAGER`` (the eager skip for sends comes after)."""
+    used to report "1SEND_B7 has no matching partner: it waits forever" under eager too
+    (``semantics._comm_completion`` returned ``_NEVER`` for a member without a partner
+    before it looked at ``comm_model == EAGER``)."""
     plan = lowered("1f1b", 4, 8)
     program = list(plan.programs[1])
     k = max(i for i, op in enumerate(program) if isinstance(op, Send))
@@ -654,12 +654,11 @@ def test_eager_unmatched_send_does_not_block():
 
 
 def test_collective_mismatch_names_both_ranks_and_both_ops():
-    """PACKAGE BUG (fails until fixed; minor). DESIGN §4: a counterexample names the ranks
-    and the ops (by position). A point-to-point mismatch lists both ends in ``ranks`` and
+    """Regression (a package bug, fixed). DESIGN §4: a counterexample names the ranks and
+    the ops (by position). A point-to-point mismatch lists both ends in ``ranks`` and
     ``ops``; a collective whose members disagree (rank 0 calls ALL_REDUCE(grads), rank 1
-    BROADCAST(params) as instance #0 of group [0, 1]) names rank 0's call only in the
-    message text: ``ranks == (1,)`` and ``ops`` holds rank 1's position only
-    (``semantics.pair_collectives`` records one ``(rank, index)`` per problem)."""
+    BROADCAST(params) as instance #0 of group [0, 1]) used to name rank 0's call only in
+    the message text (``ranks == (1,)``, ``ops`` with rank 1's position only)."""
     plan = lowered("gpipe", 2, 2)
     grads = Collective("all_reduce", (0, 1), "grads")
     params = Collective("broadcast", (0, 1), "params", root=0)
