@@ -37,7 +37,7 @@ import re
 import shutil
 import sys
 import tomllib
-from typing import Callable, NoReturn, Sequence
+from typing import Callable, NamedTuple, NoReturn, Sequence
 
 from .algebra.families import FAMILIES, family
 from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
@@ -47,11 +47,10 @@ from .formats.output import write_output
 from .formats.spec import Spec, parse_spec, read_text
 from .formats.timeline import as_plan
 from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
-from .ir import COMM_STEP, Plan, Schedule
-from .lower import lower
+from .ir import COMM_STEP, Op, Plan, Schedule
 from .progress import Progress
-from .sim import NO_COMM_COST
-from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, standard_duration
+from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
+from .sim import NO_COMM_COST, CommCost
 from .show import render_grid
 from .verify import Report, verify, verify_loaded
 
@@ -170,6 +169,47 @@ def display_name(args: argparse.Namespace) -> str:
     return args.target or f"--family {args.family}"
 
 
+def check_target_options(args: argparse.Namespace, target: str | None) -> None:
+    """One target: a file (``target``) or ``--family`` with its options, never both."""
+    check_transpose_options(args)
+    if args.family is not None:
+        if target is not None:
+            raise UsageError(f"give either SPEC|FILE ({target}) or --family, not both")
+        return
+    if target is None:
+        raise UsageError("give a SPEC or torch CSV FILE, or --family NAME --pp P "
+                         "--microbatches M")
+    opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
+    if opts:
+        raise UsageError(f"--{opts[0]} goes with --family, not with a file")
+
+
+def format_of(path: str, fmt: str) -> str:
+    """The format to read ``path`` in: ``fmt``, or with ``auto`` the one its extension
+    names (``.toml``: spec, ``.csv``: torch-csv), else ``""`` (sniffed from the text)."""
+    if fmt != "auto":
+        return fmt
+    return {".toml": "spec", ".csv": "torch-csv"}.get(os.path.splitext(path)[1].lower(), "")
+
+
+class Model(NamedTuple):
+    """What a target is timed and judged with: the spec's durations, memory model,
+    transfer costs and memory limit, or the standard ones (no limit) without a spec."""
+
+    duration: Callable[[Op], float]
+    memory: MemoryModel
+    comm: CommCost
+    limit: float | tuple[float, ...] | None
+
+
+def model_of(spec: Spec | None, memory_limit: float | None = None) -> Model:
+    """``spec``'s model; ``memory_limit`` (``--memory-limit``) overrides its limit."""
+    if spec is None:
+        return Model(standard_duration, UNIT_MEMORY, NO_COMM_COST, memory_limit)
+    return Model(spec.duration, spec.memory_model, spec.comm_cost,
+                 spec.memory_limit if memory_limit is None else memory_limit)
+
+
 def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
     """Resolve the target options to ``(schedule_or_plan, spec, source_name)``.
 
@@ -177,11 +217,8 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
     no cost model, no limit); a torch CSV gives a ``Schedule`` when it has no comm cells
     (compute-only) and a ``Plan`` otherwise, with ``spec`` None. Raises ``UsageError`` or
     ``InputError``."""
-    family_opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
-    check_transpose_options(args)
+    check_target_options(args, args.target)
     if args.family is not None:
-        if args.target is not None:
-            raise UsageError(f"give either SPEC|FILE ({args.target}) or --family, not both")
         missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
         if missing:
             raise UsageError(f"--family {args.family} needs {' and '.join(missing)}")
@@ -192,15 +229,8 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
         except ParameterError as e:
             raise UsageError(f"{name}: {e}") from None
         return spec.schedule, spec, name
-    if args.target is None:
-        raise UsageError("give a SPEC or torch CSV FILE, or --family NAME --pp P "
-                         "--microbatches M")
-    if family_opts:
-        raise UsageError(f"--{family_opts[0]} goes with --family, not with a file")
     path = args.target
-    fmt = args.format
-    if fmt == "auto":
-        fmt = {".toml": "spec", ".csv": "torch-csv"}.get(os.path.splitext(path)[1].lower(), "")
+    fmt = format_of(path, args.format)
     text = read_text(path, {"spec": "a TOML spec file", "torch-csv": "a torch CSV file"}.get(
         fmt, "a TOML spec or torch CSV file"))
     if not fmt:  # sniff: TOML has key = value or [table] lines; CSV cells never hold '='
@@ -240,27 +270,23 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    if args.output is not None and os.path.isdir(args.output):
-        raise UsageError(f"-o {args.output}: is a directory, expected a file path")
     target, spec, name = load_target(args)
+    model = model_of(spec)
     if args.to == "chrome-trace":  # timed with the spec's cost model (standard costs else)
         from .formats.chrome_trace import chrome_trace, dumps as dump_trace
         from .formats.timeline import timeline
-        run = timeline(target, spec.duration if spec else standard_duration,
-                       spec.memory_model if spec else UNIT_MEMORY)
+        run = timeline(target, model.duration, model.memory)
         write_output(args.output or "-", dump_trace(chrome_trace(run, name,
                                                                  args.compute_only)))
         return 0
     if args.compute_only:
         out: Schedule | Plan = compute_only(target)
     else:
-        out = (lower(target, spec.duration if spec else standard_duration)
-               if isinstance(target, Schedule) else target)
+        out = as_plan(target, model.duration)
     try:
         if args.output is None:
             sys.stdout.write(format_torch_csv(out))
         else:
-            os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
             write_torch_csv(out, args.output)
     except ValueError as e:
         raise UsageError(f"{name}: cannot write it as a torch CSV: {e}") from None
@@ -303,11 +329,11 @@ def write_svg(args: argparse.Namespace, target: Schedule | Plan, spec: Spec | No
               title: str, comm_model: str = "eager", limit=None, violations=()) -> None:
     """Time ``target`` with the spec's costs (standard costs without one) and write the
     SVG timeline to ``args.svg``."""
-    duration = spec.duration if spec else standard_duration
+    model = model_of(spec)
     from .formats.svg import render_svg  # drawing modules load only when drawing
     from .formats.timeline import timeline
-    run = timeline(target, duration, spec.memory_model if spec else UNIT_MEMORY, comm_model)
-    write_output(args.svg, render_svg(run, duration, title=title, arrows=args.arrows,
+    run = timeline(target, model.duration, model.memory, comm_model)
+    write_output(args.svg, render_svg(run, model.duration, title=title, arrows=args.arrows,
                                       memory=args.memory, memory_limit=limit,
                                       violations=violations))
 
@@ -317,15 +343,13 @@ def run_show(args: argparse.Namespace) -> int:
         raise UsageError(f"--width must be >= 0, got {args.width}")
     _check_picture_arguments(args)
     target, spec, name = load_target(args)
+    title = f"{name}: {spec.term}" if spec is not None else name
+    model = model_of(spec)
     if args.svg is not None:  # the picture instead of the text grid
-        write_svg(args, target, spec, f"{name}: {spec.term}" if spec is not None else name,
-                  limit=spec.memory_limit if spec is not None else None)
+        write_svg(args, target, spec, title, limit=model.limit)
         return 0
     width = args.width if args.width is not None else shutil.get_terminal_size((160, 24)).columns
-    title = f"{name}: {spec.term}" if spec is not None else name
-    sys.stdout.write(title + "\n\n" + render_grid(
-        target, spec.duration if spec else standard_duration,
-        spec.memory_model if spec else UNIT_MEMORY, width))
+    sys.stdout.write(title + "\n\n" + render_grid(target, model.duration, model.memory, width))
     return 0
 
 
@@ -393,7 +417,8 @@ def run_check(args: argparse.Namespace) -> int:
             progress.done()
             _fail(str(e))
             name = display_name(one)
-            checked.append(sarif.Checked(name, None, _input_kind(one, name.endswith(".toml")),
+            is_spec = target is not None and format_of(target, args.format) == "spec"
+            checked.append(sarif.Checked(name, None, _input_kind(one, is_spec),
                                          error=_one_line(str(e))))
             results.append(({"source": name, "status": "error", "exit_code": 2,
                              "error": _one_line(str(e))}, ""))
@@ -429,24 +454,14 @@ def _worst(a: int, b: int) -> int:
 
 def _check_targets(args: argparse.Namespace) -> list[str | None]:
     """The inputs of ``check``: ``[None]`` for ``--family``, else the files given."""
-    check_transpose_options(args)
-    if args.family is not None:
-        if args.target:
-            raise UsageError(f"give either SPEC|FILE ({args.target[0]}) or --family, not both")
-        return [None]
-    if not args.target:
-        load_target(argparse.Namespace(**{**vars(args), "target": None}))  # raises
-    opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
-    if opts:
-        raise UsageError(f"--{opts[0]} goes with --family, not with a file")
-    return list(args.target)
+    check_target_options(args, args.target[0] if args.target else None)
+    return [None] if args.family is not None else list(args.target)
 
 
 def _not_a_schedule(args: argparse.Namespace) -> bool:
     """A readable TOML file with no ``[schedule]`` table (``--only-schedules``)."""
     path = args.target
-    if path is None or args.format == "torch-csv" or (
-            args.format == "auto" and not path.lower().endswith(".toml")):
+    if path is None or format_of(path, args.format) != "spec":
         return False
     try:
         with open(path, "rb") as f:
@@ -472,15 +487,13 @@ def _check_one(args: argparse.Namespace, progress: Progress
     else:
         target, spec, name = load_target(args)
         as_written = isinstance(target, Plan)
-        limit = args.memory_limit if args.memory_limit is not None else (
-            spec.memory_limit if spec is not None else None)
-        memory_model = spec.memory_model if spec is not None else UNIT_MEMORY
+        model = model_of(spec, args.memory_limit)
+        limit = model.limit
         if not as_written:
             progress.phase(f"{name}: lowering")
-        plan = target if as_written else lower(  # ordered for the spec's own costs
-            target, spec.duration if spec is not None else standard_duration)
+        plan = as_plan(target, model.duration)  # ordered for the spec's own costs
         progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3")
-        report = verify(plan, limit, args.comm_model, memory_model, rlimit=args.solver_rlimit)
+        report = verify(plan, limit, args.comm_model, model.memory, rlimit=args.solver_rlimit)
     if args.svg is not None:
         progress.phase(f"{name}: drawing")
         props = sorted({v.property for v in report.violations})
@@ -507,9 +520,8 @@ def _is_big_csv(args: argparse.Namespace) -> bool:
     """A torch CSV large enough that two cores pay off (specs are never this big)."""
     if args.family is not None or args.target is None or not os.path.isfile(args.target):
         return False
-    is_csv = args.format == "torch-csv" or (
-        args.format == "auto" and args.target.lower().endswith(".csv"))
-    return is_csv and os.path.getsize(args.target) >= TWO_PROCESS_BYTES
+    return (format_of(args.target, args.format) == "torch-csv"
+            and os.path.getsize(args.target) >= TWO_PROCESS_BYTES)
 
 
 class PlanOf:
@@ -652,11 +664,8 @@ def run_diff(args: argparse.Namespace) -> int:
         target, spec, name = load_target(argparse.Namespace(
             target=path, format=args.format, family=None, pp=None, microbatches=None,
             chunks=None))
-        limit = args.memory_limit if args.memory_limit is not None else (
-            spec.memory_limit if spec is not None else None)
-        sides.append(Side(name, target, spec.duration if spec else standard_duration,
-                          spec.memory_model if spec else UNIT_MEMORY, limit,
-                          spec.comm_cost if spec else NO_COMM_COST))
+        model = model_of(spec, args.memory_limit)
+        sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm))
     doc = semantic_diff(*sides, comm_model=args.comm_model)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_diff(doc))
     return 0

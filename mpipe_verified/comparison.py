@@ -34,7 +34,7 @@ from .algebra.transpose import Transpose
 from .errors import ParameterError
 from .formats.spec import Spec
 from .ir import Plan, Schedule
-from .lower import lower
+from .formats.timeline import as_plan
 from .semantics import EAGER, RENDEZVOUS
 from .sim import CostModel, SimResult, simulate
 from .verify import Report, verify
@@ -62,7 +62,7 @@ def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
               check: bool = True, target: Schedule | Plan | None = None) -> Timed:
     """Lower (a schedule), verify (with ``check``) and simulate ``spec`` with its costs."""
     target = spec.schedule if target is None else target
-    plan = lower(target, spec.duration) if isinstance(target, Schedule) else target
+    plan = as_plan(target, spec.duration)
     limit = spec.memory_limit if memory_limit is None else memory_limit
     report = verify(plan, limit, RENDEZVOUS, spec.memory_model) if check else None
     run = simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model)
@@ -101,8 +101,8 @@ def baseline_spec(spec: Spec, name: str) -> Spec:
 
 
 def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
-               comm_model: str = EAGER, target: Schedule | Plan | None = None,
-               check_compared: bool = True) -> tuple[dict, Timed, dict[str, Timed]]:
+               comm_model: str = EAGER, target: Schedule | Plan | None = None
+               ) -> tuple[dict, Timed, dict[str, Timed]]:
     """The ``simulate`` document, the spec's timed plan and each baseline's. The spec's
     plan is verified first; when it is not, the document says so and nothing is timed
     (``makespan`` None)."""
@@ -117,7 +117,7 @@ def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
             base = baseline_spec(spec, family)
         except ParameterError as e:
             raise ParameterError(f"--compare {family}: {e}") from None
-        timed = time_spec(base, memory_limit, comm_model, check=check_compared)
+        timed = time_spec(base, memory_limit, comm_model)
         out[family] = timed
         entry = _figures(timed)
         entry["speedup"] = (round(timed.run.makespan / mine.run.makespan, 6)
@@ -149,9 +149,8 @@ def _doc(t: Timed, name: str) -> dict:
             violations=[{"property": v.property, "message": v.message}
                         for v in report.violations], undecided=list(report.undecided))
         return doc
+    del doc["status"]  # _figures puts it after the figures, as in each compare entry
     doc.update(_figures(t))
-    doc.pop("status", None)
-    doc["status"] = report.status
     run = t.run
     doc["busy"] = {str(r): b for r, b in enumerate(run.busy)}
     doc["bubble"] = {str(r): round(b, 6) for r, b in enumerate(run.bubble)}

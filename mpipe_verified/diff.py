@@ -31,6 +31,7 @@ import attrs
 from .formats.timeline import as_plan
 from .ir import Compute, Op, Plan, Schedule, computes_of
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
+from .show import num_text
 from .sim import NO_COMM_COST, CommCost, SimulationError, simulate
 from .verify import verify
 
@@ -197,11 +198,12 @@ def render_diff(doc: dict) -> str:
         return side["status"].upper() + (f" ({', '.join(props)})" if props else "")
     lines = [f"old: {old['source']}: {verdict(old)}",
              f"new: {new['source']}: {verdict(new)}",
-             f"makespan: {_num(old['makespan'])} -> {_num(new['makespan'])}"
+             f"makespan: {num_text(old['makespan'])} -> {num_text(new['makespan'])}"
              f"{_signed(delta['makespan'])}",
              f"bubble: {_pct(old['bubble'])} -> {_pct(new['bubble'])}",
              "peak memory: " + ", ".join(
-                 f"rank {r} {_num(old['peak_memory'][r])} -> {_num(new['peak_memory'][r])}"
+                 f"rank {r} {num_text(old['peak_memory'][r])} -> "
+                 f"{num_text(new['peak_memory'][r])}"
                  f"{_signed(d)}" for r, d in delta["peak_memory"].items())]
     s = doc["summary"]
     if doc["same_programs"]:
@@ -227,16 +229,10 @@ def render_diff(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _num(x) -> str:
-    if x is None:
-        return "-"
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
 def _signed(d) -> str:
     if d is None:
         return ""
-    return f" ({'+' if d >= 0 else '-'}{_num(abs(d))})"
+    return f" ({'+' if d >= 0 else '-'}{num_text(abs(d))})"
 
 
 def _pct(x) -> str:

@@ -47,7 +47,7 @@ def render_grid(target: Schedule | Plan, duration: Callable[[Op], float] = stand
         b1 = min(ncols, b0 + per_block)
         if b0:
             lines.append("")
-        axis = "".join(f"{_num(c * quantum):<{cw}}" if c % 5 == 0 else " " * cw
+        axis = "".join(f"{num_text(c * quantum):<{cw}}" if c % 5 == 0 else " " * cw
                        for c in range(b0, b1))
         lines.append(f"{'time':<{label}}| {axis}".rstrip())
         for r, row in enumerate(cells):
@@ -78,7 +78,7 @@ def _timed(target: Schedule | Plan, duration, memory) -> tuple[list[list[tuple]]
             for r in range(run.plan.num_ranks)]
     blocked = [f"rank {w.rank} is blocked at position {w.index}: {w.reason}"
                for w in run.waits]
-    stops = None if run.completed else (f"stops at time {_num(run.makespan)}: "
+    stops = None if run.completed else (f"stops at time {num_text(run.makespan)}: "
                                         f"{len(run.waits)} of {len(runs)} ranks blocked "
                                         f"({run.comm_model})")
     return runs, _footer(target, runs, run.makespan, stops, duration, memory) + blocked
@@ -116,7 +116,10 @@ def _text(op: Op) -> str:
     return ";".join(map(str, computes_of(op)))
 
 
-def _num(x: float) -> str:
+def num_text(x: float | None) -> str:
+    """A number as the grid and ``diff`` print it: ``3``, ``2.5``; None as ``-``."""
+    if x is None:
+        return "-"
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
@@ -129,9 +132,9 @@ def _footer(target, runs, span, stops: str | None, duration, memory) -> list[str
             for row in runs]
     total = span * len(runs)
     ratio = (1 - sum(busy) / total) if total else 0.0
-    out = [f"{stops or f'makespan {_num(span)}'}, bubble {ratio:.1%} "
+    out = [f"{stops or f'makespan {num_text(span)}'}, bubble {ratio:.1%} "
            f"({len(runs)} ranks, {plan.num_microbatches} microbatches)"]
     for r in range(len(runs)):
-        out.append(f"rank {r}: busy {_num(busy[r])}, idle {_num(span - busy[r])}, "
-                   f"peak memory {_num(peaks[r][0])}")
+        out.append(f"rank {r}: busy {num_text(busy[r])}, "
+                   f"idle {num_text(span - busy[r])}, peak memory {num_text(peaks[r][0])}")
     return out
