@@ -548,6 +548,8 @@ def render_report(report: Report, name: str, as_written: bool) -> str:
     for prop, info in stats["properties"].items():
         extra = (f"{info['facts']} facts in {info['runs']} Z3 runs" if "facts" in info
                  else f"{info.get('confirmed', 0)} counterexamples confirmed by Z3"
+                 + (f" (+{info['unlisted']} more found, not listed)" if info.get("unlisted")
+                    else "")
                  if info["status"] == "violated" else info.get("reason", ""))
         lines.append(f"  {prop:<13} {info['status']:<9} {extra}")
     for v in report.violations:

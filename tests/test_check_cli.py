@@ -290,3 +290,17 @@ def test_big_csv_two_process_path_says_whether_it_lowered(capsys, tmp_path, monk
         assert code == 0 and doc["verified"] and doc["lowered"] is not as_written, name
         code, out, _ = check(capsys, str(path))
         assert code == 0 and ("lowered by mpipe" in out) is not as_written, name
+
+
+def test_text_report_counts_findings_past_the_cap(tmp_path, capsys):
+    """Every receive of 1F1B(8, 64) removed: the text report says how many more violations
+    were found than it lists (the JSON's ``unlisted``)."""
+    plan = lowered("1f1b", 8, 64)
+    stripped = attrs.evolve(plan, programs=tuple(
+        tuple(op for op in program if not isinstance(op, Recv)) for program in plan.programs))
+    path = write(tmp_path, "stripped.csv", stripped)
+    code, out, _ = check(capsys, path)
+    _, doc = check_json(capsys, path)
+    unlisted = doc["stats"]["properties"]["dependency"]["unlisted"]
+    assert code == 1 and unlisted > 0
+    assert f"(+{unlisted} more found, not listed)" in out
