@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
+from mpipe_verified.algebra.families import family
 from mpipe_verified.ir import Plan, Recv
+from mpipe_verified.lower import lower
 from mpipe_verified.semantics import needs, produces
+
+
+@functools.lru_cache(maxsize=None)
+def lowered(name: str, p: int, m: int, v: int | None = None) -> Plan:
+    """The lowered plan of a standard family (plans are immutable: cached)."""
+    return lower(family(name, p, m, v).derive())
+
+
+def with_program(plan: Plan, rank: int, ops) -> Plan:
+    """``plan`` with rank ``rank``'s program replaced by ``ops``."""
+    programs = list(plan.programs)
+    programs[rank] = tuple(ops)
+    return attrs.evolve(plan, programs=tuple(programs))
+
+
+def props(report) -> set[str]:
+    """The properties a report finds violated."""
+    return {v.property for v in report.violations}
 
 
 def defer_receives(plan: Plan) -> Plan:

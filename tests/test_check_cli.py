@@ -6,7 +6,6 @@ installed console script to check the real process contract (stdout, stderr, exi
 
 from __future__ import annotations
 
-import functools
 import json
 import pathlib
 import re
@@ -16,27 +15,14 @@ import sys
 import attrs
 import pytest
 
-from mpipe_verified.algebra.families import family
-from plan_edits import defer_receives
+from plan_edits import defer_receives, lowered, with_program
 from mpipe_verified.cli import main, render_report
 from mpipe_verified.formats.torch_csv import format_torch_csv
 from mpipe_verified.ir import Plan, Recv
-from mpipe_verified.lower import lower
 from mpipe_verified.verify import PROPERTIES, verify
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
 STATUSES = {"proved", "violated", "unknown"}
-
-
-@functools.lru_cache(maxsize=None)
-def lowered(name: str, p: int, m: int, v: int | None = None) -> Plan:
-    return lower(family(name, p, m, v).derive())
-
-
-def with_program(plan: Plan, rank: int, ops) -> Plan:
-    programs = list(plan.programs)
-    programs[rank] = tuple(ops)
-    return attrs.evolve(plan, programs=tuple(programs))
 
 
 def write(tmp_path, name: str, plan: Plan) -> str:

@@ -69,15 +69,12 @@ def test_deadlock_certificate_includes_program_order(monkeypatch):
     assert report.stats["properties"]["deadlock"]["status"] == "unknown"
 
 
-def _lowered_family(name, p, m, v=None):
-    from mpipe_verified.algebra import family
-    from mpipe_verified.lower import lower
-    return lower(family(name, p, m, v).derive())
+from plan_edits import lowered  # noqa: E402
 
 
 def _deferred_receives(name, p, m):
     from plan_edits import defer_receives
-    return defer_receives(_lowered_family(name, p, m))
+    return defer_receives(lowered(name, p, m))
 
 
 import functools  # noqa: E402
@@ -85,7 +82,7 @@ import pytest  # noqa: E402
 
 
 @pytest.mark.parametrize("make", [
-    functools.partial(_lowered_family, "interleaved-1f1b", 8, 32, 2),
+    functools.partial(lowered, "interleaved-1f1b", 8, 32, 2),
     functools.partial(_deferred_receives, "1f1b", 4, 8),
 ])
 @pytest.mark.parametrize("rlimit", [None, 1])

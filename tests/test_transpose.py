@@ -22,12 +22,9 @@ from mpipe_verified.ir import (ACT, INPUT, SINK, SOURCE, Collective, Compute, Re
                                computes_of)
 from mpipe_verified.lower import lower
 from mpipe_verified.verify import verify
+from plan_edits import props
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-
-
-def props(report) -> set[str]:
-    return {v.property for v in report.violations}
 
 
 def with_programs(plan, programs):

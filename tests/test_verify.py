@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import reference
 from mpipe_verified.algebra.families import family
-from plan_edits import defer_receives
+from plan_edits import defer_receives, lowered, props, with_program
 from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Payload, Plan,
                                Recv, Send)
 from mpipe_verified.lower import lower
@@ -34,20 +34,6 @@ from mpipe_verified.verify import (PROPERTIES, Certificate, CertificateError,
 
 
 @functools.lru_cache(maxsize=None)
-def lowered(name: str, p: int, m: int, v: int | None = None) -> Plan:
-    return lower(family(name, p, m, v).derive())
-
-
-def props(report) -> set[str]:
-    return {v.property for v in report.violations}
-
-
-def with_program(plan: Plan, rank: int, ops) -> Plan:
-    programs = list(plan.programs)
-    programs[rank] = tuple(ops)
-    return attrs.evolve(plan, programs=tuple(programs))
-
-
 def F(s, mb):
     return Compute("F", s, mb)
 
