@@ -161,9 +161,20 @@ def relabel_work(w, perm):
     return with_mb(w, perm(Work.mb(w)))
 
 
+def relabel_op(op, perm: Callable):
+    """One op with microbatch ``mb`` of each compute unit made ``perm(mb)``."""
+    return map_computes(op, lambda w: relabel_work(w, perm))
+
+
+def injective(perm) -> z3.BoolRef:
+    """``perm`` (a Z3 function Int -> Int) maps distinct microbatches apart."""
+    a, b = z3.Ints("a b")
+    return z3.ForAll([a, b], z3.Implies(perm(a) == perm(b), a == b))
+
+
 def relabel(a: Prog, perm: Callable) -> Prog:
     """``terms.Relabel``: microbatch ``mb`` becomes ``perm(mb)`` in every compute op."""
-    return a.map_ops(lambda op: map_computes(op, lambda w: relabel_work(w, perm)))
+    return a.map_ops(lambda op: relabel_op(op, perm))
 
 
 def restrict(a: Prog, keep: Callable) -> Prog:

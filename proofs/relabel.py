@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import z3
 
+from . import model
 from .core import Obligation, all_sizes, law
 from .model import (B, I, W, Op, OpSeq, Work, compute, cons, empty, head, init, is_compute_of,
-                    last, map_computes, par, prog_eq, prog_var, relabel, relabel_work, restrict,
-                    recfun, seq, tail, unit, with_kind, work)
+                    last, par, prog_eq, prog_var, relabel, restrict, recfun, seq, tail, unit,
+                    with_kind, work)
 from .sequences import _block, merge_go_fn, split_fn
 
 EVERYTHING = all_sizes("every rank, program length and content, microbatch count")
@@ -128,7 +129,7 @@ IDENTITY = z3.Var(0, z3.IntSort())  # the body of the identity map, for ``substi
 
 
 def relabel_op(op):
-    return map_computes(op, lambda w: relabel_work(w, PI))
+    return model.relabel_op(op, PI)
 
 
 def relabel_fn():
@@ -190,8 +191,7 @@ def relabel_split():
 def relabel_merge():
     rl, go = relabel_fn(), merge_go_fn()
     yield from _relabel_cat(rl)
-    a, b = z3.Ints("a b")
-    injective = z3.ForAll([a, b], z3.Implies(PI(a) == PI(b), a == b))
+    injective = model.injective(PI)
     o, t, x, y = z3.Const("o", OpSeq), z3.Const("t", OpSeq), z3.Const("x", Op), z3.Const("y", Op)
     yield Obligation("relabel_op is injective",
                      z3.Implies(relabel_op(x) == relabel_op(y), x == y), (injective,),
@@ -307,8 +307,7 @@ def relabel_weave():
                          Op.compute(unit_(k, 0)))
         return nsteps(*view, eq), at
     pi = z3.Function("pi", IntS, IntS)
-    a, b = z3.Ints("a b")
-    injective = z3.ForAll([a, b], z3.Implies(pi(a) == pi(b), a == b))
+    injective = model.injective(pi)
     s_, i_ = z3.Ints("s i")
     relabelled = z3.Lambda([s_], z3.Lambda([i_], pi(mb[s_][i_])))
     n1, at1 = weave(mb)
@@ -316,9 +315,6 @@ def relabel_weave():
     k = z3.Int("k")
     yield Obligation("relabel(weave(streams)) = weave(relabel(streams))", z3.And(
         n1 == n2, z3.ForAll([k], z3.Implies(z3.And(0 <= k, k < n1),
-                                           relabel_op_with(at1(k), pi) == at2(k)))),
+                                           model.relabel_op(at1(k), pi) == at2(k)))),
         (injective,), example=((pi, IDENTITY),))
 
-
-def relabel_op_with(op, pi):
-    return map_computes(op, lambda w: relabel_work(w, pi))
