@@ -96,7 +96,6 @@ class Law:
     statement: str
     scope: str
     build: Callable[[], Iterable[Obligation]] = field(repr=False)
-    group: str = ""
     weight: int = 1  # rough cost: heavier laws are started first by ``run_all``
 
     def __call__(self, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LawResult:
@@ -109,8 +108,7 @@ class Law:
 def law(name: str, statement: str, scope: str, weight: int = 1) -> Callable[[Callable], Law]:
     """Decorator: turn ``def f() -> Iterable[Obligation]`` into a ``Law``."""
     def wrap(fn: Callable[[], Iterable[Obligation]]) -> Law:
-        group = fn.__module__.rsplit(".", 1)[-1]
-        return Law(name, statement, scope, fn, group, weight)
+        return Law(name, statement, scope, fn, weight=weight)
     return wrap
 
 

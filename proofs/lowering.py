@@ -262,7 +262,7 @@ class _Sched:
 def _timing_obligations():
     in_a = z3.Function("inA", IntS, BoolS)
     A, Bs = _Sched("A"), _Sched("B")
-    r, i, j, q, tok, r2, i2 = z3.Ints("r i j q tok r2 i2")
+    r, i, j, q, tok = z3.Ints("r i j q tok")
 
     def pick(fa, fb):  # par: rank r's data from A when r is an A rank, else from B
         return lambda rr, *rest: z3.If(in_a(rr), fa(rr, *rest), fb(rr, *rest))
