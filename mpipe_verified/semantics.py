@@ -141,9 +141,10 @@ class Chain:
     Rules at the cut (DESIGN §3.5 "segment boundaries follow the same rule"): the body's
     first forward needs every source's output; a source's backward needs the gradient of
     the body's first stage; a sink's forward needs the body's last output (a sink is
-    detached: nothing flows back). A forward of a broadcast segment off its home rank
-    needs the broadcast parameters; an all-reduce tagged ``grads:NAME`` needs every local
-    weight gradient of NAME."""
+    detached: nothing flows back). A forward (or recompute) of a trainable segment off
+    its home rank needs the parameters broadcast from home; an all-reduce tagged
+    ``grads:NAME`` needs every local weight gradient of NAME (``required_collectives``
+    says which collectives the cut needs)."""
 
     def __init__(self, placement: Placement, cut: Cut = NO_CUT) -> None:
         self.placement = placement
@@ -199,7 +200,7 @@ class Chain:
                 return base + tuple(("out", src.name, 0, op.mb) for src in self._sources)
             return base
         extra: tuple = ()
-        if op.kind in (FORWARD, RECOMPUTE) and seg.broadcast and rank != seg.home:
+        if op.kind in (FORWARD, RECOMPUTE) and seg.trainable and rank != seg.home:
             extra = (("params", seg.name, 0, 0),)
         if op.kind == FORWARD:
             body_out = ("out", BODY, self.num_stages - 1, op.mb)
@@ -218,6 +219,27 @@ class Chain:
             return ()
         return tuple(("wdone", seg.name, 0, mb) for mb, r in enumerate(seg.backward_rank)
                      if r == rank)
+
+    def required_collectives(self) -> dict[str, tuple[str, int | None, frozenset]]:
+        """``tag -> (kind, root, ranks that must call it)``: a trainable segment whose
+        forward or recompute runs off its home rank needs ``params:NAME`` broadcast from
+        home to those ranks; one whose backward runs off home needs ``grads:NAME``
+        all-reduced over home and every rank that runs it."""
+        out = {}
+        for seg in self.cut.segments:
+            if seg.backward_rank is None:
+                continue
+            m = len(seg.forward_rank)
+            uses = set(seg.forward_rank) | {seg.backward_rank[mb] for mb in range(m)
+                                            if seg.needs_recompute(mb)}
+            if uses - {seg.home}:
+                out[collective_tag(PARAMS, seg.name)] = ("broadcast", seg.home,
+                                                         frozenset(uses | {seg.home}))
+            back = set(seg.backward_rank)
+            if back - {seg.home}:
+                out[collective_tag(GRADS, seg.name)] = ("all_reduce", None,
+                                                        frozenset(back | {seg.home}))
+        return out
 
     def destinations(self, c: Compute, here: int) -> tuple[tuple[int, Payload], ...]:
         """Remote ranks that need what ``c`` (running on ``here``) produces, with the
@@ -260,6 +282,7 @@ class WorkIssue:
 
     op: Compute
     problem: str  # "missing" | "duplicate" | "unexpected" | "wrong_rank" | "mixed_backward"
+    #               | "short" (fewer ops than the required forwards)
     where: tuple[int, int] | None
     detail: str
 
@@ -279,6 +302,7 @@ class WorkTable:
     first: dict[Compute, tuple[int, int]]
     stray: tuple[tuple[Compute, int, int], ...]
     misplaced: dict[tuple[str, int, int], tuple[Compute, int, int]]
+    short: bool = False  # fewer compute ops than required forwards: missing units unlisted
 
 
 def work_table(plan: Plan, chain: Chain | None = None) -> WorkTable:
@@ -306,11 +330,24 @@ def work_table(plan: Plan, chain: Chain | None = None) -> WorkTable:
                 else:
                     row[column[c.kind]] += 1
                 first.setdefault(c, (rank, index))
+    work = sum(map(sum, counts.values())) + len(stray)
+    if len(units) * m > work:  # never enumerate microbatches the plan cannot hold
+        return WorkTable(counts, first, tuple(stray), misplaced, short=True)
     for seg, stage in chain.units():
         for mb in range(m):
             if (seg, stage, mb) not in counts:
                 counts[(seg, stage, mb)] = [0] * (MISPLACED + 1)
     return WorkTable(counts, first, tuple(stray), misplaced)
+
+
+def _first_missing(chain: Chain, table: WorkTable, m: int) -> Compute:
+    """A unit with no forward, in time linear in the units present."""
+    for seg, stage in chain.units():
+        mb = next(mb for mb in range(m + 1) if (seg, stage, mb) not in table.counts
+                  or table.counts[(seg, stage, mb)][0] == 0)
+        if mb < m:
+            return Compute(FORWARD, stage, mb, seg)
+    raise AssertionError("a short table has a missing unit")
 
 
 def unit_ok(row: list[int], need_backward: bool, need_recompute: bool) -> bool:
@@ -326,6 +363,15 @@ def required_work(plan: Plan, table: WorkTable | None = None,
     """Check §4 completeness over the chain (body and cut): at most ``limit`` issues."""
     chain = Chain.of(plan)
     table = table or work_table(plan, chain)
+    m = plan.num_microbatches
+    if table.short:
+        units = len(chain.units())
+        f = _first_missing(chain, table, m)
+        ops = sum(map(sum, table.counts.values())) + len(table.stray)
+        return [WorkIssue(f, "short", None, f"the plan has {ops} compute ops but its {units} "
+                                            f"stages and segments times {m} microbatches need "
+                                            f"at least {units * m} forwards; {f} (forward) "
+                                            "never runs")]
     issues = [WorkIssue(c, "unexpected", (rank, index),
                         f"{c} is not part of this plan (stages, segments and microbatches "
                         f"0..{plan.num_microbatches - 1})") for c, rank, index in table.stray]
@@ -374,6 +420,71 @@ def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkI
         out.append(WorkIssue(r, "unexpected", table.first.get(r), f"{r} runs but no recompute "
                                                                    "is needed here"))
     return out
+
+
+@attrs.frozen
+class CollectiveIssue:
+    """A completeness finding about a collective the cut requires (``tag``) on ``rank``:
+    at ``where`` (rank, index), or missing there (``where`` None)."""
+
+    tag: str
+    rank: int
+    where: tuple[int, int] | None
+    detail: str
+
+
+def collective_issues(plan: Plan, limit: int | None = None) -> list[CollectiveIssue]:
+    """The collectives of ``Chain.required_collectives``: every call tagged
+    ``params:NAME``/``grads:NAME`` is one the cut requires, of its kind and root, over
+    members that include every rank that must call it; each such rank calls it exactly
+    once, any other member at most once. At most ``limit`` issues."""
+    required = Chain.of(plan).required_collectives()
+    calls: dict[tuple[str, int], list[int]] = defaultdict(list)
+    issues = []
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            tagged = collective_segment(op) if type(op) is Collective else None
+            if tagged is None or tagged[0] not in (PARAMS, GRADS):
+                continue
+            calls[(op.tag, rank)].append(index)
+            problem = _tagged_problem(op, required.get(op.tag))
+            if problem:
+                issues.append(CollectiveIssue(op.tag, rank, (rank, index),
+                                              f"rank {rank} position {index}: {op} {problem}"))
+    for tag, (kind, root, ranks) in sorted(required.items()):
+        for rank in range(plan.num_ranks):
+            where = calls[(tag, rank)]
+            if rank in ranks and not where:
+                issues.append(CollectiveIssue(tag, rank, None, _never_called(tag, kind, root,
+                                                                             rank)))
+            elif len(where) > 1:
+                issues.append(CollectiveIssue(tag, rank, (rank, where[1]),
+                                              f"rank {rank} calls {kind} {tag} {len(where)} "
+                                              f"times (positions {where}); the cut needs it once"))
+    return issues[:limit]
+
+
+def _tagged_problem(op: Collective, need) -> str:
+    if need is None:
+        return "is not required by the cut (no trainable segment of that name moves work " \
+               "off its home rank)"
+    kind, root, ranks = need
+    if op.kind != kind or op.root != root:
+        want = f"{kind}" + (f" rooted at rank {root}" if root is not None else "")
+        return f"should be a {want}"
+    left_out = sorted(ranks - set(op.ranks))
+    if left_out:
+        return f"leaves out rank(s) {left_out}, which must take part"
+    return ""
+
+
+def _never_called(tag: str, kind: str, root, rank: int) -> str:
+    role, name = tag.split(":", 1)
+    if role == GRADS:
+        return (f"rank {rank} never all-reduces the gradients of segment {name!r} ({kind} "
+                f"{tag}): every rank that runs its backward and its home rank must take part")
+    return (f"rank {rank} never receives the parameters of segment {name!r} ({kind} {tag} "
+            f"from rank {root}) but runs it")
 
 
 # ---------------------------------------------------------------- matching
@@ -461,9 +572,11 @@ def pair_collectives(plan: Plan) -> CollectivePairing:
             if not isinstance(op, Collective):
                 continue
             group = tuple(sorted(op.ranks))
-            if rank not in group:
-                problems.append((((rank, index),), f"rank {rank} calls {op} but is not a member"))
-                continue
+            malformed = _malformed(op, rank, index, plan.num_ranks)
+            if malformed:
+                problems.append((((rank, index),), malformed))
+                if rank not in group:
+                    continue
             k = count[(group, rank)]
             count[(group, rank)] += 1
             instance_of[(rank, index)] = (group, k)
@@ -485,6 +598,24 @@ def pair_collectives(plan: Plan) -> CollectivePairing:
 
 
 # ---------------------------------------------------------------- execution
+
+
+def _malformed(op: Collective, rank: int, index: int, num_ranks: int) -> str:
+    """What is wrong with a collective call on its own: members must be distinct existing
+    ranks including the caller, and a broadcast or gather names a root among them."""
+    if rank not in op.ranks:
+        return f"rank {rank} calls {op} at position {index} but is not a member"
+    at = f"rank {rank} position {index}: {op}"
+    if len(set(op.ranks)) != len(op.ranks):
+        return f"{at} lists a member twice"
+    outside = [r for r in op.ranks if not 0 <= r < num_ranks]
+    if outside:
+        return f"{at} names rank(s) {outside} outside the plan's {num_ranks} ranks"
+    if op.kind == "all_reduce" and op.root is not None:
+        return f"{at} is an all-reduce with a root"
+    if op.kind != "all_reduce" and op.root not in op.ranks:
+        return f"{at} has root {op.root}, which is not a member"
+    return ""
 
 
 @attrs.frozen
@@ -684,16 +815,22 @@ UNIT_MEMORY = MemoryModel()
 
 
 def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
-                 live_at: int | None = None) -> tuple[list[tuple[float, float]], list]:
+                 live_at: int | None = None, exact: Callable | None = None
+                 ) -> tuple[list[tuple[float, float]], list]:
     """Per op of ``rank``: ``(allocated, freed)``. A step's allocations count before its
     frees, so its peak is ``before + allocated``. With ``live_at``, also the tensors live
-    at that step's peak as ``(description, size)``."""
+    at that step's peak as ``(description, size)``. With ``exact``, every size is
+    ``exact(size)`` before it is summed (exact rationals, not float sums)."""
     live: dict[object, tuple[str, float]] = {}
     steps: list[tuple[float, float]] = []
     snapshot: list = []
     chain = Chain.of(plan)
+    stored, buffer = model.stored, model.buffer
+    if exact is not None:
+        stored, buffer = (lambda s, seg: exact(model.stored(s, seg))), (
+            lambda p: exact(model.buffer(p)))
     for index, op in enumerate(plan.programs[rank]):
-        alloc, frees = 0.0, []
+        alloc, frees = (0.0 if exact is None else 0), []
         kind = type(op)
         if kind is Send or kind is Idle or kind is Marker or kind is Collective:
             steps.append((0.0, 0.0))  # allocates and frees nothing
@@ -703,7 +840,7 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
         for c in ((op,) if kind is Compute else computes_of(op)):
             if c.kind in (FORWARD, RECOMPUTE):
                 if chain.stores(c, rank):
-                    size = model.stored(c.stage, c.segment)
+                    size = stored(c.stage, c.segment)
                     live[("stored", c.segment, c.stage, c.mb)] = ("activation of", c, size)
                     alloc += size
             elif c.kind in (BACKWARD, WEIGHT_GRAD):
@@ -712,7 +849,7 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
             frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
         for r in ((op,) if kind is Recv else p2p_of(op)):
             if isinstance(r, Recv):
-                size = model.buffer(r.payload)
+                size = buffer(r.payload)
                 if size:
                     live[("buffer", payload_token(r.payload))] = ("receive buffer of", r, size)
                     alloc += size

@@ -211,7 +211,7 @@ def test_a_large_microbatch_index_does_not_hang_check(tmp_path):
 def test_non_finite_memory_limit_exits_2(capsys, limit):
     """PACKAGE BUG (fails until fixed): ``--memory-limit`` is parsed with ``type=float``,
     so ``nan``/``inf``/``-inf``/``1e400`` reach the verifier, whose SMT emission
-    (``obligations._num`` -> ``Fraction(v)``) raises ``ValueError: cannot convert NaN to
+    (then ``Fraction(v)``) raises ``ValueError: cannot convert NaN to
     integer ratio`` / ``OverflowError: cannot convert Infinity to integer ratio``. The
     console script then prints a traceback and exits 1 (the code for "violated"). The
     same values in a spec's ``[memory] limit`` are rejected cleanly ("must be a number

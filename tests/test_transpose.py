@@ -130,7 +130,7 @@ def test_missing_broadcast_on_one_rank():
     programs[2] = [op for op in programs[2] if not isinstance(op, Collective)]
     report = verify(with_programs(plan, programs))
     assert report.status == "violated"
-    assert props(report) == {"matching", "dependency", "deadlock"}
+    assert props(report) == {"completeness", "matching", "dependency", "deadlock"}
     messages = [v.message for v in report.violations]
     assert any("is never called on rank 2" in m for m in messages)
     assert any("needs the broadcast parameters" in m for m in messages)

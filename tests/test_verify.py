@@ -237,9 +237,11 @@ def test_a_limit_exceeded_by_a_tiny_amount_is_violated():
     assert report.status == "violated" and props(report) == {"memory"}
     (v,) = report.violations
     assert v.ranks == (0,) and "memory peak 4 exceeds the limit 4 " in v.message
-    from mpipe_verified.verify.obligations import confirm
-    assert confirm("memory", (1.0000000001, 0, 0, 1.0000000001, 1.0)) == "violated"
-    assert confirm("memory", (1.0, 0, 0, 1.0, 1.0)) == "holds"
+    from mpipe_verified import kernel
+    over = plan.programs[0].index(next(op for op in plan.programs[0] if str(op) == "0F3"))
+    assert kernel.confirm(plan, "memory", [("peak", 0, over)], limits=(4 - 1e-10,) * 4) \
+        == ["violated"]
+    assert kernel.confirm(plan, "memory", [("peak", 0, over)], limits=(4,) * 4) == ["rejected"]
 
 
 def test_static_memory_over_the_limit_on_an_empty_program():
@@ -446,33 +448,35 @@ def test_two_collectives_over_one_group_in_different_orders(second):
     assert a.ops == ((0, 8, str(first)), (1, 8, str(second)))  # both ends
 
 
-def test_collective_findings_are_confirmed_on_plan_facts():
-    """Each collective problem is confirmed by Z3 on a fact of the plan, not a constant:
-    the (kind, tag, root) codes of two disagreeing members, the callers of an instance
-    against its group's size, the non-member's occurrences in the group it calls."""
+def test_collective_findings_are_confirmed_by_the_kernel_from_the_plan():
+    """Each collective problem is a claim about a position of the plan that the kernel
+    checks itself: a claim about a call that is fine is rejected, never confirmed."""
+    from mpipe_verified import kernel
     from mpipe_verified.verify import properties
     plan = lowered("gpipe", 3, 1)
     grads = Collective("all_reduce", (0, 1), "grads")
     params = Collective("broadcast", (0, 1), "params", root=1)
-    swapped = _append(plan, [(grads, params), (params, grads), ()])
-    first, second = (f.fact for f in properties.matching(swapped)[0])
-    assert first[0] == second[0] == "eq"
-    grads_code, params_code = first[1][:3], first[1][3:]  # instance #0: rank 0, rank 1
-    assert second[1] == params_code + grads_code
-    assert grads_code[2] == -1 and params_code[2] == 1  # roots
-    assert grads_code[0] != params_code[0] and grads_code[1] != params_code[1]
-    findings, _ = properties.matching(_append(plan, [(grads,), (), ()]))
-    assert [f.fact for f in findings] == [("eq", (1, 2))]
-    findings, _ = properties.matching(_append(plan, [(grads,), (grads,), (grads,)]))
-    assert [f.fact for f in findings] == [("eq", (0, 1))]  # rank 2 occurs 0 times in (0, 1)
-    # deadlock's "no matching partner": the same instance fact; a p2p end: channel counts
-    (dead,) = properties.deadlock(_append(plan, [(grads,), (), ()]), "rendezvous")[0]
-    assert dead.fact == ("eq", (1, 2)) and dead.core is None
+    for programs, claims in [([(grads, params), (params, grads), ()], None),
+                             ([(grads,), (), ()], [("call", 0, len(plan.programs[0]))]),
+                             ([(grads,), (grads,), (grads,)], None)]:
+        broken = _append(plan, programs)
+        findings, _ = properties.matching(broken)
+        got = [f.claim for f in findings]
+        assert got and all(c[0] == "call" for c in got)
+        if claims is not None:
+            assert got == claims
+        assert kernel.confirm(broken, "matching", got) == ["violated"] * len(got)
+        # the same claims about the plan without the broken calls are rejected
+        assert set(kernel.confirm(plan, "matching", got)) == {"rejected"}
+    dead = properties.deadlock(_append(plan, [(grads,), (), ()]), "rendezvous")[0]
+    assert [f.claim for f in dead] == [("stuck", 0, len(plan.programs[0]))]
     one_f = lowered("1f1b", 4, 8)
     program = list(one_f.programs[0])
     del program[max(i for i, op in enumerate(program) if isinstance(op, Recv))]
-    (dead,) = properties.deadlock(with_program(one_f, 0, program), "rendezvous")[0]
-    assert dead.fact == ("eq", (8, 7))
+    broken = with_program(one_f, 0, program)
+    (dead,) = properties.deadlock(broken, "rendezvous")[0]
+    assert kernel.confirm(broken, "deadlock", [dead.claim]) == ["violated"]
+    assert kernel.confirm(one_f, "deadlock", [dead.claim]) == ["rejected"]
 
 
 def test_collective_agreement_is_part_of_the_certificate(monkeypatch):

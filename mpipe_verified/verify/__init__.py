@@ -1,11 +1,12 @@
-"""The verifier: one entry point, five properties, every verdict backed by Z3.
+"""The verifier: one entry point, five properties, every verdict from the kernel.
 
-``verify(plan, memory_limit=None, comm_model="rendezvous")`` runs each property's linear
-pass (``properties``) over the shared semantics. A property with findings is *violated*
-once Z3 confirms each finding (the ground fact breaks its template, or the wait-for
-cycle's core is unsatisfiable). A property without findings is *proven* once Z3 shows
-that no fact of its certificate violates its template (``obligations.prove``). Anything
-Z3 cannot decide makes the report *undecided* (exit 3), never verified.
+``verify(plan, memory_limit=None, comm_model="rendezvous")`` runs each property's fast
+linear pass (``properties``) over the shared semantics: untrusted, it proposes
+counterexamples or its part of a witness. A property with findings is *violated* once
+the kernel (``..kernel``) confirms every finding from the plan alone, with Z3. A property
+without findings is *proven* once the kernel proves it from the plan and the witness,
+with Z3. A finding the kernel does not confirm, a witness it refutes, and anything Z3
+cannot decide make the report *undecided* (exit 3), never verified.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import time
 from typing import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
+from .. import kernel
 from ..ir import Plan
 from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, pair_collectives,
                          pair_p2p)
 from . import properties
-from .obligations import check_unsat, confirm, prove
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
@@ -39,9 +40,13 @@ def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
     limits = properties.memory_limits(memory_limit, plan.num_ranks)
     clock = time.perf_counter()
     with collector_paused():
-        decided = {**_local_properties(plan, limits, memory_model, rlimit),
-                   **_comm_properties(plan, comm_model, rlimit)}
-        return _report(plan, decided, limits, comm_model, clock)
+        local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
+        comm = _comm_properties(plan, comm_model, rlimit)
+        return _report(plan, _merged(local, comm), limits, comm_model, clock)
+
+
+def _merged(local: dict, comm: dict) -> dict:
+    return {**local, **comm, "hints": {**local["hints"], **comm["hints"]}}
 
 
 @contextlib.contextmanager
@@ -83,12 +88,13 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
         future = pool.submit(_load_then_comm, load, comm_model, rlimit)
         plan = load()
         limits = properties.memory_limits(memory_limit, plan.num_ranks)
-        local = _local_properties(plan, limits, memory_model, rlimit)
+        local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
         # while the child works: the digest a certificate would need
         digest = plan_digest(plan) if all(
-            local[name][0] == "proved" for name in local if name != "peaks") else None
-        decided = {**local, **future.result()}
-        return plan, _report(plan, decided, limits, comm_model, clock, digest)
+            local[name][0] == "proved" for name in ("completeness", "dependency",
+                                                    "memory")) else None
+        return plan, _report(plan, _merged(local, future.result()), limits, comm_model,
+                             clock, digest)
 
 
 def _load_then_comm(load, comm_model, rlimit) -> dict:
@@ -103,11 +109,12 @@ def _check_model(comm_model: str) -> None:
 def _report(plan: Plan, decided: dict, limits, comm_model: str, clock: float,
             digest: str | None = None) -> Report:
     """Assemble the verdict: violated if any property has confirmed violations, undecided
-    if any is unknown, verified (with a certificate) only if all five are proven.
-    ``limits``: one memory bound per rank or None (``properties.memory_limits``).
-    ``digest``: ``plan_digest(plan)`` if already known."""
+    if any is unknown, verified (with a certificate and its witness) only if the kernel
+    proved all five. ``limits``: one memory bound per rank or None
+    (``properties.memory_limits``). ``digest``: ``plan_digest(plan)`` if already known."""
     decided = dict(decided)
-    peaks = decided.pop("peaks")
+    peaks, sizes = decided.pop("peaks"), decided.pop("sizes")
+    hints = decided.pop("hints")
     violations, undecided = [], []
     stats = {"ops": plan.num_ops, "ranks": plan.num_ranks, "comm_model": comm_model,
              "properties": {}}
@@ -119,83 +126,97 @@ def _report(plan: Plan, decided: dict, limits, comm_model: str, clock: float,
             undecided.append(f"{name}: {detail.get('reason', 'solver returned unknown')}")
     stats["seconds"] = round(time.perf_counter() - clock, 4)
     status = "violated" if violations else "undecided" if undecided else "verified"
-    certificate = None
+    certificate = witness = None
     if status == "verified":
         certificate = Certificate(digest or plan_digest(plan), PROPERTIES,
                                   _limits(limits), comm_model)
-    return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided))
+        witness = _witness(hints)
+    return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided),
+                  witness, sizes)
 
 
-def _local_properties(plan, limits, memory_model, rlimit) -> dict:
+def _witness(hints: dict) -> kernel.Witness:
+    levels, peaks, peak_at = hints["memory"] or (None, None, None)
+    return kernel.Witness(hints["deadlock"], hints["dependency"], levels, peaks, peak_at)
+
+
+def _local_properties(plan, limits, memory_model, comm_model, rlimit) -> dict:
     """Completeness, dependency and memory (the half that needs no pairing or run).
     ``limits``: one memory bound per rank or None (``properties.memory_limits``)."""
-    out = {}
-    for name, run in (("completeness", lambda: properties.completeness(plan)),
-                      ("dependency", lambda: properties.dependency(plan))):
-        out[name] = _timed(run, rlimit)
+    sizes = kernel.Sizes.of(plan, memory_model)
+    judge = _Judge(plan, comm_model, sizes, limits, rlimit)
+    out = {name: judge(name, lambda run=run: run(plan))
+           for name, run in (("completeness", properties.completeness),
+                             ("dependency", properties.dependency))}
     mem = {}
 
     def memory():
-        findings, obligations, mem["peaks"] = properties.memory(plan, memory_model, limits)
-        return findings, obligations
-    out["memory"] = _timed(memory, rlimit)
-    out["peaks"] = mem["peaks"]
-    return out
+        findings, hint, mem["peaks"] = properties.memory(plan, memory_model, limits)
+        return findings, hint
+    out["memory"] = judge("memory", memory)
+    return {**out, "peaks": mem["peaks"], "sizes": sizes, "hints": judge.hints}
 
 
 def _comm_properties(plan, comm_model, rlimit) -> dict:
     """Matching and deadlock, over one pairing of the plan's sends and receives."""
     pairing, collectives = pair_p2p(plan), pair_collectives(plan)
-    return {"matching": _timed(lambda: properties.matching(plan, pairing, collectives), rlimit),
-            "deadlock": _timed(lambda: properties.deadlock(plan, comm_model, pairing,
-                                                           collectives), rlimit)}
+    judge = _Judge(plan, comm_model, None, None, rlimit)
+    out = {"matching": judge("matching", lambda: properties.matching(plan, pairing,
+                                                                      collectives)),
+           "deadlock": judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
+                                                                      collectives))}
+    return {**out, "hints": judge.hints}
 
 
-def _timed(run, rlimit) -> tuple[str, dict, list[Violation]]:
-    """Run one property's linear pass, then Z3's decision; returns ``(status, detail,
-    confirmed violations)``."""
-    started = time.perf_counter()
-    findings, obligations = run()
-    linear = time.perf_counter() - started
-    status, detail = _decide(findings, obligations, rlimit)
-    detail["linear_seconds"] = round(linear, 4)
-    detail["z3_seconds"] = round(time.perf_counter() - started - linear, 4)
-    found = [f.violation for f in findings] if status == "violated" else []
-    return status, detail, found
+class _Judge:
+    """Runs one property's fast pass, then has the kernel decide: every finding confirmed
+    (``violated``), or the property proven from the pass's hint (``proved``); anything
+    else is ``unknown``. Keeps each pass's hint for the witness of a certificate."""
+
+    def __init__(self, plan, comm_model, sizes, limits, rlimit) -> None:
+        self.plan, self.comm_model, self.sizes = plan, comm_model, sizes
+        self.limits, self.rlimit = limits, rlimit
+        self.hints: dict = {}
+
+    def __call__(self, name: str, run) -> tuple[str, dict, list[Violation]]:
+        started = time.perf_counter()
+        findings, self.hints[name] = run()
+        linear = time.perf_counter() - started
+        status, detail = (self._confirm(name, findings) if findings
+                          else self._prove(name))
+        detail["linear_seconds"] = round(linear, 4)
+        detail["kernel_seconds"] = round(time.perf_counter() - started - linear, 4)
+        found = [f.violation for f in findings] if status == "violated" else []
+        return status, detail, found
+
+    def _confirm(self, name, findings) -> tuple[str, dict]:
+        answers = kernel.confirm(self.plan, name, [f.claim for f in findings],
+                                 self.comm_model, self.sizes, self.limits, self.rlimit)
+        for finding, answer in zip(findings, answers):
+            if answer == "unknown":
+                return "unknown", {"reason": "Z3 could not confirm a counterexample"}
+            if answer != "violated":
+                return "unknown", {"reason": f"the kernel did not confirm the counterexample "
+                                             f"'{finding.violation.message}' (internal error)"}
+        detail = {"confirmed": len(findings)}
+        if getattr(findings, "unlisted", 0):  # found beyond the cap: counted, not listed
+            detail["unlisted"] = findings.unlisted
+        return "violated", detail
+
+    def _prove(self, name) -> tuple[str, dict]:
+        witness = _witness({"deadlock": None, "dependency": None, "memory": None,
+                            **self.hints})
+        verdict = kernel.prove(self.plan, witness, self.comm_model, self.sizes, self.limits,
+                               self.rlimit, properties=(name,))[name]
+        detail = {"facts": verdict.facts, "runs": verdict.runs}
+        if verdict.status == "proved":
+            return "proved", detail
+        if verdict.status == "failed":
+            return "unknown", {**detail, "reason": f"the kernel refuted the passes' witness at "
+                                                   f"{verdict.detail} (internal error)"}
+        return "unknown", {**detail, "reason": verdict.detail or "unknown"}
 
 
 def _limits(limits) -> tuple[float, ...] | None:
     """The certificate's per-rank memory limits, as floats."""
     return None if limits is None else tuple(float(x) for x in limits)
-
-
-def _decide(findings, obligations, rlimit) -> tuple[str, dict]:
-    """Z3's verdict on one property: ``proved``, ``violated`` or ``unknown``."""
-    if findings:
-        confirmed = 0
-        for finding in findings:
-            answer = _confirm(finding, rlimit)
-            if answer == "unknown":
-                return "unknown", {"reason": "Z3 could not confirm a counterexample"}
-            if answer != "violated":
-                return "unknown", {"reason": f"Z3 rejected the counterexample "
-                                             f"'{finding.violation.message}' (internal error)"}
-            confirmed += 1
-        detail = {"confirmed": confirmed}
-        if getattr(findings, "unlisted", 0):  # found beyond the cap: counted, not listed
-            detail["unlisted"] = findings.unlisted
-        return "violated", detail
-    outcome = prove(obligations, rlimit)
-    detail = {"facts": outcome.facts, "runs": outcome.runs}
-    if outcome.status == "proved":
-        return "proved", detail
-    if outcome.status == "violated":
-        return "unknown", {**detail, "reason": f"Z3 found a violating fact {outcome.witness} "
-                                               "the linear pass missed (internal error)"}
-    return "unknown", {**detail, "reason": outcome.reason or "unknown"}
-
-
-def _confirm(finding, rlimit) -> str:
-    if finding.fact is not None:
-        return confirm(*finding.fact, rlimit=rlimit)
-    return check_unsat(finding.core(), rlimit, sat="holds", unsat="violated")

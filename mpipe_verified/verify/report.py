@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import attrs
 
+from .. import kernel
 from ..ir import Plan
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
@@ -32,8 +32,8 @@ class Violation:
 
 
 def plan_digest(plan: Plan) -> str:
-    """SHA-256 of the plan's canonical text."""
-    return hashlib.sha256(plan.canonical_text().encode()).hexdigest()
+    """SHA-256 of the plan's canonical text (``kernel.digest``)."""
+    return kernel.digest(plan)
 
 
 @attrs.frozen
@@ -94,6 +94,16 @@ class Report:
     stats: dict
     certificate: Certificate | None = None
     undecided: tuple[str, ...] = ()
+    witness: kernel.Witness | None = None  # what the kernel proved the plan from
+    sizes: kernel.Sizes | None = None
+
+    def portable_certificate(self, plan: Plan) -> dict:
+        """The certificate with its witness, as ``mpipe-verify recheck`` reads it
+        (``kernel.certificate``); only for a verified report of ``plan``."""
+        if self.certificate is None or self.witness is None:
+            raise ValueError("only a verified report has a certificate")
+        return kernel.certificate(plan, self.witness, self.certificate.comm_model,
+                                  self.sizes, self.certificate.memory_limit)
 
     @property
     def verified(self) -> bool:

@@ -1,0 +1,820 @@
+"""The verification kernel: the execution semantics read a second time, as rules over one
+plan, and the proof obligations those rules generate, discharged by Z3.
+
+Trusted base of a VERIFIED: this file, the reader that built the plan, and Z3. The kernel
+imports nothing of the package but the IR's value types (``ir``): no code is shared with
+the semantics module, the fast passes or the lowering, so a bug there can make a verdict
+undecided but never make a wrong plan verified.
+
+``prove(plan, witness, ...)`` generates, from the plan alone, every obligation of the five
+properties; the *witness* (untrusted, proposed by the fast passes) only supplies numbers
+the obligations mention:
+
+- completeness: every required unit of work (one ``F``; one ``B`` or one ``I`` and one
+  ``W``, none for a frozen segment; one ``R`` where a recompute is due) on the rank that
+  owns it, no op outside the chain, the cut well formed, and each collective the cut
+  requires (a trainable segment run off its home rank needs its parameters broadcast from
+  home; one whose backward runs off home needs its gradients all-reduced over home and
+  every rank that runs it) exactly once on every rank that needs it;
+- dependency: each input of each op (``_needs``) was produced (``_produces``) earlier on
+  its rank, at the position the witness names;
+- matching: FIFO pairing by counting per ordered rank pair, equal counts, equal payloads;
+  every collective call well formed (members distinct existing ranks including the
+  caller, a root among them where the kind has one) and agreeing in kind, tag and root
+  with the same call of every other member;
+- deadlock: the witness gives every op a completion time ``fin``; an op is posted when
+  its predecessor completes (``post(i) = fin(i-1)``, 0 for the first). Obligations: times
+  never decrease along a rank; every blocking endpoint has a FIFO partner; for each pair
+  each blocking end completes after the other end was posted; each collective completes
+  after every member posted it. If such times exist the run completes: were it stuck,
+  the stuck op with the least ``fin`` would wait on a partner posted after another stuck
+  op completed, which completes earlier still;
+- memory: the witness gives each rank's level before every step; they start at the static
+  part, each is the last plus the step's allocations minus its frees (the kernel's own
+  accounting), every step's peak is within the reported peak, the reported peak is reached
+  and is within the limit.
+
+Each obligation is a numeric fact for a linear template. Facts are compressed exactly into
+affine runs (consecutive facts of one class with a constant difference) and Z3 is asked
+whether some point of some run violates its template: ``unsat`` proves the property,
+``sat`` names a violated fact, ``unknown`` is never success. ``confirm`` checks a claimed
+counterexample the same way, from the plan alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from fractions import Fraction
+
+import attrs
+import z3
+
+from .ir import (SINK, SOURCE, Collective, Compute, Group, Overlap, Payload, Plan, Recv,
+                 Send)
+
+PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
+CERTIFICATE_FORMAT = "mpipe-certificate/1"
+_CARRIED = {"act": "out", "grad": "grad", "input": "input"}
+_TRANSFER = frozenset(_CARRIED.values())
+
+# ---------------------------------------------------------------- the rules
+
+
+def _members(op) -> tuple:
+    return op.ops if type(op) in (Overlap, Group) else (op,)
+
+
+class _Rules:
+    """What each op needs and produces on its rank, who must run it, and what the cut
+    requires (see the module docstring). Tokens are ``(kind, segment, stage, mb)``."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.p, self.m = plan.num_ranks, plan.num_microbatches
+        self.where = plan.placement.stage_to_rank
+        self.stages = len(self.where)
+        self.cut = plan.cut.segments
+        self.segs = {s.name: s for s in self.cut}
+        self.sources = [s.name for s in self.cut if s.side == SOURCE]
+
+    def cut_ok(self) -> bool:
+        """Distinct, named segments; one forward (and backward) rank per microbatch, each
+        an existing rank; the home an existing rank."""
+        ranks = range(self.p)
+        return len(self.segs) == len(self.cut) and all(
+            s.name and len(s.forward_rank) == self.m and s.home in ranks
+            and all(r in ranks for r in s.forward_rank)
+            and (s.backward_rank is None or (len(s.backward_rank) == self.m
+                                             and all(r in ranks for r in s.backward_rank)))
+            for s in self.cut)
+
+    def owner(self, c: Compute):
+        """The rank that must run ``c``; None when ``c`` is not work of this plan."""
+        if c.mb >= self.m:
+            return None
+        if not c.segment:
+            return self.where[c.stage] if c.stage < self.stages and c.kind != "R" else None
+        seg = self.segs.get(c.segment)
+        if seg is None or c.stage != 0:
+            return None
+        if c.kind == "F":
+            return seg.forward_rank[c.mb]
+        return None if seg.backward_rank is None else seg.backward_rank[c.mb]
+
+    def recompute_due(self, seg, mb: int) -> bool:
+        return (seg is not None and seg.recompute and seg.backward_rank is not None
+                and seg.backward_rank[mb] != seg.forward_rank[mb])
+
+    def needs(self, op, rank: int) -> list:
+        kind = type(op)
+        if kind is Send:
+            return [_carried(op.payload)]
+        if kind is Collective:
+            return self._reduce_needs(op, rank)
+        if kind is Overlap or kind is Group:
+            return [t for c in op.ops for t in self.needs(c, rank)]
+        if kind is not Compute:
+            return []
+        name, s, mb, k = op.segment, op.stage, op.mb, op.kind
+        seg = self.segs.get(name) if name else None
+        if seg is None:  # the body (an unknown segment reads as body work, and is stray)
+            if k == "F":
+                return [("out", name, s - 1, mb)] if s else [("out", src, 0, mb)
+                                                             for src in self.sources]
+            if k == "W":
+                return [("wgrad_ready", name, s, mb)]
+            if k == "R":
+                return [("input", name, s, mb)]
+            later = [("grad", name, s + 1, mb)] if s < self.stages - 1 else []
+            return [("stored", name, s, mb)] + later
+        params = ([("params", name, 0, 0)] if k in ("F", "R") and seg.backward_rank is not None
+                  and rank != seg.home else [])
+        if k == "F":
+            return params + ([("out", "", self.stages - 1, mb)] if seg.side == SINK else [])
+        if k == "R":
+            return params + [("input", name, s, mb)]
+        if k == "W":
+            return [("wgrad_ready", name, s, mb)]
+        body_grad = [("grad", "", 0, mb)] if seg.side == SOURCE else []
+        return [("stored", name, s, mb)] + body_grad
+
+    def _reduce_needs(self, op: Collective, rank: int) -> list:
+        role, _, name = op.tag.partition(":")
+        seg = self.segs.get(name)
+        if op.kind != "all_reduce" or role != "grads" or seg is None or seg.backward_rank is None:
+            return []
+        return [("wdone", name, 0, mb) for mb, r in enumerate(seg.backward_rank) if r == rank]
+
+    def produces(self, op) -> list:
+        kind = type(op)
+        if kind is Recv:
+            return [_carried(op.payload)]
+        if kind is Overlap or kind is Group:
+            return [t for c in op.ops for t in self.produces(c)]
+        if kind is Collective:
+            role, _, name = op.tag.partition(":")
+            return [("params", name, 0, 0)] if op.kind == "broadcast" and role == "params" else []
+        if kind is not Compute:
+            return []
+        key = (op.segment, op.stage, op.mb)
+        return {"F": [("out",) + key, ("stored",) + key] + ([("input",) + key] if op.segment
+                                                           else []),
+                "B": [("grad",) + key, ("wdone",) + key],
+                "I": [("grad",) + key, ("wgrad_ready",) + key],
+                "W": [("wdone",) + key], "R": [("stored",) + key]}[op.kind]
+
+    def stores(self, c: Compute, rank: int) -> bool:
+        """A forward keeps its activation unless it is a segment's, run where no backward
+        of it runs (a frozen segment, or a forward shipped to another rank's backward)."""
+        seg = self.segs.get(c.segment) if c.segment else None
+        return (c.kind == "R" or seg is None
+                or (seg.backward_rank is not None and seg.backward_rank[c.mb] == rank))
+
+    def required_collectives(self) -> dict:
+        """``tag -> (kind, root, ranks that must call it)`` for every collective the cut
+        requires."""
+        out = {}
+        for seg in self.cut:
+            if seg.backward_rank is None:
+                continue
+            fwd = {seg.forward_rank[mb] for mb in range(self.m)}
+            fwd |= {seg.backward_rank[mb] for mb in range(self.m) if self.recompute_due(seg, mb)}
+            if fwd - {seg.home}:
+                out["params:" + seg.name] = ("broadcast", seg.home, fwd | {seg.home})
+            back = set(seg.backward_rank)
+            if back - {seg.home}:
+                out["grads:" + seg.name] = ("all_reduce", None, back | {seg.home})
+        return out
+
+
+def _carried(p: Payload) -> tuple:
+    return (_CARRIED[p.kind], p.segment, p.stage, p.mb)
+
+
+# ---------------------------------------------------------------- obligations
+
+
+class _Facts:
+    """Facts grouped by ``(template, class)`` in the order they were added. With
+    ``where``, each fact also records the plan location it is about (for ``confirm``)."""
+
+    def __init__(self, where: bool = False) -> None:
+        self.lanes: dict = defaultdict(list)
+        self.where: list | None = [] if where else None
+
+    def add(self, template: str, cls, *values, at=None) -> None:
+        self.lanes[(template, cls)].append(values)
+        if self.where is not None:
+            self.where.append((at, template, values))
+
+    def flag(self, cls, ok: bool, at=None) -> None:
+        self.add("one", cls, int(bool(ok)), at=at)
+
+    @property
+    def count(self) -> int:
+        return sum(map(len, self.lanes.values()))
+
+
+def _runs(facts: list) -> list:
+    """Exact compression: maximal stretches of facts with one constant difference, as
+    ``(first fact, difference, length)``; every fact lies in exactly one run."""
+    runs, k = [], 0
+    while k < len(facts):
+        a = facts[k]
+        if k + 1 == len(facts):
+            runs.append((a, (0,) * len(a), 1))
+            break
+        d = tuple(y - x for x, y in zip(a, facts[k + 1]))
+        n = 2
+        while k + n < len(facts) and all(
+                y - x == dd for x, y, dd in zip(facts[k + n - 1], facts[k + n], d)):
+            n += 1
+        runs.append((a, d, n))
+        k += n
+    return runs
+
+
+def _num(v) -> str:
+    """An exact number as SMT-LIB text."""
+    text = (f"(/ {abs(v.numerator)}.0 {v.denominator}.0)"
+            if isinstance(v, Fraction) and v.denominator != 1 else str(abs(int(v))))
+    return f"(- {text})" if v < 0 else text
+
+
+def _affine(a, d, real: bool) -> str:
+    j = "(to_real j)" if real else "j"
+    return f"(+ {_num(a)} (* {_num(d)} {j}))" if d else _num(a)
+
+
+_TEMPLATES = {  # template -> SMT-LIB text of "the fact x holds"
+    "one": lambda x: f"(= {x[0]} 1)",                                  # a plan fact holds
+    "eq": lambda x: f"(= {x[0]} {x[1]})",
+    "le": lambda x: f"(<= {x[0]} {x[1]})",
+    "lt": lambda x: f"(< {x[0]} {x[1]})",
+    "before": lambda x: f"(and (= {x[0]} 1) (<= 0 {x[1]}) (< {x[1]} {x[2]}))",  # made, q < i
+    "level": lambda x: (f"(and (<= (+ {x[0]} {x[1]}) {x[4]}) "            # peak within bound,
+                        f"(= {x[3]} (- (+ {x[0]} {x[1]}) {x[2]})))"),  # next level chained
+    "eqr": lambda x: f"(= {x[0]} {x[1]})",
+    "ler": lambda x: f"(<= {x[0]} {x[1]})",
+}
+_REAL = frozenset({"level", "eqr", "ler"})
+
+
+def _query(runs) -> str:
+    """SMT-LIB: some run has a point ``j`` in range that violates its template."""
+    parts = []
+    for template, (a, d, n) in runs:
+        real = template in _REAL
+        x = [_affine(ai, di, real) for ai, di in zip(a, d)]
+        parts.append(f"(and (<= 0 j) (< j {n}) (not {_TEMPLATES[template](x)}))")
+    return "(declare-const j Int)(assert (or false " + " ".join(parts) + "))"
+
+
+CHUNK = 512
+
+
+def _discharge(facts: _Facts, rlimit: int | None) -> tuple[str, str]:
+    """``("proved", "")``, ``("failed", the violated fact)`` or ``("unknown", reason)``."""
+    runs = [(t, run) for (t, _), lane in facts.lanes.items() for run in _runs(lane)]
+    for first in range(0, max(len(runs), 1), CHUNK):
+        chunk = runs[first:first + CHUNK]
+        solver = z3.Solver()
+        solver.set("timeout", 600_000)
+        if rlimit is not None:
+            solver.set("rlimit", rlimit)
+        solver.from_string(_query(chunk))
+        answer = solver.check()
+        if answer == z3.unknown:
+            return "unknown", solver.reason_unknown()
+        if answer == z3.sat:
+            j = solver.model().eval(z3.Int("j"), model_completion=True).as_long()
+            bad = next(f"{t}{tuple(a_ + d_ * j for a_, d_ in zip(a, d))}"
+                       for t, (a, d, n) in chunk if 0 <= j < n
+                       and not _holds(t, [a_ + d_ * j for a_, d_ in zip(a, d)]))
+            return "failed", bad
+    return "proved", ""
+
+
+def _holds(template: str, x) -> bool:
+    return {"one": lambda: x[0] == 1, "eq": lambda: x[0] == x[1], "le": lambda: x[0] <= x[1],
+            "lt": lambda: x[0] < x[1], "before": lambda: x[0] == 1 and 0 <= x[1] < x[2],
+            "level": lambda: x[0] + x[1] <= x[4] and x[3] == x[0] + x[1] - x[2],
+            "eqr": lambda: x[0] == x[1], "ler": lambda: x[0] <= x[1]}[template]()
+
+
+# ---------------------------------------------------------------- the witness
+
+
+@attrs.frozen
+class Witness:
+    """Untrusted numbers for the obligations. ``finish[r][i]``: completion time of op i on
+    rank r; ``producers[r]``: for each op in order and each of its inputs in sorted token
+    order, the position that produced it; ``levels[r]``: the memory level before each
+    step, then after the last; ``peaks[r]``: the claimed peak and ``peak_at[r]`` the step
+    that reaches it (-1: the static part, for an empty program)."""
+
+    finish: tuple
+    producers: tuple
+    levels: tuple
+    peaks: tuple
+    peak_at: tuple
+
+    def to_json(self) -> dict:
+        return {"finish": [list(f) for f in self.finish],
+                "producers": [list(p) for p in self.producers],
+                "levels": [[_text(x) for x in lv] for lv in self.levels],
+                "peaks": [_text(x) for x in self.peaks], "peak_at": list(self.peak_at)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Witness":
+        return cls(tuple(tuple(_int(x) for x in f) for f in data["finish"]),
+                   tuple(tuple(_int(x) for x in p) for p in data["producers"]),
+                   tuple(tuple(_exact(x) for x in lv) for lv in data["levels"]),
+                   tuple(_exact(x) for x in data["peaks"]),
+                   tuple(_int(x) for x in data["peak_at"]))
+
+
+@attrs.frozen
+class Sizes:
+    """Memory sizes, exact: ``stored[(segment, stage)]`` (default 1), ``buffer[(kind,
+    segment, stage, to_segment)]`` (default 0), ``static[rank]`` (default 0)."""
+
+    stored: dict = attrs.field(factory=dict)
+    buffer: dict = attrs.field(factory=dict)
+    static: tuple = ()
+
+    @classmethod
+    def of(cls, plan: Plan, model) -> "Sizes":
+        """Sizes from a memory model with ``stored(stage, segment)``, ``buffer(payload)``
+        and ``static_of(rank)``, for every key the plan mentions."""
+        stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in _units(plan)}
+        buffer = {}
+        for prog in plan.programs:
+            for op in prog:
+                for c in _members(op):
+                    if type(c) is Recv:
+                        p = c.payload
+                        key = (p.kind, p.segment, p.stage, p.to_segment)
+                        if key not in buffer:
+                            buffer[key] = _exact(model.buffer(p))
+        return cls(stored, buffer, tuple(_exact(model.static_of(r))
+                                         for r in range(plan.num_ranks)))
+
+    def to_json(self) -> dict:
+        return {"stored": [[seg, s, _text(v)] for (seg, s), v in sorted(self.stored.items())],
+                "buffer": [[*k, _text(v)] for k, v in sorted(self.buffer.items(), key=str)],
+                "static": [_text(v) for v in self.static]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Sizes":
+        return cls({(str(seg), _int(s)): _exact(v) for seg, s, v in data["stored"]},
+                   {(str(k), str(seg), _int(s), None if to is None else str(to)): _exact(v)
+                    for k, seg, s, to, v in data["buffer"]},
+                   tuple(_exact(v) for v in data["static"]))
+
+
+def _units(plan: Plan) -> list:
+    return ([("", s) for s in range(plan.placement.num_stages)]
+            + [(seg.name, 0) for seg in plan.cut.segments])
+
+
+def _exact(x):
+    """A number exactly: int, Fraction, an ``"a/b"`` text, or a finite float."""
+    if isinstance(x, bool):
+        raise ValueError("a size must be a number")
+    if isinstance(x, int):
+        return x
+    if isinstance(x, str):
+        x = Fraction(x)
+    x = Fraction(x)  # a float converts exactly (non-finite floats raise)
+    return x.numerator if x.denominator == 1 else x
+
+
+def _int(x) -> int:
+    if type(x) is not int:
+        raise ValueError(f"expected an integer, got {x!r}")
+    return x
+
+
+def _text(x):
+    return x if isinstance(x, int) else str(x)
+
+
+# ---------------------------------------------------------------- the five properties
+
+
+def _sig(op) -> str:
+    """A compression class for an op: its type and compute kinds."""
+    return type(op).__name__ + "".join(c.kind for c in _members(op) if type(c) is Compute)
+
+
+def _computes(op) -> tuple:
+    return tuple(c for c in _members(op) if type(c) is Compute) if type(op) in (
+        Compute, Overlap) else ()
+
+
+def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
+    ok = rules.cut_ok()
+    facts.flag("cut", ok, at=("cut",))
+    if not ok:
+        return
+    m, units = rules.m, _units(plan)
+    work = sum(len(_computes(op)) for prog in plan.programs for op in prog)
+    if len(units) * m > work:  # fewer ops than required forwards: never enumerate m
+        facts.add("le", "work", len(units) * m, work, at=("work",))
+        return
+    unit_set, counts = set(units), {}
+    for rank, prog in enumerate(plan.programs):
+        for index, op in enumerate(prog):
+            for c in _computes(op):
+                key = (c.segment, c.stage, c.mb)
+                if (c.segment, c.stage) not in unit_set or c.mb >= m:
+                    facts.flag("stray", False, at=("stray", rank, index))
+                    continue
+                row = counts.setdefault(key, [0] * 6)
+                row["FBIWR".index(c.kind) if rules.owner(c) == rank else 5] += 1
+    for seg, s in units:
+        segw = rules.segs.get(seg) if seg else None
+        for mb in range(m):
+            f, b, i, w, r, wrong = counts.get((seg, s, mb), (0,) * 6)
+            at = ("unit", seg, s, mb)
+            facts.add("eq", (seg, s, "F"), f, 1, at=at)
+            facts.add("eq", (seg, s, "misplaced"), wrong, 0, at=at)
+            facts.add("eq", (seg, s, "R"), r, int(rules.recompute_due(segw, mb)), at=at)
+            if segw is None or segw.backward_rank is not None:  # one B, or one I and one W
+                facts.add("eq", (seg, s, "B|I"), b + i, 1, at=at)
+                facts.add("eq", (seg, s, "I=W"), i, w, at=at)
+            else:
+                facts.add("eq", (seg, s, "frozen"), b + i + w, 0, at=at)
+    _required_collectives(plan, rules, facts)
+
+
+def _required_collectives(plan: Plan, rules: _Rules, facts: _Facts) -> None:
+    required = rules.required_collectives()
+    calls: dict = defaultdict(int)
+    for rank, prog in enumerate(plan.programs):
+        for index, op in enumerate(prog):
+            if type(op) is not Collective:
+                continue
+            role, sep, _ = op.tag.partition(":")
+            if not sep or role not in ("params", "grads"):
+                continue  # a collective of the user's own: only well-formedness applies
+            need = required.get(op.tag)
+            facts.flag("tagged", need is not None and op.kind == need[0]
+                       and op.root == need[1] and need[2] <= set(op.ranks),
+                       at=("collective", op.tag, rank))
+            calls[(op.tag, rank)] += 1
+    for tag, (_, _, ranks) in required.items():
+        for r in range(rules.p):
+            facts.add("eq" if r in ranks else "le", ("calls", tag, r in ranks),
+                      calls[(tag, r)], 1, at=("collective", tag, r))
+
+
+def _dependency(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness) -> None:
+    if witness.producers is None or len(witness.producers) != rules.p:
+        facts.flag("witness", False, at=("witness",))
+        return
+    for rank, prog in enumerate(plan.programs):
+        given, k, n = witness.producers[rank], 0, len(prog)
+        for index, op in enumerate(prog):
+            for token in sorted(rules.needs(op, rank)):
+                q = given[k] if k < len(given) else -1
+                k += 1
+                made = 0 <= q < n and token in rules.produces(prog[q])
+                facts.add("before", (rank, _sig(op), token[0]), int(made), q, index,
+                          at=("input", rank, index))
+        facts.add("eq", "listed", k, len(given), at=("witness",))
+
+
+def _channels(plan: Plan) -> dict:
+    """FIFO pairing by counting: ``(src, dst) -> (sends, receives)``, each a list of
+    ``(rank, index, op)`` in program order; the k-th send pairs with the k-th receive."""
+    out: dict = defaultdict(lambda: ([], []))
+    for rank, prog in enumerate(plan.programs):
+        for index, op in enumerate(prog):
+            for c in _members(op):
+                if type(c) is Send:
+                    out[(rank, c.dst)][0].append((rank, index, c))
+                elif type(c) is Recv:
+                    out[(c.src, rank)][1].append((rank, index, c))
+    return out
+
+
+def _calls(plan: Plan) -> dict:
+    """Collective instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th
+    call over that member set on each rank."""
+    out: dict = defaultdict(dict)
+    seen: dict = defaultdict(int)
+    for rank, prog in enumerate(plan.programs):
+        for index, op in enumerate(prog):
+            if type(op) is Collective:
+                group = tuple(sorted(set(op.ranks)))
+                out[(group, seen[(group, rank)])][rank] = (index, op)
+                seen[(group, rank)] += 1
+    return out
+
+
+def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
+    for key, (sends, recvs) in sorted(_channels(plan).items()):
+        facts.add("eq", "count", len(sends), len(recvs), at=("channel",) + key)
+        for s, r in zip(sends, recvs):
+            facts.flag("payload", s[2].payload == r[2].payload, at=("channel",) + key)
+    for (group, _), where in _calls(plan).items():
+        ref = where[min(where)][1]
+        for rank, (index, op) in where.items():
+            members, at = op.ranks, ("call", rank, index)
+            facts.flag("call", len(set(members)) == len(members) and rank in members
+                       and all(0 <= r < rules.p for r in members)
+                       and (op.root is None if op.kind == "all_reduce" else op.root in members)
+                       and (op.kind, op.tag, op.root) == (ref.kind, ref.tag, ref.root), at=at)
+        facts.add("eq", "callers", sum(r in where for r in group), len(group),
+                  at=("call", min(where), where[min(where)][0]))
+
+
+def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
+              eager: bool = False) -> None:
+    fin = witness.finish
+    if fin is None or [len(f) for f in fin] != [len(p) for p in plan.programs]:
+        facts.flag("witness", False, at=("witness",))
+        return
+
+    def post(rank: int, index: int):
+        return fin[rank][index - 1] if index else 0
+
+    for rank, prog in enumerate(plan.programs):
+        for index, op in enumerate(prog):
+            facts.add("le", (rank, _sig(op)), post(rank, index), fin[rank][index])
+    for key, (sends, recvs) in sorted(_channels(plan).items()):
+        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
+            if not blocks:
+                continue
+            for k, (rank, index, _) in enumerate(ends):
+                if k >= len(others):  # no partner: it waits forever
+                    facts.add("lt", "partner", k, len(others), at=("stuck", rank, index))
+                    continue
+                other = others[k]
+                facts.add("lt", ("meet", key, ends is sends), post(other[0], other[1]),
+                          fin[rank][index])
+    for (group, _), where in _calls(plan).items():
+        facts.add("eq", "callers", sum(r in where for r in group), len(group))
+        meet = max(post(r, i) for r, (i, _) in where.items())
+        for r, (i, _) in where.items():
+            facts.add("lt", ("collective", r), meet, fin[r][i])
+
+
+def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "Sizes",
+            limits) -> None:
+    if witness.levels is None or len(witness.levels) != rules.p:
+        facts.flag("witness", False, at=("witness",))
+        return
+    for rank, prog in enumerate(plan.programs):
+        levels, peak, at = witness.levels[rank], witness.peaks[rank], witness.peak_at[rank]
+        static = sizes.static[rank] if rank < len(sizes.static) else 0
+        if len(levels) != len(prog) + 1:
+            facts.flag("witness", False, at=("witness",))
+            continue
+        facts.add("eqr", "static", levels[0], static)
+        allocs = []
+        for index, (alloc, freed) in enumerate(_steps(prog, rank, rules, sizes)):
+            allocs.append(alloc)
+            facts.add("level", (rank, _sig(prog[index])), levels[index], alloc, freed,
+                      levels[index + 1], peak)
+        if at == -1:
+            facts.add("eqr", "peak", peak, static)
+        elif 0 <= at < len(prog):
+            facts.add("eqr", "peak", levels[at] + allocs[at], peak)
+        else:
+            facts.flag("witness", False, at=("witness",))
+        if limits is not None:
+            facts.add("ler", "limit", peak, _exact(limits[rank]), at=("peak", rank))
+
+
+def _steps(prog, rank: int, rules: _Rules, sizes: "Sizes"):
+    """Per step ``(allocated, freed)``: a forward (or recompute) that stores allocates its
+    activation, freed by its ``B`` or ``W``; a receive allocates its buffer, freed by the
+    compute op that consumes what it carried. Allocations count before frees."""
+    live: dict = {}
+    for op in prog:
+        alloc, frees = 0, []
+        if type(op) in (Compute, Overlap, Recv, Group):
+            for c in _computes(op):
+                key = ("stored", c.segment, c.stage, c.mb)
+                if c.kind in ("F", "R") and rules.stores(c, rank):
+                    live[key] = sizes.stored.get((c.segment, c.stage), 1)
+                    alloc += live[key]
+                elif c.kind in ("B", "W"):
+                    frees.append(key)
+                frees += [("buffer", t) for t in rules.needs(c, rank) if t[0] in _TRANSFER]
+            for c in _members(op):
+                if type(c) is Recv:
+                    p = c.payload
+                    size = sizes.buffer.get((p.kind, p.segment, p.stage, p.to_segment), 0)
+                    if size:
+                        live[("buffer", _carried(p))] = size
+                        alloc += size
+        yield alloc, sum(live.pop(key) for key in frees if key in live)
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+@attrs.frozen
+class Verdict:
+    """A property's verdict: ``proved``, ``failed`` (``detail``: the violated fact) or
+    ``unknown`` (``detail``: Z3's reason); ``facts`` and ``runs`` count the obligations."""
+
+    status: str
+    detail: str = ""
+    facts: int = 0
+    runs: int = 0
+
+
+def _generate(name: str, plan: Plan, rules: _Rules, facts: _Facts, witness, comm_model,
+              sizes, limits) -> None:
+    if name == "deadlock":
+        _deadlock(plan, rules, facts, witness, comm_model == "eager")
+    elif name == "memory":
+        _memory(plan, rules, facts, witness, sizes or Sizes(), limits)
+    else:
+        {"completeness": _completeness, "dependency": _dependency,
+         "matching": _matching}[name](plan, rules, facts, witness)
+
+
+def prove(plan: Plan, witness: Witness, comm_model: str = "rendezvous", sizes=None,
+          limits=None, rlimit: int | None = None, properties=PROPERTIES) -> dict:
+    """Each property's ``Verdict`` for ``plan`` under ``comm_model`` (``rendezvous`` or
+    ``eager``), ``sizes`` (default: the unit model) and ``limits`` (one bound per rank,
+    or None)."""
+    if comm_model not in ("rendezvous", "eager"):
+        raise ValueError(f"unknown comm model {comm_model!r}")
+    if limits is not None and len(limits) != plan.num_ranks:
+        raise ValueError(f"{len(limits)} memory limits for {plan.num_ranks} ranks")
+    rules, out = _Rules(plan), {}
+    for name in properties:
+        facts = _Facts()
+        _generate(name, plan, rules, facts, witness, comm_model, sizes, limits)
+        status, detail = _discharge(facts, rlimit)
+        out[name] = Verdict(status, detail, facts.count,
+                            sum(len(_runs(lane)) for lane in facts.lanes.values()))
+    return out
+
+
+def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes=None,
+            limits=None, rlimit: int | None = None) -> list[str]:
+    """For each claimed counterexample of property ``name``: ``violated`` when the kernel
+    finds it in the plan and Z3 agrees that the fact breaks its template, ``unknown``
+    when Z3 cannot say, else ``rejected``. Claims: ``("unit", segment, stage, mb)``,
+    ``("stray"|"input"|"call"|"stuck", rank, index)``, ``("collective", tag, rank)``,
+    ``("channel", src, dst)``, ``("cut",)``, ``("work",)``, ``("peak", rank, index)``,
+    ``("cycle", ((rank, index), ...))``; each needs nothing but the plan."""
+    rules = _Rules(plan)
+    if name == "deadlock":
+        return [_confirm_wait(plan, rules, c, comm_model == "eager", rlimit) for c in claims]
+    if name == "dependency":
+        bad = [_missing_inputs(plan, rules, c) for c in claims]
+    elif name == "memory":
+        bad = [_over_limit(plan, rules, c, sizes or Sizes(), limits) for c in claims]
+    else:
+        facts = _Facts(where=True)
+        _generate(name, plan, rules, facts, None, comm_model, sizes, limits)
+        found = defaultdict(list)
+        for at, template, values in facts.where:
+            if not _holds(template, values):
+                found[at].append((template, values))
+        bad = [found.get(tuple(c), [])[:1] for c in claims]
+    return [_ground(b, rlimit) for b in bad]
+
+
+def _ground(facts: list, rlimit) -> str:
+    """Z3's word on a claimed violation: some listed ground fact breaks its template."""
+    if not facts:
+        return "rejected"
+    template, values = facts[0]
+    solver = z3.Solver()
+    if rlimit is not None:
+        solver.set("rlimit", rlimit)
+    real = template in _REAL
+    solver.from_string(f"(assert (not {_TEMPLATES[template]([_affine(v, 0, real) for v in values])}))")
+    answer = solver.check()
+    return "violated" if answer == z3.sat else "unknown" if answer == z3.unknown else "rejected"
+
+
+def _missing_inputs(plan: Plan, rules: _Rules, claim) -> list:
+    """An input of the op at ``(rank, index)`` that no earlier op on the rank produces."""
+    _, rank, index = claim
+    prog = plan.programs[rank]
+    made = {t for op in prog[:index] for t in rules.produces(op)}
+    return [("one", (0,)) for t in rules.needs(prog[index], rank) if t not in made][:1]
+
+
+def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
+    """The level at step ``index`` of ``rank`` (``-1``: the static part) over its limit."""
+    _, rank, index = claim
+    if limits is None:
+        return []
+    level = sizes.static[rank] if rank < len(sizes.static) else 0
+    top = level
+    for k, (alloc, freed) in enumerate(_steps(plan.programs[rank], rank, rules, sizes)):
+        if k == index:
+            top = level + alloc
+            break
+        level += alloc - freed
+    return [("ler", (top, _exact(limits[rank])))]
+
+
+def _confirm_wait(plan: Plan, rules: _Rules, claim, eager: bool, rlimit) -> str:
+    """A rank stuck on an endpoint with no FIFO partner (or a collective a member never
+    calls), or a wait-for cycle: each op of the cycle waits on a partner that its next
+    rank posts only after its own op there; Z3 then finds no completion times (each op
+    would complete after the next one, around the cycle)."""
+    if claim[0] == "stuck":
+        return _ground([f for f in _waits(plan, claim[1], claim[2], eager)
+                        if not _holds(*f)][:1], rlimit)
+    cycle = list(claim[1])
+    t = [z3.Int(f"t{k}") for k in range(len(cycle))]
+    solver = z3.Solver()
+    if rlimit is not None:
+        solver.set("rlimit", rlimit)
+    for k, (rank, index) in enumerate(cycle):
+        nxt_rank, nxt_index = cycle[(k + 1) % len(cycle)]
+        later = [j for r, j in _partners(plan, rank, index, eager) if r == nxt_rank]
+        solver.add(z3.Implies(max(later, default=-1) > nxt_index, t[k] > t[(k + 1) % len(t)]))
+    answer = solver.check()
+    return "violated" if answer == z3.unsat else "unknown" if answer == z3.unknown else "rejected"
+
+
+def _partners(plan: Plan, rank: int, index: int, eager: bool) -> list:
+    """Positions ``(rank, index)`` the op at ``(rank, index)`` waits on: FIFO partners of
+    its blocking endpoints, or the other members' calls of its collective instance."""
+    op = plan.programs[rank][index]
+    if type(op) is Collective:
+        for where in _calls(plan).values():
+            if where.get(rank, (None,))[0] == index:
+                return [(r, i) for r, (i, _) in where.items() if r != rank]
+        return []
+    out = []
+    for key, (sends, recvs) in _channels(plan).items():
+        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
+            out += [others[k][:2] for k, e in enumerate(ends)
+                    if blocks and e[:2] == (rank, index) and k < len(others)]
+    return out
+
+
+def _waits(plan: Plan, rank: int, index: int, eager: bool) -> list:
+    """Facts behind "waits forever": ``k < count`` for each blocking endpoint of the op
+    (the k-th on its channel, which has ``count`` ends on the other side), and for a
+    collective, its callers against its members."""
+    op, out = plan.programs[rank][index], []
+    if type(op) is Collective:
+        for (group, _), where in _calls(plan).items():
+            if where.get(rank, (None,))[0] == index:
+                out.append(("eq", (sum(r in where for r in group), len(group))))
+        return out
+    for key, (sends, recvs) in _channels(plan).items():
+        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
+            out += [("lt", (k, len(others))) for k, e in enumerate(ends)
+                    if blocks and e[:2] == (rank, index)]
+    return out
+
+
+# ---------------------------------------------------------------- portable certificates
+
+
+def digest(plan: Plan) -> str:
+    """SHA-256 of the plan's canonical text (what a certificate is about)."""
+    return hashlib.sha256(plan.canonical_text().encode()).hexdigest()
+
+
+def certificate(plan: Plan, witness: Witness, comm_model: str, sizes: Sizes, limits) -> dict:
+    """The portable certificate: what is claimed about which plan, and the witness."""
+    return {"format": CERTIFICATE_FORMAT, "digest": digest(plan), "comm_model": comm_model,
+            "properties": list(PROPERTIES),
+            "memory_limit": None if limits is None else [_text(_exact(x)) for x in limits],
+            "sizes": sizes.to_json(), "witness": witness.to_json()}
+
+
+def recheck(plan: Plan, data, rlimit: int | None = None) -> tuple[bool, list[str]]:
+    """Re-prove all five properties of ``plan`` from a certificate (``certificate``'s
+    JSON): ``(True, [])``, or ``(False, reasons)`` when it does not establish them."""
+    try:
+        if data.get("format") != CERTIFICATE_FORMAT:
+            return False, [f"not a {CERTIFICATE_FORMAT} certificate"]
+        if data["digest"] != digest(plan):
+            return False, ["the certificate is for another plan (digest differs)"]
+        if sorted(data["properties"]) != sorted(PROPERTIES):
+            return False, ["the certificate does not claim all five properties"]
+        limit = data["memory_limit"]
+        limits = None if limit is None else tuple(_exact(x) for x in limit)
+        sizes, witness = Sizes.from_json(data["sizes"]), Witness.from_json(data["witness"])
+        verdicts = prove(plan, witness, data["comm_model"], sizes, limits, rlimit)
+    except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        return False, [f"malformed certificate: {type(error).__name__}: {error}"]
+    reasons = [f"{name}: {v.status} {v.detail}".strip() for name, v in verdicts.items()
+               if v.status != "proved"]
+    return not reasons, reasons
+
+
+def load_certificate(text: str):
+    """Parse a certificate file's text (``json.loads``; errors are the caller's)."""
+    return json.loads(text)

@@ -1,0 +1,143 @@
+"""The verification kernel on its own: exact compression, templates that say what they
+mean, forged witnesses that must not certify, counterexamples it must not confirm."""
+
+import functools
+from collections import Counter
+from fractions import Fraction
+
+import attrs
+import pytest
+from hypothesis import example, given, settings, strategies as st
+
+from mpipe_verified import kernel
+from mpipe_verified.ir import ACT, GRAD, Payload, Placement, Plan, Recv, Send
+from mpipe_verified.verify import verify, verify_loaded
+from plan_edits import defer_receives, lowered
+
+
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(-3, 3)), max_size=30))
+def test_runs_cover_exactly_the_facts(facts):
+    """Every fact lies in exactly one run, and every run point is a fact."""
+    points = Counter(tuple(a_ + d_ * j for a_, d_ in zip(a, d))
+                     for a, d, n in kernel._runs(facts) for j in range(n))
+    assert points == Counter(facts)
+
+
+ARITY = {"one": 1, "eq": 2, "le": 2, "lt": 2, "before": 3, "level": 5, "eqr": 2, "ler": 2}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(ARITY)), st.data())
+@example("level", None)
+def test_smt_templates_say_what_the_python_reading_says(template, data):
+    """``_discharge`` reads a template's SMT-LIB text; ``_holds`` (which names the violated
+    fact) reads it in Python: on any exact fact the two agree."""
+    assert set(ARITY) == set(kernel._TEMPLATES)
+    if data is None:  # over by 1e-10, as rationals
+        fact = (Fraction(1.0000000001), 0, 0, Fraction(1.0000000001), 1)
+    else:
+        numbers = st.integers(-2, 2) if template not in kernel._REAL else st.fractions(
+            -2, 2, max_denominator=7)
+        fact = tuple(data.draw(st.lists(numbers, min_size=ARITY[template],
+                                        max_size=ARITY[template])))
+    facts = kernel._Facts()
+    facts.add(template, "cls", *fact)
+    status, _ = kernel._discharge(facts, None)
+    assert status == ("proved" if kernel._holds(template, fact) else "failed")
+
+
+def _deadlocking() -> Plan:
+    act, grad = Payload(ACT, 0, 0), Payload(GRAD, 1, 0)
+    return Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, act)),
+                                          (Recv(0, act), Send(0, grad))))
+
+
+def _witness(finish) -> kernel.Witness:
+    return kernel.Witness(finish, None, None, None, None)
+
+
+def test_a_forged_run_that_ignores_program_order_does_not_prove_deadlock_freedom():
+    """Both ranks receive first: no run completes. Times that let each receive meet its
+    send (posted 'before' the receive ahead of it finished) break program order."""
+    plan = _deadlocking()
+    assert verify(plan).status == "violated"
+    for finish in [((4, 2), (2, 4)), ((1, 1), (1, 1)), ((0, 0), (0, 0)), ((5, 9), (9, 5))]:
+        verdict = kernel.prove(plan, _witness(finish), properties=("deadlock",))["deadlock"]
+        assert verdict.status == "failed", finish
+
+
+def test_eager_unmatched_send_needs_no_partner_but_keeps_program_order():
+    grad, extra = Payload(GRAD, 1, 0), Payload(ACT, 0, 0)
+    plan = Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, extra)), (Send(0, grad),)))
+    honest = verify(plan, comm_model="eager")
+    assert honest.stats["properties"]["deadlock"]["status"] == "proved"
+    assert honest.stats["properties"]["matching"]["status"] == "violated"
+    prove = functools.partial(kernel.prove, plan, comm_model="eager", properties=("deadlock",))
+    assert prove(_witness(((2, 3), (1,))))["deadlock"].status == "proved"
+    assert prove(_witness(((2, 1), (1,))))["deadlock"].status == "failed"  # order broken
+    # under rendezvous the same send has no partner: no witness proves it
+    assert kernel.prove(plan, _witness(((2, 3), (1,))),
+                        properties=("deadlock",))["deadlock"].status == "failed"
+
+
+def test_a_witness_for_another_plan_does_not_prove_this_one():
+    """The producer positions, times and levels of a valid plan, put to a broken copy (a
+    forward moved after the backward that needs it): dependency is not proved."""
+    plan = lowered("1f1b", 4, 8)
+    report = verify(plan)
+    program = list(plan.programs[3])
+    f = next(i for i, op in enumerate(program) if str(op) == "3F0")
+    b = next(i for i, op in enumerate(program) if str(op) == "3B0")
+    program[f], program[b] = program[b], program[f]
+    broken = attrs.evolve(plan, programs=plan.programs[:3] + (tuple(program),))
+    verdicts = kernel.prove(broken, report.witness, sizes=report.sizes)
+    assert verdicts["dependency"].status == "failed"
+    assert verdicts["completeness"].status == "proved"
+
+
+def test_an_empty_plan_is_still_proved_by_z3(monkeypatch):
+    """A property without facts is proved by a Z3 query too (the empty disjunction)."""
+    import z3
+    answers = []
+    real = z3.Solver.check
+
+    def counted(self, *args):
+        answers.append(real(self, *args))
+        return answers[-1]
+    monkeypatch.setattr(z3.Solver, "check", counted)
+    plan = Plan(Placement((0,), 1), 0, ((),))
+    witness = kernel.Witness(((),), ((),), ((0,),), (0,), (-1,))
+    assert {v.status for v in kernel.prove(plan, witness).values()} == {"proved"}
+    assert answers == [z3.unsat] * 5
+
+
+def _deferred_receives(name, p, m):
+    return defer_receives(lowered(name, p, m))
+
+
+@pytest.mark.parametrize("make", [
+    functools.partial(lowered, "interleaved-1f1b", 8, 32, 2),
+    functools.partial(_deferred_receives, "1f1b", 4, 8),
+])
+@pytest.mark.parametrize("rlimit", [None, 1])
+def test_two_process_verdicts_equal_one_process(make, rlimit):
+    """verify_loaded (this process decides completeness, dependency and memory, the child
+    matching and deadlock) reaches the same verdicts as verify."""
+    one = verify(make(), rlimit=rlimit)
+    _, two = verify_loaded(make, rlimit=rlimit)
+    assert two.status == one.status
+    assert [v.message for v in two.violations] == [v.message for v in one.violations]
+    assert {k: v["status"] for k, v in two.stats["properties"].items()} == \
+        {k: v["status"] for k, v in one.stats["properties"].items()}
+    assert (two.certificate is None) == (one.certificate is None)
+    assert two.witness == one.witness
+
+
+def test_the_kernel_imports_only_the_ir():
+    """The kernel shares no code with the semantics, the passes or the lowering."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(kernel))
+    local = {node.module for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.level}
+    assert local == {"ir"}
