@@ -11,10 +11,11 @@ of ``add_target_arguments`` and ``load_target``)::
     mpipe-verify check  SPEC|FILE... | --family ... [--format ...]
                         [--comm-model rendezvous|eager] [--memory-limit N] [--json | -q]
                         [--sarif OUT] [--junit OUT] [--svg OUT [--arrows] [--memory]]
-                        [--only-schedules]
+                        [--only-schedules] [--certificate-out CERT.json]
     mpipe-verify diff   OLD NEW [--format ...] [--comm-model ...] [--memory-limit N] [--json]
     mpipe-verify simulate SPEC|FILE | --family ... [--compare FAMILY ...] [--memory-limit N]
                         [--comm-model eager|rendezvous] [--json]
+    mpipe-verify recheck PLAN CERT.json [--solver-rlimit R] [--json]
 
 ``--family transpose`` takes ``--body``, ``--mode``, ``--ownership``, ``--side`` and
 ``--encoder-cost`` (every other target rejects them: ``check_transpose_options``).
@@ -378,6 +379,9 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                    help="skip .toml files without a [schedule] table (pyproject.toml and "
                         "other configs matched by a pre-commit hook)")
     g = p.add_argument_group("CI outputs (written atomically, parents created)")
+    g.add_argument("--certificate-out", metavar="CERT.json",
+                   help="when VERIFIED, write the portable certificate with its witness "
+                        "(what `mpipe-verify recheck` reads); nothing is written otherwise")
     g.add_argument("--sarif", metavar="OUT",
                    help="write a SARIF 2.1.0 log: one result per violation, located at the "
                         "input's row and column")
@@ -403,6 +407,8 @@ def run_check(args: argparse.Namespace) -> int:
     targets = _check_targets(args)
     if args.svg is not None and len(targets) > 1:
         raise UsageError("--svg draws one schedule; give one SPEC|FILE")
+    if args.certificate_out is not None and len(targets) > 1:
+        raise UsageError("--certificate-out certifies one plan; give one SPEC|FILE")
     progress = Progress(False if args.quiet else None)
     checked: list[sarif.Checked] = []
     results: list[tuple[dict, str]] = []  # (JSON object, text report) per input
@@ -499,6 +505,9 @@ def _check_one(args: argparse.Namespace, progress: Progress
         props = sorted({v.property for v in report.violations})
         title = f"{name}: {report.status.upper()}" + (f" ({', '.join(props)})" if props else "")
         write_svg(args, plan, spec, title, args.comm_model, limit, report.violations)
+    if args.certificate_out is not None and report.verified:
+        write_output(args.certificate_out,
+                     json.dumps(report.portable_certificate(plan), separators=(",", ":")) + "\n")
     kind = _input_kind(args, spec is not None, as_written)
     text = None
     if args.sarif is not None and kind in (sarif.SPEC, sarif.TORCH_CSV_LOWERED) \
@@ -716,6 +725,64 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 COMMANDS.append(_add_simulate)
+
+
+# ---------------------------------------------------------------- recheck
+
+
+def _add_recheck(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("recheck", help="re-prove a plan from its portable certificate",
+                       description="Run only the plan reader, the verification kernel and Z3 "
+                                   "on PLAN with the certificate and witness that `check "
+                                   "--certificate-out` wrote. Exit 0: all five properties "
+                                   "proven for this plan; 3: the certificate does not "
+                                   "establish them (forged, stale, another plan's); 2: bad "
+                                   "input.")
+    p.add_argument("plan", metavar="PLAN",
+                   help="the plan as written: a torch CSV with SEND/RECV cells")
+    p.add_argument("certificate", metavar="CERT.json")
+    p.add_argument("--format", choices=FORMATS, default="auto", help="the plan's format")
+    p.add_argument("--solver-rlimit", type=int, metavar="R",
+                   help="cap Z3's resource count per query; running out gives exit 3")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run_recheck)
+
+
+def run_recheck(args: argparse.Namespace) -> int:
+    from . import kernel
+    plan = _plan_as_written(args.plan, args.format)
+    text = read_text(args.certificate, "a certificate (JSON)")
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"{args.certificate}: not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{args.certificate}: expected a JSON object")
+    proven, reasons = kernel.recheck(plan, data, args.solver_rlimit)
+    if args.json:
+        print(json.dumps({"source": args.plan, "certificate": args.certificate,
+                          "proven": proven, "reasons": reasons}, indent=2))
+    else:
+        verdict = "PROVEN (all five properties, by the kernel)" if proven else "NOT ESTABLISHED"
+        print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
+    return 0 if proven else 3
+
+
+def _plan_as_written(path: str, fmt: str) -> Plan:
+    """A plan file read as written (no lowering): what a certificate can be about."""
+    if format_of(path, fmt) != "torch-csv":
+        raise UsageError(f"{path}: recheck reads a plan file (a torch CSV with SEND/RECV "
+                         f"cells); export a spec's plan first (mpipe-verify export SPEC --to "
+                         f"torch-csv -o plan.csv)")
+    plan = parse_torch_csv(read_text(path, "a torch CSV file"), path)
+    if not plan.has_comms():
+        raise UsageError(f"{path}: a compute-only CSV is lowered before it is checked; "
+                         f"recheck the lowered plan (mpipe-verify export {path} --to "
+                         f"torch-csv -o plan.csv)")
+    return plan
+
+
+COMMANDS.append(_add_recheck)
 
 
 # ---------------------------------------------------------------- entry point

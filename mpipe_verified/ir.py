@@ -280,6 +280,29 @@ class Cut:
 NO_CUT = Cut()
 
 
+def _check_cut(cut: Cut, num_ranks: int, num_microbatches: int) -> None:
+    """A cut fits its plan: distinct non-empty names, one forward (and backward) rank per
+    microbatch, every rank (and the home) an existing one."""
+    names = [seg.name for seg in cut.segments]
+    if len(set(names)) != len(names) or not all(names):
+        raise ValueError(f"segment names must be distinct and non-empty, got {names}")
+    for seg in cut.segments:
+        for what, ranks in (("forward_rank", seg.forward_rank),
+                            ("backward_rank", seg.backward_rank)):
+            if ranks is None:
+                continue
+            if len(ranks) != num_microbatches:
+                raise ValueError(f"segment {seg.name!r}: {what} lists {len(ranks)} ranks for "
+                                 f"{num_microbatches} microbatches")
+            bad = [r for r in ranks if not (type(r) is int and 0 <= r < num_ranks)]
+            if bad:
+                raise ValueError(f"segment {seg.name!r}: {what} names rank {bad[0]!r} outside "
+                                 f"0..{num_ranks - 1}")
+        if not (type(seg.home) is int and 0 <= seg.home < num_ranks):
+            raise ValueError(f"segment {seg.name!r}: home rank {seg.home!r} outside "
+                             f"0..{num_ranks - 1}")
+
+
 def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
     return "\n".join(",".join(map(str, row)) for row in programs)
 
@@ -297,6 +320,7 @@ class Schedule:
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
             raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
+        _check_cut(self.cut, self.placement.num_ranks, self.num_microbatches)
         for rank, program in enumerate(self.programs):
             for op in program:
                 if isinstance(op, (Send, Recv, Group)):
@@ -323,6 +347,7 @@ class Plan:
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
             raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
+        _check_cut(self.cut, self.placement.num_ranks, self.num_microbatches)
 
     @property
     def num_ranks(self) -> int:

@@ -77,6 +77,10 @@ class _Rules:
         self.cut = plan.cut.segments
         self.segs = {s.name: s for s in self.cut}
         self.sources = [s.name for s in self.cut if s.side == SOURCE]
+        self.backward_mbs: dict = defaultdict(list)  # (segment, rank) -> its backward mbs
+        for s in self.cut:
+            for mb, r in enumerate(s.backward_rank or ()):
+                self.backward_mbs[(s.name, r)].append(mb)
 
     def cut_ok(self) -> bool:
         """Distinct, named segments; one forward (and backward) rank per microbatch, each
@@ -142,9 +146,9 @@ class _Rules:
     def _reduce_needs(self, op: Collective, rank: int) -> list:
         role, _, name = op.tag.partition(":")
         seg = self.segs.get(name)
-        if op.kind != "all_reduce" or role != "grads" or seg is None or seg.backward_rank is None:
+        if op.kind != "all_reduce" or role != "grads" or seg is None:
             return []
-        return [("wdone", name, 0, mb) for mb, r in enumerate(seg.backward_rank) if r == rank]
+        return [("wdone", name, 0, mb) for mb in self.backward_mbs.get((name, rank), ())]
 
     def produces(self, op) -> list:
         kind = type(op)
@@ -651,6 +655,8 @@ def prove(plan: Plan, witness: Witness, comm_model: str = "rendezvous", sizes=No
     if limits is not None and len(limits) != plan.num_ranks:
         raise ValueError(f"{len(limits)} memory limits for {plan.num_ranks} ranks")
     rules, out = _Rules(plan), {}
+    if not rules.cut_ok():  # every rule below reads the cut
+        return {name: Verdict("failed", "the cut does not fit the plan") for name in properties}
     for name in properties:
         facts = _Facts()
         _generate(name, plan, rules, facts, witness, comm_model, sizes, limits)
@@ -669,6 +675,8 @@ def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes
     ``("channel", src, dst)``, ``("cut",)``, ``("work",)``, ``("peak", rank, index)``,
     ``("cycle", ((rank, index), ...))``; each needs nothing but the plan."""
     rules = _Rules(plan)
+    if not rules.cut_ok() and name != "completeness":
+        return ["rejected"] * len(claims)
     if name == "deadlock":
         return [_confirm_wait(plan, rules, c, comm_model == "eager", rlimit) for c in claims]
     if name == "dependency":

@@ -153,6 +153,7 @@ class Chain:
         self._segments = {seg.name: seg for seg in cut.segments}
         self._sources = tuple(seg for seg in cut.segments if seg.side == SOURCE)
         self._sinks = tuple(seg for seg in cut.segments if seg.side == SINK)
+        self._backward_mbs: dict | None = None
 
     @classmethod
     def of(cls, plan) -> "Chain":
@@ -217,8 +218,13 @@ class Chain:
         seg = self._segments.get(tagged[1])
         if seg is None or seg.backward_rank is None:
             return ()
-        return tuple(("wdone", seg.name, 0, mb) for mb, r in enumerate(seg.backward_rank)
-                     if r == rank)
+        if self._backward_mbs is None:  # (segment, rank) -> its backward microbatches
+            self._backward_mbs = defaultdict(list)
+            for s in self.cut.segments:
+                for mb, r in enumerate(s.backward_rank or ()):
+                    self._backward_mbs[(s.name, r)].append(mb)
+        return tuple(("wdone", seg.name, 0, mb) for mb in self._backward_mbs.get((seg.name, rank),
+                                                                                 ()))
 
     def required_collectives(self) -> dict[str, tuple[str, int | None, frozenset]]:
         """``tag -> (kind, root, ranks that must call it)``: a trainable segment whose

@@ -1,0 +1,129 @@
+"""Portable certificates: ``check --certificate-out`` writes the witness, ``recheck`` runs
+only the reader, the kernel and Z3. A certificate that does not prove its plan (another
+plan's, a broken sibling's, or any perturbed one) never rechecks as proven."""
+
+import copy
+import json
+
+from hypothesis import given, settings, strategies as st
+
+from mpipe_verified import kernel
+from mpipe_verified.algebra import Transpose, family
+from mpipe_verified.cli import main
+from mpipe_verified.lower import lower
+from mpipe_verified.verify import verify
+import strategies as S
+from plan_edits import lowered
+
+
+def _certified(plan, limit=None):
+    report = verify(plan, memory_limit=limit)
+    assert report.verified, report.undecided
+    return report.portable_certificate(plan)
+
+
+def test_check_writes_a_certificate_that_recheck_proves(tmp_path, capsys):
+    plan_file, cert = tmp_path / "zb.csv", tmp_path / "out" / "cert.json"
+    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
+                 "--to", "torch-csv", "-o", str(plan_file)]) == 0
+    assert main(["check", str(plan_file), "--memory-limit", "4",
+                 "--certificate-out", str(cert)]) == 0
+    data = json.loads(cert.read_text())
+    assert data["format"] == kernel.CERTIFICATE_FORMAT and data["memory_limit"] == [4] * 4
+    capsys.readouterr()
+    assert main(["recheck", str(plan_file), str(cert)]) == 0
+    assert "PROVEN" in capsys.readouterr().out
+    other = tmp_path / "1f1b.csv"
+    assert main(["export", "--family", "1f1b", "--pp", "4", "--microbatches", "8",
+                 "--to", "torch-csv", "-o", str(other)]) == 0
+    capsys.readouterr()
+    assert main(["recheck", str(other), str(cert), "--json"]) == 3
+    assert "another plan" in json.loads(capsys.readouterr().out)["reasons"][0]
+
+
+def test_no_certificate_is_written_unless_verified(tmp_path, capsys):
+    cert = tmp_path / "cert.json"
+    assert main(["check", "examples/broken.csv", "--certificate-out", str(cert)]) == 1
+    assert not cert.exists()
+
+
+def test_recheck_bad_input_exits_2(tmp_path, capsys):
+    plan_file = tmp_path / "p.csv"
+    main(["export", "--family", "1f1b", "--pp", "2", "--microbatches", "2", "--to",
+          "torch-csv", "-o", str(plan_file)])
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[]")
+    capsys.readouterr()
+    for args in ([str(plan_file), str(tmp_path / "missing.json")],
+                 [str(plan_file), str(tmp_path / "bad.json")],
+                 [str(plan_file), str(tmp_path / "list.json")],
+                 ["examples/1f1b.toml", str(tmp_path / "bad.json")]):
+        assert main(["recheck", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def _bases():
+    yield lowered("1f1b", 4, 8), None
+    yield lowered("interleaved-1f1b", 4, 8, 2), 12
+    yield lower(Transpose(family("1f1b", 4, 6), mode="owner").derive()), None
+    yield lower(Transpose(family("zb-h1", 2, 4), mode="recompute").derive()), 8
+
+
+BASES = [(plan, limit, _certified(plan, limit)) for plan, limit in _bases()]
+
+
+def _perturb(cert: dict, plan, ch) -> dict:
+    """One edit that makes the certificate wrong for ``plan`` (each kind is chosen so that
+    some obligation must fail: a level off by delta breaks its chain equation, a producer
+    at or after its consumer breaks ``q < i``, a time below its predecessor breaks program
+    order, a peak below a reached level, a limit below the peak, a digest of another plan,
+    a stored size that no longer matches the levels)."""
+    out = copy.deepcopy(cert)
+    w = out["witness"]
+    kind = ch.pick(["level", "producer", "finish", "peak", "limit", "digest", "size"])
+    rank = ch.int(0, plan.num_ranks - 1)
+    delta = ch.int(1, 3)
+    if kind == "level":
+        levels = w["levels"][rank]
+        i = ch.int(0, len(levels) - 1)
+        levels[i] = kernel._text(kernel._exact(levels[i]) + delta)
+    elif kind == "producer" and w["producers"][rank]:
+        w["producers"][rank][ch.int(0, len(w["producers"][rank]) - 1)] = -delta
+    elif kind == "finish" and len(w["finish"][rank]) > 1:
+        i = ch.int(1, len(w["finish"][rank]) - 1)
+        w["finish"][rank][i] = w["finish"][rank][i - 1] - delta
+    elif kind == "peak":
+        w["peaks"][rank] = kernel._text(kernel._exact(w["peaks"][rank]) - delta)
+    elif kind == "limit":
+        out["memory_limit"] = [kernel._text(kernel._exact(p) - delta) for p in w["peaks"]]
+    elif kind == "size" and out["sizes"]["stored"]:
+        entry = out["sizes"]["stored"][0]  # body stage 0: stored on every forward
+        entry[2] = kernel._text(kernel._exact(entry[2]) + delta)
+    else:
+        out["digest"] = "0" * 64
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(range(len(BASES))), st.data())
+def test_a_perturbed_certificate_never_rechecks(base, data):
+    plan, _, cert = BASES[base]
+    assert kernel.recheck(plan, cert) == (True, [])
+    perturbed = _perturb(cert, plan, S.DrawChooser(data.draw))
+    proven, reasons = kernel.recheck(plan, perturbed)
+    assert not proven and reasons
+
+
+@settings(max_examples=40, deadline=None)
+@given(S.mutants())
+def test_a_broken_plan_never_rechecks_with_its_valid_siblings_certificate(mutant):
+    """The sibling's witness, with the digest made the broken plan's own so that only the
+    kernel's obligations can refuse it."""
+    base, kind, _, broken, _ = mutant
+    if verify(broken).status != "violated":
+        return  # an edit that left the plan valid (e.g. swapping two independent ops)
+    cert = _certified(base)
+    cert["digest"] = kernel.digest(broken)
+    proven, reasons = kernel.recheck(broken, cert)
+    assert not proven and reasons, kind
