@@ -49,6 +49,7 @@ from collections import defaultdict
 from fractions import Fraction
 
 import attrs
+import numpy as np
 import z3
 
 from .ir import (SINK, SOURCE, Collective, Compute, Group, Overlap, Payload, Plan, Recv,
@@ -220,9 +221,38 @@ class _Facts:
         return sum(map(len, self.lanes.values()))
 
 
-def _runs(facts: list) -> list:
-    """Exact compression: maximal stretches of facts with one constant difference, as
-    ``(first fact, difference, length)``; every fact lies in exactly one run."""
+BOUND = 1 << 62
+
+
+def _runs(facts: list, integral: bool = True) -> list:
+    """Exact compression, greedy from the left: a run takes the next fact and every
+    following one while the difference stays that of its first two, as ``(first fact,
+    difference, length)``; every fact lies in exactly one run. Facts of an ``integral``
+    template hold only ints (the kernel's counts and positions, and the witness's ints,
+    checked by ``Witness``): their differences are found in 64-bit arrays (magnitudes
+    below ``BOUND``, so no difference overflows), the runs are read off the blocks of
+    equal differences; anything else is scanned in Python's exact arithmetic."""
+    if not facts:
+        return []
+    try:
+        x = np.array(facts, dtype=np.int64) if integral and len(facts) > 2 else None
+    except OverflowError:
+        x = None
+    if x is None or not (-BOUND < x.min() and x.max() < BOUND):
+        return _runs_exact(facts)
+    d = np.diff(x, axis=0)
+    starts = np.flatnonzero(np.concatenate(([True], (d[1:] != d[:-1]).any(axis=1))))
+    runs, k, n = [], 0, len(facts)
+    for end in np.append(starts[1:], len(d)) - 1:  # last diff of each block
+        if k <= end:  # the run from fact k takes the block's rest and the fact after it
+            runs.append((facts[k], tuple(map(int, d[k])), int(end) - k + 2))
+            k = int(end) + 2
+    if k == n - 1:
+        runs.append((facts[k], (0,) * len(facts[k]), 1))
+    return runs
+
+
+def _runs_exact(facts: list) -> list:
     runs, k = [], 0
     while k < len(facts):
         a = facts[k]
@@ -278,9 +308,15 @@ def _query(runs) -> str:
 CHUNK = 512
 
 
-def _discharge(facts: _Facts, rlimit: int | None) -> tuple[str, str]:
-    """``("proved", "")``, ``("failed", the violated fact)`` or ``("unknown", reason)``."""
-    runs = [(t, run) for (t, _), lane in facts.lanes.items() for run in _runs(lane)]
+def _discharge(facts: _Facts, rlimit: int | None) -> tuple[str, str, int]:
+    """``("proved", "")``, ``("failed", the violated fact)`` or ``("unknown", reason)``,
+    and the number of runs."""
+    runs = [(t, run) for (t, _), lane in facts.lanes.items()
+            for run in _runs(lane, t not in _REAL)]
+    return _decide(runs, rlimit) + (len(runs),)
+
+
+def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
     for first in range(0, max(len(runs), 1), CHUNK):
         chunk = runs[first:first + CHUNK]
         solver = z3.Solver()
@@ -318,11 +354,11 @@ class Witness:
     step, then after the last; ``peaks[r]``: the claimed peak and ``peak_at[r]`` the step
     that reaches it (-1: the static part, for an empty program)."""
 
-    finish: tuple
-    producers: tuple
+    finish: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 2))
+    producers: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 2))
     levels: tuple
     peaks: tuple
-    peak_at: tuple
+    peak_at: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 1))
 
     def to_json(self) -> dict:
         return {"finish": [list(f) for f in self.finish],
@@ -376,6 +412,13 @@ class Sizes:
                    {(str(k), str(seg), _int(s), None if to is None else str(to)): _exact(v)
                     for k, seg, s, to, v in data["buffer"]},
                    tuple(_exact(v) for v in data["static"]))
+
+
+def _ints(name: str, value, depth: int) -> None:
+    """``value`` (None, or nested tuples ``depth`` deep) holds only ints."""
+    if value is not None and not all(type(x) is int for x in (
+            value if depth == 1 else (x for row in value for x in row))):
+        raise ValueError(f"witness {name} must hold only integers")
 
 
 def _units(plan: Plan) -> list:
@@ -660,9 +703,8 @@ def prove(plan: Plan, witness: Witness, comm_model: str = "rendezvous", sizes=No
     for name in properties:
         facts = _Facts()
         _generate(name, plan, rules, facts, witness, comm_model, sizes, limits)
-        status, detail = _discharge(facts, rlimit)
-        out[name] = Verdict(status, detail, facts.count,
-                            sum(len(_runs(lane)) for lane in facts.lanes.values()))
+        status, detail, runs = _discharge(facts, rlimit)
+        out[name] = Verdict(status, detail, facts.count, runs)
     return out
 
 
