@@ -310,12 +310,13 @@ class _Reader:
                              f"got {len(items)}")
         return tuple(_index(r, (*path, i)) for i, r in enumerate(items))
 
-    def _op(self, value: Any, path: tuple) -> Op:
+    def _op(self, value: Any, path: tuple, allowed: tuple[str, ...] = ()) -> Op:
+        """The op ``value`` (one of ``allowed``, or any kind)."""
         if not isinstance(value, dict):
             raise _Bad(path, f"expected an op object, got {_shown(value)}")
         if "op" not in value:
             raise _Bad(path, 'missing key "op"')
-        kind = _choice(value["op"], (*path, "op"), tuple(_OPS))
+        kind = _choice(value["op"], (*path, "op"), allowed or tuple(_OPS))
         if self.schedule and kind in ("send", "recv", "group"):
             raise _Bad((*path, "op"), f"a schedule holds no {kind} (lowering inserts "
                                       "point-to-point ops); use \"type\": \"plan\"")
@@ -324,21 +325,17 @@ class _Reader:
     def _compute(self, value: Any, path: tuple) -> Compute:
         obj = _fields(value, path, ("op", "kind", "stage", "mb", "segment"),
                       ("op", "kind", "stage", "mb"))
-        if obj["op"] != "compute":
-            raise _Bad((*path, "op"), f"expected \"compute\", got {_shown(obj['op'])}")
         return Compute(_choice(obj["kind"], (*path, "kind"), COMPUTE_KINDS),
                        _index(obj["stage"], (*path, "stage")), _index(obj["mb"], (*path, "mb")),
                        _string(obj.get("segment", ""), (*path, "segment")))
 
     def _overlap(self, value: Any, path: tuple) -> Overlap:
         obj = _fields(value, path, ("op", "ops"), ("op", "ops"))
-        return Overlap(tuple(self._compute(c, (*path, "ops", i))
+        return Overlap(tuple(self._op(c, (*path, "ops", i), ("compute",))
                              for i, c in enumerate(_array(obj["ops"], (*path, "ops")))))
 
     def _send(self, value: Any, path: tuple) -> Send:
         obj = _fields(value, path, ("op", "dst", "payload"), ("op", "dst", "payload"))
-        if obj["op"] != "send":
-            raise _Bad((*path, "op"), f"expected \"send\" or \"recv\", got {_shown(obj['op'])}")
         return Send(_index(obj["dst"], (*path, "dst")),
                     _payload(obj["payload"], (*path, "payload")))
 
@@ -349,13 +346,8 @@ class _Reader:
 
     def _group(self, value: Any, path: tuple) -> Group:
         obj = _fields(value, path, ("op", "ops"), ("op", "ops"))
-        members = []
-        for i, member in enumerate(_array(obj["ops"], (*path, "ops"))):
-            where = (*path, "ops", i)
-            op = member.get("op") if isinstance(member, dict) else None
-            members.append(self._recv(member, where) if op == "recv"
-                           else self._send(member, where))
-        return Group(tuple(members))
+        return Group(tuple(self._op(o, (*path, "ops", i), ("send", "recv"))
+                           for i, o in enumerate(_array(obj["ops"], (*path, "ops")))))
 
     def _collective(self, value: Any, path: tuple) -> Collective:
         obj = _fields(value, path, ("op", "kind", "tag", "members", "root"),
