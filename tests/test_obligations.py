@@ -52,13 +52,11 @@ def test_a_violating_fact_hidden_by_a_bad_merge_is_found():
 def test_deadlock_certificate_includes_program_order(monkeypatch):
     """A forged run whose times ignore program order must not certify a deadlocking plan:
     both ranks receive first, and the forged times let each receive meet its send."""
-    from mpipe_verified.ir import ACT, GRAD, Payload, Placement, Plan, Recv, Send
     from mpipe_verified.semantics import Execution
     from mpipe_verified.verify import properties, verify
+    from plan_edits import fixture
 
-    act, grad = Payload(ACT, 0, 0), Payload(GRAD, 1, 0)
-    plan = Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, act)),
-                                          (Recv(0, act), Send(0, grad))))
+    plan = fixture("recv_first_deadlock")
     assert verify(plan).status == "violated"
     # rank 0: recv meets at 4, send at 2 (posted at 1, before the recv finished)
     forged = Execution(start=((3.0, 1.0), (1.0, 3.0)), finish=((4.0, 2.0), (2.0, 4.0)),
@@ -120,12 +118,11 @@ def test_smt_text_templates_say_what_the_z3_templates_say(template, data):
 def test_eager_unmatched_send_keeps_its_program_order(monkeypatch):
     """Under eager an unmatched send never blocks, so the run completes without pairing
     it; a forged run posting it before the receive ahead of it finished must not certify."""
-    from mpipe_verified.ir import ACT, GRAD, Payload, Placement, Plan, Recv, Send
     from mpipe_verified.semantics import Execution
     from mpipe_verified.verify import properties, verify
+    from plan_edits import fixture
 
-    grad, extra = Payload(GRAD, 1, 0), Payload(ACT, 0, 0)
-    plan = Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, extra)), (Send(0, grad),)))
+    plan = fixture("eager_extra_send")
     honest = verify(plan, comm_model="eager")
     assert honest.stats["properties"]["deadlock"]["status"] == "proved"
     assert honest.stats["properties"]["matching"]["status"] == "violated"
