@@ -687,10 +687,11 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _ad
 def _add_diff(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help="what a schedule change changes: moved ops, verdicts, "
                                     "makespan and memory",
-                       description="Compare two schedules (specs or torch CSVs): compute ops "
-                                   "that moved, appeared or vanished per rank, the verdict of "
-                                   "each side, and the makespan and peak-memory deltas from "
-                                   "the simulator. Exit 0 (2 on bad input).")
+                       description="Compare two schedules (specs, torch CSVs or plan-json "
+                                   "files): compute ops that moved, appeared or vanished per "
+                                   "rank, the verdict of each side, and the makespan and "
+                                   "peak-memory deltas from the simulator. Exit 0 (2 on bad "
+                                   "input).")
     p.add_argument("old", metavar="OLD", help="the schedule before the change")
     p.add_argument("new", metavar="NEW", help="the schedule after the change")
     p.add_argument("--format", choices=FORMATS, default="auto",
@@ -748,7 +749,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     from .comparison import ScheduleTerm, render_simulation, simulation
     target, spec, name = load_target(args)
-    if spec is None:  # a torch CSV: standard costs, no cut
+    if spec is None:  # a torch CSV or plan-json file: standard costs
         schedule = compute_only(target)
         spec = Spec(ScheduleTerm(schedule), schedule, None, None, name)
     try:

@@ -415,3 +415,15 @@ def test_root_outside_the_plan_and_odd_members_are_read_not_rejected():
     assert plan.programs[0][4].dst == 5
     copy.deepcopy(plan)  # still an ordinary, hashable IR value
     hash(plan.programs[0][0])
+
+
+def test_sarif_locates_a_plan_json_op_by_rank_and_position_not_a_csv_cell(tmp_path, capsys):
+    out = tmp_path / "log.sarif"
+    code, _, _ = _run(capsys, "check", str(FIXTURE_DIR / "recv_first_deadlock.json"),
+                      "--sarif", str(out), "-q")
+    (result,) = [r for r in json.loads(out.read_text())["runs"][0]["results"]
+                 if r["ruleId"] == "deadlock"]
+    assert code == 1
+    for loc in result["locations"]:
+        assert "region" not in loc["physicalLocation"]
+        assert loc["logicalLocations"][0]["fullyQualifiedName"].endswith("/position 0")
