@@ -427,3 +427,11 @@ def test_sarif_locates_a_plan_json_op_by_rank_and_position_not_a_csv_cell(tmp_pa
     for loc in result["locations"]:
         assert "region" not in loc["physicalLocation"]
         assert loc["logicalLocations"][0]["fullyQualifiedName"].endswith("/position 0")
+
+
+def test_simulate_refuses_a_plan_that_cannot_run_instead_of_crashing(capsys):
+    """A plan read as written may not run to completion under any model (both ranks
+    receive first): ``simulate`` reports the violations and exits 1 (it used to time the
+    plan anyway and die with a SimulationError traceback)."""
+    code, out, err = _run(capsys, "simulate", str(FIXTURE_DIR / "recv_first_deadlock.json"))
+    assert (code, err) == (1, "") and "refusing to simulate" in out and "deadlock" in out
