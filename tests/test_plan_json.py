@@ -324,6 +324,9 @@ BAD = [  # (edit, JSON path, words)
     (_set(("type",), "trace"), "$.type", "expected one of plan, schedule"),
     (_set(("type",), "schedule"), "$.programs[0][2].op", "a schedule holds no recv"),
     (_set(("colour",), "red"), "$.colour", "unknown key"),
+    (_set(("programs", 1, 0, "x" * 10**6), 1), '$.programs[1][0]["' + "x" * 36 + '...]',
+     "unknown key"),
+    (_set(("programs", 1, 0, "a\nb"), 1), '$.programs[1][0]["a\\nb"]', "unknown key"),
     (_delete(("programs",)), "$", 'missing key "programs"'),
 ]
 
@@ -339,7 +342,7 @@ def test_bad_values_exit_2_with_one_line_naming_the_json_path(tmp_path, capsys, 
         code, out, err = _run(capsys, *command.split(), str(path))
         assert (code, out) == (2, ""), command
         assert err.startswith(f"mpipe-verify: error: {path}: {where}: ") and words in err, err
-        assert err.count("\n") == 1
+        assert err.count("\n") == 1 and len(err) < 400
 
 
 @pytest.mark.parametrize("text,where,words", [

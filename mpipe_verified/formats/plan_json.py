@@ -234,7 +234,10 @@ def _load(text: str, file: str) -> Any:
 
 
 def _where(path: tuple) -> str:
-    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+    """``$.programs[2][5].payload``; a key that is not a short identifier is quoted."""
+    return "$" + "".join(f"[{p}]" if isinstance(p, int)
+                         else f".{p}" if p.isidentifier() and len(p) <= 40
+                         else f"[{_shown(p)}]" for p in path)
 
 
 def _shown(value: Any) -> str:
