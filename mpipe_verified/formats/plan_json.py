@@ -84,27 +84,17 @@ _SEGMENT = ("name", "side", "forward_rank", "backward_rank", "recompute", "home"
 
 def format_plan_json(plan: Plan | Schedule) -> str:
     """The canonical plan-json text of ``plan`` (see the module docstring)."""
-    kind = SCHEDULE if isinstance(plan, Schedule) else PLAN
-    head = {"format": FORMAT, "version": VERSION, "type": kind,
+    head = {"format": FORMAT, "version": VERSION,
+            "type": SCHEDULE if isinstance(plan, Schedule) else PLAN,
             "num_ranks": plan.placement.num_ranks,
             "stage_to_rank": list(plan.placement.stage_to_rank),
             "num_microbatches": plan.num_microbatches}
-    lines = ["{"] + [f"  {_dump(k)}: {_dump(v)}," for k, v in head.items()]
-    cut = _block("cut", [_dump(_segment_obj(s)) for s in plan.cut.segments], "    ")
-    lines += cut[:-1] + [cut[-1] + ","]
-    lines.append('  "programs": [' if plan.programs else '  "programs": []')
-    for r, program in enumerate(plan.programs):
-        comma = "," if r + 1 < len(plan.programs) else ""
-        ops = [_dump(_op_obj(op)) for op in program]
-        if not ops:
-            lines.append(f"    []{comma}")
-            continue
-        lines.append("    [")
-        lines += [f"      {o}," for o in ops[:-1]] + [f"      {ops[-1]}", f"    ]{comma}"]
-    if plan.programs:
-        lines.append("  ]")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    cut = _rows([_dump(_segment_obj(s)) for s in plan.cut.segments], "  ")
+    programs = _rows([_rows([_dump(_op_obj(op)) for op in program], "    ")
+                      for program in plan.programs], "  ")
+    fields = [f"{_dump(k)}: {_dump(v)}" for k, v in head.items()]
+    fields += [f'"cut": {cut}', f'"programs": {programs}']
+    return "{\n" + ",\n".join(f"  {f}" for f in fields) + "\n}\n"
 
 
 def write_plan_json(plan: Plan | Schedule, path: str | os.PathLike[str]) -> None:
@@ -116,12 +106,11 @@ def _dump(value: Any) -> str:
     return json.dumps(value, separators=(", ", ": "))
 
 
-def _block(key: str, items: list[str], indent: str) -> list[str]:
-    """``"key": [...]`` with one item per line (``[]`` when empty), no trailing comma."""
+def _rows(items: list[str], indent: str) -> str:
+    """A JSON array, one item per line, closed at ``indent`` (``[]`` when empty)."""
     if not items:
-        return [f"  {_dump(key)}: []"]
-    body = [f"{indent}{i}," for i in items[:-1]] + [f"{indent}{items[-1]}"]
-    return [f"  {_dump(key)}: ["] + body + ["  ]"]
+        return "[]"
+    return "[\n" + ",\n".join(f"{indent}  {i}" for i in items) + f"\n{indent}]"
 
 
 def _segment_obj(s: SegmentWork) -> dict:
