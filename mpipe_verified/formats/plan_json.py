@@ -219,7 +219,8 @@ def _load(text: str, file: str) -> Any:
     except RecursionError:
         raise InputError(f"JSON nested too deeply; {EXPECTED}", file) from None
     except ValueError as e:  # duplicate key, NaN/Infinity, an integer of >4300 digits
-        raise InputError(f"malformed JSON: {e}; {EXPECTED}", file) from None
+        why = "an integer of too many digits" if "digits" in str(e) else str(e)
+        raise InputError(f"malformed JSON: {why}; {EXPECTED}", file) from None
 
 
 def _where(path: tuple) -> str:
