@@ -4,8 +4,8 @@ Subcommands (each registered by one ``_add_*`` function; all share the target se
 of ``add_target_arguments`` and ``load_target``)::
 
     mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]
-                        [--format auto|spec|torch-csv] --to torch-csv|chrome-trace
-                        [--compute-only] [-o OUT]
+                        [--format auto|spec|torch-csv|plan-json]
+                        --to torch-csv|chrome-trace|plan-json [--compute-only] [-o OUT]
     mpipe-verify show   SPEC|FILE | --family ... [--format ...] [--width N]
                         [--svg OUT [--arrows] [--memory]]
     mpipe-verify check  SPEC|FILE... | --family ... [--format ...]
@@ -45,10 +45,11 @@ from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, tran
 from .errors import InputError, ParameterError
 from .formats import sarif
 from .formats.output import write_output
+from .formats.plan_json import format_plan_json, parse_plan_json, read_plan_json
 from .formats.spec import Spec, parse_spec, read_text
 from .formats.timeline import as_plan
 from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
-from .ir import COMM_STEP, Op, Plan, Schedule
+from .ir import Group, Op, Plan, Recv, Schedule, Send
 from .progress import Progress
 from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
@@ -56,8 +57,8 @@ from .show import render_grid
 from .verify import Report, verify, verify_loaded
 
 PROG = "mpipe-verify"
-FORMATS = ("auto", "spec", "torch-csv")
-EXPORT_TARGETS = ("torch-csv", "chrome-trace")
+FORMATS = ("auto", "spec", "torch-csv", "plan-json")
+EXPORT_TARGETS = ("torch-csv", "chrome-trace", "plan-json")
 
 
 class UsageError(Exception):
@@ -79,11 +80,13 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     With ``many``, ``args.target`` is a list of any number of files (``check``)."""
     if many:
         p.add_argument("target", nargs="*", metavar="SPEC|FILE",
-                       help="specs (.toml) or PyTorch pipelining CSVs (.csv); several are "
-                            "checked one by one and the exit code is the worst")
+                       help="specs (.toml), PyTorch pipelining CSVs (.csv) or plan-json "
+                            "files (.json); several are checked one by one and the exit "
+                            "code is the worst")
     else:
         p.add_argument("target", nargs="?", metavar="SPEC|FILE",
-                       help="a spec (.toml) or a PyTorch pipelining CSV (.csv)")
+                       help="a spec (.toml), a PyTorch pipelining CSV (.csv) or a "
+                            "plan-json file (.json)")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read SPEC|FILE (auto: by extension, else by content)")
     g = p.add_argument_group("a standard family instead of a file")
@@ -178,8 +181,8 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
             raise UsageError(f"give either SPEC|FILE ({target}) or --family, not both")
         return
     if target is None:
-        raise UsageError("give a SPEC or torch CSV FILE, or --family NAME --pp P "
-                         "--microbatches M")
+        raise UsageError("give a SPEC, torch CSV or plan-json FILE, or --family NAME "
+                         "--pp P --microbatches M")
     opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
     if opts:
         raise UsageError(f"--{opts[0]} goes with --family, not with a file")
@@ -187,10 +190,32 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
 
 def format_of(path: str, fmt: str) -> str:
     """The format to read ``path`` in: ``fmt``, or with ``auto`` the one its extension
-    names (``.toml``: spec, ``.csv``: torch-csv), else ``""`` (sniffed from the text)."""
+    names (``.toml``: spec, ``.csv``: torch-csv, ``.json``: plan-json), else ``""``
+    (sniffed from the text: ``sniff``)."""
     if fmt != "auto":
         return fmt
-    return {".toml": "spec", ".csv": "torch-csv"}.get(os.path.splitext(path)[1].lower(), "")
+    return {".toml": "spec", ".csv": "torch-csv", ".json": "plan-json"}.get(
+        os.path.splitext(path)[1].lower(), "")
+
+
+def sniff(text: str) -> str:
+    """The format of a file whose name does not say: a JSON object is plan-json; TOML has
+    ``key = value`` or ``[table]`` lines; CSV cells never hold ``{`` or ``=``."""
+    if text.lstrip().startswith("{"):
+        return "plan-json"
+    return "spec" if re.search(r"^\s*(\[|[A-Za-z_\"'][^,\n]*=)", text, re.M) else "torch-csv"
+
+
+def is_plan_json(path: str, fmt: str) -> bool:
+    """``path`` is read as plan-json (by ``--format``, its extension, or its first bytes)."""
+    named = format_of(path, fmt)
+    if named or not os.path.isfile(path):
+        return named == "plan-json"
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).lstrip().startswith(b"{")
+    except OSError:
+        return False
 
 
 class Model(NamedTuple):
@@ -215,9 +240,9 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
     """Resolve the target options to ``(schedule_or_plan, spec, source_name)``.
 
     A spec or ``--family`` gives its derived ``Schedule`` and a ``Spec`` (``--family``:
-    no cost model, no limit); a torch CSV gives a ``Schedule`` when it has no comm cells
-    (compute-only) and a ``Plan`` otherwise, with ``spec`` None. Raises ``UsageError`` or
-    ``InputError``."""
+    no cost model, no limit); a torch CSV or a plan-json file gives a ``Schedule`` when it
+    has no comm ops (compute-only; a plan-json schedule always) and a ``Plan`` otherwise,
+    with ``spec`` None. Raises ``UsageError`` or ``InputError``."""
     check_target_options(args, args.target)
     if args.family is not None:
         missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
@@ -232,26 +257,34 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
         return spec.schedule, spec, name
     path = args.target
     fmt = format_of(path, args.format)
+    if fmt == "plan-json":
+        return _as_read(read_plan_json(path)), None, path
     text = read_text(path, {"spec": "a TOML spec file", "torch-csv": "a torch CSV file"}.get(
-        fmt, "a TOML spec or torch CSV file"))
-    if not fmt:  # sniff: TOML has key = value or [table] lines; CSV cells never hold '='
-        fmt = "spec" if re.search(r"^\s*(\[|[A-Za-z_\"'][^,\n]*=)", text, re.M) else "torch-csv"
+        fmt, "a TOML spec, torch CSV or plan-json file"))
+    fmt = fmt or sniff(text)
     if fmt == "spec":
         spec = parse_spec(text, path)
         return spec.schedule, spec, path
-    plan = parse_torch_csv(text, path)
-    if plan.has_comms():
-        return plan, None, path
-    return Schedule(plan.placement, plan.num_microbatches, plan.programs), None, path
+    if fmt == "plan-json":
+        return _as_read(parse_plan_json(text, path)), None, path
+    return _as_read(parse_torch_csv(text, path)), None, path
+
+
+def _as_read(plan: Plan | Schedule) -> Plan | Schedule:
+    """A file's plan as written when it holds comm ops, else its schedule (lowered later)."""
+    if isinstance(plan, Schedule) or plan.has_comms():
+        return plan
+    return Schedule(plan.placement, plan.num_microbatches, plan.programs, plan.cut)
 
 
 def compute_only(target: Schedule | Plan) -> Schedule:
-    """The compute steps of ``target`` (comm ops dropped), as a schedule."""
+    """The schedule of ``target``: its point-to-point ops dropped (lowering inserts
+    those), its compute work, collectives and cut kept."""
     if isinstance(target, Schedule):
         return target
-    programs = tuple(tuple(op for op in prog if not isinstance(op, COMM_STEP))
+    programs = tuple(tuple(op for op in prog if not isinstance(op, (Send, Recv, Group)))
                      for prog in target.programs)
-    return Schedule(target.placement, target.num_microbatches, programs)
+    return Schedule(target.placement, target.num_microbatches, programs, target.cut)
 
 
 # ---------------------------------------------------------------- export
@@ -284,6 +317,9 @@ def run_export(args: argparse.Namespace) -> int:
         out: Schedule | Plan = compute_only(target)
     else:
         out = as_plan(target, model.duration)
+    if args.to == "plan-json":
+        write_output(args.output or "-", format_plan_json(out))
+        return 0
     try:
         if args.output is None:
             sys.stdout.write(format_torch_csv(out))
@@ -516,13 +552,19 @@ def _check_one(args: argparse.Namespace, progress: Progress
     doc = report.to_json()
     doc["source"] = name
     doc["lowered"] = not as_written
-    return sarif.Checked(name, report, kind, text), doc, render_report(report, name, as_written)
+    return (sarif.Checked(name, report, kind, text), doc,
+            render_report(report, name, as_written, json_paths=kind == sarif.PLAN_JSON))
 
 
 def _input_kind(args: argparse.Namespace, is_spec: bool, as_written: bool = True) -> str:
     """How ``check`` read the input, for SARIF locations (``sarif.Checked.kind``)."""
-    return (sarif.FAMILY if args.family is not None else sarif.SPEC if is_spec
-            else sarif.TORCH_CSV if as_written else sarif.TORCH_CSV_LOWERED)
+    if args.family is not None:
+        return sarif.FAMILY
+    if is_spec:
+        return sarif.SPEC
+    if is_plan_json(args.target, args.format):
+        return sarif.PLAN_JSON if as_written else sarif.PLAN_JSON_LOWERED
+    return sarif.TORCH_CSV if as_written else sarif.TORCH_CSV_LOWERED
 
 
 def _is_big_csv(args: argparse.Namespace) -> bool:
@@ -548,9 +590,10 @@ class PlanOf:
         return as_plan(target)
 
 
-def render_report(report: Report, name: str, as_written: bool) -> str:
+def render_report(report: Report, name: str, as_written: bool, json_paths: bool = False) -> str:
     """Human-readable verdict: one line per property, then each counterexample with its
-    positions (CSV row/column when the file was checked as written)."""
+    positions (CSV row/column when the file was checked as written; with ``json_paths``,
+    a plan-json file checked as written, the op's JSON path)."""
     stats = report.stats
     lines = [f"{name}: {report.status.upper()} ({stats['ranks']} ranks, {stats['ops']} ops, "
              f"{stats['comm_model']}{'' if as_written else ', lowered by mpipe'})"]
@@ -564,7 +607,9 @@ def render_report(report: Report, name: str, as_written: bool) -> str:
     for v in report.violations:
         lines.append(f"{v.property}: {v.message}")
         for rank, index, op in v.ops:
-            where = f"row {rank + 1}, column {index + 1}" if as_written else "lowered plan"
+            where = (f"$.programs[{rank}][{index}]" if as_written and json_paths
+                     else f"row {rank + 1}, column {index + 1}" if as_written
+                     else "lowered plan")
             lines.append(f"    at rank {rank}, position {index} ({where}): {op}")
         lines.extend(f"    {t}" for t in v.trace)
     for reason in report.undecided:
@@ -651,10 +696,11 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _ad
 def _add_diff(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help="what a schedule change changes: moved ops, verdicts, "
                                     "makespan and memory",
-                       description="Compare two schedules (specs or torch CSVs): compute ops "
-                                   "that moved, appeared or vanished per rank, the verdict of "
-                                   "each side, and the makespan and peak-memory deltas from "
-                                   "the simulator. Exit 0 (2 on bad input).")
+                       description="Compare two schedules (specs, torch CSVs or plan-json "
+                                   "files): compute ops that moved, appeared or vanished per "
+                                   "rank, the verdict of each side, and the makespan and "
+                                   "peak-memory deltas from the simulator. Exit 0 (2 on bad "
+                                   "input).")
     p.add_argument("old", metavar="OLD", help="the schedule before the change")
     p.add_argument("new", metavar="NEW", help="the schedule after the change")
     p.add_argument("--format", choices=FORMATS, default="auto",
@@ -712,7 +758,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     from .comparison import ScheduleTerm, render_simulation, simulation
     target, spec, name = load_target(args)
-    if spec is None:  # a torch CSV: standard costs, no cut
+    if spec is None:  # a torch CSV or plan-json file: standard costs
         schedule = compute_only(target)
         spec = Spec(ScheduleTerm(schedule), schedule, None, None, name)
     try:
@@ -739,7 +785,8 @@ def _add_recheck(sub: argparse._SubParsersAction) -> None:
                                    "establish them (forged, stale, another plan's); 2: bad "
                                    "input.")
     p.add_argument("plan", metavar="PLAN",
-                   help="the plan as written: a torch CSV with SEND/RECV cells")
+                   help="the plan as written: a plan-json file, or a torch CSV with SEND/RECV "
+                        "cells")
     p.add_argument("certificate", metavar="CERT.json")
     p.add_argument("--format", choices=FORMATS, default="auto", help="the plan's format")
     p.add_argument("--solver-rlimit", type=int, metavar="R",
@@ -770,15 +817,18 @@ def run_recheck(args: argparse.Namespace) -> int:
 
 def _plan_as_written(path: str, fmt: str) -> Plan:
     """A plan file read as written (no lowering): what a certificate can be about."""
-    if format_of(path, fmt) != "torch-csv":
-        raise UsageError(f"{path}: recheck reads a plan file (a torch CSV with SEND/RECV "
-                         f"cells); export a spec's plan first (mpipe-verify export SPEC --to "
-                         f"torch-csv -o plan.csv)")
-    plan = parse_torch_csv(read_text(path, "a torch CSV file"), path)
-    if not plan.has_comms():
-        raise UsageError(f"{path}: a compute-only CSV is lowered before it is checked; "
+    if is_plan_json(path, fmt):
+        plan = _as_read(read_plan_json(path))
+    elif format_of(path, fmt) == "torch-csv":
+        plan = _as_read(parse_torch_csv(read_text(path, "a torch CSV file"), path))
+    else:
+        raise UsageError(f"{path}: recheck reads a plan file (plan-json, or a torch CSV with "
+                         f"SEND/RECV cells); export a spec's plan first (mpipe-verify export "
+                         f"SPEC --to plan-json -o plan.json)")
+    if isinstance(plan, Schedule):
+        raise UsageError(f"{path}: a plan without comm ops is lowered before it is checked; "
                          f"recheck the lowered plan (mpipe-verify export {path} --to "
-                         f"torch-csv -o plan.csv)")
+                         f"plan-json -o plan.json)")
     return plan
 
 

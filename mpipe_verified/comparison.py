@@ -42,12 +42,13 @@ from .verify import Report, verify
 
 @attrs.frozen
 class Timed:
-    """One simulated plan: its term text, plan, verdict and run."""
+    """One simulated plan: its term text, plan, verdict and run (None when the plan was
+    checked and is not verified: it may not run to completion, so it is not timed)."""
 
     term: str
     plan: Plan
     report: Report | None
-    run: SimResult
+    run: SimResult | None
     memory_limit: float | tuple[float, ...] | None
 
     def within_limit(self) -> bool | None:
@@ -60,12 +61,14 @@ class Timed:
 
 def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
               check: bool = True, target: Schedule | Plan | None = None) -> Timed:
-    """Lower (a schedule), verify (with ``check``) and simulate ``spec`` with its costs."""
+    """Lower (a schedule), verify (with ``check``) and simulate ``spec`` with its costs
+    (a checked plan only when it is verified)."""
     target = spec.schedule if target is None else target
     plan = as_plan(target, spec.duration)
     limit = spec.memory_limit if memory_limit is None else memory_limit
     report = verify(plan, limit, RENDEZVOUS, spec.memory_model) if check else None
-    run = simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model)
+    run = (None if report is not None and not report.verified else
+           simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model))
     return Timed(str(spec.term), plan, report, run, limit)
 
 

@@ -44,7 +44,6 @@ counterexample the same way, from the plan alone.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import defaultdict
 from fractions import Fraction
 
@@ -174,7 +173,8 @@ class _Rules:
         of it runs (a frozen segment, or a forward shipped to another rank's backward)."""
         seg = self.segs.get(c.segment) if c.segment else None
         return (c.kind == "R" or seg is None
-                or (seg.backward_rank is not None and seg.backward_rank[c.mb] == rank))
+                or (seg.backward_rank is not None and c.mb < self.m
+                    and seg.backward_rank[c.mb] == rank))
 
     def required_collectives(self) -> dict:
         """``tag -> (kind, root, ranks that must call it)`` for every collective the cut
@@ -720,7 +720,8 @@ def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes
     if not rules.cut_ok() and name != "completeness":
         return ["rejected"] * len(claims)
     if name == "deadlock":
-        return [_confirm_wait(plan, rules, c, comm_model == "eager", rlimit) for c in claims]
+        waits = _waits(plan, comm_model == "eager")
+        return [_confirm_wait(c, waits, rlimit) for c in claims]
     if name == "dependency":
         bad = [_missing_inputs(plan, rules, c) for c in claims]
     elif name == "memory":
@@ -773,58 +774,44 @@ def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
     return [("ler", (top, _exact(limits[rank])))]
 
 
-def _confirm_wait(plan: Plan, rules: _Rules, claim, eager: bool, rlimit) -> str:
+def _confirm_wait(claim, waits: dict, rlimit) -> str:
     """A rank stuck on an endpoint with no FIFO partner (or a collective a member never
     calls), or a wait-for cycle: each op of the cycle waits on a partner that its next
     rank posts only after its own op there; Z3 then finds no completion times (each op
     would complete after the next one, around the cycle)."""
     if claim[0] == "stuck":
-        return _ground([f for f in _waits(plan, claim[1], claim[2], eager)
-                        if not _holds(*f)][:1], rlimit)
+        return _ground([f for _, f in waits.get(tuple(claim[1:]), ()) if not _holds(*f)][:1],
+                       rlimit)
     cycle = list(claim[1])
     t = [z3.Int(f"t{k}") for k in range(len(cycle))]
     solver = z3.Solver()
     if rlimit is not None:
         solver.set("rlimit", rlimit)
-    for k, (rank, index) in enumerate(cycle):
+    for k, at in enumerate(cycle):
         nxt_rank, nxt_index = cycle[(k + 1) % len(cycle)]
-        later = [j for r, j in _partners(plan, rank, index, eager) if r == nxt_rank]
+        later = [j for on, _ in waits.get(tuple(at), ()) if on and on[0] == nxt_rank
+                 for j in (on[1],)]
         solver.add(z3.Implies(max(later, default=-1) > nxt_index, t[k] > t[(k + 1) % len(t)]))
     answer = solver.check()
     return "violated" if answer == z3.unsat else "unknown" if answer == z3.unknown else "rejected"
 
 
-def _partners(plan: Plan, rank: int, index: int, eager: bool) -> list:
-    """Positions ``(rank, index)`` the op at ``(rank, index)`` waits on: FIFO partners of
-    its blocking endpoints, or the other members' calls of its collective instance."""
-    op = plan.programs[rank][index]
-    if type(op) is Collective:
-        for where in _calls(plan).values():
-            if where.get(rank, (None,))[0] == index:
-                return [(r, i) for r, (i, _) in where.items() if r != rank]
-        return []
-    out = []
-    for key, (sends, recvs) in _channels(plan).items():
+def _waits(plan: Plan, eager: bool) -> dict:
+    """``(rank, index) -> [(position waited on or None, fact)]`` for every blocking comm
+    step: per blocking endpoint, the k-th of its channel, its FIFO partner (None when the
+    other side has only ``count <= k`` ends) and the fact ``k < count``; per collective
+    call, the other members' calls and the fact "callers = members" of its instance."""
+    out: dict = defaultdict(list)
+    for sends, recvs in _channels(plan).values():
         for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            out += [others[k][:2] for k, e in enumerate(ends)
-                    if blocks and e[:2] == (rank, index) and k < len(others)]
-    return out
-
-
-def _waits(plan: Plan, rank: int, index: int, eager: bool) -> list:
-    """Facts behind "waits forever": ``k < count`` for each blocking endpoint of the op
-    (the k-th on its channel, which has ``count`` ends on the other side), and for a
-    collective, its callers against its members."""
-    op, out = plan.programs[rank][index], []
-    if type(op) is Collective:
-        for (group, _), where in _calls(plan).items():
-            if where.get(rank, (None,))[0] == index:
-                out.append(("eq", (sum(r in where for r in group), len(group))))
-        return out
-    for key, (sends, recvs) in _channels(plan).items():
-        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            out += [("lt", (k, len(others))) for k, e in enumerate(ends)
-                    if blocks and e[:2] == (rank, index)]
+            for k, (rank, index, _) in enumerate(ends if blocks else ()):
+                out[(rank, index)].append((others[k][:2] if k < len(others) else None,
+                                           ("lt", (k, len(others)))))
+    for (group, _), where in _calls(plan).items():
+        fact = ("eq", (sum(r in where for r in group), len(group)))
+        for rank, (index, _) in where.items():
+            out[(rank, index)] += [((r, i), fact) for r, (i, _) in where.items()
+                                   if r != rank] or [(None, fact)]
     return out
 
 
@@ -864,7 +851,3 @@ def recheck(plan: Plan, data, rlimit: int | None = None) -> tuple[bool, list[str
                if v.status != "proved"]
     return not reasons, reasons
 
-
-def load_certificate(text: str):
-    """Parse a certificate file's text (``json.loads``; errors are the caller's)."""
-    return json.loads(text)

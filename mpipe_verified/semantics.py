@@ -477,7 +477,7 @@ def _tagged_problem(op: Collective, need) -> str:
     kind, root, ranks = need
     if op.kind != kind or op.root != root:
         want = f"{kind}" + (f" rooted at rank {root}" if root is not None else "")
-        return f"should be a {want}"
+        return f"should be {'an' if kind[0] in 'aeiou' else 'a'} {want}"
     left_out = sorted(ranks - set(op.ranks))
     if left_out:
         return f"leaves out rank(s) {left_out}, which must take part"

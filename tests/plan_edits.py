@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import functools
+import pathlib
 
 import attrs
 
 from mpipe_verified.algebra.families import family
+from mpipe_verified.formats.plan_json import read_plan_json
 from mpipe_verified.ir import Plan, Recv
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import needs, produces
+
+FIXTURE_DIR = pathlib.Path(__file__).resolve().parent / "fixtures"
+
+
+def fixture(name: str) -> Plan:
+    """The plan of ``tests/fixtures/NAME.json`` (written by ``fixtures/make_fixtures.py``)."""
+    return read_plan_json(FIXTURE_DIR / f"{name}.json")
 
 
 @functools.lru_cache(maxsize=None)

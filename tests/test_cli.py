@@ -120,7 +120,7 @@ BAD_TOML = '[schedule]\nfamily = "zb-h1"\npp = = 4\n'
     (["show", "--family", "gpipe", "--pp", "four", "--microbatches", "8"],
      "argument --pp: invalid int value: 'four'"),
     (["show", "--family", "gpipe", "--pp", "4"], "needs --microbatches"),
-    (["show"], "give a SPEC or torch CSV FILE"),
+    (["show"], "give a SPEC, torch CSV or plan-json FILE"),
     (["show", "{good}", "--family", "gpipe"], "not both"),
     (["show", "{good}", "--pp", "3"], "--pp goes with --family"),
     (["export", "{good}", "--to", "pdf"], "invalid choice: 'pdf'"),

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from mpipe_verified import kernel
-from mpipe_verified.ir import ACT, GRAD, Payload, Placement, Plan, Recv, Send
+from mpipe_verified.ir import Placement, Plan
 from mpipe_verified.verify import verify, verify_loaded
-from plan_edits import defer_receives, lowered
+from plan_edits import defer_receives, fixture, lowered
 
 
 BIG = st.sampled_from([kernel.BOUND - 1, kernel.BOUND, 1 << 63, 1 << 70])
@@ -51,12 +51,6 @@ def test_smt_templates_say_what_the_python_reading_says(template, data):
     assert status == ("proved" if kernel._holds(template, fact) else "failed")
 
 
-def _deadlocking() -> Plan:
-    act, grad = Payload(ACT, 0, 0), Payload(GRAD, 1, 0)
-    return Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, act)),
-                                          (Recv(0, act), Send(0, grad))))
-
-
 def _witness(finish) -> kernel.Witness:
     return kernel.Witness(finish, None, None, None, None)
 
@@ -64,7 +58,7 @@ def _witness(finish) -> kernel.Witness:
 def test_a_forged_run_that_ignores_program_order_does_not_prove_deadlock_freedom():
     """Both ranks receive first: no run completes. Times that let each receive meet its
     send (posted 'before' the receive ahead of it finished) break program order."""
-    plan = _deadlocking()
+    plan = fixture("recv_first_deadlock")
     assert verify(plan).status == "violated"
     for finish in [((4, 2), (2, 4)), ((1, 1), (1, 1)), ((0, 0), (0, 0)), ((5, 9), (9, 5))]:
         verdict = kernel.prove(plan, _witness(finish), properties=("deadlock",))["deadlock"]
@@ -72,8 +66,7 @@ def test_a_forged_run_that_ignores_program_order_does_not_prove_deadlock_freedom
 
 
 def test_eager_unmatched_send_needs_no_partner_but_keeps_program_order():
-    grad, extra = Payload(GRAD, 1, 0), Payload(ACT, 0, 0)
-    plan = Plan(Placement((0, 1), 2), 1, ((Recv(1, grad), Send(1, extra)), (Send(0, grad),)))
+    plan = fixture("eager_extra_send")
     honest = verify(plan, comm_model="eager")
     assert honest.stats["properties"]["deadlock"]["status"] == "proved"
     assert honest.stats["properties"]["matching"]["status"] == "violated"
@@ -146,3 +139,30 @@ def test_the_kernel_imports_only_the_ir():
     local = {node.module for node in ast.walk(tree)
              if isinstance(node, ast.ImportFrom) and node.level}
     assert local == {"ir"}
+
+
+@pytest.mark.parametrize("name, violated", [
+    ("false_accept_no_all_reduce", {"completeness"}),
+    ("false_accept_narrow_all_reduce", {"completeness"}),
+    ("false_accept_broadcast_for_all_reduce", {"completeness"}),
+    ("false_accept_broadcast_root_7", {"completeness", "matching"}),
+])
+def test_the_collectives_the_cut_requires_are_checked(name, violated, capsys):
+    """Owner mode: encoder gradients must be all-reduced over every rank that runs the
+    encoder's backward and its home; parameters come from a broadcast rooted at home.
+    Each broken variant is rejected with the property it violates, and its sibling's
+    certificate (digest made its own) does not prove it."""
+    import json
+    from mpipe_verified.cli import main
+    from plan_edits import FIXTURE_DIR
+    assert main(["check", str(FIXTURE_DIR / f"{name}.json"), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert {v["property"] for v in doc["violations"]} == violated
+    valid = fixture("owner_transpose")
+    report = verify(valid)
+    assert report.verified
+    broken = fixture(name)
+    cert = report.portable_certificate(valid)
+    cert["digest"] = kernel.digest(broken)
+    proven, reasons = kernel.recheck(broken, cert)
+    assert not proven and any(r.startswith("completeness") for r in reasons)

@@ -14,7 +14,8 @@ from mpipe_verified.cli import main
 from mpipe_verified.formats.svg import render_svg
 from mpipe_verified.formats.timeline import timeline
 from mpipe_verified.formats.torch_csv import read_torch_csv
-from mpipe_verified.ir import Compute, Placement, Plan, computes_of
+from mpipe_verified.ir import computes_of
+from plan_edits import fixture
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import RENDEZVOUS, pair_p2p, standard_duration
 from mpipe_verified.verify import verify
@@ -124,8 +125,7 @@ def test_check_svg_draws_the_deadlock_as_far_as_it_runs(tmp_path, capsys):
 
 
 def test_segments_get_their_own_shades():
-    ops = tuple(Compute(k, 0, 0, seg) for seg in ("vision", "llm") for k in "FB")
-    plan = Plan(Placement((0,), 1), 1, (ops,))
+    plan = fixture("one_rank_two_segments")
     root = parse(render_svg(timeline(plan), standard_duration))
     fills = {b.find(f"{NS}title").text.split(" ")[0]: b.get("fill")
              for b in elements(root, "rect", "op")}

@@ -16,6 +16,7 @@ from mpipe_verified.formats.torch_csv import (MAX_INDEX, _parse_general, _parse_
                                               read_torch_csv, write_torch_csv)
 from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Marker, Overlap,
                                Payload, Placement, Plan, Recv, Schedule, Send)
+from plan_edits import fixture
 from torch_fixtures import FORMATS, LOOPED, VSHAPE, torch_schedule_csv, torch_schedules
 
 CASES = [(name, p, m, v, fmt)
@@ -90,11 +91,7 @@ def test_lenient_spellings_are_written_canonically():
 # ---------------------------------------------------------------- writing
 
 def _plan() -> Plan:
-    programs = ((Marker(0, "UNSHARD"), Compute("F", 0, 0), Send(1, Payload(ACT, 0, 0)), Idle(),
-                 Recv(1, Payload(GRAD, 1, 0)), Compute("B", 0, 0), Marker(0, "REDUCE_GRAD")),
-                (Recv(0, Payload(ACT, 0, 0)), Overlap((Compute("F", 1, 0), Compute("B", 1, 0))),
-                 Send(0, Payload(GRAD, 1, 0)), Idle()))
-    return Plan(Placement((0, 1), 2), 1, programs)
+    return fixture("markers_overlap_idle")
 
 
 TEXT = ("0UNSHARD,0F0,0SEND_F0,,0RECV_B0,0B0,0REDUCE_GRAD\r\n"

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import reference
 from mpipe_verified.algebra.families import family
-from plan_edits import defer_receives, lowered, props, with_program
+from plan_edits import defer_receives, fixture, lowered, props, with_program
 from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Payload, Plan,
                                Recv, Send)
 from mpipe_verified.lower import lower
@@ -44,14 +44,6 @@ def B(s, mb):
 
 def send_act(dst, s, mb):
     return Send(dst, Payload(ACT, s, mb))
-
-
-def recv_act(src, s, mb):
-    return Recv(src, Payload(ACT, s, mb))
-
-
-def send_grad(dst, s, mb):
-    return Send(dst, Payload(GRAD, s, mb))
 
 
 def recv_grad(src, s, mb):
@@ -544,14 +536,7 @@ def test_collective_called_by_a_non_member():
 def _steady_exchange(grouped: bool) -> Plan:
     """1F1B on 2 ranks, 2 microbatches, where rank 0 sends activation 1 and receives
     gradient 0 at the same step, and rank 1 sends gradient 0 and receives activation 1."""
-    p = lowered("1f1b", 2, 2).placement
-    x0 = (send_act(1, 0, 1), recv_grad(1, 1, 0))
-    x1 = (send_grad(0, 1, 0), recv_act(0, 0, 1))
-    rank0 = (F(0, 0), send_act(1, 0, 0), F(0, 1),
-             *((Group(x0),) if grouped else x0), B(0, 0), recv_grad(1, 1, 1), B(0, 1))
-    rank1 = (recv_act(0, 0, 0), F(1, 0), B(1, 0),
-             *((Group(x1),) if grouped else x1), F(1, 1), B(1, 1), send_grad(0, 1, 1))
-    return Plan(p, 2, (rank0, rank1))
+    return fixture(f"steady_exchange_{'grouped' if grouped else 'ungrouped'}")
 
 
 def test_group_completes_where_the_same_ops_ungrouped_deadlock():

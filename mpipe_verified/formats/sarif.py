@@ -36,6 +36,7 @@ SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 VERSION = "2.1.0"
 TOOL = "mpipe-verify"
 SPEC, TORCH_CSV, TORCH_CSV_LOWERED, FAMILY = "spec", "torch-csv", "torch-csv-lowered", "family"
+PLAN_JSON, PLAN_JSON_LOWERED = "plan-json", "plan-json-lowered"
 
 RULES = {
     "completeness": ("Every required op occurs once, on its rank",
@@ -63,8 +64,8 @@ RULES = {
 class Checked:
     """One input of a ``check`` run: ``name`` as given, its ``report`` (None when it could
     not be read: ``error`` is then the one-line reason), how it was read (``kind``:
-    ``spec``, ``torch-csv`` as written, ``torch-csv-lowered``, ``family``) and its
-    ``text`` (to find lines and cells)."""
+    ``spec``, ``torch-csv`` as written, ``torch-csv-lowered``, ``plan-json`` as written,
+    ``plan-json-lowered``, ``family``) and its ``text`` (to find lines and cells)."""
 
     name: str
     report: Report | None
@@ -150,8 +151,8 @@ def _region(item: Checked, rank, position, op) -> dict | None:
     if item.kind == SPEC:
         line = _schedule_line(item.text or "")
         return {"startLine": line, "startColumn": 1} if line else None
-    if rank is None:
-        return None
+    if rank is None or item.kind in (PLAN_JSON, PLAN_JSON_LOWERED):
+        return None  # JSON has no cell grid: the op's logical location names it
     if item.kind == TORCH_CSV:
         region = {"startLine": rank + 1}
         if position is not None:
