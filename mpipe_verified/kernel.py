@@ -348,11 +348,12 @@ def _holds(template: str, x) -> bool:
 
 @attrs.frozen
 class Witness:
-    """Untrusted numbers for the obligations. ``finish[r][i]``: completion time of op i on
-    rank r; ``producers[r]``: for each op in order and each of its inputs in sorted token
-    order, the position that produced it; ``levels[r]``: the memory level before each
-    step, then after the last; ``peaks[r]``: the claimed peak and ``peak_at[r]`` the step
-    that reaches it (-1: the static part, for an empty program)."""
+    """Untrusted numbers for the obligations. ``finish[r][k]``: completion time of the
+    k-th comm step of rank r; ``producers[r]``: for each op in order and each of its
+    inputs in sorted token order, the position that produced it; ``levels[r]``: the
+    memory level before each step that allocates or frees something, then after the
+    last; ``peaks[r]``: the claimed peak and ``peak_at[r]`` the position of the step that
+    reaches it (-1: the static part, for an empty program)."""
 
     finish: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 2))
     producers: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 2))
@@ -579,60 +580,79 @@ def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
                   at=("call", min(where), where[min(where)][0]))
 
 
+_COMM = (Send, Recv, Group, Collective)
+
+
+def _comm_steps(plan: Plan) -> list:
+    """Per rank, the positions of its comm steps (the only ops that can block)."""
+    return [[i for i, op in enumerate(prog) if type(op) in _COMM] for prog in plan.programs]
+
+
 def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
               eager: bool = False) -> None:
-    fin = witness.finish
-    if fin is None or [len(f) for f in fin] != [len(p) for p in plan.programs]:
+    steps = _comm_steps(plan)
+    times = witness.finish
+    if times is None or [len(t) for t in times] != [len(s) for s in steps]:
         facts.flag("witness", False, at=("witness",))
         return
+    nth = [{i: k for k, i in enumerate(s)} for s in steps]  # position -> its comm index
 
-    def post(rank: int, index: int):
-        return fin[rank][index - 1] if index else 0
+    def fin(rank: int, index: int):
+        return times[rank][nth[rank][index]]
 
-    for rank, prog in enumerate(plan.programs):
-        for index, op in enumerate(prog):
-            facts.add("le", (rank, _sig(op)), post(rank, index), fin[rank][index])
+    def post(rank: int, index: int):  # when the comm step before it completed
+        k = nth[rank][index]
+        return times[rank][k - 1] if k else 0
+
+    for rank, positions in enumerate(steps):
+        prog = plan.programs[rank]
+        for index in positions:
+            facts.add("le", (rank, _sig(prog[index])), post(rank, index), fin(rank, index))
     for key, (sends, recvs) in sorted(_channels(plan).items()):
         for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            if not blocks:
-                continue
-            for k, (rank, index, _) in enumerate(ends):
+            for k, (rank, index, _) in enumerate(ends if blocks else ()):
                 if k >= len(others):  # no partner: it waits forever
                     facts.add("lt", "partner", k, len(others), at=("stuck", rank, index))
                     continue
                 other = others[k]
                 facts.add("lt", ("meet", key, ends is sends), post(other[0], other[1]),
-                          fin[rank][index])
+                          fin(rank, index))
     for (group, _), where in _calls(plan).items():
         facts.add("eq", "callers", sum(r in where for r in group), len(group))
         meet = max(post(r, i) for r, (i, _) in where.items())
         for r, (i, _) in where.items():
-            facts.add("lt", ("collective", r), meet, fin[r][i])
+            facts.add("lt", ("collective", r), meet, fin(r, i))
 
 
 def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "Sizes",
             limits) -> None:
-    if witness.levels is None or len(witness.levels) != rules.p:
+    """The witness lists a level before each step that allocates or frees something, and
+    one after the last; a step that moves nothing keeps the level (sizes are >= 0, so its
+    peak is within the next step's, or the final level's)."""
+    if witness.levels is None or len(witness.levels) != rules.p or not all(
+            v >= 0 for v in (*sizes.stored.values(), *sizes.buffer.values())):
         facts.flag("witness", False, at=("witness",))
         return
     for rank, prog in enumerate(plan.programs):
         levels, peak, at = witness.levels[rank], witness.peaks[rank], witness.peak_at[rank]
         static = sizes.static[rank] if rank < len(sizes.static) else 0
-        if len(levels) != len(prog) + 1:
+        k, top, fits = 0, None, bool(levels)
+        for index, (alloc, freed) in enumerate(_steps(prog, rank, rules, sizes) if fits else ()):
+            if index == at:
+                top = levels[k] + alloc
+            if alloc or freed:
+                if k + 1 >= len(levels):
+                    fits = False
+                    break
+                facts.add("level", (rank, _sig(prog[index])), levels[k], alloc, freed,
+                          levels[k + 1], peak)
+                k += 1
+        if not fits or k + 1 != len(levels) or (at != -1 and top is None):
             facts.flag("witness", False, at=("witness",))
             continue
         facts.add("eqr", "static", levels[0], static)
-        allocs = []
-        for index, (alloc, freed) in enumerate(_steps(prog, rank, rules, sizes)):
-            allocs.append(alloc)
-            facts.add("level", (rank, _sig(prog[index])), levels[index], alloc, freed,
-                      levels[index + 1], peak)
-        if at == -1:
-            facts.add("eqr", "peak", peak, static)
-        elif 0 <= at < len(prog):
-            facts.add("eqr", "peak", levels[at] + allocs[at], peak)
-        else:
-            facts.flag("witness", False, at=("witness",))
+        facts.add("ler", "final", levels[k], peak)
+        facts.add("eqr", "peak", static if at == -1 else top, peak)
         if limits is not None:
             facts.add("ler", "limit", peak, _exact(limits[rank]), at=("peak", rank))
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import attrs
 
-from ..ir import Plan, Send, p2p_of
+from ..ir import COMM_STEP, Plan, Send, p2p_of
 from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, Token, collective_issues, execute, live_tensors,
                          memory_steps, pair_collectives, pair_p2p, produces, required_work,
                          wait_cycle, work_table)
@@ -199,16 +199,20 @@ def _one_step(op) -> float:
 def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
              ) -> tuple[list[Finding], tuple | None]:
     """Run the plan with compute free and every comm step taking one tick. If it
-    completes, the hint is every op's completion tick (an op is posted when its
-    predecessor completes, and every meeting takes a tick, so each blocking end
-    completes after its partner was posted). If not, the wait-for cycle, or the ends
+    completes, the hint is every comm step's completion tick (a comm step is posted when
+    the one before it on its rank completes, and every meeting takes a tick, so each
+    blocking end completes after its partner was posted). If not, the wait-for cycle, or the ends
     that have no partner, are the counterexample."""
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
     run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
     if not run.completed:
         return _deadlock_findings(plan, run), None
-    return [], tuple(tuple(int(t) for t in times) for times in run.finish)
+    return [], tuple(tuple(int(t) for op, t in zip(prog, times) if type(op) in _COMM)
+                     for prog, times in zip(plan.programs, run.finish))
+
+
+_COMM = frozenset(COMM_STEP)
 
 
 def _deadlock_findings(plan, run) -> list[Finding]:
@@ -237,8 +241,9 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None
            ) -> tuple[list[Finding], tuple | None, dict]:
     """Peak per rank within ``limits`` (one bound per rank, see ``memory_limits``, or
     None). Levels are summed exactly (a float size is the rational it denotes,
-    ``_exact``). The hint: per rank, the level before every step and after the last, the
-    exact peak and the first step reaching it (-1 for an empty program). The reported
+    ``_exact``). The hint: per rank, the level before every step that allocates or frees
+    something and after the last, the exact peak and the first step reaching it (-1 for
+    an empty program). The reported
     peaks are the float sums, as ``semantics`` reports them."""
     findings = []
     peaks: dict[int, float] = {}
@@ -268,8 +273,9 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None
                 a = f = 0
             if peak is None or level + a > peak:
                 peak, at = level + a, index
-            level = level + a - f
-            levels.append(level)
+            if a or f:  # the hint lists the level at steps that move memory
+                level = level + a - f
+                levels.append(level)
         if peak is None:  # no steps: the static part is all there is
             peak, reported = levels[0], static
         peaks[rank] = reported
