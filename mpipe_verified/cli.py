@@ -39,6 +39,7 @@ import sys
 import tomllib
 from typing import Callable, NamedTuple, NoReturn, Sequence
 
+from . import __version__
 from .algebra.families import FAMILIES, family
 from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from .errors import InputError, ParameterError
@@ -594,14 +595,7 @@ def _add_laws(sub: argparse._SubParsersAction) -> None:
 def run_laws(args: argparse.Namespace) -> int:
     import time
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isfile(os.path.join(root, "proofs", "registry.py")) and root not in sys.path:
-        sys.path.insert(0, root)  # proofs/ sits next to the package (source checkout)
-    try:
-        from proofs import core, registry
-    except ImportError as e:
-        raise UsageError(f"cannot import the proofs package ({e}); run from a source "
-                         "checkout") from None
+    from .proofs import core, registry  # installed from the repository's proofs/
     if not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout must be a finite number of seconds > 0, got "
                          f"{args.timeout:g}")
@@ -723,6 +717,7 @@ COMMANDS.append(_add_simulate)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Verified pipeline-parallel schedules.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub)
