@@ -52,7 +52,7 @@ from .ir import COMM_STEP, Op, Plan, Schedule
 from .progress import Progress
 from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
-from .show import render_grid
+from .show import figures, render_grid
 from .verify import Report, verify, verify_loaded
 
 PROG = "mpipe-verify"
@@ -506,6 +506,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
             and report.violations:
         text = read_text(name)
     doc = report.to_json()
+    doc["peak_memory"] = figures(report.peak_memory)
     doc["source"] = name
     doc["lowered"] = not as_written
     return sarif.Checked(name, report, kind, text), doc, render_report(report, name, as_written)
@@ -639,7 +640,8 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
                        description="Compare two schedules (specs or torch CSVs): compute ops "
                                    "that moved, appeared or vanished per rank, the verdict of "
                                    "each side, and the makespan and peak-memory deltas from "
-                                   "the simulator. Exit 0 (2 on bad input).")
+                                   "the simulator. Exit 1 when NEW violates a property "
+                                   "(named in the report), 0 otherwise, 2 on bad input.")
     p.add_argument("old", metavar="OLD", help="the schedule before the change")
     p.add_argument("new", metavar="NEW", help="the schedule after the change")
     p.add_argument("--format", choices=FORMATS, default="auto",
@@ -648,8 +650,8 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
                    help="model under which each side is verified")
     p.add_argument("--memory-limit", type=memory_limit, metavar="N",
                    help="per-rank memory limit for both sides (else each spec's own)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (README: "
-                                                       "Semantic diff)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (README, "
+                                                       "section diff)")
     p.set_defaults(run=run_diff)
 
 
@@ -664,7 +666,7 @@ def run_diff(args: argparse.Namespace) -> int:
         sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm))
     doc = semantic_diff(*sides, comm_model=args.comm_model)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_diff(doc))
-    return 0
+    return doc["exit_code"]
 
 
 COMMANDS.append(_add_diff)
