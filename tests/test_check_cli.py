@@ -133,6 +133,27 @@ def test_deferred_receives_deadlock_and_eager_accepts(capsys, tmp_path):
     assert doc["certificate"]["comm_model"] == "eager"
 
 
+def test_a_deadlock_that_passes_under_eager_says_it_hangs_at_scale(capsys, tmp_path):
+    """A rendezvous deadlock is rechecked under eager: when eager passes, the report says
+    in one sentence why it still hangs on NCCL (``passes_under: ["eager"]``); when eager
+    deadlocks too (each rank waits to receive first), it says nothing of the kind."""
+    eager_ok = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 4, 8)))
+    recv_first = tmp_path / "recv-first.csv"
+    recv_first.write_text("0F0,0RECV_B0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n")
+    code, doc = check_json(capsys, eager_ok)
+    assert code == 1 and doc["passes_under"] == ["eager"]
+    code, out, _ = check(capsys, eager_ok)
+    note = [line for line in out.splitlines() if "batch_isend_irecv" in line]
+    assert code == 1 and len(note) == 1 and "hangs at scale" in note[0]
+    assert note[0].strip().startswith("note: under the eager model")
+    code, doc = check_json(capsys, str(recv_first))
+    assert code == 1 and [v["property"] for v in doc["violations"]] == ["deadlock"]
+    assert doc["passes_under"] == []
+    assert "batch_isend_irecv" not in check(capsys, str(recv_first))[1]
+    code, doc = check_json(capsys, *family_argv("1f1b", 4, 8))
+    assert code == 0 and "passes_under" not in doc
+
+
 @pytest.mark.parametrize("source", ["family", "csv"])
 def test_memory_limit_one_below_peak_exit_1_and_at_peak_exit_0(capsys, tmp_path, source):
     argv = (family_argv("zb-h1", 4, 8) if source == "family"
