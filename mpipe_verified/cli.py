@@ -90,7 +90,8 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     g.add_argument("--family", choices=[*FAMILIES, TRANSPOSE], metavar="NAME",
                    help=f"one of {', '.join([*FAMILIES, TRANSPOSE])}")
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
-    g.add_argument("--microbatches", type=int, metavar="M")
+    g.add_argument("--microbatches", type=int, metavar="M",
+                   help="microbatches (check with a file: the count it must cover)")
     g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
     add_transpose_arguments(p)
 
@@ -180,7 +181,9 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
     if target is None:
         raise UsageError("give a SPEC or torch CSV FILE, or --family NAME --pp P "
                          "--microbatches M")
-    opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
+    family_only = ("pp", "chunks") if getattr(args, "declare", False) else (
+        "pp", "microbatches", "chunks")  # check: --microbatches M also declares a file's
+    opts = [o for o in family_only if getattr(args, o) is not None]
     if opts:
         raise UsageError(f"--{opts[0]} goes with --family, not with a file")
 
@@ -216,8 +219,20 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
 
     A spec or ``--family`` gives its derived ``Schedule`` and a ``Spec`` (``--family``:
     no cost model, no limit); a torch CSV gives a ``Schedule`` when it has no comm cells
-    (compute-only) and a ``Plan`` otherwise, with ``spec`` None. Raises ``UsageError`` or
-    ``InputError``."""
+    (compute-only) and a ``Plan`` otherwise, with ``spec`` None. With ``args.declare``
+    (``check``), ``--stages``/``--microbatches``/``--ranks`` are imposed on the result
+    (``declared.declare``). Raises ``UsageError`` or ``InputError``."""
+    target, spec, name = _load_target(args)
+    if not getattr(args, "declare", False):
+        return target, spec, name
+    from .declared import declare
+    try:
+        return declare(target, args.stages, args.microbatches, args.ranks), spec, name
+    except ParameterError as e:
+        raise UsageError(f"{name}: {e}") from None
+
+
+def _load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
     check_target_options(args, args.target)
     if args.family is not None:
         missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
@@ -375,6 +390,15 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print no report: the exit code tells (bad input still names the "
                         "file on stderr)")
+    g = p.add_argument_group(
+        "declared sizes (a CSV carries none: a dropped stage row or last microbatch "
+        "reads as a smaller schedule); missing work is a completeness violation")
+    g.add_argument("--stages", type=int, metavar="S",
+                   help="the schedule has S stages (a stage the file never mentions is "
+                        "placed on rank s %% R)")
+    g.add_argument("--ranks", type=int, metavar="R",
+                   help="the schedule has R ranks (a rank without a row runs nothing)")
+    p.set_defaults(declare=True)  # --microbatches M with a file: M microbatches
     p.add_argument("--only-schedules", action="store_true",
                    help="skip .toml files without a [schedule] table (pyproject.toml and "
                         "other configs matched by a pre-commit hook)")
@@ -792,5 +816,6 @@ def _fail(message: str) -> int:
     return 2
 
 
-if __name__ == "__main__":
-    sys.exit(console_main())
+if __name__ == "__main__":  # python -m: run the module's own copy, so that what the
+    from mpipe_verified.cli import console_main as _main  # two-core path pickles
+    sys.exit(_main())  # (PlanOf) names mpipe_verified.cli, not __main__

@@ -311,3 +311,47 @@ def test_text_report_counts_findings_past_the_cap(tmp_path, capsys):
     unlisted = doc["stats"]["properties"]["dependency"]["unlisted"]
     assert code == 1 and unlisted > 0
     assert f"(+{unlisted} more found, not listed)" in out
+
+
+# ---------------------------------------------------------------- declared sizes
+
+
+def test_declared_sizes_turn_dropped_work_into_completeness_violations(capsys, tmp_path):
+    """A CSV carries no stage or microbatch count: without the removed row or microbatch
+    it reads as a smaller valid schedule. ``--stages``/``--ranks``/``--microbatches``
+    declare the sizes, and the verifier's completeness property names what is missing."""
+    compute = [[str(op) for op in prog if "SEND" not in str(op) and "RECV" not in str(op)]
+               for prog in lowered("1f1b", 4, 8).programs]
+    no_row = tmp_path / "no-last-row.csv"
+    no_row.write_text("\n".join(",".join(row) for row in compute[:3]) + "\n")
+    no_mb = tmp_path / "no-last-mb.csv"
+    no_mb.write_text("\n".join(",".join(c for c in row if not c.endswith("7"))
+                               for row in compute) + "\n")
+    for path, declared, missing in (
+            (no_row, ["--stages", "4", "--ranks", "4"], {"3F0", "3B7"}),
+            (no_mb, ["--microbatches", "8"], {"0F7", "3B7"})):
+        assert check_json(capsys, str(path))[0] == 0, path
+        code, doc = check_json(capsys, str(path), *declared)
+        assert code == 1
+        props = {v["property"] for v in doc["violations"]}
+        assert "completeness" in props
+        named = {v["message"].split()[0] for v in doc["violations"]
+                 if v["property"] == "completeness" and "never runs" in v["message"]}
+        assert missing <= named, named
+    code, doc = check_json(capsys, str(no_mb), "--microbatches", "7")
+    assert code == 0  # the file is complete for the 7 microbatches it holds
+    code, doc = check_json(capsys, str(no_mb), "--microbatches", "6")
+    assert code == 1 and any("is not part of this plan" in v["message"]
+                             for v in doc["violations"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--stages", "3"], "holds stages 0..3, more than the 3 declared"),
+    (["--ranks", "2"], "has 4 ranks, more than the 2 declared"),
+    (["--stages", "0"], "stages must be >= 1"),
+])
+def test_declared_sizes_below_the_file_are_bad_input(capsys, tmp_path, argv, needle):
+    path = write(tmp_path, "1f1b.csv", lowered("1f1b", 4, 4))
+    code, out, err = check(capsys, path, *argv)
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert path in err and needle in err, err
