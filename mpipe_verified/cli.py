@@ -421,6 +421,10 @@ def run_check(args: argparse.Namespace) -> int:
     _check_picture_arguments(args)
     if args.quiet and args.json:
         raise UsageError("--quiet prints nothing; drop --json or --quiet")
+    for flag in ("svg", "sarif", "junit"):
+        if args.json and getattr(args, flag) == "-":
+            raise UsageError(f"--{flag} - and --json both write to stdout; give --{flag} a "
+                             "file")
     for flag in ("sarif", "junit"):
         path = getattr(args, flag)
         if path is not None and path != "-" and os.path.isdir(path):
@@ -461,12 +465,11 @@ def run_check(args: argparse.Namespace) -> int:
     progress.done()
     to_stdout = "-" in (args.sarif, args.junit, args.svg)
     shown = [(doc, text) for doc, text in results if doc.get("status") != "error"]
-    if not args.quiet and not to_stdout and shown:
-        if args.json:
-            docs = [doc for doc, _ in results]
-            print(json.dumps(docs[0] if len(targets) == 1 else docs, indent=2))
-        else:
-            print("\n\n".join(text for _, text in shown))
+    if args.json and not to_stdout and results:  # bad inputs too, as error objects
+        docs = [doc for doc, _ in results]
+        print(json.dumps(docs[0] if len(targets) == 1 else docs, indent=2))
+    elif not args.quiet and not to_stdout and shown:
+        print("\n\n".join(text for _, text in shown))
     return code
 
 

@@ -355,3 +355,25 @@ def test_declared_sizes_below_the_file_are_bad_input(capsys, tmp_path, argv, nee
     code, out, err = check(capsys, path, *argv)
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert path in err and needle in err, err
+
+
+def test_python_dash_m_checks_a_big_csv_on_two_cores(tmp_path):
+    """``python -m mpipe_verified.cli`` runs the module's own copy, so the two-core path
+    (over ``TWO_PROCESS_BYTES``) pickles a loader that the child can name."""
+    from mpipe_verified.cli import TWO_PROCESS_BYTES
+    path = tmp_path / "big.csv"
+    assert main(["export", *family_argv("1f1b", 8, 2600), "--to", "torch-csv",
+                 "-o", str(path)]) == 0
+    assert path.stat().st_size >= TWO_PROCESS_BYTES
+    proc = subprocess.run([sys.executable, "-m", "mpipe_verified.cli", "check", str(path),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["verified"] is True
+
+
+@pytest.mark.parametrize("flag", ["--svg", "--sarif", "--junit"])
+def test_json_and_another_output_on_stdout_are_refused(capsys, flag):
+    """``--svg - --json`` used to print the SVG and drop the JSON without a word."""
+    code, out, err = check(capsys, *family_argv("1f1b", 2, 2), flag, "-", "--json")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert f"{flag} - and --json both write to stdout" in err

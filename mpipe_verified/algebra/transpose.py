@@ -97,7 +97,7 @@ class Transpose:
     segment: str = "vision"
     side: str = SOURCE
     mode: str = "recompute"
-    ownership: str = "full"
+    ownership: str = "cost"
     # per-microbatch forward cost of the segment (default 1; 0 with mode "none")
     costs: tuple[float, ...] = attrs.field(default=(), converter=_floats)
     body_forward: float = attrs.field(default=1.0, converter=_float)

@@ -173,7 +173,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
                 (("t", _TERM, _REQUIRED), ("perm", _INTS, _REQUIRED))),
     "transpose": (Transpose, (("body", _TERM, _REQUIRED), ("segment", _STR, "vision"),
                                ("side", _STR, "source"), ("mode", _STR, "recompute"),
-                               ("ownership", _STR, "full"), ("costs", _NUMS, ()),
+                               ("ownership", _STR, "cost"), ("costs", _NUMS, ()),
                                ("body_forward", _NUM, 1.0), ("body_backward", _NUM, 2.0))),
 }
 
