@@ -47,7 +47,8 @@ from .formats import sarif
 from .formats.output import write_output
 from .formats.spec import Spec, parse_spec, read_text
 from .formats.timeline import as_plan
-from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
+from .formats.torch_csv import (format_torch_csv, holds_actions, parse_torch_csv,
+                                 write_torch_csv)
 from .ir import COMM_STEP, Op, Plan, Schedule
 from .progress import Progress
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
@@ -400,8 +401,11 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                    help="the schedule has R ranks (a rank without a row runs nothing)")
     p.set_defaults(declare=True)  # --microbatches M with a file: M microbatches
     p.add_argument("--only-schedules", action="store_true",
-                   help="skip .toml files without a [schedule] table (pyproject.toml and "
-                        "other configs matched by a pre-commit hook)")
+                   help="skip files that are not schedules, as a pre-commit hook sees "
+                        "them: .toml files without a [schedule] table (pyproject.toml, "
+                        "configs) and .csv files none of whose cells is a pipelining "
+                        "action such as 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B (data and "
+                        "metrics tables); a CSV with even one action cell is checked")
     g = p.add_argument_group("CI outputs (written atomically, parents created)")
     g.add_argument("--sarif", metavar="OUT",
                    help="write a SARIF 2.1.0 log: one result per violation, located at the "
@@ -487,9 +491,18 @@ def _check_targets(args: argparse.Namespace) -> list[str | None]:
 
 
 def _not_a_schedule(args: argparse.Namespace) -> bool:
-    """A readable TOML file with no ``[schedule]`` table (``--only-schedules``)."""
+    """``--only-schedules``: a readable TOML file with no ``[schedule]`` table, or a
+    readable CSV none of whose cells is a pipelining action (``holds_actions``)."""
     path = args.target
-    if path is None or format_of(path, args.format) != "spec":
+    if path is None:
+        return False
+    if format_of(path, args.format) == "torch-csv":
+        try:
+            text = read_text(path, "a torch CSV file")
+        except InputError:
+            return False  # let check say what is wrong with it
+        return not holds_actions(text)
+    if format_of(path, args.format) != "spec":
         return False
     try:
         with open(path, "rb") as f:
