@@ -653,3 +653,22 @@ def test_collective_mismatch_names_both_ranks_and_both_ops():
     assert first.property == "matching"
     assert set(first.ranks) == {0, 1}
     assert set(first.ops) == {(0, 8, str(grads)), (1, 8, str(params))}
+
+
+def test_overlapped_members_read_before_and_write_after_their_step(tmp_path):
+    """The rule of an ``OVERLAP_F_B`` step: its members run together, every input read
+    before the step and every output written after it. So a backward overlapped with a
+    forward of *another* microbatch is fine, while one overlapped with its own forward
+    needs that forward's output inside the step: a dependency violation at that step."""
+    from mpipe_verified.formats.torch_csv import parse_torch_csv
+
+    def judged(text: str):
+        plan = parse_torch_csv(text, "overlap.csv")
+        return verify(plan if plan.has_comms() else lower(plan))
+    assert judged("0F0,(0F1;0B0)OVERLAP_F_B,0B1\n").verified
+    own = judged("(0F0;0B0)OVERLAP_F_B\n")
+    assert [(v.property, v.ops[0][:2]) for v in own.violations] == [("dependency", (0, 0))]
+    # two stages on one rank: stage 1's forward cannot use stage 0's output of the step
+    chained = judged("(0F0;1F0)OVERLAP_F_B,1B0,0B0\n")
+    assert {v.property for v in chained.violations} == {"dependency"}
+    assert judged("0F0,(1F0;0F1)OVERLAP_F_B,(1B0;1F1)OVERLAP_F_B,1B1,0B0,0B1\n").verified
