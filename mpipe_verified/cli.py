@@ -1,4 +1,4 @@
-"""``mpipe-verify``: the command-line contract of DESIGN §7.
+"""``mpipe-verify``: the command-line contract of docs/semantics.md §6.
 
 Subcommands (each registered by one ``_add_*`` function; all share the target selection
 of ``add_target_arguments`` and ``load_target``)::
@@ -385,7 +385,8 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                    help="per-rank memory limit (unit model for torch CSV: one unit per "
                         "stored activation); overrides the spec's [memory] limit")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object (DESIGN §7); a list of them for several files")
+                   help="print one JSON object (docs/semantics.md §6); a list of them for "
+                        "several files")
     p.add_argument("--solver-rlimit", type=int, metavar="R",
                    help="cap Z3's resource count per query; running out gives exit 3")
     p.add_argument("-q", "--quiet", action="store_true",

@@ -10,8 +10,8 @@ same model and times it the same way:
 - the baseline keeps the cut segment **inline** on its home rank
   (``Transpose(family(...), ownership="inline")`` with the spec's segment, side, mode and
   costs), so ``--compare interleaved-1f1b`` is Megatron's interleaved 1F1B with the
-  encoder on the first stage, the schedule the transpose paper compares against; a spec
-  without a cut compares with the bare family;
+  encoder on the first stage, the schedule the HyperParallel-Mpipe paper (arXiv
+  2607.03229) compares against; a spec without a cut compares with the bare family;
 - the same model on another family's stage count: the cost model is ``rescaled`` (a stage
   of half the layers takes half the time and stores half the activations; boundary
   payloads, segments and static memory stay), ``interleaved-1f1b`` keeps the spec's

@@ -1,6 +1,6 @@
-"""Bad input to ``mpipe-verify`` (DESIGN §7): exit 2, exactly one line on stderr that names
-the file and, where the problem has a place, its 1-based row/line and column; nothing on
-stdout, no traceback, and never exit 0.
+"""Bad input to ``mpipe-verify`` (docs/semantics.md §6): exit 2, exactly one line on stderr
+that names the file and, where the problem has a place, its 1-based row/line and column;
+nothing on stdout (``check --json``: the error object), no traceback, and never exit 0.
 
 Semantics decided here for ragged and empty rows of a torch CSV:
 

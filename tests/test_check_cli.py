@@ -1,4 +1,4 @@
-"""``mpipe-verify check`` (DESIGN §7): exit codes, the ``--json`` schema, the undecided
+"""``mpipe-verify check`` (docs/semantics.md §6): exit codes, the ``--json`` schema, the undecided
 path (``--solver-rlimit``), memory limits, and the human-readable counterexamples of
 ``render_report``. Mostly in-process through ``cli.main``; a few runs go through the
 installed console script to check the real process contract (stdout, stderr, exit code).
@@ -52,7 +52,7 @@ def family_argv(name, p, m, v=None):
 
 
 def assert_schema(doc: dict, ranks: int) -> None:
-    """DESIGN §7: ``{"verified": bool, "violations": [{"property", "message", "ranks",
+    """docs/semantics.md §6: ``{"verified": bool, "violations": [{"property", "message", "ranks",
     "ops"}], "peak_memory": {rank: value}, "stats": {...}}``."""
     assert {"verified", "violations", "peak_memory", "stats"} <= set(doc)
     assert isinstance(doc["verified"], bool)

@@ -1,5 +1,5 @@
 """The simulator and its cost model: ``sim.simulate`` is ``semantics.execute`` with
-durations, transfer and collective costs and §3.6 memory; a hand-computed run; the
+durations, transfer and collective costs and §2.6 memory; a hand-computed run; the
 ``simulate`` command's JSON; the spec cost tables that feed it."""
 
 from __future__ import annotations

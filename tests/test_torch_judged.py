@@ -266,7 +266,7 @@ def test_torch_comm_csv_with_deferred_receives_deadlocks(capsys, tmp_path, name,
 
 
 def fifo_mismatches(text: str) -> set[tuple[str, str]]:
-    """Independent §3.3: pair the k-th send ``src -> dst`` with the k-th receive at ``dst``
+    """Independent §2.3: pair the k-th send ``src -> dst`` with the k-th receive at ``dst``
     from ``src`` (peers from the stage of the cell's other end) and list the pairs whose
     cells do not describe the same tensor."""
     rows = rows_of(text)

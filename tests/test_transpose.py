@@ -142,7 +142,7 @@ def test_fifo_order_broken_on_one_owner():
     (``vision:0SEND_F1, vision:0SEND_IN1, ..., vision:0SEND_F5, vision:0SEND_IN5``), and
     rank 0 receives them in that order. Regroup owner 1's sends type-major (all outputs,
     then all inputs) in the same slots while rank 0 keeps its order: matching is FIFO per
-    ordered pair (DESIGN §3.3), so the k-th send now pairs with a receive of another
+    ordered pair (docs/semantics.md §2.3), so the k-th send now pairs with a receive of another
     payload — a matching violation on channel 1->0, under rendezvous and eager alike.
     (The output of microbatch 5 now also goes out before its forward ran: dependency.)"""
     plan = _recompute_plan()

@@ -1,5 +1,5 @@
 """``transpose``: move a cut segment's work into a body schedule's bubbles (the
-HyperParallel-Mpipe schedule; DESIGN §6 ``cut``/``transpose``).
+HyperParallel-Mpipe schedule, arXiv 2607.03229; ``cut``/``transpose``).
 
 ``Transpose(body, ...)`` derives the body term's schedule, cuts one segment off it (a
 ``source`` encoder feeding the body's first stage, or a detached ``sink`` generator fed by

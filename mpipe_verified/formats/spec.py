@@ -116,7 +116,7 @@ class Spec:
 
     @property
     def memory_model(self) -> MemoryModel:
-        """§3.6 with the spec's sizes (static part and segment copies included), or the
+        """§2.6 with the spec's sizes (static part and segment copies included), or the
         unit model without a cost model."""
         if not self.cost:
             return UNIT_MEMORY

@@ -1,4 +1,4 @@
-"""The five properties of DESIGN §4, each as: a linear pass over the plan (through the
+"""The five properties of docs/semantics.md §3, each as: a linear pass over the plan (through the
 shared ``semantics``) that finds violations or builds the certificate's facts.
 
 Every function returns ``(findings, obligations)`` (``memory`` adds the peaks):
@@ -81,7 +81,7 @@ def completeness(plan: Plan) -> tuple[list[Finding], Obligations]:
 # ---------------------------------------------------------------- dependency
 
 def dependency(plan: Plan) -> tuple[list[Finding], Obligations]:
-    """Every op's inputs (§3.5) are on its rank before it runs: the witness is, for each
+    """Every op's inputs (§2.5) are on its rank before it runs: the witness is, for each
     input, the position that produced or received it."""
     chain = Chain.of(plan)
     obligations = Obligations()
@@ -407,7 +407,7 @@ def _cycle_core(cycle):
 
 def memory(plan: Plan, model: MemoryModel, limits: tuple | None
            ) -> tuple[list[Finding], Obligations, dict]:
-    """Peak of §3.6 per rank within ``limits`` (one bound per rank, see ``memory_limits``,
+    """Peak of §2.6 per rank within ``limits`` (one bound per rank, see ``memory_limits``,
     or None). Without a limit the proven bound is the peak itself. Levels are summed and compared
     exactly (a float size is the rational it denotes, ``_exact``): the facts are then the
     ones Z3 checks. The reported peaks are the float sums, as ``semantics`` reports them."""
