@@ -11,7 +11,7 @@ of ``add_target_arguments`` and ``load_target``)::
     mpipe-verify check  SPEC|FILE... | --family ... [--format ...]
                         [--comm-model rendezvous|eager] [--memory-limit N] [--json | -q]
                         [--sarif OUT] [--junit OUT] [--svg OUT [--arrows] [--memory]]
-                        [--only-schedules]
+                        [--only-schedules] [--stages S] [--microbatches M] [--ranks R]
     mpipe-verify diff   OLD NEW [--format ...] [--comm-model ...] [--memory-limit N] [--json]
     mpipe-verify simulate SPEC|FILE | --family ... [--compare FAMILY ...] [--memory-limit N]
                         [--comm-model eager|rendezvous] [--json]
@@ -24,7 +24,8 @@ Invariants: bad input or usage exits 2 with exactly one line on stderr
 never a traceback; ``-o OUT``, ``--svg``, ``--sarif`` and ``--junit`` are written
 atomically (a failure leaves no partial file) and their missing parent directories are
 created. ``check`` with several files reports each (a bad one as its error line) and
-exits with the worst code (``EXIT_SEVERITY``).
+exits with the worst code (``EXIT_SEVERITY``). ``diff`` exits 1 when NEW violates a
+property. ``mpipe-verify --version`` prints the package's ``__version__``.
 """
 
 from __future__ import annotations
@@ -393,8 +394,9 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                    help="print no report: the exit code tells (bad input still names the "
                         "file on stderr)")
     g = p.add_argument_group(
-        "declared sizes (a CSV carries none: a dropped stage row or last microbatch "
-        "reads as a smaller schedule); missing work is a completeness violation")
+        "declared sizes, with --microbatches M (a CSV carries none: a dropped stage row "
+        "or last microbatch reads as a smaller schedule); missing work is a completeness "
+        "violation")
     g.add_argument("--stages", type=int, metavar="S",
                    help="the schedule has S stages (a stage the file never mentions is "
                         "placed on rank s %% R)")
@@ -750,7 +752,9 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
                                    "(sim.simulate): makespan, bubble fraction, per-rank busy "
                                    "time, bubble and peak memory. --compare times the same "
                                    "model under other families with the cut segment inline "
-                                   "on its home rank (docs/transpose.md).")
+                                   "on its home rank, the spec's per-stage costs (or the "
+                                   "standard ones) re-cut to each family's stage count "
+                                   "(docs/semantics.md §5, docs/transpose.md).")
     add_target_arguments(p)
     p.add_argument("--compare", nargs="+", action="extend", choices=list(FAMILIES),
                    metavar="FAMILY", help=f"baseline families ({', '.join(FAMILIES)})")
