@@ -302,6 +302,11 @@ def test_unit_model_figures_are_integers(capsys):
                docs[2]["delta"]["makespan"]]
     assert numbers and all(type(x) is int for x in numbers), numbers
     assert '"peak_memory": {"0": 4' in json.dumps(docs[0])
+    texts = [_run(capsys, *argv)[1] for argv in (("check", spec), ("simulate", spec),
+                                                  ("diff", spec, spec))]
+    assert "peak memory per rank: 0: 4, 1: 3" in texts[0]
+    assert "makespan 33, " in texts[1] and "makespan: 33 -> 33" in texts[2]
+    assert not any(".0 " in t or ".0," in t or ".0\n" in t for t in texts), texts
 
 
 def test_compare_without_cost_is_the_standard_costs_written_out(tmp_path, capsys):
