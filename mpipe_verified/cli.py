@@ -1,4 +1,4 @@
-"""``mpipe-verify``: the command-line contract of DESIGN §7.
+"""``mpipe-verify``: the command-line contract of docs/semantics.md §6.
 
 Subcommands (each registered by one ``_add_*`` function; all share the target selection
 of ``add_target_arguments`` and ``load_target``)::
@@ -11,7 +11,8 @@ of ``add_target_arguments`` and ``load_target``)::
     mpipe-verify check  SPEC|FILE... | --family ... [--format ...]
                         [--comm-model rendezvous|eager] [--memory-limit N] [--json | -q]
                         [--sarif OUT] [--junit OUT] [--svg OUT [--arrows] [--memory]]
-                        [--only-schedules] [--certificate-out CERT.json]
+                        [--only-schedules] [--stages S] [--microbatches M] [--ranks R]
+                        [--certificate-out CERT.json]
     mpipe-verify diff   OLD NEW [--format ...] [--comm-model ...] [--memory-limit N] [--json]
     mpipe-verify simulate SPEC|FILE | --family ... [--compare FAMILY ...] [--memory-limit N]
                         [--comm-model eager|rendezvous] [--json]
@@ -25,7 +26,8 @@ Invariants: bad input or usage exits 2 with exactly one line on stderr
 never a traceback; ``-o OUT``, ``--svg``, ``--sarif`` and ``--junit`` are written
 atomically (a failure leaves no partial file) and their missing parent directories are
 created. ``check`` with several files reports each (a bad one as its error line) and
-exits with the worst code (``EXIT_SEVERITY``).
+exits with the worst code (``EXIT_SEVERITY``). ``diff`` exits 1 when NEW violates a
+property. ``mpipe-verify --version`` prints the package's ``__version__``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import sys
 import tomllib
 from typing import Callable, NamedTuple, NoReturn, Sequence
 
+from . import __version__
 from .algebra.families import FAMILIES, family
 from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from .errors import InputError, ParameterError
@@ -48,12 +51,13 @@ from .formats.output import write_output
 from .formats.plan_json import format_plan_json, parse_plan_json, read_plan_json
 from .formats.spec import Spec, parse_spec, read_text
 from .formats.timeline import as_plan
-from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
+from .formats.torch_csv import (format_torch_csv, holds_actions, parse_torch_csv,
+                                 write_torch_csv)
 from .ir import Group, Op, Plan, Recv, Schedule, Send
 from .progress import Progress
-from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
+from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
-from .show import render_grid
+from .show import figures, render_grid
 from .verify import Report, verify, verify_loaded
 
 PROG = "mpipe-verify"
@@ -93,7 +97,8 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     g.add_argument("--family", choices=[*FAMILIES, TRANSPOSE], metavar="NAME",
                    help=f"one of {', '.join([*FAMILIES, TRANSPOSE])}")
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
-    g.add_argument("--microbatches", type=int, metavar="M")
+    g.add_argument("--microbatches", type=int, metavar="M",
+                   help="microbatches (check with a file: the count it must cover)")
     g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
     add_transpose_arguments(p)
 
@@ -183,7 +188,9 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
     if target is None:
         raise UsageError("give a SPEC, torch CSV or plan-json FILE, or --family NAME "
                          "--pp P --microbatches M")
-    opts = [o for o in ("pp", "microbatches", "chunks") if getattr(args, o) is not None]
+    family_only = ("pp", "chunks") if getattr(args, "declare", False) else (
+        "pp", "microbatches", "chunks")  # check: --microbatches M also declares a file's
+    opts = [o for o in family_only if getattr(args, o) is not None]
     if opts:
         raise UsageError(f"--{opts[0]} goes with --family, not with a file")
 
@@ -242,7 +249,20 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
     A spec or ``--family`` gives its derived ``Schedule`` and a ``Spec`` (``--family``:
     no cost model, no limit); a torch CSV or a plan-json file gives a ``Schedule`` when it
     has no comm ops (compute-only; a plan-json schedule always) and a ``Plan`` otherwise,
-    with ``spec`` None. Raises ``UsageError`` or ``InputError``."""
+    with ``spec`` None. With ``args.declare`` (``check``), ``--stages``/``--microbatches``/
+    ``--ranks`` are imposed on the result (``declared.declare``). Raises ``UsageError`` or
+    ``InputError``."""
+    target, spec, name = _load_target(args)
+    if not getattr(args, "declare", False):
+        return target, spec, name
+    from .declared import declare
+    try:
+        return declare(target, args.stages, args.microbatches, args.ranks), spec, name
+    except ParameterError as e:
+        raise UsageError(f"{name}: {e}") from None
+
+
+def _load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
     check_target_options(args, args.target)
     if args.family is not None:
         missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
@@ -405,15 +425,29 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                    help="per-rank memory limit (unit model for torch CSV: one unit per "
                         "stored activation); overrides the spec's [memory] limit")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object (DESIGN §7); a list of them for several files")
+                   help="print one JSON object (docs/semantics.md §6); a list of them for "
+                        "several files")
     p.add_argument("--solver-rlimit", type=int, metavar="R",
                    help="cap Z3's resource count per query; running out gives exit 3")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print no report: the exit code tells (bad input still names the "
                         "file on stderr)")
+    g = p.add_argument_group(
+        "declared sizes, with --microbatches M (a CSV carries none: a dropped stage row "
+        "or last microbatch reads as a smaller schedule); missing work is a completeness "
+        "violation")
+    g.add_argument("--stages", type=int, metavar="S",
+                   help="the schedule has S stages (a stage the file never mentions is "
+                        "placed on rank s %% R)")
+    g.add_argument("--ranks", type=int, metavar="R",
+                   help="the schedule has R ranks (a rank without a row runs nothing)")
+    p.set_defaults(declare=True)  # --microbatches M with a file: M microbatches
     p.add_argument("--only-schedules", action="store_true",
-                   help="skip .toml files without a [schedule] table (pyproject.toml and "
-                        "other configs matched by a pre-commit hook)")
+                   help="skip files that are not schedules, as a pre-commit hook sees "
+                        "them: .toml files without a [schedule] table (pyproject.toml, "
+                        "configs) and .csv files none of whose cells is a pipelining "
+                        "action such as 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B (data and "
+                        "metrics tables); a CSV with even one action cell is checked")
     g = p.add_argument_group("CI outputs (written atomically, parents created)")
     g.add_argument("--certificate-out", metavar="CERT.json",
                    help="when VERIFIED, write the portable certificate with its witness "
@@ -436,6 +470,10 @@ def run_check(args: argparse.Namespace) -> int:
     _check_picture_arguments(args)
     if args.quiet and args.json:
         raise UsageError("--quiet prints nothing; drop --json or --quiet")
+    for flag in ("svg", "sarif", "junit"):
+        if args.json and getattr(args, flag) == "-":
+            raise UsageError(f"--{flag} - and --json both write to stdout; give --{flag} a "
+                             "file")
     for flag in ("sarif", "junit"):
         path = getattr(args, flag)
         if path is not None and path != "-" and os.path.isdir(path):
@@ -478,12 +516,11 @@ def run_check(args: argparse.Namespace) -> int:
     progress.done()
     to_stdout = "-" in (args.sarif, args.junit, args.svg)
     shown = [(doc, text) for doc, text in results if doc.get("status") != "error"]
-    if not args.quiet and not to_stdout and shown:
-        if args.json:
-            docs = [doc for doc, _ in results]
-            print(json.dumps(docs[0] if len(targets) == 1 else docs, indent=2))
-        else:
-            print("\n\n".join(text for _, text in shown))
+    if args.json and not to_stdout and results:  # bad inputs too, as error objects
+        docs = [doc for doc, _ in results]
+        print(json.dumps(docs[0] if len(targets) == 1 else docs, indent=2))
+    elif not args.quiet and not to_stdout and shown:
+        print("\n\n".join(text for _, text in shown))
     return code
 
 
@@ -501,9 +538,18 @@ def _check_targets(args: argparse.Namespace) -> list[str | None]:
 
 
 def _not_a_schedule(args: argparse.Namespace) -> bool:
-    """A readable TOML file with no ``[schedule]`` table (``--only-schedules``)."""
+    """``--only-schedules``: a readable TOML file with no ``[schedule]`` table, or a
+    readable CSV none of whose cells is a pipelining action (``holds_actions``)."""
     path = args.target
-    if path is None or format_of(path, args.format) != "spec":
+    if path is None:
+        return False
+    if format_of(path, args.format) == "torch-csv":
+        try:
+            text = read_text(path, "a torch CSV file")
+        except InputError:
+            return False  # let check say what is wrong with it
+        return not holds_actions(text)
+    if format_of(path, args.format) != "spec":
         return False
     try:
         with open(path, "rb") as f:
@@ -550,10 +596,32 @@ def _check_one(args: argparse.Namespace, progress: Progress
             and report.violations:
         text = read_text(name)
     doc = report.to_json()
+    doc["peak_memory"] = figures(report.peak_memory)
     doc["source"] = name
     doc["lowered"] = not as_written
+    passes = None
+    if args.comm_model == RENDEZVOUS and any(v.property == "deadlock"
+                                             for v in report.violations):
+        progress.phase(f"{name}: verifying under the eager model")
+        passes = passes_under(plan, limit, model_of(spec).memory, args.solver_rlimit)
+        doc["passes_under"] = passes
     return (sarif.Checked(name, report, kind, text), doc,
-            render_report(report, name, as_written, json_paths=kind == sarif.PLAN_JSON))
+            render_report(report, name, as_written, passes,
+                          json_paths=kind == sarif.PLAN_JSON))
+
+
+def passes_under(plan: Plan, limit, memory: MemoryModel, rlimit: int | None) -> list[str]:
+    """The weaker comm models under which ``plan``, deadlocked under rendezvous, runs to
+    completion (``["eager"]`` or ``[]``), as the verifier judges it under each."""
+    report = verify(plan, limit, EAGER, memory, rlimit=rlimit)
+    return [EAGER] if report.stats["properties"]["deadlock"]["status"] == "proved" else []
+
+
+EAGER_ONLY = ("under the eager model (buffered sends) this plan runs to completion, so it "
+              "works with small tensors or on gloo and hangs at scale: PyTorch's runtime "
+              "posts every SEND/RECV with batch_isend_irecv, which on NCCL completes one "
+              "rank's comm ops in posting order and a send only once its receive runs when "
+              "the message is larger than NCCL's internal buffers, as real activations are")
 
 
 def _input_kind(args: argparse.Namespace, is_spec: bool, as_written: bool = True) -> str:
@@ -590,10 +658,13 @@ class PlanOf:
         return as_plan(target)
 
 
-def render_report(report: Report, name: str, as_written: bool, json_paths: bool = False) -> str:
+def render_report(report: Report, name: str, as_written: bool,
+                  passes: list[str] | None = None, json_paths: bool = False) -> str:
     """Human-readable verdict: one line per property, then each counterexample with its
     positions (CSV row/column when the file was checked as written; with ``json_paths``,
-    a plan-json file checked as written, the op's JSON path)."""
+    a plan-json file checked as written, the op's JSON path). ``passes``: the weaker
+    models a rendezvous deadlock passes under (``passes_under``); with eager among them
+    the deadlock's report says in one sentence why that still hangs on NCCL."""
     stats = report.stats
     lines = [f"{name}: {report.status.upper()} ({stats['ranks']} ranks, {stats['ops']} ops, "
              f"{stats['comm_model']}{'' if as_written else ', lowered by mpipe'})"]
@@ -612,6 +683,8 @@ def render_report(report: Report, name: str, as_written: bool, json_paths: bool 
                      else "lowered plan")
             lines.append(f"    at rank {rank}, position {index} ({where}): {op}")
         lines.extend(f"    {t}" for t in v.trace)
+        if v.property == "deadlock" and passes and EAGER in passes:
+            lines.append(f"    note: {EAGER_ONLY}.")
     for reason in report.undecided:
         lines.append(f"undecided: {reason}")
     peaks = ", ".join(f"{r}: {p:g}" for r, p in sorted(report.peak_memory.items()))
@@ -648,14 +721,7 @@ def _add_laws(sub: argparse._SubParsersAction) -> None:
 def run_laws(args: argparse.Namespace) -> int:
     import time
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isfile(os.path.join(root, "proofs", "registry.py")) and root not in sys.path:
-        sys.path.insert(0, root)  # proofs/ sits next to the package (source checkout)
-    try:
-        from proofs import core, registry
-    except ImportError as e:
-        raise UsageError(f"cannot import the proofs package ({e}); run from a source "
-                         "checkout") from None
+    from .proofs import core, registry  # installed from the repository's proofs/
     if not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout must be a finite number of seconds > 0, got "
                          f"{args.timeout:g}")
@@ -699,8 +765,9 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
                        description="Compare two schedules (specs, torch CSVs or plan-json "
                                    "files): compute ops that moved, appeared or vanished per "
                                    "rank, the verdict of each side, and the makespan and "
-                                   "peak-memory deltas from the simulator. Exit 0 (2 on bad "
-                                   "input).")
+                                   "peak-memory deltas from the simulator. Exit 1 when NEW "
+                                   "violates a property (named in the report), 0 otherwise, "
+                                   "2 on bad input.")
     p.add_argument("old", metavar="OLD", help="the schedule before the change")
     p.add_argument("new", metavar="NEW", help="the schedule after the change")
     p.add_argument("--format", choices=FORMATS, default="auto",
@@ -709,8 +776,8 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
                    help="model under which each side is verified")
     p.add_argument("--memory-limit", type=memory_limit, metavar="N",
                    help="per-rank memory limit for both sides (else each spec's own)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (README: "
-                                                       "Semantic diff)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (README, "
+                                                       "section diff)")
     p.set_defaults(run=run_diff)
 
 
@@ -725,7 +792,7 @@ def run_diff(args: argparse.Namespace) -> int:
         sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm))
     doc = semantic_diff(*sides, comm_model=args.comm_model)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_diff(doc))
-    return 0
+    return doc["exit_code"]
 
 
 COMMANDS.append(_add_diff)
@@ -742,7 +809,9 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
                                    "(sim.simulate): makespan, bubble fraction, per-rank busy "
                                    "time, bubble and peak memory. --compare times the same "
                                    "model under other families with the cut segment inline "
-                                   "on its home rank (docs/transpose.md).")
+                                   "on its home rank, the spec's per-stage costs (or the "
+                                   "standard ones) re-cut to each family's stage count "
+                                   "(docs/semantics.md §5, docs/transpose.md).")
     add_target_arguments(p)
     p.add_argument("--compare", nargs="+", action="extend", choices=list(FAMILIES),
                    metavar="FAMILY", help=f"baseline families ({', '.join(FAMILIES)})")
@@ -840,6 +909,7 @@ COMMANDS.append(_add_recheck)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Verified pipeline-parallel schedules.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub)
@@ -886,5 +956,6 @@ def _fail(message: str) -> int:
     return 2
 
 
-if __name__ == "__main__":
-    sys.exit(console_main())
+if __name__ == "__main__":  # python -m: run the module's own copy, so that what the
+    from mpipe_verified.cli import console_main as _main  # two-core path pickles
+    sys.exit(_main())  # (PlanOf) names mpipe_verified.cli, not __main__

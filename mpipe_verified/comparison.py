@@ -10,12 +10,15 @@ same model and times it the same way:
 - the baseline keeps the cut segment **inline** on its home rank
   (``Transpose(family(...), ownership="inline")`` with the spec's segment, side, mode and
   costs), so ``--compare interleaved-1f1b`` is Megatron's interleaved 1F1B with the
-  encoder on the first stage, the schedule the transpose paper compares against; a spec
-  without a cut compares with the bare family;
+  encoder on the first stage, the schedule the HyperParallel-Mpipe paper (arXiv
+  2607.03229) compares against; a spec without a cut compares with the bare family;
 - the same model on another family's stage count: the cost model is ``rescaled`` (a stage
   of half the layers takes half the time and stores half the activations; boundary
   payloads, segments and static memory stay), ``interleaved-1f1b`` keeps the spec's
-  chunks (2 when the spec's body has one stage per rank);
+  chunks (2 when the spec's body has one stage per rank). A spec without ``[cost]`` is
+  re-cut the same way from the standard costs (``CostModel()``: ``F`` 1, ``B`` 2, ``I``
+  and ``W`` 1, activation 1 per stage of the spec's cut), so a comparison never sets a
+  model against a larger one;
 - each baseline's peak memory is compared with the same limit (``within_limit``) and its
   plan is verified too (``status``).
 
@@ -36,6 +39,7 @@ from .formats.spec import Spec
 from .ir import Plan, Schedule
 from .formats.timeline import as_plan
 from .semantics import EAGER, RENDEZVOUS
+from .show import figure, figures
 from .sim import CostModel, SimResult, simulate
 from .verify import Report, verify
 
@@ -97,9 +101,11 @@ def baseline_spec(spec: Spec, name: str) -> Spec:
                             body_backward=term.body_backward * ratio)
     else:
         term = body
-    cost = spec.cost.rescaled(schedule.placement.num_stages, stages) if spec.cost else None
-    if cost is None and isinstance(term, Transpose):
-        cost = CostModel()
+    cost = spec.cost
+    if cost is None and (stages != schedule.placement.num_stages
+                         or isinstance(term, Transpose)):
+        cost = CostModel()  # the standard costs written out, so they can be re-cut
+    cost = cost.rescaled(schedule.placement.num_stages, stages) if cost else None
     return Spec(term, term.derive(), cost, spec.memory_limit, f"{name} (inline)")
 
 
@@ -131,9 +137,9 @@ def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
 
 def _figures(t: Timed) -> dict:
     run = t.run
-    out = {"term": t.term, "makespan": run.makespan,
+    out = {"term": t.term, "makespan": figure(run.makespan),
            "bubble_fraction": round(run.bubble_fraction, 6),
-           "peak_memory": {str(r): v for r, v in sorted(run.peak_memory.items())},
+           "peak_memory": figures(run.peak_memory),
            "within_limit": t.within_limit()}
     if t.report is not None:
         out["status"] = t.report.status
@@ -144,18 +150,18 @@ def _doc(t: Timed, name: str) -> dict:
     report = t.report
     doc = {"source": name, "term": t.term, "verified": report.verified,
            "status": report.status, "exit_code": report.exit_code,
-           "memory_limit": (list(t.memory_limit) if isinstance(t.memory_limit, tuple)
-                            else t.memory_limit)}
+           "memory_limit": ([figure(x) for x in t.memory_limit]
+                            if isinstance(t.memory_limit, tuple) else figure(t.memory_limit))}
     if not report.verified:
-        doc.update(makespan=None, bubble_fraction=None, peak_memory={
-            str(r): v for r, v in sorted(report.peak_memory.items())},
+        doc.update(makespan=None, bubble_fraction=None, peak_memory=figures(
+            report.peak_memory),
             violations=[{"property": v.property, "message": v.message}
                         for v in report.violations], undecided=list(report.undecided))
         return doc
     del doc["status"]  # _figures puts it after the figures, as in each compare entry
     doc.update(_figures(t))
     run = t.run
-    doc["busy"] = {str(r): b for r, b in enumerate(run.busy)}
+    doc["busy"] = figures(dict(enumerate(run.busy)))
     doc["bubble"] = {str(r): round(b, 6) for r, b in enumerate(run.bubble)}
     doc["ranks"] = t.plan.num_ranks
     doc["microbatches"] = t.plan.num_microbatches

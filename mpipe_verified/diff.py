@@ -11,9 +11,13 @@ sides:
 - **appeared** / **vanished**: compute ops only in the new / only in the old program of a
   rank; ``from_rank`` / ``to_rank`` say where an op that changed rank came from / went.
 - each side's **verdict** (``verify``: status, violated properties) and its **makespan**,
-  **bubble** and **peak memory** from the simulator (``sim.simulate`` with that side's
-  durations, transfer costs and memory model, as ``simulate`` times it), and the deltas
-  ``new - old``. A compute-only side is lowered for its own durations, as ``check`` does.
+  **bubble_fraction** and **peak memory** from the simulator (``sim.simulate`` with that
+  side's durations, transfer costs and memory model, as ``simulate`` times it), and the
+  deltas ``new - old``. A compute-only side is lowered for its own durations, as
+  ``check`` does. A side that deadlocks under the checked model is not timed (its
+  makespan is None, with ``simulation_error``): a run that cannot happen has no length.
+- the gate: ``exit_code`` is 1 when NEW violates a property (``violated`` names them),
+  else 0, so ``diff`` can fail a CI job as ``check`` does.
 
 A *position* is the index among the rank's compute steps (comm ops, idle cells and FSDP
 markers skipped; an overlapped step is one position holding both its ops), so a spec, its
@@ -31,7 +35,7 @@ import attrs
 from .formats.timeline import as_plan
 from .ir import Compute, Op, Plan, Schedule, computes_of
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
-from .show import num_text
+from .show import figure, figures, num_text
 from .sim import NO_COMM_COST, CommCost, SimulationError, simulate
 from .verify import verify
 
@@ -120,19 +124,26 @@ def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
            "compute_ops": sum(len(row) for row in compute_steps(side.target)),
            "violations": [{"property": v.property, "message": v.message}
                           for v in report.violations]}
-    try:
-        run = simulate(plan, side.duration, side.comm, side.memory)
-    except SimulationError as e:
-        out.update(makespan=None, bubble=None, simulation_error=str(e),
-                   peak_memory={str(r): p for r, p in sorted(report.peak_memory.items())})
+    error = run = None
+    if any(v.property == "deadlock" for v in report.violations):
+        error = f"not timed: the plan deadlocks under the {comm_model} model"
     else:
-        out.update(makespan=run.makespan, bubble=round(run.bubble_fraction, 6),
-                   peak_memory={str(r): p for r, p in sorted(run.peak_memory.items())})
+        try:
+            run = simulate(plan, side.duration, side.comm, side.memory)
+        except SimulationError as e:
+            error = str(e)
+    if run is None:
+        out.update(makespan=None, bubble_fraction=None, simulation_error=error,
+                   peak_memory=figures(report.peak_memory))
+    else:
+        out.update(makespan=figure(run.makespan),
+                   bubble_fraction=round(run.bubble_fraction, 6),
+                   peak_memory=figures(run.peak_memory))
     return out
 
 
 def semantic_diff(old: Side, new: Side, comm_model: str = RENDEZVOUS) -> dict:
-    """The diff document (schema in the README, section *Semantic diff*)."""
+    """The diff document (schema in the README, section *diff*)."""
     a, b = compute_steps(old.target), compute_steps(new.target)
     where_old, where_new = _ranks_by_op(a), _ranks_by_op(b)
     ranks = []
@@ -160,6 +171,8 @@ def semantic_diff(old: Side, new: Side, comm_model: str = RENDEZVOUS) -> dict:
                     "verdict": f"{left['status']} -> {right['status']}"},
         "ranks": ranks,
         "delta": _delta(left, right),
+        "violated": sorted({v["property"] for v in right["violations"]}),
+        "exit_code": 1 if right["status"] == "violated" else 0,
     }
 
 
@@ -179,13 +192,13 @@ def _elsewhere(where: dict[str, set[int]], text: str, here: int) -> int | None:
 
 def _delta(left: dict, right: dict) -> dict:
     def sub(x, y):
-        return None if x is None or y is None else round(y - x, 9)
+        return None if x is None or y is None else figure(round(y - x, 9))
     peaks = {r: sub(left["peak_memory"][r], right["peak_memory"][r])
              for r in left["peak_memory"] if r in right["peak_memory"]}
     lmax = max(left["peak_memory"].values(), default=None)
     rmax = max(right["peak_memory"].values(), default=None)
     return {"makespan": sub(left["makespan"], right["makespan"]),
-            "bubble": sub(left["bubble"], right["bubble"]),
+            "bubble_fraction": sub(left["bubble_fraction"], right["bubble_fraction"]),
             "peak_memory": peaks, "max_peak_memory": sub(lmax, rmax)}
 
 
@@ -200,7 +213,8 @@ def render_diff(doc: dict) -> str:
              f"new: {new['source']}: {verdict(new)}",
              f"makespan: {num_text(old['makespan'])} -> {num_text(new['makespan'])}"
              f"{_signed(delta['makespan'])}",
-             f"bubble: {_pct(old['bubble'])} -> {_pct(new['bubble'])}",
+             f"bubble fraction: {_pct(old['bubble_fraction'])} -> "
+             f"{_pct(new['bubble_fraction'])}",
              "peak memory: " + ", ".join(
                  f"rank {r} {num_text(old['peak_memory'][r])} -> "
                  f"{num_text(new['peak_memory'][r])}"
@@ -226,6 +240,8 @@ def render_diff(doc: dict) -> str:
         for m in x["vanished"]:
             target = f" (to rank {m['to_rank']})" if "to_rank" in m else ""
             lines.append(f"  vanished {m['op']} from position {m['position']}{target}")
+    if doc["exit_code"]:
+        lines.append(f"NEW violates {', '.join(doc['violated'])} (exit 1)")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Immutable IR: ops, placement, schedule and plan (DESIGN §2).
+"""Immutable IR: ops, placement, schedule and plan (docs/semantics.md §1).
 
 Every value is a frozen, slotted attrs class: hashable, comparable, and with a stable
 text form (``str(op)``) that uses PyTorch's pipelining action strings (``2F0``, ``0I3``,
@@ -239,7 +239,7 @@ SOURCE, SINK = "source", "sink"
 
 @attrs.frozen
 class SegmentWork:
-    """A one-stage segment cut off the body (DESIGN §6 ``cut``): a ``source`` (an encoder
+    """A one-stage segment cut off the body (the algebra's ``cut``): a ``source`` (an encoder
     feeding the body's first stage) or a ``sink`` (a generator fed by the body's last
     stage; detached: its loss does not flow back into the body).
 

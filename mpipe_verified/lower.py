@@ -1,4 +1,4 @@
-"""Lowering: compute-only schedule → plan with ``SEND``/``RECV`` (DESIGN §6 ``lower``).
+"""Lowering: compute-only schedule → plan with ``SEND``/``RECV`` (the algebra's ``lower``).
 
 Construction: time the schedule (``semantics.schedule_times``) with the cost model's
 durations (the standard unit costs by default; a spec may lower with its own ``[cost]``

@@ -1,12 +1,13 @@
-"""The execution semantics of DESIGN §3, shared by lowering, verifier, simulator and executor.
+"""The execution semantics of docs/semantics.md §2, shared by lowering, verifier, simulator
+and executor.
 
 This module is the single place that says
-- what each op needs and produces on its rank (§3.5: ``needs``/``produces``),
+- what each op needs and produces on its rank (§2.5: ``needs``/``produces``),
 - which work a plan must contain (``required_work``),
-- how sends pair with receives (§3.3: FIFO per ordered rank pair, ``pair_p2p``) and how
-  collectives line up (§3.4, ``pair_collectives``),
-- how a plan runs (§3.1–3.4, ``execute``: rendezvous or eager, optional durations), and
-- what each op allocates and frees (§3.6, ``MemoryModel`` and ``memory_trace``).
+- how sends pair with receives (§2.3: FIFO per ordered rank pair, ``pair_p2p``) and how
+  collectives line up (§2.4, ``pair_collectives``),
+- how a plan runs (§2.1–2.4, ``execute``: rendezvous or eager, optional durations), and
+- what each op allocates and frees (§2.6, ``MemoryModel`` and ``memory_trace``).
 
 Positions are ``(rank, index)`` into ``plan.programs``; a point-to-point endpoint is
 ``(rank, index, member)`` where ``member`` indexes a ``Group``'s ops (0 for a bare op).
@@ -68,7 +69,7 @@ def collective_segment(op: Collective) -> tuple[str, str] | None:
 
 
 def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
-    """Tokens that must already be on the rank before ``op`` runs (§3.5)."""
+    """Tokens that must already be on the rank before ``op`` runs (§2.5)."""
     kind = type(op)
     if kind is Compute:
         seg, s, mb = op.segment, op.stage, op.mb
@@ -120,7 +121,7 @@ def produces(op: Op) -> tuple[tuple, ...]:
 
 def consumers_of_output(c: Compute, placement: Placement) -> tuple[tuple[int, Payload], ...]:
     """Remote ranks that need what ``c`` produces, with the payload to send them.
-    Stages on the same rank exchange nothing (§6 lowering rule)."""
+    Stages on the same rank exchange nothing (the lowering rule)."""
     here = placement.rank_of(c.stage)
     if c.kind == FORWARD and c.stage + 1 < placement.num_stages:
         there = placement.rank_of(c.stage + 1)
@@ -138,7 +139,7 @@ class Chain:
     segments of its ``cut``. It extends the body rules of ``needs`` and
     ``consumers_of_output`` across the cut and says where each op belongs.
 
-    Rules at the cut (DESIGN §3.5 "segment boundaries follow the same rule"): the body's
+    Rules at the cut (docs/semantics.md §2.5 "segment boundaries follow the same rule"): the body's
     first forward needs every source's output; a source's backward needs the gradient of
     the body's first stage; a sink's forward needs the body's last output (a sink is
     detached: nothing flows back). A forward (or recompute) of a trainable segment off
@@ -366,7 +367,7 @@ def unit_ok(row: list[int], need_backward: bool, need_recompute: bool) -> bool:
 
 def required_work(plan: Plan, table: WorkTable | None = None,
                   limit: int | None = None) -> list[WorkIssue]:
-    """Check §4 completeness over the chain (body and cut): at most ``limit`` issues."""
+    """Check §3 completeness over the chain (body and cut): at most ``limit`` issues."""
     chain = Chain.of(plan)
     table = table or work_table(plan, chain)
     m = plan.num_microbatches
@@ -501,7 +502,7 @@ Endpoint = tuple[int, int, int]  # (rank, index, member)
 
 @attrs.frozen
 class P2PPairing:
-    """FIFO pairing per ordered pair (§3.3). ``channels[(src, dst)]`` lists the matched
+    """FIFO pairing per ordered pair (§2.3). ``channels[(src, dst)]`` lists the matched
     ``(send_endpoint, recv_endpoint)`` pairs in order; ``partner[e]`` is the matched
     endpoint of ``e``; ``unmatched`` lists endpoints with no partner; ``mismatched`` the
     pairs whose payloads differ; ``counts[(src, dst)]`` is ``(sends, receives)``."""
@@ -664,7 +665,7 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
             comm_time: Callable[[Op], float] = lambda op: 0.0,
             p2p: P2PPairing | None = None,
             collectives: CollectivePairing | None = None) -> Execution:
-    """Run ``plan`` under §3.1–3.4 and return every op's start/finish time.
+    """Run ``plan`` under §2.1–2.4 and return every op's start/finish time.
 
     Each rank runs its ops in order. A compute op takes ``duration(op)``. Under
     ``rendezvous`` a send or receive completes when both ends are posted, at the later
@@ -805,7 +806,7 @@ def wait_cycle(execution: Execution) -> list[Wait]:
 
 @attrs.frozen
 class MemoryModel:
-    """§3.6. ``stored(stage, segment)`` is what an ``F`` keeps for its backward (freed by
+    """§2.6. ``stored(stage, segment)`` is what an ``F`` keeps for its backward (freed by
     ``B``, or by ``W`` when split); ``buffer(payload)`` is a receive buffer, freed when the
     consuming op finishes; ``static[rank]`` is the fixed part. Default: the unit model."""
 
@@ -851,7 +852,7 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
                     alloc += size
             elif c.kind in (BACKWARD, WEIGHT_GRAD):
                 frees.append(("stored", c.segment, c.stage, c.mb))
-            # a receive buffer is freed by the op that consumes its token (§3.6)
+            # a receive buffer is freed by the op that consumes its token (§2.6)
             frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
         for r in ((op,) if kind is Recv else p2p_of(op)):
             if isinstance(r, Recv):
@@ -934,7 +935,7 @@ class ScheduleTiming:
 def schedule_times(programs, placement: Placement,
                    duration: Callable[[Op], float] = standard_duration,
                    delay: float = 0.0, cut: Cut = NO_CUT) -> ScheduleTiming:
-    """Data-flow timing of compute-only programs (§3.5 inputs across the chain, implicit
+    """Data-flow timing of compute-only programs (§2.5 inputs across the chain, implicit
     transfers). Linear time: each rank advances until an input is missing, then waits.
     Collectives in a compute-only schedule are timed as zero-cost barriers: they finish
     when every member has reached them."""

@@ -2,7 +2,7 @@
 with real durations, reporting makespan, busy and bubble fractions and memory timelines.
 
 There is one interpreter: ``simulate`` is ``semantics.execute`` (the verifier's run of
-DESIGN §3) with durations, plus ``semantics.memory_levels`` for memory. This module only
+docs/semantics.md §2) with durations, plus ``semantics.memory_levels`` for memory. This module only
 supplies the *costs*:
 
 - ``CostModel`` (what a spec's ``[cost]``, ``[cost.segments.NAME]``, ``[comm]`` and
@@ -259,7 +259,7 @@ class CostModel:
         return tuple(out)
 
     def memory_model_for(self, cut: Cut, num_ranks: int) -> MemoryModel:
-        """§3.6 with these sizes for a plan with ``cut`` on ``num_ranks`` ranks."""
+        """§2.6 with these sizes for a plan with ``cut`` on ``num_ranks`` ranks."""
         return MemoryModel(stored=self.stored, buffer=self.buffer(cut),
                            static=self.static_memory(cut, num_ranks))
 
@@ -309,7 +309,7 @@ class SimulationError(Exception):
 def simulate(plan: Plan, duration: Callable[[Op], float] = standard_duration,
              comm: CommCost = NO_COMM_COST, memory: MemoryModel = UNIT_MEMORY,
              comm_model: str = EAGER) -> SimResult:
-    """Time ``plan`` under §3 with the given costs."""
+    """Time ``plan`` under §2 with the given costs."""
     run = execute(plan, comm_model, duration, comm.time)
     if not run.completed:
         w = run.waits[0]

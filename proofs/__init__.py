@@ -1,4 +1,5 @@
-"""Z3 proofs of the schedule algebra's laws and of the families' invariants (DESIGN §6).
+"""Z3 proofs of the schedule algebra's laws and of the families' invariants (the terms of
+``mpipe_verified.algebra.terms``); installed as ``mpipe_verified.proofs``.
 
 Each law (``core.Law``) states one claim over a symbolic model of per-rank sequences
 (``model``), names its scope (``all sizes`` or ``bounded (...)``) and is proven by Z3

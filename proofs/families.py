@@ -23,7 +23,7 @@ ground SMT-LIB facts (the op table ``K/S/M``, the placement ``OW``, a position w
 the activation level ``L`` defined by its recurrence) and Z3 refutes "some property fails
 on some instance": completeness (every position holds a required unit of its own rank,
 at that unit's witnessed position, and every required unit is found there: a bijection),
-dependency (the start times respect every §3.5 input and each rank's order), and the
+dependency (the start times respect every §2.5 input and each rank's order), and the
 unit-model memory figure.
 """
 
@@ -324,7 +324,7 @@ def _decls(split: bool) -> str:
     Properties: ``position`` (completeness: the op there is a required unit of this rank,
     and that unit's witnessed position is this one, so no unit occurs twice), ``found``
     (the required unit is at its witnessed position, so none is missing), ``inputs``
-    (§3.5 on the start times: the given producer positions hold the op's inputs, which
+    (§2.5 on the start times: the given producer positions hold the op's inputs, which
     finish before it starts; the rank's next op starts after it finishes), ``within`` /
     ``reaches`` (the step's unit-model peak is at most / exactly ``PK``)."""
     kinds = (F, I, W) if split else (F, B)

@@ -3,7 +3,7 @@ by ``seq``.
 
 **Plans.** A plan gives each rank ``r`` a length ``len(r)`` and, per position ``i``, a kind
 (``COMPUTE``, ``SEND``, ``RECV``) and a peer rank. Matching is FIFO per ordered pair
-(DESIGN §3.3): ``c(r, i, k, q)`` counts the ops of kind ``k`` with peer ``q`` before
+(docs/semantics.md §2.3): ``c(r, i, k, q)`` counts the ops of kind ``k`` with peer ``q`` before
 position ``i`` on rank ``r`` (its defining equations are hypotheses), an op's FIFO index is
 ``c`` at its own position, and the send ``(r, i)`` to ``q`` is matched with the receive
 ``(q, j)`` from ``r`` of the same index.

@@ -1,4 +1,4 @@
-"""An independent reference interpreter of DESIGN §3 (the judge of the family tests).
+"""An independent reference interpreter of docs/semantics.md §2 (the judge of the family tests).
 
 Written from the design text only; it shares no code with ``mpipe_verified``. A plan is
 plain data: per rank a list of PyTorch action strings (``2F0``, ``0I3``, ``0W3``,
@@ -6,7 +6,7 @@ plain data: per rank a list of PyTorch action strings (``2F0``, ``0I3``, ``0W3``
 ``RESHARD``/``REDUCE_GRAD`` are ignored) plus the stage -> rank list. Groups and
 collectives are not supported (an unknown action is reported as a problem).
 
-Rules (DESIGN §3, rendezvous model):
+Rules (docs/semantics.md §2, rendezvous model):
 - each rank runs its actions in order; a compute step runs at once;
 - a ``SEND`` and its ``RECV`` complete together, only when both ranks stand at them; the
   k-th send ``src -> dst`` pairs with the k-th receive at ``dst`` from ``src`` (both are
@@ -16,7 +16,7 @@ Rules (DESIGN §3, rendezvous model):
 - ``SEND_F`` of stage s mb k must meet ``RECV_F`` of stage s+1 mb k, ``SEND_B`` of stage s
   must meet ``RECV_B`` of stage s-1 mb k; anything else is a mismatch (the data that
   arrives is what was sent);
-- §3.5 inputs: ``F(s, mb)`` needs the activation of ``s-1`` (local F or earlier RECV_F);
+- §2.5 inputs: ``F(s, mb)`` needs the activation of ``s-1`` (local F or earlier RECV_F);
   ``B``/``I(s, mb)`` need a local ``F(s, mb)`` and the gradient of ``s+1`` (local B/I or
   earlier RECV_B) unless s is last; ``W`` needs ``I``; a SEND needs what it sends. An
   overlapped step reads all inputs before it and publishes all outputs after it;
@@ -189,7 +189,7 @@ def run_plan(plan) -> Result:
 # ``run`` above reads the PyTorch action strings, which cannot express an explicit peer,
 # a group or a collective, and it checks inputs and memory only along the run (a stuck
 # rank's tail is never looked at). The mutation fuzzing (``test_fuzz.py``,
-# ``benchmarks/soundness.py``) needs all of §3 and a verdict per §4 property, so ``judge``
+# ``benchmarks/soundness.py``) needs all of §2 and a verdict per §3 property, so ``judge``
 # below is a second, self-contained interpreter, again written from the design text only.
 #
 # A plan is plain data: per rank a list of *cells*:
@@ -200,11 +200,11 @@ def run_plan(plan) -> Result:
 # where ``payload = (kind "act"|"grad", producing stage, mb, segment, shape, dtype, ...)``
 # (any further fields only take part in the equality that matching checks).
 #
-# Per property (DESIGN §4), independently of each other:
+# Per property (docs/semantics.md §3), independently of each other:
 # - completeness: each (stage, mb) has one F and one B or one I plus one W, all on the rank
 #   owning the stage; nothing else occurs;
 # - dependency: *static*, per rank, over the whole program (also past a point where the
-#   run would hang): every input of a step (§3.5; a SEND needs what it sends) is produced
+#   run would hang): every input of a step (§2.5; a SEND needs what it sends) is produced
 #   by an earlier step of the same rank: a local compute, or a RECV that *declares* that
 #   payload. A step reads all its inputs before it and publishes all outputs after it
 #   (overlap, group). Whether the declared payload is what the peer really sends is the
@@ -214,10 +214,10 @@ def run_plan(plan) -> Result:
 #   be left over. The k-th collective a rank calls over a rank set is that set's
 #   instance k; every member must call it with the same kind, tag and root, and a rank
 #   calling a collective over a set it is not in is a violation;
-# - deadlock: the rendezvous run of §3.1-3.4 (a comm step completes once every partner
+# - deadlock: the rendezvous run of §2.1-2.4 (a comm step completes once every partner
 #   endpoint's rank has *reached* it; computes never block) leaves some rank short of
 #   its end;
-# - memory: unit model of §3.6, static per rank over the whole program: F stores 1 unit
+# - memory: unit model of §2.6, static per rank over the whole program: F stores 1 unit
 #   (kept by (stage, mb)), freed by B or W of that unit; a step's allocations count before
 #   its frees; the peak must not exceed the limit (a number or one per rank).
 

@@ -1,6 +1,6 @@
-"""Bad input to ``mpipe-verify`` (DESIGN §7): exit 2, exactly one line on stderr that names
-the file and, where the problem has a place, its 1-based row/line and column; nothing on
-stdout, no traceback, and never exit 0.
+"""Bad input to ``mpipe-verify`` (docs/semantics.md §6): exit 2, exactly one line on stderr
+that names the file and, where the problem has a place, its 1-based row/line and column;
+nothing on stdout (``check --json``: the error object), no traceback, and never exit 0.
 
 Semantics decided here for ragged and empty rows of a torch CSV:
 
@@ -19,6 +19,7 @@ Semantics decided here for ragged and empty rows of a torch CSV:
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -103,8 +104,20 @@ def test_check_bad_input_exits_2_with_one_line(capsys, tmp_path, name):
     for extra in ([], ["--json"]):
         code = main(["check", str(path), *extra])
         out, err = capsys.readouterr()
-        assert code == 2 and out == ""
+        assert code == 2
         assert_one_line(err, path, CASES[name][1])
+        assert_error_object(out, err, extra)
+
+
+def assert_error_object(out: str, err: str, extra) -> None:
+    """``--json`` prints the bad input's error object (the stderr line's message), plain
+    text nothing."""
+    if not extra:
+        assert out == ""
+        return
+    doc = json.loads(out)
+    assert (doc["status"], doc["exit_code"]) == ("error", 2)
+    assert err.strip() == f"mpipe-verify: error: {doc['error']}"
 
 
 @pytest.mark.parametrize("name", ["truncated.csv", "binary.csv", "directory.csv",
@@ -125,8 +138,9 @@ def test_console_script_bad_input_is_one_line_without_traceback(tmp_path, name):
     path = make(tmp_path, name)
     for cmd in (["check", str(path), "--json"], ["export", str(path), "--to", "torch-csv"]):
         proc = subprocess.run([str(SCRIPT), *cmd], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.returncode == 2
         assert_one_line(proc.stderr, path, CASES[name][1])
+        assert_error_object(proc.stdout, proc.stderr, cmd[-1:] if cmd[0] == "check" else [])
 
 
 def test_bad_options_exit_2(capsys, tmp_path):

@@ -1,4 +1,4 @@
-"""``mpipe-verify check`` (DESIGN §7): exit codes, the ``--json`` schema, the undecided
+"""``mpipe-verify check`` (docs/semantics.md §6): exit codes, the ``--json`` schema, the undecided
 path (``--solver-rlimit``), memory limits, and the human-readable counterexamples of
 ``render_report``. Mostly in-process through ``cli.main``; a few runs go through the
 installed console script to check the real process contract (stdout, stderr, exit code).
@@ -52,7 +52,7 @@ def family_argv(name, p, m, v=None):
 
 
 def assert_schema(doc: dict, ranks: int) -> None:
-    """DESIGN §7: ``{"verified": bool, "violations": [{"property", "message", "ranks",
+    """docs/semantics.md §6: ``{"verified": bool, "violations": [{"property", "message", "ranks",
     "ops"}], "peak_memory": {rank: value}, "stats": {...}}``."""
     assert {"verified", "violations", "peak_memory", "stats"} <= set(doc)
     assert isinstance(doc["verified"], bool)
@@ -131,6 +131,27 @@ def test_deferred_receives_deadlock_and_eager_accepts(capsys, tmp_path):
     assert code == 0 and doc["verified"] is True
     assert doc["stats"]["comm_model"] == "eager"
     assert doc["certificate"]["comm_model"] == "eager"
+
+
+def test_a_deadlock_that_passes_under_eager_says_it_hangs_at_scale(capsys, tmp_path):
+    """A rendezvous deadlock is rechecked under eager: when eager passes, the report says
+    in one sentence why it still hangs on NCCL (``passes_under: ["eager"]``); when eager
+    deadlocks too (each rank waits to receive first), it says nothing of the kind."""
+    eager_ok = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 4, 8)))
+    recv_first = tmp_path / "recv-first.csv"
+    recv_first.write_text("0F0,0RECV_B0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n")
+    code, doc = check_json(capsys, eager_ok)
+    assert code == 1 and doc["passes_under"] == ["eager"]
+    code, out, _ = check(capsys, eager_ok)
+    note = [line for line in out.splitlines() if "batch_isend_irecv" in line]
+    assert code == 1 and len(note) == 1 and "hangs at scale" in note[0]
+    assert note[0].strip().startswith("note: under the eager model")
+    code, doc = check_json(capsys, str(recv_first))
+    assert code == 1 and [v["property"] for v in doc["violations"]] == ["deadlock"]
+    assert doc["passes_under"] == []
+    assert "batch_isend_irecv" not in check(capsys, str(recv_first))[1]
+    code, doc = check_json(capsys, *family_argv("1f1b", 4, 8))
+    assert code == 0 and "passes_under" not in doc
 
 
 @pytest.mark.parametrize("source", ["family", "csv"])
@@ -290,3 +311,69 @@ def test_text_report_counts_findings_past_the_cap(tmp_path, capsys):
     unlisted = doc["stats"]["properties"]["dependency"]["unlisted"]
     assert code == 1 and unlisted > 0
     assert f"(+{unlisted} more found, not listed)" in out
+
+
+# ---------------------------------------------------------------- declared sizes
+
+
+def test_declared_sizes_turn_dropped_work_into_completeness_violations(capsys, tmp_path):
+    """A CSV carries no stage or microbatch count: without the removed row or microbatch
+    it reads as a smaller valid schedule. ``--stages``/``--ranks``/``--microbatches``
+    declare the sizes, and the verifier's completeness property names what is missing."""
+    compute = [[str(op) for op in prog if "SEND" not in str(op) and "RECV" not in str(op)]
+               for prog in lowered("1f1b", 4, 8).programs]
+    no_row = tmp_path / "no-last-row.csv"
+    no_row.write_text("\n".join(",".join(row) for row in compute[:3]) + "\n")
+    no_mb = tmp_path / "no-last-mb.csv"
+    no_mb.write_text("\n".join(",".join(c for c in row if not c.endswith("7"))
+                               for row in compute) + "\n")
+    for path, declared, missing in (
+            (no_row, ["--stages", "4", "--ranks", "4"], {"3F0", "3B7"}),
+            (no_mb, ["--microbatches", "8"], {"0F7", "3B7"})):
+        assert check_json(capsys, str(path))[0] == 0, path
+        code, doc = check_json(capsys, str(path), *declared)
+        assert code == 1
+        props = {v["property"] for v in doc["violations"]}
+        assert "completeness" in props
+        named = {v["message"].split()[0] for v in doc["violations"]
+                 if v["property"] == "completeness" and "never runs" in v["message"]}
+        assert missing <= named, named
+    code, doc = check_json(capsys, str(no_mb), "--microbatches", "7")
+    assert code == 0  # the file is complete for the 7 microbatches it holds
+    code, doc = check_json(capsys, str(no_mb), "--microbatches", "6")
+    assert code == 1 and any("is not part of this plan" in v["message"]
+                             for v in doc["violations"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--stages", "3"], "holds stages 0..3, more than the 3 declared"),
+    (["--ranks", "2"], "has 4 ranks, more than the 2 declared"),
+    (["--stages", "0"], "stages must be >= 1"),
+])
+def test_declared_sizes_below_the_file_are_bad_input(capsys, tmp_path, argv, needle):
+    path = write(tmp_path, "1f1b.csv", lowered("1f1b", 4, 4))
+    code, out, err = check(capsys, path, *argv)
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert path in err and needle in err, err
+
+
+def test_python_dash_m_checks_a_big_csv_on_two_cores(tmp_path):
+    """``python -m mpipe_verified.cli`` runs the module's own copy, so the two-core path
+    (over ``TWO_PROCESS_BYTES``) pickles a loader that the child can name."""
+    from mpipe_verified.cli import TWO_PROCESS_BYTES
+    path = tmp_path / "big.csv"
+    assert main(["export", *family_argv("1f1b", 8, 2600), "--to", "torch-csv",
+                 "-o", str(path)]) == 0
+    assert path.stat().st_size >= TWO_PROCESS_BYTES
+    proc = subprocess.run([sys.executable, "-m", "mpipe_verified.cli", "check", str(path),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["verified"] is True
+
+
+@pytest.mark.parametrize("flag", ["--svg", "--sarif", "--junit"])
+def test_json_and_another_output_on_stdout_are_refused(capsys, flag):
+    """``--svg - --json`` used to print the SVG and drop the JSON without a word."""
+    code, out, err = check(capsys, *family_argv("1f1b", 2, 2), flag, "-", "--json")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert f"{flag} - and --json both write to stdout" in err

@@ -16,17 +16,21 @@ from mpipe_verified.ir import Compute
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SIDE_KEYS = {"source", "status", "verified", "exit_code", "lowered", "ranks", "stages",
-             "microbatches", "compute_ops", "violations", "makespan", "bubble", "peak_memory"}
+             "microbatches", "compute_ops", "violations", "makespan", "bubble_fraction",
+             "peak_memory"}
 
 
-def diff_json(capsys, old, new, *extra) -> dict:
-    assert main(["diff", str(old), str(new), "--json", *extra]) == 0
+def diff_json(capsys, old, new, *extra, code: int = 0) -> dict:
+    assert main(["diff", str(old), str(new), "--json", *extra]) == code
     out, err = capsys.readouterr()
     assert err == ""
     doc = json.loads(out)
-    assert set(doc) == {"old", "new", "same_programs", "summary", "ranks", "delta"}
+    assert set(doc) == {"old", "new", "same_programs", "summary", "ranks", "delta",
+                        "violated", "exit_code"}
+    assert doc["exit_code"] == code
     assert SIDE_KEYS <= set(doc["old"]) and SIDE_KEYS <= set(doc["new"])
-    assert set(doc["delta"]) == {"makespan", "bubble", "peak_memory", "max_peak_memory"}
+    assert set(doc["delta"]) == {"makespan", "bubble_fraction", "peak_memory",
+                                 "max_peak_memory"}
     assert [x["rank"] for x in doc["ranks"]] == list(range(len(doc["ranks"])))
     return doc
 
@@ -80,11 +84,20 @@ def test_deferred_receives_same_compute_programs_new_verdict(capsys, tmp_path):
     good = tmp_path / "good.csv"
     assert main(["export", "--family", "1f1b", "--pp", "4", "--microbatches", "4",
                  "--to", "torch-csv", "-o", str(good)]) == 0
-    doc = diff_json(capsys, good, EXAMPLES / "broken.csv")
+    doc = diff_json(capsys, good, EXAMPLES / "broken.csv", code=1)
     assert doc["same_programs"] is True
     assert doc["summary"]["verdict"] == "verified -> violated"
     assert [v["property"] for v in doc["new"]["violations"]] == ["deadlock"]
     assert doc["new"]["exit_code"] == 1 and doc["new"]["lowered"] is False
+    assert doc["violated"] == ["deadlock"]
+    # a plan that hangs is not timed as if it ran (the eager run would finish)
+    assert doc["new"]["makespan"] is None and "deadlocks" in doc["new"]["simulation_error"]
+    assert doc["old"]["makespan"] > 0 and doc["delta"]["makespan"] is None
+    # the gate looks at NEW only: the fix (broken -> good) passes
+    assert diff_json(capsys, EXAMPLES / "broken.csv", good)["summary"]["verdict"] == (
+        "violated -> verified")
+    assert main(["diff", str(good), str(EXAMPLES / "broken.csv")]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "NEW violates deadlock (exit 1)"
 
 
 def test_ops_that_change_rank_say_where(capsys, tmp_path):

@@ -1,5 +1,6 @@
 """The example end to end: ``mpipe-run`` starts the ranks, the script builds, verifies and
-runs the plan, rank 0 prints ``step K loss X`` and the loss falls."""
+runs the plan, rank 0 prints ``step K loss X`` (``[rank0]:``-prefixed by ``mpipe-run``)
+and the loss falls."""
 
 from __future__ import annotations
 
@@ -24,5 +25,6 @@ def test_example_trains_with_transpose_on_two_ranks():
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "plan verified" in done.stdout
-    losses = [float(x) for x in re.findall(r"^step \d+ loss ([0-9.]+)$", done.stdout, re.M)]
+    losses = [float(x) for x in re.findall(r"^\[rank0\]:step \d+ loss ([0-9.]+)$",
+                                           done.stdout, re.M)]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, done.stdout

@@ -5,6 +5,7 @@ the ``mpipe-run`` launcher (with plain-Python scripts)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -292,6 +293,37 @@ def test_launcher_reports_a_killed_rank(tmp_path):
         time.sleep(120)
     """)
     assert done.returncode == 137 and elapsed < 30
+
+
+def test_launcher_forwards_whole_lines_prefixed_with_the_rank(tmp_path):
+    """Ranks that write a character at a time into a pipe still come out one whole line
+    each, prefixed with the rank (stdout and stderr each to its own stream)."""
+    done, _ = run_launcher(tmp_path, """
+        import os, sys
+        r = os.environ["RANK"]
+        for i in range(40):
+            for ch in f"rank {r} line {i} " + "x" * 30 + "\\n":
+                sys.stdout.write(ch)
+                sys.stdout.flush()
+        print(f"done {r}", file=sys.stderr)
+        sys.stdout.write("no newline")
+    """, nproc=3)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    pattern = re.compile(r"\[rank(\d)\]:(rank \1 line \d+ x{30}|no newline)")
+    assert len(lines) == 3 * 41 and all(pattern.fullmatch(x) for x in lines), lines[:5]
+    for r in range(3):  # each rank's lines in its own order
+        own = [x for x in lines if x.startswith(f"[rank{r}]:rank")]
+        assert own == [f"[rank{r}]:rank {r} line {i} " + "x" * 30 for i in range(40)]
+    assert sorted(done.stderr.splitlines()) == [f"[rank{r}]:done {r}" for r in range(3)]
+
+
+def test_launcher_runs_a_module_with_dash_m(tmp_path):
+    (tmp_path / "rankmod.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    done = subprocess.run([MPIPE_RUN, "--nproc", "2", "-m", "rankmod"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[rank0]:hello from 0", "[rank1]:hello from 1"]
 
 
 def test_launcher_usage_errors():

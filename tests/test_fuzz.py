@@ -1,6 +1,6 @@
 """Fuzzing compositions (issue: "fuzz compositions with Hypothesis, and measure the
 verifier's soundness"). Strategies: ``tests/strategies.py``; judge: ``reference.judge``
-(all five §4 properties, computed independently of the package).
+(all five §3 properties, computed independently of the package).
 
 (a) every generated valid term lowers to a plan that ``verify`` proves and the reference
     accepts (also with valid groups or collectives added);

@@ -16,22 +16,18 @@ import z3
 from hypothesis import given
 from hypothesis import strategies as st
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # proofs/ is a top-level package of the checkout
-    sys.path.insert(0, str(ROOT))
-
-from mpipe_verified.algebra import terms as algebra_terms  # noqa: E402
-from mpipe_verified.algebra.families import FAMILIES, family  # noqa: E402
-from mpipe_verified.algebra.pattern import RankStreams  # noqa: E402
-from mpipe_verified.algebra.terms import MergeBW, Relabel, SplitBW, _merge  # noqa: E402
-from mpipe_verified.cli import main  # noqa: E402
-from mpipe_verified.ir import (COMM_STEP, Compute, Idle, Marker, Overlap,  # noqa: E402
+from mpipe_verified.algebra import terms as algebra_terms
+from mpipe_verified.algebra.families import FAMILIES, family
+from mpipe_verified.algebra.pattern import RankStreams
+from mpipe_verified.algebra.terms import MergeBW, Relabel, SplitBW, _merge
+from mpipe_verified.cli import main
+from mpipe_verified.ir import (COMM_STEP, Compute, Idle, Marker, Overlap,
                                Schedule)
-from mpipe_verified.lower import lower  # noqa: E402
-from proofs import FALSE_LAWS, LAWS, core, model, registry  # noqa: E402
-from proofs.core import Law, Obligation, law  # noqa: E402
-from proofs.relabel import PI, relabel_fn  # noqa: E402
-from proofs.sequences import merge_go_fn, split_fn  # noqa: E402
+from mpipe_verified.lower import lower
+from mpipe_verified.proofs import FALSE_LAWS, LAWS, core, model, registry
+from mpipe_verified.proofs.core import Law, Obligation, law
+from mpipe_verified.proofs.relabel import PI, relabel_fn
+from mpipe_verified.proofs.sequences import merge_go_fn, split_fn
 
 STATUSES = {"proved", "failed", "unknown"}
 

@@ -9,6 +9,8 @@ import io
 import json
 import pathlib
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -18,6 +20,7 @@ from mpipe_verified.progress import Progress
 from mpipe_verified.verify import PROPERTIES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
 EXAMPLES = ROOT / "examples"
 BROKEN_CSV, BROKEN_SPEC = EXAMPLES / "broken.csv", EXAMPLES / "broken.toml"
 
@@ -217,3 +220,36 @@ def test_pre_commit_hook_runs_check_on_schedule_files():
     pattern = re.compile(fields["files"])
     assert pattern.search("schedules/a.toml") and pattern.search("x/torch.csv")
     assert not pattern.search("README.md")
+
+
+def test_pre_commit_hook_in_a_repository_with_data_csvs(tmp_path):
+    """The hook's own command (entry + args from ``.pre-commit-hooks.yaml``) on every file
+    its ``files`` pattern matches in a repository that also holds a pyproject.toml and
+    data CSVs: only the schedules are judged, so the hook passes; a broken schedule, or
+    a schedule CSV with one mistyped cell, still fails it."""
+    text = (ROOT / ".pre-commit-hooks.yaml").read_text()
+    fields = dict(re.findall(r"^\s*-?\s*(\w+): (.+)$", text, re.M))
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (repo / "data" / "metrics.csv").write_text("step,loss\n1,0.52\n2,0.47\n")
+    (repo / "data" / "empty.csv").write_text("")
+    (repo / "zb-h1.toml").write_text((EXAMPLES / "zb-h1.toml").read_text())
+    (repo / "good.csv").write_text("0F0,0B0\n")
+    pattern = re.compile(fields["files"])
+    argv = [str(SCRIPT), *fields["entry"].split()[1:], *fields["args"].strip("[]").split(",")]
+
+    def hook() -> subprocess.CompletedProcess:
+        files = sorted(str(p.relative_to(repo)) for p in repo.rglob("*")
+                       if p.is_file() and pattern.search(str(p.relative_to(repo))))
+        return subprocess.run(argv + files, cwd=repo, capture_output=True, text=True,
+                              timeout=120)
+    proc = hook()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "good.csv: VERIFIED" in proc.stdout and "zb-h1.toml: VERIFIED" in proc.stdout
+    assert "metrics" not in proc.stdout + proc.stderr
+    (repo / "broken.csv").write_text((EXAMPLES / "broken.csv").read_text())
+    assert hook().returncode == 1
+    (repo / "broken.csv").write_text("0F0,0X0\n")
+    proc = hook()
+    assert proc.returncode == 2 and "broken.csv:1:2:" in proc.stderr, proc.stderr

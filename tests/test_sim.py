@@ -1,5 +1,5 @@
 """The simulator and its cost model: ``sim.simulate`` is ``semantics.execute`` with
-durations, transfer and collective costs and §3.6 memory; a hand-computed run; the
+durations, transfer and collective costs and §2.6 memory; a hand-computed run; the
 ``simulate`` command's JSON; the spec cost tables that feed it."""
 
 from __future__ import annotations
@@ -238,14 +238,14 @@ def test_simulate_json_schema(capsys):
     assert (code, err) == (0, "")
     doc = json.loads(out)
     assert doc["verified"] is True
-    assert isinstance(doc["makespan"], float) and doc["makespan"] > 0
+    assert isinstance(doc["makespan"], (int, float)) and doc["makespan"] > 0
     assert isinstance(doc["bubble_fraction"], float) and 0 <= doc["bubble_fraction"] < 1
     assert set(doc["peak_memory"]) == {str(r) for r in range(8)}
-    assert all(isinstance(v, float) for v in doc["peak_memory"].values())
+    assert all(isinstance(v, (int, float)) for v in doc["peak_memory"].values())
     assert set(doc["busy"]) == set(doc["bubble"]) == set(doc["peak_memory"])
     assert set(doc["compare"]) == {"interleaved-1f1b", "1f1b"}
     for entry in doc["compare"].values():
-        assert isinstance(entry["makespan"], float)
+        assert isinstance(entry["makespan"], (int, float))
         assert isinstance(entry["bubble_fraction"], float)
         assert entry["speedup"] == pytest.approx(entry["makespan"] / doc["makespan"],
                                                  rel=1e-5)
@@ -286,8 +286,45 @@ def test_simulate_a_spec_without_a_cut_compares_bare_families(capsys):
     code, out, _ = _run(capsys, "simulate", str(EXAMPLES / "zb-h1.toml"), "--compare", "1f1b",
                         "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["makespan"] == 27.0
-    assert doc["compare"]["1f1b"]["makespan"] == 33.0
+    assert code == 0 and doc["makespan"] == 27
+    assert doc["compare"]["1f1b"]["makespan"] == 33
+
+
+def test_unit_model_figures_are_integers(capsys):
+    """Without a cost model every figure is integral and the JSON says ``4``, not
+    ``4.0`` (check, simulate and diff alike)."""
+    spec = str(EXAMPLES / "1f1b.toml")
+    docs = [json.loads(_run(capsys, *argv, "--json")[1]) for argv in (
+        ("check", spec), ("simulate", spec), ("diff", spec, spec))]
+    numbers = [*docs[0]["peak_memory"].values(), docs[1]["makespan"],
+               *docs[1]["peak_memory"].values(), *docs[1]["busy"].values(),
+               docs[2]["new"]["makespan"], *docs[2]["new"]["peak_memory"].values(),
+               docs[2]["delta"]["makespan"]]
+    assert numbers and all(type(x) is int for x in numbers), numbers
+    assert '"peak_memory": {"0": 4' in json.dumps(docs[0])
+    texts = [_run(capsys, *argv)[1] for argv in (("check", spec), ("simulate", spec),
+                                                  ("diff", spec, spec))]
+    assert "peak memory per rank: 0: 4, 1: 3" in texts[0]
+    assert "makespan 33, " in texts[1] and "makespan: 33 -> 33" in texts[2]
+    assert not any(".0 " in t or ".0," in t or ".0\n" in t for t in texts), texts
+
+
+def test_compare_without_cost_is_the_standard_costs_written_out(tmp_path, capsys):
+    """``--compare`` re-cuts one model: a spec without ``[cost]`` compares exactly like
+    the same spec with the standard costs written out, so ZBV (8 stages of half the
+    model on 4 ranks) comes out faster than 1F1B, as it does with explicit costs."""
+    bare = (EXAMPLES / "1f1b.toml").read_text()
+    written = tmp_path / "costed.toml"
+    written.write_text(bare + "\n[cost]\nF = 1\nB = 2\nI = 1\nW = 1\nactivation = 1\n")
+    families = ("zbv", "interleaved-1f1b", "gpipe")
+    docs = [json.loads(_run(capsys, "simulate", path, "--compare", *families, "--json")[1])
+            for path in (str(EXAMPLES / "1f1b.toml"), str(written))]
+    for fam in families:
+        a, b = docs[0]["compare"][fam], docs[1]["compare"][fam]
+        assert (a["makespan"], a["peak_memory"]) == (b["makespan"], b["peak_memory"]), fam
+    assert docs[0]["makespan"] == docs[1]["makespan"]
+    assert docs[0]["compare"]["zbv"]["makespan"] < docs[0]["makespan"]
+    assert docs[0]["compare"]["zbv"]["speedup"] < 1
 
 
 def test_check_and_simulate_judge_the_same_plan():

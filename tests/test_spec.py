@@ -186,6 +186,8 @@ GOOD = '[schedule]\nfamily = "zb-h1"\npp = 4\nmicrobatches = 8\n'
     ("cost = 3\n" + GOOD, 1, "cost must be a table"),
     ("schedule.family = 'gpipe'\nschedule.pp = 'x'\n", 2, "schedule.pp must be"),
     ("a = 1\x00\n", 1, "binary data"),
+    (GOOD + "ranks = 3\n", 5, "does not fit the declared sizes: it has 4 ranks"),
+    (GOOD + "stages = 0\n", 5, "schedule.stages must be an integer >= 1"),
 ])
 def test_spec_errors_name_file_and_line(text, line, needle):
     with pytest.raises(InputError) as e:
@@ -217,3 +219,19 @@ def test_malformed_toml_reports_column():
 def test_spec_of_term():
     spec = Spec.of_term(families.zb_h1(2, 4), "--family zb-h1")
     assert spec.schedule == families.zb_h1(2, 4).derive() and spec.cost is None
+
+
+def test_declared_sizes_in_a_spec_make_left_out_work_a_completeness_violation():
+    """``[schedule] stages``/``ranks`` (and ``microbatches`` beside an expression) are the
+    sizes the derived schedule must have: a term that leaves work out is incomplete."""
+    from mpipe_verified.lower import lower
+    from mpipe_verified.verify import verify
+    expr = 'expression = "restrict(one_f_one_b(pp=4, microbatches=4), ranks=[0, 1, 2])"\n'
+    spec = parse_spec("[schedule]\n" + expr + "stages = 4\nmicrobatches = 5\n", "r.toml")
+    assert (spec.schedule.placement.num_stages, spec.schedule.num_microbatches) == (4, 5)
+    report = verify(lower(spec.schedule))
+    missing = {v.message.split()[0] for v in report.violations
+               if v.property == "completeness"}
+    assert {"3F0", "0F4"} <= missing, missing
+    plain = parse_spec("[schedule]\n" + expr, "r.toml")
+    assert plain.schedule.num_microbatches == 4

@@ -149,6 +149,65 @@ def _expected_1f1b(p: int, m: int) -> tuple[set[str], list[str]]:
     return completeness, dependency
 
 
+RUN_1F1B = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+dist.init_process_group("gloo")
+rank, world, m = dist.get_rank(), dist.get_world_size(), int(sys.argv[2])
+torch.manual_seed(0)
+layers = [torch.nn.Linear(4, 4) for _ in range(world)]
+x = torch.randn(2 * m, 4)
+stage = PipelineStage(layers[rank], rank, world, torch.device("cpu"))
+schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda out, target: out.sum())
+losses = []
+if rank == 0:
+    schedule.step(x)
+elif rank == world - 1:
+    schedule.step(target=torch.zeros(2 * m, 4), losses=losses)
+else:
+    schedule.step()
+if rank == world - 1:
+    with torch.no_grad():
+        expected = []
+        for chunk in x.tensor_split(m):
+            for layer in layers:
+                chunk = layer(chunk)
+            expected.append(chunk.sum().item())
+    with open(os.path.join(sys.argv[1], "losses.json"), "w") as f:
+        json.dump({"ran": [loss.item() for loss in losses], "expected": expected}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_torch_1f1b_runs_every_forward_although_its_dumped_order_does_not(tmp_path):
+    """The bug is in the order torch dumps, not in what it runs: on 2 gloo processes
+    ``Schedule1F1B.step`` computes the loss of every microbatch on the last stage (each
+    equal to a single-process forward of that chunk), while the same schedule's
+    ``pipeline_order`` (``_get_pipeline_order``, what the CSV holds) lists ``1F1``,
+    ``1F2`` and no ``1F0`` for that rank. In torch 2.13 the single-stage schedules have no
+    ``_dump_csv`` of their own (it is ``PipelineScheduleMulti``'s)."""
+    from torch.distributed.pipelining import schedules as S
+    assert not hasattr(S.Schedule1F1B, "_dump_csv") and not hasattr(S.ScheduleGPipe,
+                                                                    "_dump_csv")
+    assert hasattr(S.PipelineScheduleMulti, "_dump_csv")
+    m = 2
+    last_row = torch_schedule_csv("1F1B", 2, m, 1, "compute_only").splitlines()[-1]
+    assert [c for c in last_row.split(",") if "F" in c] == ["1F1", "1F2"]
+    script = tmp_path / "run_1f1b.py"
+    script.write_text(RUN_1F1B)
+    done = subprocess.run([str(SCRIPT.with_name("mpipe-run")), "--nproc", "2",
+                           "--backend", "gloo", str(script), str(tmp_path), str(m)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "NumPy" not in done.stderr  # shape inference needs numpy (the torch extra)
+    out = json.loads((tmp_path / "losses.json").read_text())
+    assert len(out["ran"]) == m
+    assert out["ran"] == pytest.approx(out["expected"], abs=1e-5)
+
+
 @pytest.mark.parametrize("p,m", [(2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16)])
 def test_torch_1f1b_order_is_wrong(capsys, tmp_path, p, m):
     """A real torch bug, not ours. ``Schedule1F1B._get_pipeline_order`` (the order torch
@@ -266,7 +325,7 @@ def test_torch_comm_csv_with_deferred_receives_deadlocks(capsys, tmp_path, name,
 
 
 def fifo_mismatches(text: str) -> set[tuple[str, str]]:
-    """Independent §3.3: pair the k-th send ``src -> dst`` with the k-th receive at ``dst``
+    """Independent §2.3: pair the k-th send ``src -> dst`` with the k-th receive at ``dst``
     from ``src`` (peers from the stage of the cell's other end) and list the pairs whose
     cells do not describe the same tensor."""
     rows = rows_of(text)

@@ -142,7 +142,7 @@ def test_fifo_order_broken_on_one_owner():
     (``vision:0SEND_F1, vision:0SEND_IN1, ..., vision:0SEND_F5, vision:0SEND_IN5``), and
     rank 0 receives them in that order. Regroup owner 1's sends type-major (all outputs,
     then all inputs) in the same slots while rank 0 keeps its order: matching is FIFO per
-    ordered pair (DESIGN §3.3), so the k-th send now pairs with a receive of another
+    ordered pair (docs/semantics.md §2.3), so the k-th send now pairs with a receive of another
     payload — a matching violation on channel 1->0, under rendezvous and eager alike.
     (The output of microbatch 5 now also goes out before its forward ran: dependency.)"""
     plan = _recompute_plan()
@@ -273,7 +273,7 @@ def test_transpose_terms_round_trip(term):
 
 def test_expression_arguments_and_errors():
     t = parse_expression("transpose(one_f_one_b(2, 2), mode='owner', costs=[1, 2.5])")
-    assert t.costs == (1.0, 2.5) and t.mode == "owner" and t.ownership == "full"
+    assert t.costs == (1.0, 2.5) and t.mode == "owner" and t.ownership == "cost"
     with pytest.raises(InputError, match="transpose mode must be one of"):
         parse_expression("transpose(gpipe(2, 2), mode='lazy')")
     with pytest.raises(InputError, match="costs must be a list of numbers"):
@@ -283,6 +283,21 @@ def test_expression_arguments_and_errors():
 
 
 SPEC = '[schedule]\nfamily = "transpose"\npp = 4\nmicrobatches = 4\n'
+
+
+def test_one_default_ownership_everywhere(capsys):
+    """``Transpose(...)``, ``transpose_family``, the expression language, a
+    ``family = "transpose"`` spec and ``--family transpose`` all default to one
+    ownership."""
+    import inspect
+    from mpipe_verified.cli import main
+    body = family("1f1b", 4, 4)
+    default = inspect.signature(transpose_family).parameters["ownership"].default
+    assert Transpose(body).ownership == default
+    assert parse_expression("transpose(one_f_one_b(4, 4))").ownership == default
+    assert parse_spec(SPEC, "t.toml").term.ownership == default
+    assert main(["show", "--family", "transpose", "--pp", "4", "--microbatches", "4"]) == 0
+    assert f"ownership={default!r}" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_transpose_family_spec_defaults():

@@ -1,11 +1,11 @@
-"""The verifier's entry point ``verify(plan, ...)`` (DESIGN §3–§5), called directly.
+"""The verifier's entry point ``verify(plan, ...)`` (docs/semantics.md §2–§3), called directly.
 
 - broken variants of valid lowered family plans (edited with ``attrs.evolve`` and tuple
   surgery) are rejected with the right property;
 - a Z3 ``unknown`` (forced with ``rlimit=1``) is *undecided*, never verified;
 - certificates: issued only for verified plans, recheckable, refused for any other plan,
   comm model or property set, and their digest is a stable function of the canonical text;
-- collectives and groups on hand-built plans (§3.2, §3.4);
+- collectives and groups on hand-built plans (§2.2, §2.4);
 - agreement with the independent reference interpreter (``tests/reference.py``) on a few
   hundred random one-edit mutations (Hypothesis, derandomized).
 """
@@ -424,7 +424,7 @@ def test_collectives_in_the_same_order_verify():
 @pytest.mark.parametrize("second", [Collective("broadcast", (0, 1), "params", root=0),
                                     Collective("all_reduce", (1, 0), "loss")])
 def test_two_collectives_over_one_group_in_different_orders(second):
-    """§3.4: the k-th collective a member calls over a group is instance k. Swapping two
+    """§2.4: the k-th collective a member calls over a group is instance k. Swapping two
     collectives of one group on one rank pairs different collectives (different kind, or
     same kind with a different tag): a matching violation naming both calls. (It is not a
     deadlock: each instance still has every member; the group ``(1, 0)`` is ``(0, 1)``.)"""
@@ -611,7 +611,7 @@ def test_deadlock_and_completeness_verdicts_agree_with_the_reference(case):
 
 
 def test_eager_unmatched_send_does_not_block():
-    """Regression (a package bug, fixed). DESIGN §3.7: under the eager model sends are
+    """Regression (a package bug, fixed). docs/semantics.md §2.7: under the eager model sends are
     buffered and never block. A plan whose only fault is one extra send (1F1B(4, 8) with
     rank 1's last ``1SEND_B7`` duplicated) violates ``matching`` under both models, but
     under eager every rank still runs to its end, so ``deadlock`` must hold. The verifier
@@ -629,8 +629,8 @@ def test_eager_unmatched_send_does_not_block():
 
 
 def test_collective_mismatch_names_both_ranks_and_both_ops():
-    """Regression (a package bug, fixed). DESIGN §4: a counterexample names the ranks and
-    the ops (by position). A point-to-point mismatch lists both ends in ``ranks`` and
+    """Regression (a package bug, fixed). docs/semantics.md §3: a counterexample names the
+    ranks and the ops (by position). A point-to-point mismatch lists both ends in ``ranks`` and
     ``ops``; a collective whose members disagree (rank 0 calls ALL_REDUCE(grads), rank 1
     BROADCAST(params) as instance #0 of group [0, 1]) used to name rank 0's call only in
     the message text (``ranks == (1,)``, ``ops`` with rank 1's position only)."""
@@ -642,3 +642,22 @@ def test_collective_mismatch_names_both_ranks_and_both_ops():
     assert first.property == "matching"
     assert set(first.ranks) == {0, 1}
     assert set(first.ops) == {(0, 8, str(grads)), (1, 8, str(params))}
+
+
+def test_overlapped_members_read_before_and_write_after_their_step(tmp_path):
+    """The rule of an ``OVERLAP_F_B`` step: its members run together, every input read
+    before the step and every output written after it. So a backward overlapped with a
+    forward of *another* microbatch is fine, while one overlapped with its own forward
+    needs that forward's output inside the step: a dependency violation at that step."""
+    from mpipe_verified.formats.torch_csv import parse_torch_csv
+
+    def judged(text: str):
+        plan = parse_torch_csv(text, "overlap.csv")
+        return verify(plan if plan.has_comms() else lower(plan))
+    assert judged("0F0,(0F1;0B0)OVERLAP_F_B,0B1\n").verified
+    own = judged("(0F0;0B0)OVERLAP_F_B\n")
+    assert [(v.property, v.ops[0][:2]) for v in own.violations] == [("dependency", (0, 0))]
+    # two stages on one rank: stage 1's forward cannot use stage 0's output of the step
+    chained = judged("(0F0;1F0)OVERLAP_F_B,1B0,0B0\n")
+    assert {v.property for v in chained.violations} == {"dependency"}
+    assert judged("0F0,(1F0;0F1)OVERLAP_F_B,(1B0;1F1)OVERLAP_F_B,1B1,0B0,0B1\n").verified

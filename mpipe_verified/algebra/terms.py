@@ -1,4 +1,4 @@
-"""Schedule algebra terms (DESIGN §6). A term is an immutable description; ``derive()``
+"""Schedule algebra terms (README, Concepts). A term is an immutable description; ``derive()``
 turns it into a compute-only ``Schedule``. ``str(term)`` is the term's expression text,
 which ``mpipe_verified.formats.spec.parse_expression`` reads back.
 

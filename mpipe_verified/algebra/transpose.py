@@ -1,5 +1,5 @@
 """``transpose``: move a cut segment's work into a body schedule's bubbles (the
-HyperParallel-Mpipe schedule; DESIGN §6 ``cut``/``transpose``).
+HyperParallel-Mpipe schedule, arXiv 2607.03229; ``cut``/``transpose``).
 
 ``Transpose(body, ...)`` derives the body term's schedule, cuts one segment off it (a
 ``source`` encoder feeding the body's first stage, or a detached ``sink`` generator fed by
@@ -97,7 +97,7 @@ class Transpose:
     segment: str = "vision"
     side: str = SOURCE
     mode: str = "recompute"
-    ownership: str = "full"
+    ownership: str = "cost"
     # per-microbatch forward cost of the segment (default 1; 0 with mode "none")
     costs: tuple[float, ...] = attrs.field(default=(), converter=_floats)
     body_forward: float = attrs.field(default=1.0, converter=_float)

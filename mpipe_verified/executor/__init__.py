@@ -1,4 +1,4 @@
-"""Run certified plans on ``torch.distributed`` (DESIGN §8).
+"""Run certified plans on ``torch.distributed`` (docs/executor.md).
 
     plan = lower(term.derive())
     plan = with_payload_shapes(plan, infer_payload_shapes(stages, batch, m, segments))

@@ -1,4 +1,4 @@
-"""Per-rank interpreter of a certified plan over ``torch.distributed`` (DESIGN §8).
+"""Per-rank interpreter of a certified plan over ``torch.distributed`` (docs/executor.md).
 
 One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in order:
 
@@ -13,7 +13,7 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
 - ``SEND``/``RECV``: ``isend``/``irecv``; a ``Group``: ``batch_isend_irecv`` of its
   members. Every comm op is *posted* at its place in the plan, in plan order. With
   ``overlap_comms=False`` the rank then waits for it at once (the rendezvous program of
-  DESIGN §3, literally). By default (``overlap_comms=True``) it waits for a received
+  docs/semantics.md §2, literally). By default (``overlap_comms=True``) it waits for a received
   value just before the first op that reads it, and for sends when they complete (polled
   at each comm op; all are waited for before the step ends). This is safe for every
   certified plan: waiting later never makes any op post later (each rank posts the same

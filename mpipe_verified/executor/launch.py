@@ -1,8 +1,10 @@
 """``mpipe-run``: start one process per rank on this machine.
 
     mpipe-run --nproc N [--backend gloo|nccl] [--timeout S] script.py [args...]
+    mpipe-run --nproc N [...] -m module [args...]
 
-Each process runs ``python script.py args...`` with ``RANK``, ``LOCAL_RANK``,
+Each process runs ``python script.py args...`` (``python -m module args...``) with
+``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT`` (a
 free port) set, so the script initialises with ``init_distributed()`` (env init), exactly
 as under ``torchrun``. The backend is gloo on CPU, NCCL when every rank has its own GPU
@@ -11,6 +13,10 @@ cores divided among the ranks. When a rank exits with an error, the
 others are stopped at once and ``mpipe-run`` exits with that rank's code (128 + signal
 for a rank killed by a signal); it exits 0 only if every rank does. Multi-node runs are
 ``torchrun``'s job (see docs/executor.md).
+
+Output: each rank's stdout and stderr are forwarded to ``mpipe-run``'s own, line by line,
+every line prefixed with its rank as torchrun does (``[rank1]:step 3 loss 0.52``), so the
+ranks' lines never interleave mid-line, on a terminal, in a file or through a pipe.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from typing import IO
 
 
 def free_port() -> int:
@@ -63,6 +71,28 @@ def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
                 p.wait()
 
 
+def _pump(pipe: IO[bytes], out: IO[bytes], prefix: bytes, lock: threading.Lock) -> None:
+    """Copy ``pipe`` to ``out`` a whole line at a time, each line after ``prefix`` (a last
+    line without its newline gets one)."""
+    with pipe:
+        for line in iter(pipe.readline, b""):
+            with lock:
+                out.write(prefix + line + (b"" if line.endswith(b"\n") else b"\n"))
+                out.flush()
+
+
+def _forward_output(procs: list[subprocess.Popen]) -> list[threading.Thread]:
+    """One ``_pump`` thread per rank and stream, all writing under one lock."""
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_pump, args=(pipe, out, f"[rank{r}]:".encode(), lock),
+                                daemon=True)
+               for r, p in enumerate(procs)
+               for pipe, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer))]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def launch(nproc: int, command: list[str], backend: str | None = None,
            timeout: float | None = None, env: dict | None = None, quiet: bool = False) -> int:
     """Run ``command`` (argv) as ``nproc`` ranks; returns the exit code described in the
@@ -70,8 +100,10 @@ def launch(nproc: int, command: list[str], backend: str | None = None,
     if nproc < 1:
         raise ValueError("--nproc must be >= 1")
     port = free_port()
-    procs = [subprocess.Popen(command, env=rank_env(r, nproc, port, env, backend, timeout))
+    procs = [subprocess.Popen(command, env=rank_env(r, nproc, port, env, backend, timeout),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for r in range(nproc)]
+    pumps = _forward_output(procs)
 
     def forward(signum, _frame):
         for p in procs:
@@ -97,6 +129,8 @@ def launch(nproc: int, command: list[str], backend: str | None = None,
         for s, handler in old.items():
             signal.signal(s, handler)
         _stop(procs)
+        for t in pumps:  # the ranks are gone: their last lines are on the way
+            t.join(timeout=5.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,11 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds a communication op may wait before the ranks give up "
                          "(MPIPE_TIMEOUT; default 30)")
-    ap.add_argument("script", help="Python script to run on every rank")
+    ap.add_argument("-m", "--module", action="store_true",
+                    help="SCRIPT names a module: run python -m SCRIPT (as torchrun -m)")
+    ap.add_argument("script", metavar="SCRIPT", help="Python script (or, with -m, module) "
+                                                     "to run on every rank")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     ns = ap.parse_args(argv)
     if ns.nproc < 1:
         ap.error("--nproc must be >= 1")
+    if ns.module:
+        return launch(ns.nproc, [sys.executable, "-m", ns.script, *ns.args], ns.backend,
+                      ns.timeout)
     if not os.path.exists(ns.script):
         ap.error(f"no such script: {ns.script}")
     return launch(ns.nproc, [sys.executable, ns.script, *ns.args], ns.backend, ns.timeout)

@@ -1,7 +1,7 @@
 """SARIF 2.1.0 logs of ``mpipe-verify check`` (for GitHub code scanning and other CI viewers).
 
 ``sarif_log(checked, exit_code)`` builds one log with one run whose tool driver is
-``mpipe-verify`` and declares the five properties of DESIGN §4 as rules. Every violation
+``mpipe-verify`` and declares the five properties of docs/semantics.md §3 as rules. Every violation
 becomes one result (``ruleId`` = the property) located in the input file:
 
 - a torch CSV checked as written: each op of the violation at ``startLine`` = rank + 1

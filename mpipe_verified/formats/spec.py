@@ -7,8 +7,11 @@ A spec has one required table and optional ones::
     pp = 4
     microbatches = 8
     # chunks = 2              # interleaved-1f1b only (transpose: of its body)
-    # or, instead of family/pp/microbatches/chunks:
+    # or, instead of family/pp/chunks:
     # expression = "defer_w(split_bw(one_f_one_b(pp=4, microbatches=8)), lag='r')"
+    # stages = 4              # optional declared sizes (declared.declare): work the
+    # ranks = 4               # term leaves out is a completeness violation; beside an
+                              # expression, microbatches = M declares that count too
 
     [transpose]               # family = "transpose" only (see algebra.transpose)
     body = "interleaved-1f1b" # the body's family (default "1f1b")
@@ -74,6 +77,7 @@ import attrs
 import tomllib
 
 from ..algebra import families, terms
+from ..declared import declare
 from ..algebra.transpose import (MODES, OWNERSHIPS, SIDES, TRANSPOSE, Transpose,
                                  transpose_family)
 from ..errors import InputError, ParameterError
@@ -112,7 +116,7 @@ class Spec:
 
     @property
     def memory_model(self) -> MemoryModel:
-        """§3.6 with the spec's sizes (static part and segment copies included), or the
+        """§2.6 with the spec's sizes (static part and segment copies included), or the
         unit model without a cost model."""
         if not self.cost:
             return UNIT_MEMORY
@@ -169,7 +173,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
                 (("t", _TERM, _REQUIRED), ("perm", _INTS, _REQUIRED))),
     "transpose": (Transpose, (("body", _TERM, _REQUIRED), ("segment", _STR, "vision"),
                                ("side", _STR, "source"), ("mode", _STR, "recompute"),
-                               ("ownership", _STR, "full"), ("costs", _NUMS, ()),
+                               ("ownership", _STR, "cost"), ("costs", _NUMS, ()),
                                ("body_forward", _NUM, 1.0), ("body_backward", _NUM, 2.0))),
 }
 
@@ -284,7 +288,7 @@ def _describe(v: Any) -> str:
 # ---------------------------------------------------------------- TOML spec files
 
 TABLES: dict[str, tuple[str, ...]] = {
-    "schedule": ("family", "pp", "microbatches", "chunks", "expression"),
+    "schedule": ("family", "pp", "microbatches", "chunks", "expression", "stages", "ranks"),
     "cost": ("F", "B", "I", "W", "activation", "R", "segments"),
     "memory": ("limit", "static"),
     "transpose": ("body", "segment", "side", "mode", "ownership", "costs"),
@@ -412,16 +416,37 @@ class _Builder:
         except ParameterError as e:
             key = "expression" if "expression" in schedule_table else "family"
             raise self.error(f"schedule does not derive: {e}", "schedule", key) from None
+        schedule = self.declared(schedule_table, schedule)
         cost = self.cost(data, schedule, term)
         limit = self.limit(data["memory"], schedule) if "memory" in data else None
         return Spec(term, schedule, cost, limit, self.file)
 
+    def declared(self, table: dict, schedule: Schedule) -> Schedule:
+        """``stages``/``ranks`` (and, beside an expression, ``microbatches``): the sizes
+        the derived schedule must have (``declared.declare``), so work a term leaves out
+        is a completeness violation."""
+        keys = ("stages", "ranks") + (("microbatches",) if "expression" in table else ())
+        sizes = {}
+        for key in keys:
+            if key in table:
+                v = table[key]
+                if type(v) is not int or v < 1:
+                    raise self.error(f"schedule.{key} must be an integer >= 1, got "
+                                     f"{_describe(v)}", "schedule", key)
+                sizes[key] = v
+        try:
+            return declare(schedule, **sizes)
+        except ParameterError as e:
+            key = next((k for k in ("stages", "ranks") if k in str(e)), "stages")
+            raise self.error(f"the schedule does not fit the declared sizes: {e}", "schedule",
+                             key if key in table else next(iter(sizes))) from None
+
     def term(self, table: dict, data: dict | None = None) -> Term:
         if "expression" in table:
-            if "family" in table or any(k in table for k in ("pp", "microbatches", "chunks")):
-                other = next(k for k in ("family", "pp", "microbatches", "chunks") if k in table)
-                raise self.error(f"give either expression or family/pp/microbatches/chunks, "
-                                 f"not both ({other!r} is set too)", "schedule", other)
+            if "family" in table or any(k in table for k in ("pp", "chunks")):
+                other = next(k for k in ("family", "pp", "chunks") if k in table)
+                raise self.error(f"give either expression or family/pp/chunks, not both "
+                                 f"({other!r} is set too)", "schedule", other)
             expr = table["expression"]
             if not isinstance(expr, str):
                 raise self.error(f"schedule.expression must be a string, got "

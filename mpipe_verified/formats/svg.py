@@ -11,8 +11,8 @@
   overlapped step (DualPipeV) stacks its ops in one slot;
 - with ``arrows``, one arrow per matched send/receive pair (``semantics.pair_p2p``), from
   the send's post on the producer's lane to the receive's completion on the consumer's;
-- with ``memory``, a strip under each lane with the rank's memory level over time (DESIGN
-  §3.6), its peak, and the limit as a dashed line when one is given;
+- with ``memory``, a strip under each lane with the rank's memory level over time
+  (docs/semantics.md §2.6), its peak, and the limit as a dashed line when one is given;
 - for a run that stops (a counterexample), each blocked op as a dashed red bar from the
   moment it was posted to the right edge; ops named by ``violations`` get a red outline
   (comm ops a red marker), and each violation's message is printed under the legend.

@@ -5,7 +5,7 @@
 ``duration``, transfers are free). A plan that cannot run to completion under
 ``comm_model`` (a counterexample) is timed by ``semantics.execute`` as far as it runs:
 ``start[r]``/``finish[r]`` then cover only the executed prefix of rank ``r``, and
-``waits`` names each rank's blocked position. Memory levels follow DESIGN §3.6
+``waits`` names each rank's blocked position. Memory levels follow docs/semantics.md §2.6
 (``semantics.memory_steps``) over the executed steps.
 """
 

@@ -114,6 +114,23 @@ def _parse_general(text: str, file: str) -> Plan:
     return Plan(placement, max(mbs) + 1 if mbs else 0, programs)
 
 
+def holds_actions(text: str) -> bool:
+    """Whether any cell of ``text`` (CSV) is a pipelining action (``2F0``, ``1SEND_F3``,
+    ``0UNSHARD``, ``(0F7;7B3)OVERLAP_F_B``, loosely spelled: blanks around it, leading
+    zeros): a file with none is some other CSV (a data or metrics table), not a schedule.
+    A file that is not CSV at all counts as holding actions, so ``check`` names what is
+    wrong with it."""
+    try:
+        for row in csv.reader(io.StringIO(text, newline=""), strict=True):
+            for cell in row:
+                s = cell.strip()
+                if _ACTION.fullmatch(s) or _OVERLAP.fullmatch(s):
+                    return True
+    except csv.Error:
+        return True
+    return False
+
+
 def format_torch_csv(plan: Plan | Schedule) -> str:
     """The torch CSV text of a plan or schedule: one row per rank, ``str(op)`` per cell.
 

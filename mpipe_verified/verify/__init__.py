@@ -33,7 +33,7 @@ __all__ = ["verify", "verify_loaded", "Report", "Violation", "Certificate", "Cer
 
 def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
            memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
-    """Judge ``plan`` under DESIGN §3 with ``comm_model``. ``memory_limit``: None, a
+    """Judge ``plan`` under docs/semantics.md §2 with ``comm_model``. ``memory_limit``: None, a
     number, or one number per rank (another count is a ``ValueError``). ``rlimit`` caps Z3's resources per query (for tests
     and for callers that prefer "undecided" to waiting)."""
     _check_model(comm_model)

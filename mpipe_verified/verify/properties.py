@@ -1,5 +1,5 @@
-"""The five properties, each as a fast linear pass over the plan (through the shared
-``semantics``): untrusted hint generators for the kernel.
+"""The five properties of docs/semantics.md §3, each as a fast linear pass over the plan
+(through the shared ``semantics``): untrusted hint generators for the kernel.
 
 Every function returns ``(findings, hint)`` (``memory`` adds the peaks): ``findings`` pair
 each violation with the *claim* the kernel must confirm from the plan before it is
@@ -81,7 +81,7 @@ def completeness(plan: Plan) -> tuple[list[Finding], None]:
 
 
 def dependency(plan: Plan) -> tuple[list[Finding], tuple | None]:
-    """Every op's inputs are on its rank before it runs. The hint: per rank, for each op
+    """Every op's inputs (§2.5) are on its rank before it runs. The hint: per rank, for each op
     and each of its inputs in sorted order, the position that first produced it."""
     chain = Chain.of(plan)
     findings = Findings()

@@ -1,4 +1,4 @@
-"""Verdicts, counterexamples and certificates (DESIGN §4, §5, §7)."""
+"""Verdicts, counterexamples and certificates (docs/semantics.md §3, §6)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def check_certificate(plan: Plan, certificate: Certificate | None,
 class Report:
     """``status``: ``verified`` (all five proven), ``violated`` (at least one confirmed
     violation) or ``undecided`` (Z3 answered unknown / ran out of resources somewhere and
-    nothing was violated). ``exit_code`` follows DESIGN §7: 0, 1, 3."""
+    nothing was violated). ``exit_code`` follows docs/semantics.md §6: 0, 1, 3."""
 
     status: str
     violations: tuple[Violation, ...]

@@ -1,0 +1,52 @@
+"""Declared sizes: the stage, microbatch and rank counts a schedule must have, for inputs
+that do not carry them.
+
+A torch CSV holds one row per rank and the cells it holds, nothing more: a file whose
+last microbatch or last stage row was dropped reads as a smaller schedule that is
+complete on its own terms. ``declare(target, stages=S, microbatches=M, ranks=R)``
+states the sizes through the schedule or plan itself, so the verifier's ordinary
+``completeness`` property reports the missing work by name:
+
+- ``microbatches``: ``num_microbatches = M``; every stage owes the work of microbatches
+  ``0..M-1``, and an op of a microbatch ``>= M`` is not part of the plan;
+- ``ranks``: ``R`` programs; a rank the file has no row for runs nothing (an empty
+  program);
+- ``stages``: a placement of ``S`` stages; each stage the file mentions stays on the
+  rank (row) that holds it, and a stage the file never mentions is placed looped, on
+  rank ``s % R`` (``R``: the declared or the file's rank count).
+
+Invariants: the programs are unchanged (same ops, same order), so every position in a
+report is still the file's; a declared count below what the input holds (fewer stages
+or ranks than it uses) is a ``ParameterError``, not a guess.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import ParameterError
+from .ir import Placement, Plan, Schedule
+
+SIZES = ("stages", "microbatches", "ranks")
+
+
+def declare(target: Schedule | Plan, stages: int | None = None,
+            microbatches: int | None = None, ranks: int | None = None) -> Schedule | Plan:
+    """``target`` with the declared sizes (None: keep its own); see the module docstring."""
+    for name, value in zip(SIZES, (stages, microbatches, ranks)):
+        if value is not None and value < 1:
+            raise ParameterError(f"{name} must be >= 1, got {value}")
+    have = target.placement
+    num_ranks = have.num_ranks if ranks is None else ranks
+    if num_ranks < have.num_ranks:
+        raise ParameterError(f"it has {have.num_ranks} ranks, more than the "
+                             f"{num_ranks} declared")
+    num_stages = have.num_stages if stages is None else stages
+    if num_stages < have.num_stages:
+        raise ParameterError(f"it holds stages 0..{have.num_stages - 1}, more than the "
+                             f"{num_stages} declared")
+    placement = Placement(have.stage_to_rank + tuple(
+        s % num_ranks for s in range(have.num_stages, num_stages)), num_ranks)
+    programs = target.programs + ((),) * (num_ranks - have.num_ranks)
+    m = target.num_microbatches if microbatches is None else microbatches
+    return attrs.evolve(target, placement=placement, num_microbatches=m, programs=programs)
