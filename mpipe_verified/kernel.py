@@ -621,6 +621,7 @@ def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
         facts.add("eq", "callers", sum(r in where for r in group), len(group))
         meet = max(post(r, i) for r, (i, _) in where.items())
         for r, (i, _) in where.items():
+            facts.flag("member", r in group)  # a non-member's call never completes
             facts.add("lt", ("collective", r), meet, fin(r, i))
 
 
@@ -736,6 +737,21 @@ def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes
     ``("stray"|"input"|"call"|"stuck", rank, index)``, ``("collective", tag, rank)``,
     ``("channel", src, dst)``, ``("cut",)``, ``("work",)``, ``("peak", rank, index)``,
     ``("cycle", ((rank, index), ...))``; each needs nothing but the plan."""
+    claims = list(claims)
+    try:
+        return _confirm(plan, name, claims, comm_model, sizes, limits, rlimit)
+    except (IndexError, KeyError, TypeError, ValueError):  # some claim names no such place
+        return [_confirm_one(plan, name, c, comm_model, sizes, limits, rlimit) for c in claims]
+
+
+def _confirm_one(plan, name, claim, comm_model, sizes, limits, rlimit) -> str:
+    try:
+        return _confirm(plan, name, [claim], comm_model, sizes, limits, rlimit)[0]
+    except (IndexError, KeyError, TypeError, ValueError):
+        return "rejected"
+
+
+def _confirm(plan: Plan, name: str, claims: list, comm_model, sizes, limits, rlimit) -> list:
     rules = _Rules(plan)
     if not rules.cut_ok() and name != "completeness":
         return ["rejected"] * len(claims)

@@ -166,3 +166,19 @@ def test_the_collectives_the_cut_requires_are_checked(name, violated, capsys):
     cert["digest"] = kernel.digest(broken)
     proven, reasons = kernel.recheck(broken, cert)
     assert not proven and any(r.startswith("completeness") for r in reasons)
+
+
+def test_claims_about_places_that_do_not_exist_are_rejected_not_raised():
+    """Claims come from untrusted passes: one about a position past a program's end, a
+    rank the plan lacks, or of the wrong shape is rejected, and the others still judged."""
+    plan = fixture("recv_first_deadlock")
+    dead = [("cycle", ((0, 0), (1, 0)))]
+    assert kernel.confirm(plan, "deadlock", dead) == ["violated"]
+    for name, bad in [("dependency", ("input", 0, 99)), ("dependency", ("input", 7, 0)),
+                      ("memory", ("peak", 9, 0)), ("deadlock", ("stuck", 5, 5)),
+                      ("deadlock", ("cycle", ((0, 99), (1, 0)))), ("deadlock", ("cycle",)),
+                      ("completeness", ("unit",))]:
+        answers = kernel.confirm(plan, name, [bad] + (dead if name == "deadlock" else []),
+                                 limits=(1, 1))
+        assert answers[0] == "rejected", (name, bad)
+        assert answers[1:] == (["violated"] if name == "deadlock" else [])
