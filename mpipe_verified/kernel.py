@@ -276,9 +276,11 @@ def _num(v) -> str:
     return f"(- {text})" if v < 0 else text
 
 
-def _affine(a, d, real: bool) -> str:
-    j = "(to_real j)" if real else "j"
-    return f"(+ {_num(a)} (* {_num(d)} {j}))" if d else _num(a)
+def _affine(a, ra, d, real: bool) -> str:
+    """``a + ra*i + d*j`` as SMT-LIB text."""
+    i, j = ("(to_real i)", "(to_real j)") if real else ("i", "j")
+    terms = [_num(a)] + [f"(* {_num(c)} {v})" for c, v in ((ra, i), (d, j)) if c]
+    return terms[0] if len(terms) == 1 else f"(+ {' '.join(terms)})"
 
 
 _TEMPLATES = {  # template -> SMT-LIB text of "the fact x holds"
@@ -296,13 +298,15 @@ _REAL = frozenset({"level", "eqr", "ler"})
 
 
 def _query(runs) -> str:
-    """SMT-LIB: some run has a point ``j`` in range that violates its template."""
+    """SMT-LIB: some run has a point ``(i, j)`` in range that violates its template."""
     parts = []
-    for template, (a, d, n) in runs:
+    for template, (a, ra, c, d, n) in runs:
         real = template in _REAL
-        x = [_affine(ai, di, real) for ai, di in zip(a, d)]
-        parts.append(f"(and (<= 0 j) (< j {n}) (not {_TEMPLATES[template](x)}))")
-    return "(declare-const j Int)(assert (or false " + " ".join(parts) + "))"
+        x = [_affine(*v, real) for v in zip(a, ra, d)]
+        parts.append(f"(and (<= 0 i) (< i {c}) (<= 0 j) (< j {n}) "
+                     f"(not {_TEMPLATES[template](x)}))")
+    return ("(declare-const i Int)(declare-const j Int)(assert (or false "
+            + " ".join(parts) + "))")
 
 
 CHUNK = 512
@@ -310,10 +314,22 @@ CHUNK = 512
 
 def _discharge(facts: _Facts, rlimit: int | None) -> tuple[str, str, int]:
     """``("proved", "")``, ``("failed", the violated fact)`` or ``("unknown", reason)``,
-    and the number of runs."""
-    runs = [(t, run) for (t, _), lane in facts.lanes.items()
-            for run in _runs(lane, t not in _REAL)]
+    and the number of runs Z3 was given."""
+    runs = _compress(facts)
     return _decide(runs, rlimit) + (len(runs),)
+
+
+def _compress(facts: _Facts) -> list:
+    """``(template, (a, ra, c, d, n))``: the facts ``a + ra*i + d*j`` for ``i < c``,
+    ``j < n``. Level 1: each class's facts as runs; level 2: the runs of one template,
+    difference and length, whose first facts again change by a constant step. Exact, as
+    each level is: every fact is exactly one point."""
+    same: dict = defaultdict(list)
+    for (t, _), lane in facts.lanes.items():
+        for a, d, n in _runs(lane, t not in _REAL):
+            same[(t, d, n)].append(a)
+    return [(t, (a, ra, c, d, n)) for (t, d, n), starts in same.items()
+            for a, ra, c in _runs(starts, t not in _REAL)]
 
 
 def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
@@ -328,11 +344,12 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
         if answer == z3.unknown:
             return "unknown", solver.reason_unknown()
         if answer == z3.sat:
-            j = solver.model().eval(z3.Int("j"), model_completion=True).as_long()
-            bad = next(f"{t}{tuple(a_ + d_ * j for a_, d_ in zip(a, d))}"
-                       for t, (a, d, n) in chunk if 0 <= j < n
-                       and not _holds(t, [a_ + d_ * j for a_, d_ in zip(a, d)]))
-            return "failed", bad
+            model = solver.model()
+            i, j = (model.eval(z3.Int(v), model_completion=True).as_long() for v in "ij")
+            return "failed", next(
+                f"{t}{x}" for t, (a, ra, c, d, n) in chunk if 0 <= i < c and 0 <= j < n
+                for x in [tuple(a_ + r_ * i + d_ * j for a_, r_, d_ in zip(a, ra, d))]
+                if not _holds(t, x))
     return "proved", ""
 
 
@@ -782,7 +799,8 @@ def _ground(facts: list, rlimit) -> str:
     if rlimit is not None:
         solver.set("rlimit", rlimit)
     real = template in _REAL
-    solver.from_string(f"(assert (not {_TEMPLATES[template]([_affine(v, 0, real) for v in values])}))")
+    solver.from_string(
+        f"(assert (not {_TEMPLATES[template]([_affine(v, 0, 0, real) for v in values])}))")
     answer = solver.check()
     return "violated" if answer == z3.sat else "unknown" if answer == z3.unknown else "rejected"
 

@@ -28,6 +28,20 @@ def test_runs_cover_exactly_the_facts(facts, integral):
     assert points == Counter(facts)
 
 
+@given(st.lists(st.tuples(st.sampled_from(["le", "level"]), st.integers(0, 3),
+                          st.tuples(st.integers(-3, 3) | BIG, st.integers(0, 2))),
+                max_size=60))
+def test_two_level_compression_covers_exactly_the_facts(added):
+    """Runs of runs (``a + ra*i + d*j``) list every fact of every class exactly once."""
+    facts = kernel._Facts()
+    for template, cls, fact in added:
+        facts.add(template, cls, *fact)
+    points = Counter((t, tuple(a_ + r_ * i + d_ * j for a_, r_, d_ in zip(a, ra, d)))
+                     for t, (a, ra, c, d, n) in kernel._compress(facts)
+                     for i in range(c) for j in range(n))
+    assert points == Counter((t, fact) for t, _, fact in added)
+
+
 ARITY = {"one": 1, "eq": 2, "le": 2, "lt": 2, "before": 3, "level": 5, "eqr": 2, "ler": 2}
 
 
