@@ -161,12 +161,13 @@ class _Rules:
             return [("params", name, 0, 0)] if op.kind == "broadcast" and role == "params" else []
         if kind is not Compute:
             return []
-        key = (op.segment, op.stage, op.mb)
-        return {"F": [("out",) + key, ("stored",) + key] + ([("input",) + key] if op.segment
-                                                           else []),
-                "B": [("grad",) + key, ("wdone",) + key],
-                "I": [("grad",) + key, ("wgrad_ready",) + key],
-                "W": [("wdone",) + key], "R": [("stored",) + key]}[op.kind]
+        key, k = (op.segment, op.stage, op.mb), op.kind
+        if k == "F":
+            return [("out",) + key, ("stored",) + key] + ([("input",) + key] if op.segment
+                                                          else [])
+        if k == "B" or k == "I":
+            return [("grad",) + key, ("wdone" if k == "B" else "wgrad_ready",) + key]
+        return [("wdone" if k == "W" else "stored",) + key]  # W, or R
 
     def stores(self, c: Compute, rank: int) -> bool:
         """A forward keeps its activation unless it is a segment's, run where no backward
@@ -469,9 +470,11 @@ def _text(x):
 # ---------------------------------------------------------------- the five properties
 
 
-def _sig(op) -> str:
-    """A compression class for an op: its type and compute kinds."""
-    return type(op).__name__ + "".join(c.kind for c in _members(op) if type(c) is Compute)
+def _sig(op):
+    """A compression class for an op: its compute kind(s), else its type."""
+    kind = type(op)
+    return op.kind if kind is Compute else "".join(c.kind for c in op.ops) \
+        if kind is Overlap else kind
 
 
 def _computes(op) -> tuple:
