@@ -9,7 +9,7 @@ import attrs
 from .. import kernel
 from ..ir import Plan
 
-PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
+PROPERTIES = kernel.PROPERTIES  # the five, in report order
 VERIFIER_VERSION = "mpipe-verify/1"
 
 
