@@ -90,7 +90,8 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
 
 def produces(op: Op) -> tuple[tuple, ...]:
     """Tokens ``op`` leaves on its rank when it finishes. Besides the body's tokens, a
-    cut segment's ``F`` also leaves its raw ``input`` (what a recompute needs), a backward
+    cut segment's ``F`` also leaves its raw ``input`` with the RNG state it ran with (what
+    a recompute needs: it replays those random draws; see ``MemoryModel.rng_state``), a backward
     or ``W`` leaves ``wdone`` (its weight gradient is ready for an all-reduce), and a
     ``broadcast`` tagged ``params:NAME`` leaves ``params`` of segment NAME."""
     kind = type(op)
@@ -670,11 +671,15 @@ def wait_cycle(execution: Execution) -> list[Wait]:
 class MemoryModel:
     """§3.6. ``stored(stage, segment)`` is what an ``F`` keeps for its backward (freed by
     ``B``, or by ``W`` when split); ``buffer(payload)`` is a receive buffer, freed when the
-    consuming op finishes; ``static[rank]`` is the fixed part. Default: the unit model."""
+    consuming op finishes; ``static[rank]`` is the fixed part. ``rng_state`` is the RNG
+    state a shipped raw input carries (its recompute replays the forward's random draws):
+    an ``input`` payload's receive buffer is ``buffer(payload) + rng_state``. Default: the
+    unit model (buffers and RNG states free)."""
 
     stored: Callable[[int, str], float] = lambda stage, segment: 1.0
     buffer: Callable[[Payload], float] = lambda payload: 0.0
     static: tuple[float, ...] = ()
+    rng_state: float = 0.0
 
     def static_of(self, rank: int) -> float:
         return self.static[rank] if rank < len(self.static) else 0.0
@@ -712,7 +717,8 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
             frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
         for r in ((op,) if kind is Recv else p2p_of(op)):
             if isinstance(r, Recv):
-                size = model.buffer(r.payload)
+                size = model.buffer(r.payload) + (model.rng_state
+                                                  if r.payload.kind == INPUT else 0.0)
                 if size:
                     live[("buffer", payload_token(r.payload))] = ("receive buffer of", r, size)
                     alloc += size

@@ -25,7 +25,8 @@ from mpipe_verified.executor import (Batch, CertificateError, PayloadMismatchErr
                                      PipelineError, PipelineExecutor, balanced_cuts, certify,
                                      infer_payload_shapes, split_sequential,
                                      with_payload_shapes)
-from mpipe_verified.executor.comm import Messages, check_outgoing  # noqa: E402
+from mpipe_verified.executor.comm import (Messages, ShippedInput, check_outgoing,  # noqa: E402
+                                          rng_state, set_rng_state)
 from mpipe_verified.executor import NotVerifiedError  # noqa: E402
 from mpipe_verified.ir import Payload, Recv, Send  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
@@ -221,6 +222,26 @@ def test_message_round_trip_and_checks():
             rx.decode(buf, want, 0, "op")
     with pytest.raises(PayloadMismatchError, match="without a trailer"):
         rx.decode(transport(torch.ones(20, dtype=torch.uint8), rx.incoming(want)), want, 0, "op")
+
+
+def test_shipped_input_carries_the_rng_state_that_replays_a_dropout_mask():
+    cpu = torch.device("cpu")
+    want = Payload("input", 0, 1, "vision", shape=(4, 6), dtype="float32")
+    x = torch.randn(4, 6)
+    torch.manual_seed(7)
+    shipped = ShippedInput(x, rng_state(cpu))
+    mask = torch.nn.functional.dropout(torch.ones(64), 0.5) != 0
+    for check in (True, False):  # with and without the trailer
+        rx, tx = Messages(1, cpu, check), Messages(0, cpu, check)
+        got = rx.decode(transport(tx.outgoing(shipped, want), rx.incoming(want)), want, 0, "op")
+        assert torch.equal(got.tensor, x)
+        torch.manual_seed(8)  # another state: the shipped one must win
+        set_rng_state(got.rng, cpu)
+        assert torch.equal(torch.nn.functional.dropout(torch.ones(64), 0.5) != 0, mask)
+    sent_act = attrs.evolve(want, kind="act")
+    buf = transport(Messages(0, cpu).outgoing(x, sent_act), Messages(1, cpu).incoming(want))
+    with pytest.raises(PayloadMismatchError, match="act of stage 0 mb 1"):
+        Messages(1, cpu).decode(buf, want, 0, "op")
 
 
 def test_sender_checks_shape_and_dtype():

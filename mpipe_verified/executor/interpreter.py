@@ -160,6 +160,7 @@ class PipelineExecutor:
         self._connected = False
         self._groups: dict[tuple[int, ...], object] = {}
         self.store: dict = {}
+        self.stored_peak = 0  # most stored activations held at once in the last run
 
     # ------------------------------------------------------------ set-up checks
 
@@ -339,6 +340,8 @@ class PipelineExecutor:
         self.store = {}
         self._inflight: list[_Transfer] = []
         self._unread: list[_Pending] = []
+        self._stored_refs: dict[int, int] = {}
+        self._stored_live = self.stored_peak = 0
         for instr in self._instrs:
             self._execute(instr)
         for pending in self._unread:  # received but never read: still check them
@@ -390,8 +393,31 @@ class PipelineExecutor:
         for t, value in produced.items():
             if t in instr.keep:
                 store[t] = value
+                if t[0] in _HOLDS_ACTIVATION:
+                    self._hold(value)
+        if self._stored_live > self.stored_peak:  # allocations count before frees
+            self.stored_peak = self._stored_live
         for t in instr.drop:
-            store.pop(t, None)
+            value = store.pop(t, None)
+            if t[0] in _HOLDS_ACTIVATION and value is not None:
+                self._release(value)
+
+    def _hold(self, value) -> None:
+        """Count a stored activation (a ``stored`` token's graph, or the one a ``wgrad_ready``
+        token keeps for ``W``: the same activation, counted once)."""
+        key = id(_activation(value))
+        refs = self._stored_refs.get(key, 0)
+        if not refs:
+            self._stored_live += 1
+        self._stored_refs[key] = refs + 1
+
+    def _release(self, value) -> None:
+        key = id(_activation(value))
+        refs = self._stored_refs.pop(key) - 1
+        if refs:
+            self._stored_refs[key] = refs
+        else:
+            self._stored_live -= 1
 
     # ------------------------------------------------------------ compute
 
@@ -442,6 +468,8 @@ class PipelineExecutor:
                 args.append(raw)
             elif s == 0 and data.body is not None:
                 args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
+            shipped = [comm.ShippedInput(raw, comm.rng_state(self.device))
+                       for t in raw_token if t in keep]  # before the forward draws
             y = module(*args)
             out = y
             if not seg and s == self.last_stage:
@@ -452,14 +480,19 @@ class PipelineExecutor:
         produced = {out_token: y.detach()}
         if graph:
             produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)])
-        for t in raw_token:
-            produced[t] = raw
+        for t, value in zip(raw_token, shipped):
+            produced[t] = value
         return produced
 
     def _recompute(self, c: Compute, needs: tuple) -> dict:
+        """Re-run the forward from its shipped input, drawing from the RNG state that
+        forward ran with (this rank's own generators are left as they were)."""
         module = self._module(c)
-        with torch.enable_grad():
-            y = module(self._needed(needs, "input"))
+        shipped: comm.ShippedInput = self._needed(needs, "input")
+        cuda = self.device is not None and self.device.type == "cuda"
+        with torch.random.fork_rng(devices=[self.device] if cuda else []), torch.enable_grad():
+            comm.set_rng_state(shipped.rng, self.device)
+            y = module(shipped.tensor)
         (stored,) = produces(c)
         return {stored: _Saved((), y, self._params[id(module)])}
 
@@ -512,7 +545,8 @@ class PipelineExecutor:
                     raise PipelineError(f"rank {self.rank}: {where}: the plan sends "
                                         f"{comm.describe(c.payload)} but the model produced "
                                         "no gradient there (does that input require grad?)")
-                comm.check_outgoing(value, c.payload, self.rank, where)
+                comm.check_outgoing(value.tensor if type(value) is comm.ShippedInput else value,
+                                    c.payload, self.rank, where)
                 items.append((True, self.messages.outgoing(value, c.payload), c.dst))
             else:
                 buf = self.messages.incoming(c.payload)
@@ -584,6 +618,14 @@ class PipelineExecutor:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         return {}
+
+
+_HOLDS_ACTIVATION = ("stored", "wgrad_ready")  # token kinds whose value keeps a graph
+
+
+def _activation(value) -> _Saved:
+    """The stored activation a ``stored`` or ``wgrad_ready`` value keeps alive."""
+    return value if type(value) is _Saved else value[0]
 
 
 def _rows(mb: Batch) -> int:
