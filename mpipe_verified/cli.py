@@ -46,7 +46,8 @@ from .formats import sarif
 from .formats.output import write_output
 from .formats.spec import Spec, parse_spec, read_text
 from .formats.timeline import as_plan
-from .formats.torch_csv import format_torch_csv, parse_torch_csv, write_torch_csv
+from .formats.torch_csv import (format_torch_csv, parse_torch_csv, with_torch_markers,
+                                without_markers, write_torch_csv)
 from .ir import COMM_STEP, Op, Plan, Schedule
 from .progress import Progress
 from .semantics import COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
@@ -279,10 +280,10 @@ def run_export(args: argparse.Namespace) -> int:
         write_output(args.output or "-", dump_trace(chrome_trace(run, name,
                                                                  args.compute_only)))
         return 0
-    if args.compute_only:
-        out: Schedule | Plan = compute_only(target)
+    if args.compute_only:  # torch's compute-only reader adds its own markers, refuses ours
+        out: Schedule | Plan = without_markers(compute_only(target))
     else:
-        out = as_plan(target, model.duration)
+        out = with_torch_markers(as_plan(target, model.duration))  # runs in torch as written
     try:
         if args.output is None:
             sys.stdout.write(format_torch_csv(out))
