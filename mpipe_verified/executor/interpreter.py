@@ -6,8 +6,8 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
   so that the sum over microbatches is the full batch's loss (``loss_reduction="mean"``:
   each microbatch's mean loss weighted by its share of the rows). ``B``: backward through
   the stored graph (``torch.autograd.backward`` into the stage's parameters and input).
-  ``I``: input gradient only (``torch.autograd.grad``, graph retained); ``W``: weight
-  gradient from the retained graph. ``R``: re-run a segment's forward from its shipped
+  ``I``: input gradient only, keeping the gradient that reaches each parameter node;
+  ``W``: the weight gradients from those nodes (``split_backward``: no second traversal). ``R``: re-run a segment's forward from its shipped
   input to rebuild the graph a following ``B`` needs. ``Overlap`` steps run their members
   one after the other, all reading their inputs first and publishing after.
 - ``SEND``/``RECV``: ``isend``/``irecv``; a ``Group``: ``batch_isend_irecv`` of its
@@ -53,7 +53,7 @@ from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm
+from . import comm, split_backward
 from .batch import Batch
 from .errors import PeerError, PipelineError
 
@@ -509,17 +509,20 @@ class PipelineExecutor:
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
         g = self._needed(needs, "grad")
-        grad_in = None
-        if saved.leaves and saved.output.requires_grad:
-            grad_in = torch.autograd.grad(saved.output, list(saved.leaves), g,
-                                          retain_graph=True)[0]
+        grad_in, work = None, split_backward.WeightWork(())
+        if saved.output.requires_grad:
+            if saved.leaves:
+                grads, work = split_backward.backward_input(saved.output, g, saved.leaves,
+                                                            saved.params)
+                grad_in = grads[0]
+            else:
+                work = split_backward.weight_only(saved.output, g, saved.params)
         grad, wgrad_ready = produces(c)
-        return {grad: grad_in, wgrad_ready: (saved, g)}
+        return {grad: grad_in, wgrad_ready: (saved, work)}
 
     def _weight_grad(self, c: Compute, needs: tuple) -> dict:
-        saved, g = self._needed(needs, "wgrad_ready")
-        if saved.params and saved.output.requires_grad:
-            torch.autograd.backward(saved.output, g, inputs=list(saved.params))
+        _, work = self._needed(needs, "wgrad_ready")
+        split_backward.backward_weight(work)
         (wdone,) = produces(c)
         return {wdone: True}
 
