@@ -28,6 +28,7 @@ the timeout (backends that ignore timeouts, collectives stuck on a hung peer).
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import os
 import re
@@ -186,6 +187,12 @@ class Messages:
                 trailer, dtype=torch.int64).view(torch.uint8).to(self.device))
         return got
 
+    def check_outgoing(self, tensor, payload: Payload, where: str) -> None:
+        """``check_outgoing`` against the cached layout (the same checks and message)."""
+        shape, dtype = self._layout(payload)[:2]
+        if type(tensor) is not torch.Tensor or tensor.dtype != dtype or tensor.shape != shape:
+            check_outgoing(tensor, payload, self.rank, where)
+
     def outgoing(self, value, payload: Payload) -> torch.Tensor:
         """The buffer to send: a tensor, or a ``ShippedInput`` for an ``input`` payload
         (checks done by ``check_outgoing`` first)."""
@@ -338,13 +345,18 @@ def post_p2p(items: Sequence[tuple[bool, torch.Tensor, int]]) -> list:
 
 
 def wait_all(works: list, timeout_s: float, rank: int, where: str, peers: str) -> None:
-    limit = datetime.timedelta(seconds=timeout_s)
+    limit = _limit(timeout_s)
     for work in works:
         try:
             work.wait(limit)
         except Exception as err:  # the backend's own error: make it one clear line
             raise PeerError(f"rank {rank}: {where} with {peers} failed: "
                             f"{backend_reason(err, timeout_s)}") from err
+
+
+@functools.lru_cache(maxsize=8)
+def _limit(timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=timeout_s)
 
 
 def backend_reason(err: BaseException, timeout_s: float) -> str:

@@ -38,6 +38,7 @@ digest before the first op runs.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 from typing import Callable, Mapping, Sequence
@@ -89,13 +90,12 @@ class _Transfer:
 
 
 class _Pending:
-    """A received value whose transfer may still be in flight."""
+    """A received value whose transfer may still be in flight (``buf`` None once read)."""
 
-    __slots__ = ("transfer", "buf", "payload", "src", "value")
+    __slots__ = ("transfer", "buf", "payload", "src")
 
     def __init__(self, transfer: _Transfer, buf, payload, src: int) -> None:
         self.transfer, self.buf, self.payload, self.src = transfer, buf, payload, src
-        self.value = None
 
 
 @attrs.frozen
@@ -108,6 +108,7 @@ class _Instr:
     members: tuple = ()     # per compute member of an Overlap: its own needs
     where: str = ""         # "OP at position I", for messages
     peers: str = ""         # the ranks a comm step talks to, for messages
+    p2p: tuple = ()         # per send/receive: (is_send, payload, peer, token)
 
 
 class PipelineExecutor:
@@ -235,8 +236,11 @@ class PipelineExecutor:
             members = (tuple(self.chain.needs(c, self.rank) for c in op.ops)
                        if isinstance(op, Overlap) else ())
             peers = ", ".join(f"rank {r}" for r in sorted({c.peer for c in p2p_of(op)}))
+            p2p = tuple((type(c) is Send, c.payload, c.peer,
+                         self.chain.needs(c, self.rank)[0] if type(c) is Send
+                         else produces(c)[0]) for c in p2p_of(op))
             out.append(_Instr(index, op, needs[index], keep, drop, members,
-                              f"{op} at position {index}", peers))
+                              f"{op} at position {index}", peers, p2p))
         return tuple(out)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -338,7 +342,7 @@ class PipelineExecutor:
                          for mb in self._mbs]
         self._loss = None
         self.store = {}
-        self._inflight: list[_Transfer] = []
+        self._inflight: collections.deque[_Transfer] = collections.deque()
         self._unread: list[_Pending] = []
         self._stored_refs: dict[int, int] = {}
         self._stored_live = self.stored_peak = 0
@@ -348,7 +352,7 @@ class PipelineExecutor:
             self._resolve(pending)
         for transfer in self._inflight:
             self._finish(transfer)
-        self._inflight, self._unread = [], []
+        self._inflight, self._unread = collections.deque(), []
         self.store = {}
         loss = None if self._loss is None else float(self._loss)
         if broadcast_loss:
@@ -540,21 +544,22 @@ class PipelineExecutor:
 
     def _p2p(self, instr: _Instr) -> dict:
         where, peers = instr.where, instr.peers
+        messages = self.messages
         items, recvs = [], []
-        for c in p2p_of(instr.op):
-            if type(c) is Send:
-                value = self.store[self.chain.needs(c, self.rank)[0]]
+        for is_send, payload, peer, token in instr.p2p:
+            if is_send:
+                value = self.store[token]
                 if value is None:
                     raise PipelineError(f"rank {self.rank}: {where}: the plan sends "
-                                        f"{comm.describe(c.payload)} but the model produced "
+                                        f"{comm.describe(payload)} but the model produced "
                                         "no gradient there (does that input require grad?)")
-                comm.check_outgoing(value.tensor if type(value) is comm.ShippedInput else value,
-                                    c.payload, self.rank, where)
-                items.append((True, self.messages.outgoing(value, c.payload), c.dst))
+                messages.check_outgoing(value.tensor if type(value) is comm.ShippedInput
+                                        else value, payload, where)
+                items.append((True, messages.outgoing(value, payload), peer))
             else:
-                buf = self.messages.incoming(c.payload)
-                items.append((False, buf, c.src))
-                recvs.append((c, buf))
+                buf = messages.incoming(payload)
+                items.append((False, buf, peer))
+                recvs.append((token, buf, payload, peer))
         try:
             works = comm.post_p2p(items)
         except Exception as err:
@@ -563,14 +568,16 @@ class PipelineExecutor:
         transfer = _Transfer(works, [buf for _, buf, _ in items], where, peers)
         if not self.overlap_comms:
             self._finish(transfer)
-            return {produces(c)[0]: self.messages.decode(buf, c.payload, c.src, where)
-                    for c, buf in recvs}
-        self._inflight = [t for t in self._inflight if not t.finished()]
-        self._inflight.append(transfer)
+            return {token: messages.decode(buf, payload, src, where)
+                    for token, buf, payload, src in recvs}
+        inflight = self._inflight  # oldest first: only completed heads are dropped
+        while inflight and inflight[0].finished():
+            inflight.popleft()
+        inflight.append(transfer)
         out = {}
-        for c, buf in recvs:
-            pending = _Pending(transfer, buf, c.payload, c.src)
-            out[produces(c)[0]] = pending
+        for token, buf, payload, src in recvs:
+            pending = _Pending(transfer, buf, payload, src)
+            out[token] = pending
             self._unread.append(pending)
         return out
 
@@ -581,13 +588,15 @@ class PipelineExecutor:
         transfer.buffers = []
 
     def _resolve(self, pending: _Pending):
-        """Wait for a received value (if still in flight) and check it against the plan."""
-        if pending.buf is not None:
-            self._finish(pending.transfer)
-            pending.value = self.messages.decode(pending.buf, pending.payload, pending.src,
-                                                 pending.transfer.where)
-            pending.buf = None
-        return pending.value
+        """Wait for a received value (if still in flight) and check it against the plan;
+        called once per pending value (the store then holds the value itself)."""
+        if pending.buf is None:
+            return None
+        self._finish(pending.transfer)
+        value = self.messages.decode(pending.buf, pending.payload, pending.src,
+                                     pending.transfer.where)
+        pending.buf = None
+        return value
 
     def _collective(self, instr: _Instr) -> dict:
         op: Collective = instr.op
