@@ -7,9 +7,11 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
   each microbatch's mean loss weighted by its share of the rows). ``B``: backward through
   the stored graph (``torch.autograd.backward`` into the stage's parameters and input).
   ``I``: input gradient only, keeping the gradient that reaches each parameter node;
-  ``W``: the weight gradients from those nodes (``split_backward``: no second traversal). ``R``: re-run a segment's forward from its shipped
-  input to rebuild the graph a following ``B`` needs. ``Overlap`` steps run their members
-  one after the other, all reading their inputs first and publishing after.
+  ``W``: the weight gradients from those nodes (``split_backward``: no second
+  traversal). ``R``: re-run a segment's forward from its shipped input, under the RNG
+  state that forward ran with (shipped along: ``comm.ShippedInput``), to rebuild the
+  graph a following ``B`` needs. ``Overlap`` steps run their members one after the
+  other, all reading their inputs first and publishing after.
 - ``SEND``/``RECV``: ``isend``/``irecv``; a ``Group``: ``batch_isend_irecv`` of its
   members. Every comm op is *posted* at its place in the plan, in plan order. With
   ``overlap_comms=False`` the rank then waits for it at once (the rendezvous program of
@@ -30,6 +32,9 @@ tokens an op reads (checked present before it runs) and ``produces(op)`` which i
 kept only if a later op of this rank needs it and dropped after its last use, so stored
 activations are freed exactly where the semantics' memory model frees them; a forward
 whose stored activation no later op needs runs without building a graph.
+``stored_peak`` counts them: the most stored activations (``stored`` values and the
+``wgrad_ready`` values that keep the same graph for ``W``, one graph counted once) held
+at once in the last run, allocations of a step counted before its frees.
 
 Certified plans only: the constructor calls ``check_certificate`` before anything else
 (no process group is touched when it refuses), and ``connect`` compares every rank's plan

@@ -11,7 +11,8 @@ So ``I`` then ``W`` does the work of one ``B`` (plus the graph walk).
 
 Invariants: the weight gradients equal ``B``'s (accumulated into ``.grad``); the graph
 stays alive until ``W`` (the forward's stored activation, which the memory model frees at
-``W``), and what ``I`` adds to it is one gradient per parameter node output. A parameter
+``W``; ``W`` frees each part as it runs it), and what ``I`` adds to it is one gradient per
+parameter node output. A parameter
 group whose parameter nodes feed one another (a weight used twice along one path) would
 count a contribution twice from its nodes, so it back-propagates from the stage's output
 instead (correct, at the cost of a full traversal for that group).
@@ -69,10 +70,14 @@ def weight_only(output: torch.Tensor, grad, params: tuple) -> WeightWork:
 
 
 def backward_weight(work: WeightWork) -> None:
-    """Accumulate the weight gradients into ``.grad``."""
-    for roots, grads, params in work.groups:
-        torch.autograd.backward(list(roots), list(grads), retain_graph=True,
-                                inputs=list(params))
+    """Accumulate the weight gradients into ``.grad``. Each call frees the graph parts it
+    ran (no later call needs them: groups share no node), except a call that starts at
+    the stage output, which runs first and keeps the graph for the others."""
+    last = len(work.groups) - 1
+    for index, (roots, grads, params) in enumerate(work.groups):
+        from_output = type(roots[0]) is torch.Tensor
+        torch.autograd.backward(list(roots), list(grads), inputs=list(params),
+                                retain_graph=from_output and index < last)
 
 
 def _keeper(kept: dict, node: Node):
@@ -146,7 +151,7 @@ def _groups(nodes: dict, kept: dict, fallback: list, output, grad, parents) -> t
             if id(p) not in owner:
                 owner[id(p)] = target
                 members[target][1].append(p)
-    out, fallback = [], list(fallback)
+    out, fallback = [], list(fallback)  # the group from the output goes first
     for group_nodes, ps in members:
         if not ps:
             continue
@@ -161,9 +166,8 @@ def _groups(nodes: dict, kept: dict, fallback: list, output, grad, parents) -> t
                     grads.append(g)
         if roots:
             out.append((tuple(roots), tuple(grads), tuple(ps)))
-    if fallback:
-        out.append(((output,), (grad,), tuple(fallback)))
-    return tuple(out)
+    head = (((output,), (grad,), tuple(fallback)),) if fallback else ()
+    return head + tuple(out)
 
 
 def _feed_each_other(group_nodes: list, parents: dict) -> bool:
