@@ -18,6 +18,11 @@ ratio ours / torch per schedule (target <= 1.0): ``ratio`` is the ratio of the m
 ``paired`` the median of the per-round ratios (robust to load drifting during the run),
 ``cpu ms`` the CPU time of one step summed over all ranks (all threads).
 
+After that run, a second one on 2 ranks with a tiny model (dim 8, 1F1B; overhead-bound)
+prints ``overhead_us_per_op ours=X torch=Y``: the median step time over the ops one rank
+runs (our plan's ops per rank, the same schedule for both), ``X`` the worse of our default
+and ``overlap_comms=False`` modes (``--overhead-steps 0`` skips it).
+
 Contenders: ``ours`` (the default executor: every op posted in plan order, a receive
 waited for when its value is first used, sends completed in the background),
 ``ours-strict`` (``overlap_comms=False``: wait right after each comm op) and
@@ -50,16 +55,27 @@ def parse(argv=None):
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "interleaved-1f1b"])
     ap.add_argument("--no-check-messages", action="store_true",
                     help="send bare tensors (no self-describing trailer)")
+    ap.add_argument("--overhead-steps", type=int, default=200,
+                    help="timed steps of the per-op overhead run (0: skip it)")
+    ap.add_argument("--overhead-line", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+OVERHEAD_RUN = ["--nproc", "2", "--dim", "8", "--schedules", "1f1b"]  # tiny: overhead-bound
 
 
 def main(argv=None) -> int:
     args = parse(argv)
-    if "RANK" not in os.environ:  # launch ourselves as N ranks
-        from mpipe_verified.executor.launch import launch
-        return launch(args.nproc, [sys.executable, os.path.abspath(__file__),
-                                   *(sys.argv[1:] if argv is None else argv)], "gloo")
-    return rank_main(args)
+    if "RANK" in os.environ:
+        return rank_main(args)
+    from mpipe_verified.executor.launch import launch  # launch ourselves as N ranks
+    argv = sys.argv[1:] if argv is None else argv
+    me = [sys.executable, os.path.abspath(__file__)]
+    code = launch(args.nproc, me + argv, "gloo")
+    if code or not args.overhead_steps or args.overhead_line:
+        return code
+    return launch(2, me + argv + OVERHEAD_RUN + ["--steps", str(args.overhead_steps),
+                                                 "--overhead-line"], "gloo")
 
 
 def rank_main(args) -> int:
@@ -200,6 +216,13 @@ def rank_main(args) -> int:
                       f"{paired:6.2f} {cpu[name] * 1e3:7.1f}")
             print(f"{schedule:17} ({n} stages, {ops} ops per step in our plan; largest "
                   f"|grad ours - grad torch| {d:.1e})")
+            if args.overhead_line:  # wall per op: median step over the ops of one rank
+                per_op = {k: statistics.median(ts) / (ops / world) * 1e6
+                          for k, ts in times.items()}
+                print(f"overhead_us_per_op ours={max(per_op['ours'], per_op['ours-strict']):.0f}"
+                      f" torch={per_op['torch']:.0f} (dim {args.dim}, {world} ranks, {schedule};"
+                      f" default {per_op['ours']:.0f}, overlap_comms=False "
+                      f"{per_op['ours-strict']:.0f})")
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -52,7 +52,7 @@ from .formats.plan_json import format_plan_json, parse_plan_json, read_plan_json
 from .formats.spec import Spec, parse_spec, read_text
 from .formats.timeline import as_plan
 from .formats.torch_csv import (format_torch_csv, holds_actions, parse_torch_csv,
-                                 write_torch_csv)
+                                 with_torch_markers, without_markers, write_torch_csv)
 from .ir import Group, Op, Plan, Recv, Schedule, Send
 from .progress import Progress
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
@@ -333,13 +333,13 @@ def run_export(args: argparse.Namespace) -> int:
         write_output(args.output or "-", dump_trace(chrome_trace(run, name,
                                                                  args.compute_only)))
         return 0
-    if args.compute_only:
-        out: Schedule | Plan = compute_only(target)
-    else:
-        out = as_plan(target, model.duration)
+    out = compute_only(target) if args.compute_only else as_plan(target, model.duration)
     if args.to == "plan-json":
         write_output(args.output or "-", format_plan_json(out))
         return 0
+    # torch's compute-only reader adds its own markers and refuses ours; its runtime runs a
+    # plan with comms as written, which needs torch's REDUCE_GRAD/UNSHARD/RESHARD cells
+    out = without_markers(out) if args.compute_only else with_torch_markers(out)
     try:
         if args.output is None:
             sys.stdout.write(format_torch_csv(out))
@@ -858,6 +858,10 @@ def _add_recheck(sub: argparse._SubParsersAction) -> None:
                         "cells")
     p.add_argument("certificate", metavar="CERT.json")
     p.add_argument("--format", choices=FORMATS, default="auto", help="the plan's format")
+    p.add_argument("--comm-model", choices=COMM_MODELS,
+                   help="require the certificate to be for this model (it is reported always)")
+    p.add_argument("--memory-limit", type=memory_limit, metavar="N",
+                   help="require the certificate to prove this per-rank limit")
     p.add_argument("--solver-rlimit", type=int, metavar="R",
                    help="cap Z3's resource count per query; running out gives exit 3")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -874,12 +878,21 @@ def run_recheck(args: argparse.Namespace) -> int:
         raise InputError(f"{args.certificate}: not JSON: {e}") from None
     if not isinstance(data, dict):
         raise InputError(f"{args.certificate}: expected a JSON object")
-    proven, reasons = kernel.recheck(plan, data, args.solver_rlimit)
+    limits = (None if args.memory_limit is None
+              else (args.memory_limit,) * plan.num_ranks)
+    proven, reasons = kernel.recheck(plan, data, args.solver_rlimit, args.comm_model, limits)
+    sizes = data.get("sizes")
+    unit = isinstance(sizes, dict) and sizes == kernel.Sizes.of(plan, UNIT_MEMORY).to_json()
+    under = {"comm_model": data.get("comm_model"), "memory_limit": data.get("memory_limit"),
+             "memory_sizes": "unit model" if unit else "the certificate's own"}
     if args.json:
         print(json.dumps({"source": args.plan, "certificate": args.certificate,
-                          "proven": proven, "reasons": reasons}, indent=2))
+                          "proven": proven, "reasons": reasons, **under}, indent=2))
     else:
-        verdict = "PROVEN (all five properties, by the kernel)" if proven else "NOT ESTABLISHED"
+        verdict = ("PROVEN (all five properties, by the kernel): under the "
+                   f"{under['comm_model']} model, memory limit per rank "
+                   f"{under['memory_limit'] or 'none'}, memory sizes: {under['memory_sizes']}"
+                   if proven else "NOT ESTABLISHED")
         print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
     return 0 if proven else 3
 

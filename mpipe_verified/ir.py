@@ -55,10 +55,16 @@ class Overlap:
     """Several compute ops in one step (DualPipeV's ``OVERLAP_F_B``); all read their
     inputs before the step and publish their outputs after it."""
 
-    ops: tuple[Compute, ...]
+    ops: tuple[Compute, ...] = attrs.field(validator=lambda _, __, ops: _members_are(
+        ops, (Compute,), "an overlapped step holds compute ops"))
 
     def __str__(self) -> str:
         return "(" + ";".join(map(str, self.ops)) + ")OVERLAP_F_B"
+
+
+def _members_are(ops, kinds: tuple, what: str) -> None:
+    if type(ops) is not tuple or not all(type(op) in kinds for op in ops):
+        raise ValueError(f"{what}, got {ops!r}")
 
 
 _LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN"}
@@ -136,7 +142,8 @@ class Group:
     """Comm ops posted together (NCCL group / ``batch_isend_irecv``): the group completes
     when every member has matched; members never block each other."""
 
-    ops: tuple[P2P, ...]
+    ops: tuple[P2P, ...] = attrs.field(validator=lambda _, __, ops: _members_are(
+        ops, (Send, Recv), "a group holds sends and receives"))
 
     def __str__(self) -> str:
         return "[" + ";".join(map(str, self.ops)) + "]GROUP"

@@ -271,9 +271,12 @@ def _runs_exact(facts: list) -> list:
 
 
 def _num(v) -> str:
-    """An exact number as SMT-LIB text."""
-    text = (f"(/ {abs(v.numerator)}.0 {v.denominator}.0)"
-            if isinstance(v, Fraction) and v.denominator != 1 else str(abs(int(v))))
+    """An exact number (an int or a Fraction, nothing else) as SMT-LIB text."""
+    if type(v) is int:
+        return f"(- {-v})" if v < 0 else str(v)
+    if type(v) is not Fraction:
+        raise TypeError(f"an obligation holds {v!r}, not an exact number")
+    text = f"(/ {abs(v.numerator)}.0 {v.denominator}.0)"
     return f"(- {text})" if v < 0 else text
 
 
@@ -348,9 +351,9 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
             model = solver.model()
             i, j = (model.eval(z3.Int(v), model_completion=True).as_long() for v in "ij")
             return "failed", next(
-                f"{t}{x}" for t, (a, ra, c, d, n) in chunk if 0 <= i < c and 0 <= j < n
-                for x in [tuple(a_ + r_ * i + d_ * j for a_, r_, d_ in zip(a, ra, d))]
-                if not _holds(t, x))
+                (f"{t}{x}" for t, (a, ra, c, d, n) in chunk if 0 <= i < c and 0 <= j < n
+                 for x in [tuple(a_ + r_ * i + d_ * j for a_, r_, d_ in zip(a, ra, d))]
+                 if not _holds(t, x)), f"a fact at i={i}, j={j}")
     return "proved", ""
 
 
@@ -373,11 +376,11 @@ class Witness:
     last; ``peaks[r]``: the claimed peak and ``peak_at[r]`` the position of the step that
     reaches it (-1: the static part, for an empty program)."""
 
-    finish: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 2))
-    producers: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 2))
-    levels: tuple
-    peaks: tuple
-    peak_at: tuple = attrs.field(validator=lambda _, a, v: _ints(a.name, v, 1))
+    finish: tuple = attrs.field(validator=lambda _, a, v: _numbers(a.name, v, 2, (int,)))
+    producers: tuple = attrs.field(validator=lambda _, a, v: _numbers(a.name, v, 2, (int,)))
+    levels: tuple = attrs.field(validator=lambda _, a, v: _numbers(a.name, v, 2, EXACT))
+    peaks: tuple = attrs.field(validator=lambda _, a, v: _numbers(a.name, v, 1, EXACT))
+    peak_at: tuple = attrs.field(validator=lambda _, a, v: _numbers(a.name, v, 1, (int,)))
 
     def to_json(self) -> dict:
         return {"finish": [list(f) for f in self.finish],
@@ -396,48 +399,61 @@ class Witness:
 
 @attrs.frozen
 class Sizes:
-    """Memory sizes, exact: ``stored[(segment, stage)]`` (default 1), ``buffer[(kind,
-    segment, stage, to_segment)]`` (default 0), ``static[rank]`` (default 0)."""
+    """Memory sizes, exact and >= 0: ``stored[(segment, stage)]`` (default 1),
+    ``buffer[payload]`` the receive buffer of a payload (default 0), ``static[rank]``
+    (default 0)."""
 
     stored: dict = attrs.field(factory=dict)
     buffer: dict = attrs.field(factory=dict)
     static: tuple = ()
 
+    def __attrs_post_init__(self) -> None:
+        values = (*self.stored.values(), *self.buffer.values(), *self.static)
+        if not all(type(v) in EXACT and v >= 0 for v in values):
+            raise ValueError("memory sizes must be exact numbers >= 0")
+
     @classmethod
     def of(cls, plan: Plan, model) -> "Sizes":
-        """Sizes from a memory model with ``stored(stage, segment)``, ``buffer(payload)``
-        and ``static_of(rank)``, for every key the plan mentions."""
+        """Sizes from a memory model with ``stored(stage, segment)``, ``received(payload)``
+        (a receive buffer) and ``static_of(rank)``, for every key the plan mentions."""
         stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in _units(plan)}
         buffer = {}
         for prog in plan.programs:
             for op in prog:
                 for c in _members(op):
-                    if type(c) is Recv:
-                        p = c.payload
-                        key = (p.kind, p.segment, p.stage, p.to_segment)
-                        if key not in buffer:
-                            buffer[key] = _exact(model.buffer(p))
-        return cls(stored, buffer, tuple(_exact(model.static_of(r))
-                                         for r in range(plan.num_ranks)))
+                    if type(c) is Recv and c.payload not in buffer:
+                        buffer[c.payload] = _exact(model.received(c.payload))
+        return cls(stored, {p: v for p, v in buffer.items() if v},
+                   tuple(_exact(model.static_of(r)) for r in range(plan.num_ranks)))
 
     def to_json(self) -> dict:
         return {"stored": [[seg, s, _text(v)] for (seg, s), v in sorted(self.stored.items())],
-                "buffer": [[*k, _text(v)] for k, v in sorted(self.buffer.items(), key=str)],
+                "buffer": [[attrs.asdict(p, retain_collection_types=False), _text(v)]
+                           for p, v in sorted(self.buffer.items(), key=repr)],
                 "static": [_text(v) for v in self.static]}
 
     @classmethod
     def from_json(cls, data: dict) -> "Sizes":
+        def payload(d: dict) -> Payload:
+            shape = d["shape"]
+            return Payload(d["kind"], d["stage"], d["mb"], d["segment"],
+                           None if shape is None else tuple(shape), d["dtype"], d["to_segment"])
         return cls({(str(seg), _int(s)): _exact(v) for seg, s, v in data["stored"]},
-                   {(str(k), str(seg), _int(s), None if to is None else str(to)): _exact(v)
-                    for k, seg, s, to, v in data["buffer"]},
+                   {payload(p): _exact(v) for p, v in data["buffer"]},
                    tuple(_exact(v) for v in data["static"]))
 
 
-def _ints(name: str, value, depth: int) -> None:
-    """``value`` (None, or nested tuples ``depth`` deep) holds only ints."""
-    if value is not None and not all(type(x) is int for x in (
-            value if depth == 1 else (x for row in value for x in row))):
-        raise ValueError(f"witness {name} must hold only integers")
+EXACT = (int, Fraction)
+
+
+def _numbers(name: str, value, depth: int, kinds: tuple) -> None:
+    """``value`` is None, or tuples nested ``depth`` deep holding only ``kinds``."""
+    if value is None:
+        return
+    rows = (value,) if depth == 1 else value
+    if type(value) is not tuple or not all(
+            type(row) is tuple and all(type(x) in kinds for x in row) for row in rows):
+        raise ValueError(f"witness {name} must be tuples of {' or '.join(k.__name__ for k in kinds)}")
 
 
 def _units(plan: Plan) -> list:
@@ -446,12 +462,14 @@ def _units(plan: Plan) -> list:
 
 
 def _exact(x):
-    """A number exactly: int, Fraction, an ``"a/b"`` text, or a finite float."""
+    """A number exactly: int, Fraction, an ``"a/b"`` text (short), or a finite float."""
     if isinstance(x, bool):
         raise ValueError("a size must be a number")
     if isinstance(x, int):
         return x
     if isinstance(x, str):
+        if len(x) > 64 or "e" in x.lower():
+            raise ValueError(f"not a short exact number: {x[:20]!r}")
         x = Fraction(x)
     x = Fraction(x)  # a float converts exactly (non-finite floats raise)
     return x.numerator if x.denominator == 1 else x
@@ -650,8 +668,8 @@ def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "
     """The witness lists a level before each step that allocates or frees something, and
     one after the last; a step that moves nothing keeps the level (sizes are >= 0, so its
     peak is within the next step's, or the final level's)."""
-    if witness.levels is None or len(witness.levels) != rules.p or not all(
-            v >= 0 for v in (*sizes.stored.values(), *sizes.buffer.values())):
+    if witness.levels is None or not (len(witness.levels) == len(witness.peaks)
+                                      == len(witness.peak_at) == rules.p):
         facts.flag("witness", False, at=("witness",))
         return
     for rank, prog in enumerate(plan.programs):
@@ -696,10 +714,9 @@ def _steps(prog, rank: int, rules: _Rules, sizes: "Sizes"):
                 frees += [("buffer", t) for t in rules.needs(c, rank) if t[0] in _TRANSFER]
             for c in _members(op):
                 if type(c) is Recv:
-                    p = c.payload
-                    size = sizes.buffer.get((p.kind, p.segment, p.stage, p.to_segment), 0)
+                    size = sizes.buffer.get(c.payload, 0)
                     if size:
-                        live[("buffer", _carried(p))] = size
+                        live[("buffer", _carried(c.payload))] = size
                         alloc += size
         yield alloc, sum(live.pop(key) for key in frees if key in live)
 
@@ -811,7 +828,9 @@ def _ground(facts: list, rlimit) -> str:
 def _missing_inputs(plan: Plan, rules: _Rules, claim) -> list:
     """An input of the op at ``(rank, index)`` that no earlier op on the rank produces."""
     _, rank, index = claim
-    prog = plan.programs[rank]
+    prog = plan.programs[_place(plan, rank)]
+    if not 0 <= index < len(prog):
+        return []
     made = {t for op in prog[:index] for t in rules.produces(op)}
     return [("one", (0,)) for t in rules.needs(prog[index], rank) if t not in made][:1]
 
@@ -819,8 +838,9 @@ def _missing_inputs(plan: Plan, rules: _Rules, claim) -> list:
 def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
     """The level at step ``index`` of ``rank`` (``-1``: the static part) over its limit."""
     _, rank, index = claim
-    if limits is None:
-        return []
+    n = len(plan.programs[_place(plan, rank)])
+    if limits is None or not (0 <= index < n or index == -1 == n - 1):
+        return []  # a step of the program, or -1 for the static part of an empty one
     level = sizes.static[rank] if rank < len(sizes.static) else 0
     top = level
     for k, (alloc, freed) in enumerate(_steps(plan.programs[rank], rank, rules, sizes)):
@@ -831,6 +851,12 @@ def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
     return [("ler", (top, _exact(limits[rank])))]
 
 
+def _place(plan: Plan, rank) -> int:
+    if type(rank) is not int or not 0 <= rank < plan.num_ranks:
+        raise IndexError(f"no rank {rank!r}")
+    return rank
+
+
 def _confirm_wait(claim, waits: dict, rlimit) -> str:
     """A rank stuck on an endpoint with no FIFO partner (or a collective a member never
     calls), or a wait-for cycle: each op of the cycle waits on a partner that its next
@@ -839,16 +865,19 @@ def _confirm_wait(claim, waits: dict, rlimit) -> str:
     if claim[0] == "stuck":
         return _ground([f for _, f in waits.get(tuple(claim[1:]), ()) if not _holds(*f)][:1],
                        rlimit)
-    cycle = list(claim[1])
+    cycle = [tuple(at) for at in claim[1]]
+    if not cycle or not all(at in waits for at in cycle):  # each a blocking comm step
+        return "rejected"
     t = [z3.Int(f"t{k}") for k in range(len(cycle))]
     solver = z3.Solver()
     if rlimit is not None:
         solver.set("rlimit", rlimit)
     for k, at in enumerate(cycle):
         nxt_rank, nxt_index = cycle[(k + 1) % len(cycle)]
-        later = [j for on, _ in waits.get(tuple(at), ()) if on and on[0] == nxt_rank
-                 for j in (on[1],)]
-        solver.add(z3.Implies(max(later, default=-1) > nxt_index, t[k] > t[(k + 1) % len(t)]))
+        later = [on[1] for on, _ in waits[at] if on and on[0] == nxt_rank]
+        if not later:
+            return "rejected"  # it waits on nothing of the next rank
+        solver.add(z3.Implies(max(later) > nxt_index, t[k] > t[(k + 1) % len(t)]))
     answer = solver.check()
     return "violated" if answer == z3.unsat else "unknown" if answer == z3.unknown else "rejected"
 
@@ -888,10 +917,20 @@ def certificate(plan: Plan, witness: Witness, comm_model: str, sizes: Sizes, lim
             "sizes": sizes.to_json(), "witness": witness.to_json()}
 
 
-def recheck(plan: Plan, data, rlimit: int | None = None) -> tuple[bool, list[str]]:
+def recheck(plan: Plan, data, rlimit: int | None = None, comm_model: str | None = None,
+            limits=None) -> tuple[bool, list[str]]:
     """Re-prove all five properties of ``plan`` from a certificate (``certificate``'s
-    JSON): ``(True, [])``, or ``(False, reasons)`` when it does not establish them."""
+    JSON): ``(True, [])``, or ``(False, reasons)`` when it does not establish them. What
+    is proved is under the certificate's comm model and memory limits; ``comm_model`` and
+    ``limits`` (one per rank), when given, must be the certificate's."""
     try:
+        if comm_model is not None and data.get("comm_model") != comm_model:
+            return False, [f"the certificate is for the {data.get('comm_model')} model, not "
+                           f"{comm_model}"]
+        if limits is not None and (type(data.get("memory_limit")) is not list or [
+                _exact(x) for x in data["memory_limit"]] != [_exact(x) for x in limits]):
+            return False, [f"the certificate proves the memory limit "
+                           f"{data.get('memory_limit')}, not {list(limits)}"]
         if data.get("format") != CERTIFICATE_FORMAT:
             return False, [f"not a {CERTIFICATE_FORMAT} certificate"]
         if data["digest"] != digest(plan):
@@ -899,10 +938,13 @@ def recheck(plan: Plan, data, rlimit: int | None = None) -> tuple[bool, list[str
         if sorted(data["properties"]) != sorted(PROPERTIES):
             return False, ["the certificate does not claim all five properties"]
         limit = data["memory_limit"]
+        if limit is not None and type(limit) is not list:
+            return False, ["memory_limit must be null or a list of one number per rank"]
         limits = None if limit is None else tuple(_exact(x) for x in limit)
         sizes, witness = Sizes.from_json(data["sizes"]), Witness.from_json(data["witness"])
         verdicts = prove(plan, witness, data["comm_model"], sizes, limits, rlimit)
-    except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+    except (AttributeError, IndexError, KeyError, OverflowError, TypeError, ValueError,
+            ZeroDivisionError) as error:
         return False, [f"malformed certificate: {type(error).__name__}: {error}"]
     reasons = [f"{name}: {v.status} {v.detail}".strip() for name, v in verdicts.items()
                if v.status != "proved"]

@@ -91,7 +91,8 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
 
 def produces(op: Op) -> tuple[tuple, ...]:
     """Tokens ``op`` leaves on its rank when it finishes. Besides the body's tokens, a
-    cut segment's ``F`` also leaves its raw ``input`` (what a recompute needs), a backward
+    cut segment's ``F`` also leaves its raw ``input`` with the RNG state it ran with (what
+    a recompute needs: it replays those random draws; see ``MemoryModel.rng_state``), a backward
     or ``W`` leaves ``wdone`` (its weight gradient is ready for an all-reduce), and a
     ``broadcast`` tagged ``params:NAME`` leaves ``params`` of segment NAME."""
     kind = type(op)
@@ -808,14 +809,23 @@ def wait_cycle(execution: Execution) -> list[Wait]:
 class MemoryModel:
     """§2.6. ``stored(stage, segment)`` is what an ``F`` keeps for its backward (freed by
     ``B``, or by ``W`` when split); ``buffer(payload)`` is a receive buffer, freed when the
-    consuming op finishes; ``static[rank]`` is the fixed part. Default: the unit model."""
+    consuming op finishes; ``static[rank]`` is the fixed part. ``rng_state`` is the RNG
+    state a shipped raw input carries (its recompute replays the forward's random draws):
+    an ``input`` payload's receive buffer is ``buffer(payload) + rng_state``. Default: the
+    unit model (buffers and RNG states free)."""
 
     stored: Callable[[int, str], float] = lambda stage, segment: 1.0
     buffer: Callable[[Payload], float] = lambda payload: 0.0
     static: tuple[float, ...] = ()
+    rng_state: float = 0.0
 
     def static_of(self, rank: int) -> float:
         return self.static[rank] if rank < len(self.static) else 0.0
+
+    def received(self, payload: Payload) -> float:
+        """The receive buffer of ``payload``: ``buffer(payload)``, plus ``rng_state`` for a
+        shipped raw input."""
+        return self.buffer(payload) + (self.rng_state if payload.kind == INPUT else 0.0)
 
 
 UNIT_MEMORY = MemoryModel()
@@ -832,10 +842,10 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
     steps: list[tuple[float, float]] = []
     snapshot: list = []
     chain = Chain.of(plan)
-    stored, buffer = model.stored, model.buffer
+    stored, buffer = model.stored, model.received
     if exact is not None:
         stored, buffer = (lambda s, seg: exact(model.stored(s, seg))), (
-            lambda p: exact(model.buffer(p)))
+            lambda p: exact(model.received(p)))
     for index, op in enumerate(plan.programs[rank]):
         alloc, frees = (0.0 if exact is None else 0), []
         kind = type(op)

@@ -14,7 +14,9 @@ import pytest
 
 from mpipe_verified.algebra import families
 from mpipe_verified.cli import main
-from mpipe_verified.formats.torch_csv import parse_torch_csv, read_torch_csv, write_torch_csv
+from mpipe_verified.formats.torch_csv import (parse_torch_csv, read_torch_csv,
+                                              with_torch_markers, without_markers,
+                                              write_torch_csv)
 from mpipe_verified.ir import Plan
 from mpipe_verified.lower import lower
 
@@ -38,7 +40,9 @@ def test_export_family_reads_back_as_the_lowered_plan(capsys, name):
     code, out, err = run(capsys, "export", *family_args(name), "--to", "torch-csv")
     assert (code, err) == (0, "")
     schedule = families.family(name, 4, 8, 2 if name == "interleaved-1f1b" else None).derive()
-    assert parse_torch_csv(out, "out.csv") == lower(schedule)
+    read = parse_torch_csv(out, "out.csv")
+    assert read == with_torch_markers(lower(schedule))
+    assert without_markers(read) == lower(schedule)  # markers are all it adds
 
 
 @pytest.mark.parametrize("name", list(families.FAMILIES))
@@ -55,7 +59,7 @@ def test_export_to_file_creates_parents_and_csv_inputs_round_trip(capsys, tmp_pa
     out = tmp_path / "a" / "b" / "zb.csv"
     assert run(capsys, "export", str(EXAMPLES / "zb-h1.toml"), "--to", "torch-csv",
                "-o", str(out)) == (0, "", "")
-    assert read_torch_csv(out) == lower(schedule)
+    assert read_torch_csv(out) == with_torch_markers(lower(schedule))
     # a lowered CSV is written as is; a compute-only one is lowered
     again = tmp_path / "again.csv"
     assert run(capsys, "export", str(out), "--to", "torch-csv", "-o", str(again))[0] == 0
@@ -64,7 +68,7 @@ def test_export_to_file_creates_parents_and_csv_inputs_round_trip(capsys, tmp_pa
     write_torch_csv(schedule, str(compute))
     assert read_torch_csv(str(compute)) == Plan.from_schedule(schedule)
     code, text, _ = run(capsys, "export", str(compute), "--to", "torch-csv")
-    assert code == 0 and parse_torch_csv(text, "x.csv") == lower(schedule)
+    assert code == 0 and parse_torch_csv(text, "x.csv") == with_torch_markers(lower(schedule))
     # the compute-only view of a lowered file drops its comm cells
     code, text, _ = run(capsys, "export", str(out), "--to", "torch-csv", "--compute-only")
     assert parse_torch_csv(text, "x.csv") == Plan.from_schedule(schedule)
@@ -224,7 +228,8 @@ def test_console_script_runs_the_demo(tmp_path):
                              "-o", "out/zb-h1.csv"], capture_output=True, text=True,
                             cwd=tmp_path, timeout=60)
     assert (export.returncode, export.stdout, export.stderr) == (0, "", "")
-    assert read_torch_csv(tmp_path / "out" / "zb-h1.csv") == lower(families.zb_h1(4, 8).derive())
+    assert read_torch_csv(tmp_path / "out" / "zb-h1.csv") == with_torch_markers(
+        lower(families.zb_h1(4, 8).derive()))
 
 
 def test_console_script_bad_input(tmp_path):

@@ -26,7 +26,9 @@ from mpipe_verified.executor import (Batch, CertificateError, PayloadMismatchErr
                                      PipelineError, PipelineExecutor, balanced_cuts, certify,
                                      infer_payload_shapes, split_sequential,
                                      with_payload_shapes)
-from mpipe_verified.executor.comm import Messages, check_outgoing  # noqa: E402
+from mpipe_verified.executor.comm import (Messages, ShippedInput, check_outgoing,  # noqa: E402
+                                          rng_state, set_rng_state)
+from mpipe_verified.executor import split_backward  # noqa: E402
 from mpipe_verified.executor import NotVerifiedError  # noqa: E402
 from mpipe_verified.ir import Payload, Recv, Send  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
@@ -222,6 +224,75 @@ def test_message_round_trip_and_checks():
             rx.decode(buf, want, 0, "op")
     with pytest.raises(PayloadMismatchError, match="without a trailer"):
         rx.decode(transport(torch.ones(20, dtype=torch.uint8), rx.incoming(want)), want, 0, "op")
+
+
+def test_shipped_input_carries_the_rng_state_that_replays_a_dropout_mask():
+    cpu = torch.device("cpu")
+    want = Payload("input", 0, 1, "vision", shape=(4, 6), dtype="float32")
+    x = torch.randn(4, 6)
+    torch.manual_seed(7)
+    shipped = ShippedInput(x, rng_state(cpu))
+    mask = torch.nn.functional.dropout(torch.ones(64), 0.5) != 0
+    for check in (True, False):  # with and without the trailer
+        rx, tx = Messages(1, cpu, check), Messages(0, cpu, check)
+        got = rx.decode(transport(tx.outgoing(shipped, want), rx.incoming(want)), want, 0, "op")
+        assert torch.equal(got.tensor, x)
+        torch.manual_seed(8)  # another state: the shipped one must win
+        set_rng_state(got.rng, cpu)
+        assert torch.equal(torch.nn.functional.dropout(torch.ones(64), 0.5) != 0, mask)
+    sent_act = attrs.evolve(want, kind="act")
+    buf = transport(Messages(0, cpu).outgoing(x, sent_act), Messages(1, cpu).incoming(want))
+    with pytest.raises(PayloadMismatchError, match="act of stage 0 mb 1"):
+        Messages(1, cpu).decode(buf, want, 0, "op")
+
+
+def _graph_nodes(root):
+    seen, stack = {root}, [root]
+    while stack:
+        for child, _ in stack.pop().next_functions:
+            if child is not None and child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return seen
+
+
+@pytest.mark.parametrize("shared_weight", (False, True))
+def test_split_backward_gives_the_plain_backward_gradients(shared_weight):
+    """I then W: the input gradient and every weight gradient of one plain backward; I
+    leaves the weights alone, and W never runs the input path's own nodes again (the
+    GELU), also when a weight used twice along one path sends its group back to the
+    output."""
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 16),
+                               torch.nn.GELU(), torch.nn.Linear(16, 8))
+    shared = torch.nn.Linear(8, 8)
+    params = (*body.parameters(), *shared.parameters())
+    x0, g = torch.randn(4, 8), torch.randn(4, 8)
+
+    def run(split: bool):
+        for p in params:
+            p.grad = None
+        x = x0.clone().requires_grad_(True)
+        y = body(x)
+        y = shared(shared(y)) if shared_weight else y
+        if not split:
+            y.backward(g)
+            return x.grad, [p.grad for p in params], []
+        (grad_in,), work = split_backward.backward_input(y, g, (x,), params)
+        assert all(p.grad is None for p in params)
+        ran = []
+        for node in _graph_nodes(y.grad_fn):
+            if "Gelu" in node.name():
+                node.register_prehook(lambda grads: ran.append("gelu"))
+        split_backward.backward_weight(work)
+        return grad_in, [p.grad for p in params], ran
+
+    want_x, want, _ = run(False)
+    got_x, got, ran = run(True)
+    assert ran == []
+    torch.testing.assert_close(got_x, want_x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
 
 
 def test_sender_checks_shape_and_dtype():

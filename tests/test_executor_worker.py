@@ -4,10 +4,12 @@ tests itself).
     python tests/test_executor_worker.py OUT CASES.json [--final NAME]
 
 Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each case
-``{"name", "schedule", "mode", "m", "group", "strict", "bare"}`` it builds the tiny MLLM's plan (as the
-example does), verifies it, runs one step without optimizer and saves the loss and every
-local gradient (named like the single-process model: ``vision.*``, ``body.*``) to
-``OUT/NAME.rank.pt``. ``--final`` ends with a failure scenario:
+``{"name", "schedule", "mode", "m", "group", "strict", "bare", "dropout"}`` it builds the
+tiny MLLM's plan (as the example does), verifies it, runs one step without optimizer and
+saves the loss, every local gradient (named like the single-process model: ``vision.*``,
+``body.*``), the executor's measured peak of stored activations next to the verifier's
+reported peak, and (``dropout``: the encoder followed by dropout, every rank seeded
+``1000 + rank``) each encoder call's microbatch and mask to ``OUT/NAME.rank.pt``. ``--final`` ends with a failure scenario:
 
 - ``send-mismatch`` (2 ranks): first rank 0 sends a message for a smaller tensor than the
   plan's payload and rank 1 must raise ``PayloadMismatchError`` (``OUT/recv-mismatch.txt``);
@@ -57,7 +59,7 @@ def build(case: dict, world: int):
     if not report.verified:
         raise SystemExit(f"case {case['name']}: plan {report.status}: "
                          f"{[v.message for v in report.violations][:3]}")
-    return plan, report.certificate, encoder, stages, full
+    return plan, report, encoder, stages, full
 
 
 def names(encoder, full) -> dict[int, str]:
@@ -66,19 +68,41 @@ def names(encoder, full) -> dict[int, str]:
     return out
 
 
+class DropoutProbe(torch.nn.Module):
+    """The encoder followed by a real ``nn.Dropout``; logs, per call, the microbatch (found
+    by its input), whether a graph was built, and the dropout mask."""
+
+    def __init__(self, inner, microbatches):
+        super().__init__()
+        self.inner, self.drop, self.mbs, self.calls = inner, torch.nn.Dropout(0.5), microbatches, []
+
+    def forward(self, images):
+        y = self.drop(self.inner(images))
+        mb = next(i for i, x in enumerate(self.mbs) if torch.equal(x, images))
+        self.calls.append((mb, torch.is_grad_enabled(), (y != 0).clone()))
+        return y
+
+
 def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
-    plan, cert, encoder, stages, full = build(case, world)
-    ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+    plan, report, encoder, stages, full = build(case, world)
+    batch = tiny.make_batch(0, rows_for(case["m"]))
+    segment = encoder
+    if case.get("dropout"):  # every rank seeded alike in every mode; ranks differ
+        segment = DropoutProbe(encoder, [mb.segments["vision"] for mb in batch.split(case["m"])])
+        torch.manual_seed(1000 + rank)
+    ex = PipelineExecutor(plan, report.certificate, stages=stages, segments={"vision": segment},
                           loss_fn=tiny.loss_fn, overlap_comms=not case.get("strict"),
                           check_messages=not case.get("bare"))
-    loss = ex.step(tiny.make_batch(0, rows_for(case["m"])))
+    loss = ex.step(batch)
     table = names(encoder, full)
     grads = {}
     for module in (*ex.stages.values(), *ex.segments.values()):
         for p in module.parameters():
             if p.grad is not None:
                 grads[table[id(p)]] = p.grad.detach().clone()
-    torch.save({"loss": loss, "grads": grads, "home": plan.cut.segments[0].home},
+    torch.save({"loss": loss, "grads": grads, "home": plan.cut.segments[0].home,
+                "stored_peak": ex.stored_peak, "verified_peak": report.peak_memory[rank],
+                "calls": getattr(segment, "calls", [])},
                os.path.join(out_dir, f"{case['name']}.{rank}.pt"))
 
 
@@ -130,7 +154,8 @@ class Suicide(torch.nn.Module):
 def final(name: str, rank: int, world: int, out_dir: str) -> None:
     if name == "kill":
         case = {"name": "kill", "schedule": "1f1b", "m": 2 * world}
-        plan, cert, encoder, stages, _ = build(case, world)
+        plan, report, encoder, stages, _ = build(case, world)
+        cert = report.certificate
         if rank == 1:
             stages[1] = Suicide(stages[1], out_dir)
         ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
@@ -141,7 +166,8 @@ def final(name: str, rank: int, world: int, out_dir: str) -> None:
     # Stage 0 returns a wrong shape: rank 0 refuses to send it and stays alive but
     # silent; rank 1, waiting for that message, must time out (2 s here) on its own.
     case = {"name": "send-mismatch", "schedule": "1f1b", "m": 2 * world}
-    plan, cert, encoder, stages, _ = build(case, world)
+    plan, report, encoder, stages, _ = build(case, world)
+    cert = report.certificate
     stages[0] = WrongShape(stages[0])
     ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
                           loss_fn=tiny.loss_fn, timeout=2)

@@ -191,8 +191,76 @@ def test_claims_about_places_that_do_not_exist_are_rejected_not_raised():
     for name, bad in [("dependency", ("input", 0, 99)), ("dependency", ("input", 7, 0)),
                       ("memory", ("peak", 9, 0)), ("deadlock", ("stuck", 5, 5)),
                       ("deadlock", ("cycle", ((0, 99), (1, 0)))), ("deadlock", ("cycle",)),
-                      ("completeness", ("unit",))]:
+                      ("completeness", ("unit",)), ("deadlock", ("cycle", ((0, -2),))),
+                      ("dependency", ("input", -1, 0)), ("memory", ("peak", -1, 0))]:
         answers = kernel.confirm(plan, name, [bad] + (dead if name == "deadlock" else []),
                                  limits=(1, 1))
         assert answers[0] == "rejected", (name, bad)
         assert answers[1:] == (["violated"] if name == "deadlock" else [])
+
+
+def test_a_witness_or_size_that_is_not_an_exact_number_is_refused():
+    """Floats would be truncated in the SMT text: a witness must hold ints (times,
+    positions) and ints or Fractions (levels, peaks), in tuples; sizes exact and >= 0."""
+    from fractions import Fraction
+    plan = lowered("1f1b", 2, 2)
+    w = verify(plan).witness
+    for bad in [dict(levels=((0.5, 1.5),) + w.levels[1:]), dict(peaks=(1.5,) + w.peaks[1:]),
+                dict(finish=({0: 1},) + w.finish[1:]), dict(producers=[list(p) for p in
+                                                                       w.producers])]:
+        with pytest.raises(ValueError):
+            attrs.evolve(w, **bad)
+    attrs.evolve(w, levels=tuple(tuple(Fraction(x) for x in lv) for lv in w.levels))
+    for sizes in [dict(stored={("", 0): 0.5}), dict(static=(-1,))]:
+        with pytest.raises(ValueError):
+            kernel.Sizes(**sizes)
+    with pytest.raises(TypeError):
+        kernel._num(0.5)
+
+
+def test_recheck_says_under_what_it_proved_and_can_require_it(tmp_path, capsys):
+    """A certificate proves under its own comm model, limits and sizes: recheck prints
+    them, and with --comm-model / --memory-limit requires them (a deadlocking plan
+    'certified' under eager is refused once rendezvous is asked for)."""
+    import json
+    from mpipe_verified.cli import main
+    plan = fixture("steady_exchange_ungrouped")
+    assert verify(plan).status == "violated"  # deadlocks under rendezvous
+    eager = verify(plan, comm_model="eager")
+    assert eager.verified
+    cert = tmp_path / "cert.json"
+    cert.write_text(json.dumps(eager.portable_certificate(plan)))
+    from plan_edits import FIXTURE_DIR
+    path = str(FIXTURE_DIR / "steady_exchange_ungrouped.json")
+    capsys.readouterr()
+    assert main(["recheck", path, str(cert)]) == 0
+    assert "under the eager model" in capsys.readouterr().out
+    assert main(["recheck", path, str(cert), "--comm-model", "rendezvous"]) == 3
+    assert main(["recheck", path, str(cert), "--memory-limit", "4"]) == 3
+
+
+def test_a_certificate_with_short_or_odd_fields_is_not_established():
+    plan = lowered("1f1b", 2, 2)
+    good = verify(plan).portable_certificate(plan)
+    for edit in [lambda c: c["witness"].update(peaks=[]),
+                 lambda c: c["witness"].update(peak_at=[0]),
+                 lambda c: c.update(memory_limit="72"),
+                 lambda c: c["witness"].update(levels=[["1e999999999"], ["0"]]),
+                 lambda c: c["sizes"].update(static=["NaN", 0])]:
+        import copy
+        cert = copy.deepcopy(good)
+        edit(cert)
+        proven, reasons = kernel.recheck(plan, cert)
+        assert not proven and reasons
+
+
+def test_the_ir_holds_no_nested_or_mixed_steps():
+    """A group holds sends and receives, an overlapped step compute ops: the places the
+    kernel looks into (one level) are all there is."""
+    from mpipe_verified.ir import Collective, Compute, Group, Overlap, Payload, Recv, Send
+    recv = Recv(0, Payload("act", 0, 0))
+    for bad in [lambda: Group((Group((recv,)),)), lambda: Group((Compute("F", 0, 0),)),
+                lambda: Group((Collective("all_reduce", (0, 1)),)),
+                lambda: Overlap((Compute("F", 0, 0), Send(0, Payload("act", 0, 0))))]:
+        with pytest.raises(ValueError):
+            bad()

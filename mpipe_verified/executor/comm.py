@@ -13,6 +13,12 @@ the message), a larger one makes the backend fail, and a different payload (dtyp
 stage, microbatch) shows in the trailer. ``check_messages=False`` sends bare tensors
 (sender-side checks only).
 
+A shipped raw input (an ``input`` payload: what a recompute on another rank re-runs the
+segment's forward from) travels with the RNG state that forward ran with
+(``ShippedInput``): its message is the tensor's bytes, padded to 8, then the RNG state's
+bytes (``rng_state_bytes``: the CPU generator's state, then the current CUDA device's when
+the rank runs on CUDA), then the trailer (none with ``check_messages=False``).
+
 Fail fast. ``init_distributed`` sets the process group's timeout (``MPIPE_TIMEOUT``,
 default 30 s), every wait passes that timeout, and a ``Watchdog`` thread ends the
 process (exit code 124) if a communication op is still in flight ``grace`` seconds after
@@ -22,6 +28,7 @@ the timeout (backends that ignore timeouts, collectives stuck on a hung peer).
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import os
 import re
@@ -30,10 +37,11 @@ import threading
 import time
 from typing import Sequence
 
+import attrs
 import torch
 import torch.distributed as dist
 
-from ..ir import Payload
+from ..ir import INPUT, Payload
 from .errors import PayloadMismatchError, PeerError, PipelineError
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -112,6 +120,36 @@ def _trailer_text(t: list[int]) -> str:
     return f"{kind} of stage {t[4]} mb {t[5]}, shape {shape} {dtype}"
 
 
+@attrs.frozen
+class ShippedInput:
+    """A cut segment's raw input and the RNG state its forward ran with, so that a
+    recompute (on this rank or, shipped, on another) draws the same random numbers
+    (dropout masks) as the forward whose output the body consumed."""
+
+    tensor: torch.Tensor
+    rng: tuple[torch.Tensor, ...]
+
+
+def rng_state(device: torch.device | None) -> tuple[torch.Tensor, ...]:
+    """The RNG state a forward on ``device`` draws from: the CPU generator's, and the
+    current CUDA device's when ``device`` is CUDA (what ``torch.utils.checkpoint`` keeps)."""
+    if device is not None and device.type == "cuda":
+        return torch.get_rng_state(), torch.cuda.get_rng_state(device)
+    return (torch.get_rng_state(),)
+
+
+def set_rng_state(state: tuple[torch.Tensor, ...], device: torch.device | None) -> None:
+    """Make the generators draw from ``state`` (as ``rng_state`` returned it)."""
+    torch.set_rng_state(state[0])
+    if len(state) > 1:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def rng_state_bytes(device: torch.device | None) -> int:
+    """Bytes of ``rng_state(device)`` (fixed per generator kind; 8-byte aligned)."""
+    return _pad8(sum(t.numel() for t in rng_state(device)))
+
+
 def check_outgoing(tensor, payload: Payload, rank: int, where: str) -> torch.Tensor:
     """The tensor to send for ``payload``, checked against the plan (raises
     ``PayloadMismatchError`` naming both)."""
@@ -134,47 +172,66 @@ class Messages:
         self.rank = rank
         self.device = device
         self.check = check
-        self._layouts: dict[Payload, tuple] = {}  # payload -> (shape, dtype, nbytes, trailer)
+        self._layouts: dict[Payload, tuple] = {}  # payload -> (shape, dtype, nbytes, head, trailer)
+        self._rng_sizes = tuple(t.numel() for t in rng_state(device))
 
     def _layout(self, payload: Payload) -> tuple:
+        """``(shape, dtype, nbytes, head, trailer)``: ``head`` is where the trailer starts
+        (after the padded tensor and, for an ``input`` payload, the RNG state)."""
         got = self._layouts.get(payload)
         if got is None:
             shape, dtype, nbytes = expected_layout(payload)
-            trailer = _trailer(payload, shape, dtype, nbytes)
-            got = self._layouts[payload] = (shape, dtype, nbytes, trailer, torch.tensor(
+            head = _pad8(nbytes) + (_pad8(sum(self._rng_sizes)) if payload.kind == INPUT else 0)
+            trailer = _trailer(payload, shape, dtype, head if payload.kind == INPUT else nbytes)
+            got = self._layouts[payload] = (shape, dtype, nbytes, head, torch.tensor(
                 trailer, dtype=torch.int64).view(torch.uint8).to(self.device))
         return got
 
-    def outgoing(self, tensor: torch.Tensor, payload: Payload) -> torch.Tensor:
-        """The buffer to send (checks done by ``check_outgoing`` first)."""
-        tensor = tensor.detach()
-        if not self.check:
+    def check_outgoing(self, tensor, payload: Payload, where: str) -> None:
+        """``check_outgoing`` against the cached layout (the same checks and message)."""
+        shape, dtype = self._layout(payload)[:2]
+        if type(tensor) is not torch.Tensor or tensor.dtype != dtype or tensor.shape != shape:
+            check_outgoing(tensor, payload, self.rank, where)
+
+    def outgoing(self, value, payload: Payload) -> torch.Tensor:
+        """The buffer to send: a tensor, or a ``ShippedInput`` for an ``input`` payload
+        (checks done by ``check_outgoing`` first)."""
+        shipped = value if payload.kind == INPUT else None
+        tensor = (shipped.tensor if shipped is not None else value).detach()
+        if not self.check and shipped is None:
             return tensor.contiguous()
-        _, _, nbytes, _, trailer = self._layout(payload)
-        head = _pad8(nbytes)
-        buf = torch.empty(head + TRAILER_BYTES, dtype=torch.uint8, device=self.device)
+        _, _, nbytes, head, trailer = self._layout(payload)
+        buf = torch.empty(head + (TRAILER_BYTES if self.check else 0), dtype=torch.uint8,
+                          device=self.device)
         if nbytes:
             buf[:nbytes].copy_(tensor.contiguous().reshape(-1).view(torch.uint8))
-        buf[head:].copy_(trailer)
+        if shipped is not None:
+            offset = _pad8(nbytes)
+            for state in shipped.rng:
+                buf[offset:offset + state.numel()].copy_(state)
+                offset += state.numel()
+        if self.check:
+            buf[head:].copy_(trailer)
         return buf
 
     def incoming(self, payload: Payload) -> torch.Tensor:
         """An empty receive buffer of exactly the plan's size."""
-        shape, dtype, nbytes, _, _ = self._layout(payload)
+        shape, dtype, _, head, _ = self._layout(payload)
         if not self.check:
+            if payload.kind == INPUT:
+                return torch.empty(head, dtype=torch.uint8, device=self.device)
             return torch.empty(shape, dtype=dtype, device=self.device)
-        head = _pad8(nbytes)
         buf = torch.empty(head + TRAILER_BYTES, dtype=torch.uint8, device=self.device)
         buf[head:].zero_()
         return buf
 
-    def decode(self, buf: torch.Tensor, payload: Payload, src: int, where: str) -> torch.Tensor:
-        """The received tensor, after checking the trailer against the plan's payload."""
-        if not self.check:
+    def decode(self, buf: torch.Tensor, payload: Payload, src: int, where: str):
+        """The received tensor (a ``ShippedInput`` for an ``input`` payload), after checking
+        the trailer against the plan's payload."""
+        if not self.check and payload.kind != INPUT:
             return buf
-        shape, dtype, nbytes, _, trailer = self._layout(payload)
-        head = _pad8(nbytes)
-        if not torch.equal(buf[head:], trailer):
+        shape, dtype, nbytes, head, trailer = self._layout(payload)
+        if self.check and not torch.equal(buf[head:], trailer):
             got = buf[head:].view(torch.int64).tolist()
             sent = got if got[0] == _MAGIC else self._find_trailer(buf, head)
             what = ("a message without a trailer (not sent by an mpipe executor?)" if sent is None
@@ -182,8 +239,15 @@ class Messages:
             raise PayloadMismatchError(
                 f"rank {self.rank}: {where}: received {what} from rank {src}, but the plan "
                 f"expects {describe(payload)}, shape {_shape_text(shape, payload.dtype)}")
-        return buf[:nbytes].view(dtype).view(shape) if nbytes else torch.empty(
+        tensor = buf[:nbytes].view(dtype).view(shape) if nbytes else torch.empty(
             shape, dtype=dtype, device=self.device)
+        if payload.kind != INPUT:
+            return tensor
+        states, offset = [], _pad8(nbytes)
+        for size in self._rng_sizes:
+            states.append(buf[offset:offset + size].cpu().clone())
+            offset += size
+        return ShippedInput(tensor, tuple(states))
 
     @staticmethod
     def _find_trailer(buf: torch.Tensor, head: int) -> list[int] | None:
@@ -281,13 +345,18 @@ def post_p2p(items: Sequence[tuple[bool, torch.Tensor, int]]) -> list:
 
 
 def wait_all(works: list, timeout_s: float, rank: int, where: str, peers: str) -> None:
-    limit = datetime.timedelta(seconds=timeout_s)
+    limit = _limit(timeout_s)
     for work in works:
         try:
             work.wait(limit)
         except Exception as err:  # the backend's own error: make it one clear line
             raise PeerError(f"rank {rank}: {where} with {peers} failed: "
                             f"{backend_reason(err, timeout_s)}") from err
+
+
+@functools.lru_cache(maxsize=8)
+def _limit(timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=timeout_s)
 
 
 def backend_reason(err: BaseException, timeout_s: float) -> str:

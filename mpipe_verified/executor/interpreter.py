@@ -6,10 +6,12 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
   so that the sum over microbatches is the full batch's loss (``loss_reduction="mean"``:
   each microbatch's mean loss weighted by its share of the rows). ``B``: backward through
   the stored graph (``torch.autograd.backward`` into the stage's parameters and input).
-  ``I``: input gradient only (``torch.autograd.grad``, graph retained); ``W``: weight
-  gradient from the retained graph. ``R``: re-run a segment's forward from its shipped
-  input to rebuild the graph a following ``B`` needs. ``Overlap`` steps run their members
-  one after the other, all reading their inputs first and publishing after.
+  ``I``: input gradient only, keeping the gradient that reaches each parameter node;
+  ``W``: the weight gradients from those nodes (``split_backward``: no second
+  traversal). ``R``: re-run a segment's forward from its shipped input, under the RNG
+  state that forward ran with (shipped along: ``comm.ShippedInput``), to rebuild the
+  graph a following ``B`` needs. ``Overlap`` steps run their members one after the
+  other, all reading their inputs first and publishing after.
 - ``SEND``/``RECV``: ``isend``/``irecv``; a ``Group``: ``batch_isend_irecv`` of its
   members. Every comm op is *posted* at its place in the plan, in plan order. With
   ``overlap_comms=False`` the rank then waits for it at once (the rendezvous program of
@@ -30,6 +32,9 @@ tokens an op reads (checked present before it runs) and ``produces(op)`` which i
 kept only if a later op of this rank needs it and dropped after its last use, so stored
 activations are freed exactly where the semantics' memory model frees them; a forward
 whose stored activation no later op needs runs without building a graph.
+``stored_peak`` counts them: the most stored activations (``stored`` values and the
+``wgrad_ready`` values that keep the same graph for ``W``, one graph counted once) held
+at once in the last run, allocations of a step counted before its frees.
 
 Certified plans only: the constructor calls ``check_certificate`` before anything else
 (no process group is touched when it refuses), and ``connect`` compares every rank's plan
@@ -38,6 +43,7 @@ digest before the first op runs.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 from typing import Callable, Mapping, Sequence
@@ -53,7 +59,7 @@ from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm
+from . import comm, split_backward
 from .batch import Batch
 from .errors import PeerError, PipelineError
 
@@ -89,13 +95,12 @@ class _Transfer:
 
 
 class _Pending:
-    """A received value whose transfer may still be in flight."""
+    """A received value whose transfer may still be in flight (``buf`` None once read)."""
 
-    __slots__ = ("transfer", "buf", "payload", "src", "value")
+    __slots__ = ("transfer", "buf", "payload", "src")
 
     def __init__(self, transfer: _Transfer, buf, payload, src: int) -> None:
         self.transfer, self.buf, self.payload, self.src = transfer, buf, payload, src
-        self.value = None
 
 
 @attrs.frozen
@@ -108,6 +113,7 @@ class _Instr:
     members: tuple = ()     # per compute member of an Overlap: its own needs
     where: str = ""         # "OP at position I", for messages
     peers: str = ""         # the ranks a comm step talks to, for messages
+    p2p: tuple = ()         # per send/receive: (is_send, payload, peer, token)
 
 
 class PipelineExecutor:
@@ -160,6 +166,7 @@ class PipelineExecutor:
         self._connected = False
         self._groups: dict[tuple[int, ...], object] = {}
         self.store: dict = {}
+        self.stored_peak = 0  # most stored activations held at once in the last run
 
     # ------------------------------------------------------------ set-up checks
 
@@ -234,8 +241,11 @@ class PipelineExecutor:
             members = (tuple(self.chain.needs(c, self.rank) for c in op.ops)
                        if isinstance(op, Overlap) else ())
             peers = ", ".join(f"rank {r}" for r in sorted({c.peer for c in p2p_of(op)}))
+            p2p = tuple((type(c) is Send, c.payload, c.peer,
+                         self.chain.needs(c, self.rank)[0] if type(c) is Send
+                         else produces(c)[0]) for c in p2p_of(op))
             out.append(_Instr(index, op, needs[index], keep, drop, members,
-                              f"{op} at position {index}", peers))
+                              f"{op} at position {index}", peers, p2p))
         return tuple(out)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -337,15 +347,17 @@ class PipelineExecutor:
                          for mb in self._mbs]
         self._loss = None
         self.store = {}
-        self._inflight: list[_Transfer] = []
+        self._inflight: collections.deque[_Transfer] = collections.deque()
         self._unread: list[_Pending] = []
+        self._stored_refs: dict[int, int] = {}
+        self._stored_live = self.stored_peak = 0
         for instr in self._instrs:
             self._execute(instr)
         for pending in self._unread:  # received but never read: still check them
             self._resolve(pending)
         for transfer in self._inflight:
             self._finish(transfer)
-        self._inflight, self._unread = [], []
+        self._inflight, self._unread = collections.deque(), []
         self.store = {}
         loss = None if self._loss is None else float(self._loss)
         if broadcast_loss:
@@ -390,8 +402,31 @@ class PipelineExecutor:
         for t, value in produced.items():
             if t in instr.keep:
                 store[t] = value
+                if t[0] in _HOLDS_ACTIVATION:
+                    self._hold(value)
+        if self._stored_live > self.stored_peak:  # allocations count before frees
+            self.stored_peak = self._stored_live
         for t in instr.drop:
-            store.pop(t, None)
+            value = store.pop(t, None)
+            if t[0] in _HOLDS_ACTIVATION and value is not None:
+                self._release(value)
+
+    def _hold(self, value) -> None:
+        """Count a stored activation (a ``stored`` token's graph, or the one a ``wgrad_ready``
+        token keeps for ``W``: the same activation, counted once)."""
+        key = id(_activation(value))
+        refs = self._stored_refs.get(key, 0)
+        if not refs:
+            self._stored_live += 1
+        self._stored_refs[key] = refs + 1
+
+    def _release(self, value) -> None:
+        key = id(_activation(value))
+        refs = self._stored_refs.pop(key) - 1
+        if refs:
+            self._stored_refs[key] = refs
+        else:
+            self._stored_live -= 1
 
     # ------------------------------------------------------------ compute
 
@@ -442,6 +477,8 @@ class PipelineExecutor:
                 args.append(raw)
             elif s == 0 and data.body is not None:
                 args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
+            shipped = [comm.ShippedInput(raw, comm.rng_state(self.device))
+                       for t in raw_token if t in keep]  # before the forward draws
             y = module(*args)
             out = y
             if not seg and s == self.last_stage:
@@ -452,14 +489,19 @@ class PipelineExecutor:
         produced = {out_token: y.detach()}
         if graph:
             produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)])
-        for t in raw_token:
-            produced[t] = raw
+        for t, value in zip(raw_token, shipped):
+            produced[t] = value
         return produced
 
     def _recompute(self, c: Compute, needs: tuple) -> dict:
+        """Re-run the forward from its shipped input, drawing from the RNG state that
+        forward ran with (this rank's own generators are left as they were)."""
         module = self._module(c)
-        with torch.enable_grad():
-            y = module(self._needed(needs, "input"))
+        shipped: comm.ShippedInput = self._needed(needs, "input")
+        cuda = self.device is not None and self.device.type == "cuda"
+        with torch.random.fork_rng(devices=[self.device] if cuda else []), torch.enable_grad():
+            comm.set_rng_state(shipped.rng, self.device)
+            y = module(shipped.tensor)
         (stored,) = produces(c)
         return {stored: _Saved((), y, self._params[id(module)])}
 
@@ -476,17 +518,20 @@ class PipelineExecutor:
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
         g = self._needed(needs, "grad")
-        grad_in = None
-        if saved.leaves and saved.output.requires_grad:
-            grad_in = torch.autograd.grad(saved.output, list(saved.leaves), g,
-                                          retain_graph=True)[0]
+        grad_in, work = None, split_backward.WeightWork(())
+        if saved.output.requires_grad:
+            if saved.leaves:
+                grads, work = split_backward.backward_input(saved.output, g, saved.leaves,
+                                                            saved.params)
+                grad_in = grads[0]
+            else:
+                work = split_backward.weight_only(saved.output, g, saved.params)
         grad, wgrad_ready = produces(c)
-        return {grad: grad_in, wgrad_ready: (saved, g)}
+        return {grad: grad_in, wgrad_ready: (saved, work)}
 
     def _weight_grad(self, c: Compute, needs: tuple) -> dict:
-        saved, g = self._needed(needs, "wgrad_ready")
-        if saved.params and saved.output.requires_grad:
-            torch.autograd.backward(saved.output, g, inputs=list(saved.params))
+        _, work = self._needed(needs, "wgrad_ready")
+        split_backward.backward_weight(work)
         (wdone,) = produces(c)
         return {wdone: True}
 
@@ -504,20 +549,22 @@ class PipelineExecutor:
 
     def _p2p(self, instr: _Instr) -> dict:
         where, peers = instr.where, instr.peers
+        messages = self.messages
         items, recvs = [], []
-        for c in p2p_of(instr.op):
-            if type(c) is Send:
-                value = self.store[self.chain.needs(c, self.rank)[0]]
+        for is_send, payload, peer, token in instr.p2p:
+            if is_send:
+                value = self.store[token]
                 if value is None:
                     raise PipelineError(f"rank {self.rank}: {where}: the plan sends "
-                                        f"{comm.describe(c.payload)} but the model produced "
+                                        f"{comm.describe(payload)} but the model produced "
                                         "no gradient there (does that input require grad?)")
-                comm.check_outgoing(value, c.payload, self.rank, where)
-                items.append((True, self.messages.outgoing(value, c.payload), c.dst))
+                messages.check_outgoing(value.tensor if type(value) is comm.ShippedInput
+                                        else value, payload, where)
+                items.append((True, messages.outgoing(value, payload), peer))
             else:
-                buf = self.messages.incoming(c.payload)
-                items.append((False, buf, c.src))
-                recvs.append((c, buf))
+                buf = messages.incoming(payload)
+                items.append((False, buf, peer))
+                recvs.append((token, buf, payload, peer))
         try:
             works = comm.post_p2p(items)
         except Exception as err:
@@ -526,14 +573,16 @@ class PipelineExecutor:
         transfer = _Transfer(works, [buf for _, buf, _ in items], where, peers)
         if not self.overlap_comms:
             self._finish(transfer)
-            return {produces(c)[0]: self.messages.decode(buf, c.payload, c.src, where)
-                    for c, buf in recvs}
-        self._inflight = [t for t in self._inflight if not t.finished()]
-        self._inflight.append(transfer)
+            return {token: messages.decode(buf, payload, src, where)
+                    for token, buf, payload, src in recvs}
+        inflight = self._inflight  # oldest first: only completed heads are dropped
+        while inflight and inflight[0].finished():
+            inflight.popleft()
+        inflight.append(transfer)
         out = {}
-        for c, buf in recvs:
-            pending = _Pending(transfer, buf, c.payload, c.src)
-            out[produces(c)[0]] = pending
+        for token, buf, payload, src in recvs:
+            pending = _Pending(transfer, buf, payload, src)
+            out[token] = pending
             self._unread.append(pending)
         return out
 
@@ -544,13 +593,15 @@ class PipelineExecutor:
         transfer.buffers = []
 
     def _resolve(self, pending: _Pending):
-        """Wait for a received value (if still in flight) and check it against the plan."""
-        if pending.buf is not None:
-            self._finish(pending.transfer)
-            pending.value = self.messages.decode(pending.buf, pending.payload, pending.src,
-                                                 pending.transfer.where)
-            pending.buf = None
-        return pending.value
+        """Wait for a received value (if still in flight) and check it against the plan;
+        called once per pending value (the store then holds the value itself)."""
+        if pending.buf is None:
+            return None
+        self._finish(pending.transfer)
+        value = self.messages.decode(pending.buf, pending.payload, pending.src,
+                                     pending.transfer.where)
+        pending.buf = None
+        return value
 
     def _collective(self, instr: _Instr) -> dict:
         op: Collective = instr.op
@@ -584,6 +635,14 @@ class PipelineExecutor:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         return {}
+
+
+_HOLDS_ACTIVATION = ("stored", "wgrad_ready")  # token kinds whose value keeps a graph
+
+
+def _activation(value) -> _Saved:
+    """The stored activation a ``stored`` or ``wgrad_ready`` value keeps alive."""
+    return value if type(value) is _Saved else value[0]
 
 
 def _rows(mb: Batch) -> int:

@@ -146,6 +146,84 @@ def format_torch_csv(plan: Plan | Schedule) -> str:
     return buf.getvalue()
 
 
+# ------------------------------------------------------------------- torch's markers
+
+PREFETCH_STAGES = 3  # torch's _add_unshard_reshard(max_active_stages=3)
+
+
+def with_torch_markers(plan: Plan) -> Plan:
+    """``plan`` with the bookkeeping cells torch's own lowering adds, so that torch's
+    runtime (``_PipelineScheduleRuntime._load_csv(..., format="compute_comms")``) runs the
+    file as written: ``REDUCE_GRAD`` of a stage after its last ``B``/``W`` (and the sends
+    that follow it; there torch scales the summed microbatch gradients), and FSDP's
+    ``UNSHARD``/``RESHARD`` where torch's ``_add_unshard_reshard`` puts them (before a
+    compute step, the next three stages to compute kept unsharded). A plan that already
+    has markers is returned as it is. Markers move no data: the plan's semantics, and so
+    what was verified, are unchanged."""
+    if any(type(op) is Marker for prog in plan.programs for op in prog):
+        return plan
+    programs = tuple(_with_markers(prog, plan.num_microbatches) for prog in plan.programs)
+    return attrs.evolve(plan, programs=programs)
+
+
+def without_markers(plan: Plan | Schedule) -> Plan | Schedule:
+    """``plan`` without its marker cells."""
+    return attrs.evolve(plan, programs=tuple(tuple(op for op in prog if type(op) is not Marker)
+                                             for prog in plan.programs))
+
+
+def _with_markers(program: tuple[Op, ...], m: int) -> tuple[Op, ...]:
+    steps = [_compute_stages(op) for op in program]
+    backwards: dict[int, int] = {}
+    last: dict[int, int] = {}  # stage -> index of the step doing its m-th B/W
+    for index, op in enumerate(program):
+        for c in (op.ops if type(op) is Overlap else (op,)):
+            if type(c) is Compute and c.kind in ("B", "W"):
+                backwards[c.stage] = backwards.get(c.stage, 0) + 1
+                if backwards[c.stage] == m:
+                    last[c.stage] = index
+    reduce_after: dict[int, list[int]] = {}
+    for stage, index in last.items():
+        while index + 1 < len(program) and type(program[index + 1]) is Send:
+            index += 1  # torch emits the step's sends before its REDUCE_GRAD
+        reduce_after.setdefault(index, []).append(stage)
+    out: list[Op] = []
+    active: list[int] = []
+    for index, op in enumerate(program):
+        if steps[index]:
+            upcoming = _next_stages(steps[index:])
+            for stage in sorted(s for s in active if s not in upcoming):  # torch: set order
+                active.remove(stage)
+                out.append(Marker(stage, "RESHARD"))
+            for stage in [s for s in upcoming if s not in active]:
+                active.append(stage)
+                out.append(Marker(stage, "UNSHARD"))
+        out.append(op)
+        out.extend(Marker(stage, "REDUCE_GRAD") for stage in reduce_after.get(index, ()))
+    out.extend(Marker(stage, "RESHARD") for stage in sorted(active))
+    return tuple(out)
+
+
+def _compute_stages(op: Op) -> tuple[int, ...]:
+    if type(op) is Compute:
+        return (op.stage,)
+    if type(op) is Overlap:
+        return tuple(dict.fromkeys(c.stage for c in op.ops))
+    return ()
+
+
+def _next_stages(steps: list[tuple[int, ...]]) -> list[int]:
+    """The next ``PREFETCH_STAGES`` distinct stages to compute (an overlapped step adds
+    all of its stages), in order."""
+    seen: list[int] = []
+    for stages in steps:
+        fresh = [s for s in stages if s not in seen]
+        seen.extend(fresh if len(stages) > 1 else fresh[:1])
+        if len(seen) >= PREFETCH_STAGES:
+            break
+    return seen
+
+
 def write_torch_csv(plan: Plan | Schedule, out: str | os.PathLike[str] | IO[str]) -> None:
     """Write ``format_torch_csv(plan)`` to a text stream (open it with ``newline=""``) or,
     atomically, to a path: a temp file in the same directory, then ``os.replace``."""
