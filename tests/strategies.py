@@ -20,7 +20,8 @@ microbatches in all:
   the order in which it sends or needs remote data, so the union still runs.
 
 Transposes (``random_transpose_term``): ``transpose_family`` over a body of
-``TRANSPOSE_BODIES`` (1f1b, interleaved-1f1b with 2..3 chunks, zb-h1), p 1..6, m 1..10,
+``TRANSPOSE_BODIES`` (1f1b, interleaved-1f1b with 2..3 chunks, zb-h1), p 1..6, m 1..10
+(2..10 under a segment mutation, which needs work moved off the home rank),
 a source or sink segment, every mode valid for the side (recompute, owner, frozen, none;
 a sink is never recompute), every ownership (inline, full, min, cost), default or random
 per-microbatch segment costs: lowered plans with a cut.
@@ -248,19 +249,25 @@ def transpose_modes(side: str) -> tuple[str, ...]:
     return MODES if side == SOURCE else tuple(m for m in MODES if m != "recompute")
 
 
-def random_transpose_term(ch, p: int | None = None, modes: Sequence[str] = MODES):
-    """A ``transpose_family`` term: a body of ``TRANSPOSE_BODIES`` (p 1..6, m 1..10,
-    interleaved-1f1b with 2..3 chunks), either side, a mode of ``modes`` valid for that
-    side, any ownership, and default or random per-microbatch segment costs."""
+# round-robin first: with p >= 2 and m >= 2 the simplest draw already moves work off home
+TRANSPOSE_OWNERSHIPS = ("full",) + tuple(o for o in OWNERSHIPS if o != "full")
+
+
+def random_transpose_term(ch, p: int | None = None, modes: Sequence[str] = MODES,
+                          m_min: int = 1):
+    """A ``transpose_family`` term: a body of ``TRANSPOSE_BODIES`` (p 1..6, m
+    ``m_min``..10, interleaved-1f1b with 2..3 chunks), either side, a mode of ``modes``
+    valid for that side, any ownership, and default or random per-microbatch segment
+    costs."""
     side = ch.pick([s for s in (SOURCE, SINK) if set(transpose_modes(s)) & set(modes)])
     mode = ch.pick([m for m in transpose_modes(side) if m in modes])
     body = ch.pick(TRANSPOSE_BODIES)
     p = ch.int(1, MAX_P) if p is None else p
-    m = ch.int(1, TRANSPOSE_MAX_M)
+    m = ch.int(m_min, TRANSPOSE_MAX_M)
     v = ch.int(2, 3) if body == "interleaved-1f1b" else None
     costs = () if ch.int(0, 1) == 0 else tuple(ch.pick(SEGMENT_COSTS) for _ in range(m))
     return transpose_family(p, m, v, body=body, side=side, mode=mode,
-                            ownership=ch.pick(OWNERSHIPS), costs=costs)
+                            ownership=ch.pick(TRANSPOSE_OWNERSHIPS), costs=costs)
 
 
 @st.composite
@@ -675,8 +682,9 @@ def random_base_term(ch, source: str, kind: str, depth: int, p: int | None):
     transpose (with a mode ``kind`` can edit)."""
     if source == "family":
         return random_family_term(ch, p)
-    if source == "transpose":
-        return random_transpose_term(ch, p, SEGMENT_MODES.get(kind, MODES))
+    if source == "transpose":  # a segment edit needs work moved off home: m >= 2
+        return random_transpose_term(ch, p, SEGMENT_MODES.get(kind, MODES),
+                                     2 if kind in SEGMENT_MUTATIONS else 1)
     return random_term(ch, depth, p=p)
 
 
