@@ -375,7 +375,8 @@ class _Chain:
         """F or R keeps its activation, unless it is a segment forward run where no
         backward of its unit runs (frozen, shipped elsewhere, or no such microbatch)."""
         segw = self.segs.get(seg) if seg else None
-        return kind == "R" or segw is None or (segw.backward is not None and mb < self.m
+        return kind == "R" or segw is None or (segw.backward is not None
+                                               and mb < len(segw.backward)
                                                and segw.backward[mb] == rank)
 
     def required_collectives(self) -> dict:

@@ -11,7 +11,7 @@ import pytest
 import reference
 import strategies as S
 from mpipe_verified.algebra.transpose import transpose_family
-from mpipe_verified.ir import Compute
+from mpipe_verified.ir import Compute, Cut
 from mpipe_verified.lower import lower
 
 
@@ -36,3 +36,39 @@ def test_segment_forward_past_the_last_microbatch_is_incomplete_not_a_crash():
     # no such unit: completeness only (it runs on home, needs nothing, stores nothing)
     assert reference.judge_plan(plan).violated == {"completeness"}
     assert S.verifier_verdict(plan) == ("violated", {"completeness"})
+
+
+def _owner_plan():
+    return lower(transpose_family(2, 2, body="1f1b", side="source", mode="owner",
+                                  ownership="full").derive())
+
+
+def _malformed(edit):
+    plan = _owner_plan()
+    seg = plan.cut.segments[0]
+    return attrs.evolve(plan, cut=Cut(edit(seg)))
+
+
+MALFORMED_CUTS = {  # the valid plan of _owner_plan under a cut that is not well formed
+    "forward_rank one short": lambda seg: (attrs.evolve(seg, forward_rank=(0,)),),
+    "backward_rank one short": lambda seg: (attrs.evolve(seg, backward_rank=(0,)),),
+    "home outside the ranks": lambda seg: (attrs.evolve(seg, home=5),),
+    "forward rank outside the ranks": lambda seg: (attrs.evolve(seg, forward_rank=(0, 7)),),
+    "one segment twice": lambda seg: (seg, seg),
+}
+
+
+@pytest.mark.xfail(strict=True, raises=(AssertionError, IndexError), reason=(
+    "the fast passes (semantics.Chain, verify/properties.completeness) never check that "
+    "the cut is well formed, which the kernel's completeness requires (_Rules.cut_ok): "
+    "they propose counterexamples the kernel cannot confirm or a witness it refutes, so "
+    "verify answers 'undecided (internal error)' where the kernel alone finds completeness "
+    "violated; a backward_rank shorter than m raises IndexError in "
+    "semantics.Chain.expected_rank (and kernel._Rules.stores)"))
+@pytest.mark.parametrize("edit", MALFORMED_CUTS.values(), ids=MALFORMED_CUTS.keys())
+def test_a_malformed_cut_violates_completeness(edit):
+    plan = _malformed(edit)
+    expected = reference.judge_plan(plan).violated
+    assert expected == {"completeness"}
+    status, found = S.verifier_verdict(plan)
+    assert S.classify(status, found, expected) == "agree", (status, found)
