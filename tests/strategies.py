@@ -54,9 +54,12 @@ Mutations (``MUTATIONS``; ``mutate(plan, kind, chooser)``), each one edit of a p
 ``move_segment_forward`` move a segment's ``F`` to a random position of another rank
 ``drop_cut_transfer``  delete one endpoint that crosses the cut (``to_segment`` set, or a
                        recompute's ``input``), or it and its FIFO partner
+``edit_cut``           the programs stay, the cut changes: one microbatch's forward or
+                       backward rank, or the home, becomes another rank, or the
+                       ``recompute`` flag flips (the cut stays well formed)
 =====================  ================================================================
 
-The last six (``SEGMENT_MUTATIONS``) always edit a transpose.
+The last seven (``SEGMENT_MUTATIONS``) always edit a transpose.
 
 A mutant comes with a memory limit (``memory_limit_for``: none, the base plan's highest
 unit-model peak, or its per-rank peaks), so edits that raise a peak violate ``memory``.
@@ -102,7 +105,8 @@ HAND_WEAVES = (
 LAGS = ("0", "1", "2", "r", "p-1-r", "m")
 UNARY = ("split", "merge", "defer", "relabel")
 SEGMENT_MUTATIONS = ("drop_all_reduce", "narrow_all_reduce", "broadcast_root",
-                     "drop_recompute", "move_segment_forward", "drop_cut_transfer")
+                     "drop_recompute", "move_segment_forward", "drop_cut_transfer",
+                     "edit_cut")
 MUTATIONS = ("drop", "duplicate", "swap_adjacent", "move", "swap_sends", "payload",
              "reorder_collectives", "drop_group", "insert_group") + SEGMENT_MUTATIONS
 TRANSPOSE_BODIES = ("1f1b", "interleaved-1f1b", "zb-h1")
@@ -477,6 +481,27 @@ def _edit_calls(plan: Plan, where, edit) -> Plan:
     return attrs.evolve(plan, programs=tuple(map(tuple, programs)))
 
 
+def _edit_cut(plan: Plan, ch) -> tuple[Plan, str]:
+    """One field of one segment of the cut changed (see ``edit_cut``)."""
+    at = ch.int(0, len(plan.cut.segments) - 1)
+    seg = plan.cut.segments[at]
+    name = ch.pick(["home", "forward_rank", "recompute"]
+                   + (["backward_rank"] if seg.backward_rank is not None else []))
+    if name == "home":
+        value = ch.pick([r for r in range(plan.num_ranks) if r != seg.home])
+    elif name == "recompute":
+        value = not seg.recompute
+    else:
+        ranks = list(getattr(seg, name))
+        mb = ch.int(0, len(ranks) - 1)
+        ranks[mb] = ch.pick([r for r in range(plan.num_ranks) if r != ranks[mb]])
+        value = tuple(ranks)
+    segments = list(plan.cut.segments)
+    segments[at] = attrs.evolve(seg, **{name: value})
+    return (attrs.evolve(plan, cut=attrs.evolve(plan.cut, segments=tuple(segments))),
+            f"cut: {seg.name}.{name} = {value}")
+
+
 def _segment_applicable(plan: Plan) -> list[str]:
     out = []
     if _tagged(plan, "grads", "all_reduce"):
@@ -492,6 +517,8 @@ def _segment_applicable(plan: Plan) -> list[str]:
         out.append("move_segment_forward")
     if _cut_endpoints(plan):
         out.append("drop_cut_transfer")
+    if plan.cut.segments and plan.num_ranks >= 2:
+        out.append("edit_cut")
     return out
 
 
@@ -635,6 +662,8 @@ def _mutate_segment(plan: Plan, kind: str, ch) -> tuple[Plan, str]:
         dst.insert(j, op)
         return (_replace(_replace(plan, r, src), there, dst),
                 f"move rank {r} #{i} {op} to rank {there} #{j}")
+    if kind == "edit_cut":
+        return _edit_cut(plan, ch)
     end = ch.pick(_cut_endpoints(plan))
     ends = [end]
     other = _fifo_partner(plan, end)

@@ -41,11 +41,12 @@ def test_reference_accepts_every_valid_transpose_plan(body):
 
 
 # the property each segment edit breaks, by the rules alone: the cut's required work or
-# collectives (completeness), or, with both ends of a cross-cut transfer gone, the input
+# collectives, or the cut itself against the programs (completeness), or, with both ends of a cross-cut transfer gone, the input
 # its consumer needs (dependency)
 BREAKS = {"drop_all_reduce": "completeness", "narrow_all_reduce": "completeness",
           "broadcast_root": "completeness", "drop_recompute": "completeness",
-          "move_segment_forward": "completeness", "drop_cut_transfer": "dependency"}
+          "move_segment_forward": "completeness", "drop_cut_transfer": "dependency",
+          "edit_cut": "completeness"}
 
 
 @pytest.mark.parametrize("kind", S.SEGMENT_MUTATIONS)
