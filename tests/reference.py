@@ -1,4 +1,5 @@
-"""An independent reference interpreter of DESIGN §3 (the judge of the family tests).
+"""An independent reference interpreter of the execution semantics (the judge of the
+family tests).
 
 Written from the design text only; it shares no code with ``mpipe_verified``. A plan is
 plain data: per rank a list of PyTorch action strings (``2F0``, ``0I3``, ``0W3``,
@@ -6,7 +7,7 @@ plain data: per rank a list of PyTorch action strings (``2F0``, ``0I3``, ``0W3``
 ``RESHARD``/``REDUCE_GRAD`` are ignored) plus the stage -> rank list. Groups and
 collectives are not supported (an unknown action is reported as a problem).
 
-Rules (DESIGN §3, rendezvous model):
+Rules (rendezvous model):
 - each rank runs its actions in order; a compute step runs at once;
 - a ``SEND`` and its ``RECV`` complete together, only when both ranks stand at them; the
   k-th send ``src -> dst`` pairs with the k-th receive at ``dst`` from ``src`` (both are
@@ -16,7 +17,7 @@ Rules (DESIGN §3, rendezvous model):
 - ``SEND_F`` of stage s mb k must meet ``RECV_F`` of stage s+1 mb k, ``SEND_B`` of stage s
   must meet ``RECV_B`` of stage s-1 mb k; anything else is a mismatch (the data that
   arrives is what was sent);
-- §3.5 inputs: ``F(s, mb)`` needs the activation of ``s-1`` (local F or earlier RECV_F);
+- inputs: ``F(s, mb)`` needs the activation of ``s-1`` (local F or earlier RECV_F);
   ``B``/``I(s, mb)`` need a local ``F(s, mb)`` and the gradient of ``s+1`` (local B/I or
   earlier RECV_B) unless s is last; ``W`` needs ``I``; a SEND needs what it sends. An
   overlapped step reads all inputs before it and publishes all outputs after it;
@@ -189,8 +190,9 @@ def run_plan(plan) -> Result:
 # ``run`` above reads the PyTorch action strings, which cannot express an explicit peer,
 # a group, a collective or a cut, and it checks inputs and memory only along the run (a
 # stuck rank's tail is never looked at). The mutation fuzzing (``test_fuzz.py``,
-# ``benchmarks/soundness.py``) needs all of §3 and a verdict per §4 property, so ``judge``
-# below is a second, self-contained interpreter, again written from the design text only.
+# ``benchmarks/soundness.py``) needs all of the semantics and a verdict per property, so
+# ``judge`` below is a second, self-contained interpreter, again written from the design
+# text only (the cut's rules as the kernel's docstring states them in words).
 #
 # A plan is plain data: per rank a list of *cells*:
 #   ("C", ((kind, stage, mb, segment), ...))        a compute step (several: overlapped)
@@ -207,7 +209,7 @@ def run_plan(plan) -> Result:
 # run the forward re-runs it first (``R``) from the raw input the forward rank ships.
 # ``home`` holds the parameters before the step.
 #
-# Per property (DESIGN §4), independently of each other:
+# Per property, independently of each other:
 # - completeness: the cut is well formed (distinct non-empty names, one forward rank and,
 #   unless frozen, one backward rank per microbatch, every rank and the home existing);
 #   each unit (a body stage, or a segment) and mb has one F, and one B or one I plus one W
@@ -221,7 +223,7 @@ def run_plan(plan) -> Result:
 #   ``grads:X`` must be such a required one (kind, root, members); each rank that must call
 #   it does so exactly once, any other rank at most once;
 # - dependency: *static*, per rank, over the whole program (also past a point where the
-#   run would hang): every input of a step (§3.5; a SEND needs what it sends) is produced
+#   run would hang): every input of a step (a SEND needs what it sends) is produced
 #   by an earlier step of the same rank: a local compute, a RECV that *declares* that
 #   payload, or (parameters) a broadcast tagged ``params:NAME``. Across the cut: the body's
 #   first F needs every source's output, a source's backward the gradient of the body's
@@ -237,10 +239,10 @@ def run_plan(plan) -> Result:
 #   including the caller; a broadcast or gather names a root among them, an all-reduce
 #   none). The k-th collective a rank calls over a rank set is that set's instance k;
 #   every member must call it with the same kind, tag and root;
-# - deadlock: the rendezvous run of §3.1-3.4 (a comm step completes once every partner
+# - deadlock: the rendezvous run (a comm step completes once every partner
 #   endpoint's rank has *reached* it; computes never block) leaves some rank short of
 #   its end;
-# - memory: unit model of §3.6, static per rank over the whole program: F or R stores 1
+# - memory: the unit model, static per rank over the whole program: F or R stores 1
 #   unit (kept by (segment, stage, mb)), freed by B or W of that unit; a segment's F stores
 #   only on the rank that runs its backward (a frozen one never, a shipped one is rebuilt
 #   by R there); receive buffers take nothing; a step's allocations count before its frees;
