@@ -17,8 +17,8 @@ Counts (per mutant): *false accept*: the verifier says verified, the reference f
 violation. *False reject*: the verifier reports violated where the reference accepts,
 or reports a property the reference does not find. Also counted: *missed* (both reject,
 the verifier lacks a property the reference finds), *undecided* and *errors* (the
-verifier raised). Per kind and per property tables follow; the last line is exactly
-``mutants=N false_accepts=A false_rejects=R``. ``--dump`` writes every disagreement as
+verifier raised). Per kind, per base and per property tables follow; the last line is
+exactly ``mutants=N false_accepts=A false_rejects=R``. ``--dump`` writes every disagreement as
 one JSON line (index, kind, base source, edit, base programs and cut, limit, both
 verdicts).
 """
@@ -47,6 +47,7 @@ def one(args: tuple[int, int]) -> dict:
     ch = S.RandomChooser(random.Random(f"{seed}:{index}"))
     source = ch.pick(S.SOURCES)
     base, kind, description, mutant, limit = S.random_mutant(ch, depth=2, source=source)
+    source = "transpose" if base.cut.segments else source  # a segment edit forces one
     expected = S.reference_verdict(mutant, limit)
     try:
         status, found = S.verifier_verdict(mutant, limit)
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
     verdicts: Counter = Counter()
     by_kind: dict[str, Counter] = defaultdict(Counter)
     by_prop: dict[str, Counter] = defaultdict(Counter)
+    by_source: dict[str, Counter] = defaultdict(Counter)
     dump = open(args.dump, "w") if args.dump else None
     step = max(1, n // 10)
     work = [(args.seed, i) for i in range(n)]
@@ -89,6 +91,10 @@ def main(argv=None) -> int:
         k["mutants"] += 1
         k[v] += 1
         k["ref_accepts"] += not r["expected"]
+        b = by_source[r["source"]]
+        b["mutants"] += 1
+        b[v] += 1
+        b["ref_accepts"] += not r["expected"]
         for prop in PROPERTIES:
             ref, ours = prop in r["expected"], prop in r["found"]
             c = by_prop[prop]
@@ -118,6 +124,10 @@ def main(argv=None) -> int:
     print(f"  {'kind':<20}" + "".join(f"{c:>13}" for c in cols))
     for kind in S.MUTATIONS:
         print(f"  {kind:<20}" + "".join(f"{by_kind[kind][c]:>13}" for c in cols))
+    print("\nby base (transpose: plans with a cut):")
+    print(f"  {'base':<20}" + "".join(f"{c:>13}" for c in cols))
+    for source in S.SOURCES:
+        print(f"  {source:<20}" + "".join(f"{by_source[source][c]:>13}" for c in cols))
     print("\nby property (mutants where it is violated, and disagreements on it):")
     pcols = ("reference", "verifier", "false_accept", "false_reject")
     print(f"  {'property':<20}" + "".join(f"{c:>13}" for c in pcols))
