@@ -1,5 +1,4 @@
-"""An independent reference interpreter of the execution semantics (the judge of the
-family tests).
+"""An independent reference interpreter of DESIGN §3 (the judge of the family tests).
 
 Written from the design text only; it shares no code with ``mpipe_verified``. A plan is
 plain data: per rank a list of PyTorch action strings (``2F0``, ``0I3``, ``0W3``,
@@ -7,7 +6,7 @@ plain data: per rank a list of PyTorch action strings (``2F0``, ``0I3``, ``0W3``
 ``RESHARD``/``REDUCE_GRAD`` are ignored) plus the stage -> rank list. Groups and
 collectives are not supported (an unknown action is reported as a problem).
 
-Rules (rendezvous model):
+Rules (DESIGN §3, rendezvous model):
 - each rank runs its actions in order; a compute step runs at once;
 - a ``SEND`` and its ``RECV`` complete together, only when both ranks stand at them; the
   k-th send ``src -> dst`` pairs with the k-th receive at ``dst`` from ``src`` (both are
@@ -17,7 +16,7 @@ Rules (rendezvous model):
 - ``SEND_F`` of stage s mb k must meet ``RECV_F`` of stage s+1 mb k, ``SEND_B`` of stage s
   must meet ``RECV_B`` of stage s-1 mb k; anything else is a mismatch (the data that
   arrives is what was sent);
-- inputs: ``F(s, mb)`` needs the activation of ``s-1`` (local F or earlier RECV_F);
+- §3.5 inputs: ``F(s, mb)`` needs the activation of ``s-1`` (local F or earlier RECV_F);
   ``B``/``I(s, mb)`` need a local ``F(s, mb)`` and the gradient of ``s+1`` (local B/I or
   earlier RECV_B) unless s is last; ``W`` needs ``I``; a SEND needs what it sends. An
   overlapped step reads all inputs before it and publishes all outputs after it;
