@@ -4,19 +4,23 @@
 
 Mutant ``i`` is built from ``random.Random(f"{S}:{i}")`` alone (so the run is the same
 for any ``--jobs``): a mutation kind (uniform over ``strategies.MUTATIONS``), a base
-term (half the time a family with random valid parameters, p 1..6, m 1..12, chunks
-2..3, otherwise a random composition of ``strategies.random_term``), its lowered plan
-(plain, with valid groups, or with collectives), one edit of that kind, and a memory
-limit (none, the base's highest peak, or its per-rank peaks). Each mutant goes to
-``verify`` (rendezvous) and to ``reference.judge`` with the same limit.
+term (uniform over ``strategies.SOURCES``: a family with random valid parameters, p
+1..6, m 1..12, chunks 2..3; a random composition of ``strategies.random_term``; or a
+``transpose`` with a cut: source or sink segment, every mode and ownership, bodies
+1f1b / interleaved-1f1b / zb-h1, p 1..6, m 1..10; a segment mutation always edits a
+transpose), its lowered plan (plain, with valid groups, or with collectives), one edit
+of that kind, and a memory limit (none, the base's highest peak, or its per-rank
+peaks). Each mutant goes to ``verify`` (rendezvous) and to ``reference.judge`` with the
+same limit.
 
 Counts (per mutant): *false accept*: the verifier says verified, the reference finds a
 violation. *False reject*: the verifier reports violated where the reference accepts,
 or reports a property the reference does not find. Also counted: *missed* (both reject,
 the verifier lacks a property the reference finds), *undecided* and *errors* (the
-verifier raised). Per kind and per property tables follow; the last line is exactly
-``mutants=N false_accepts=A false_rejects=R``. ``--dump`` writes every disagreement as
-one JSON line (index, kind, edit, base term, limit, both verdicts).
+verifier raised). Per kind, per base and per property tables follow; the last line is
+exactly ``mutants=N false_accepts=A false_rejects=R``. ``--dump`` writes every disagreement as
+one JSON line (index, kind, base source, edit, base programs and cut, limit, both
+verdicts).
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from reference import PROPERTIES  # noqa: E402
 def one(args: tuple[int, int]) -> dict:
     seed, index = args
     ch = S.RandomChooser(random.Random(f"{seed}:{index}"))
-    families = ch.int(0, 1) == 0
-    base, kind, description, mutant, limit = S.random_mutant(ch, depth=2, families=families)
+    source = ch.pick(S.SOURCES)
+    base, kind, description, mutant, limit = S.random_mutant(ch, depth=2, source=source)
+    source = "transpose" if base.cut.segments else source  # a segment edit forces one
     expected = S.reference_verdict(mutant, limit)
     try:
         status, found = S.verifier_verdict(mutant, limit)
@@ -50,11 +55,11 @@ def one(args: tuple[int, int]) -> dict:
     except Exception:  # noqa: BLE001 — a crash is a finding, not the end of the run
         status, found, error = "error", set(), traceback.format_exc(limit=3)
     verdict = "error" if error else S.classify(status, found, expected)
-    out = {"index": index, "kind": kind, "verdict": verdict, "status": status,
+    out = {"index": index, "kind": kind, "source": source, "verdict": verdict, "status": status,
            "found": sorted(found), "expected": sorted(expected), "ops": mutant.num_ops}
     if verdict != "agree":
         out.update(edit=description, limit=limit, ranks=mutant.num_ranks,
-                   microbatches=mutant.num_microbatches, error=error,
+                   microbatches=mutant.num_microbatches, error=error, cut=repr(base.cut),
                    base=[[str(op) for op in prog] for prog in base.programs])
     return out
 
@@ -72,6 +77,7 @@ def main(argv=None) -> int:
     verdicts: Counter = Counter()
     by_kind: dict[str, Counter] = defaultdict(Counter)
     by_prop: dict[str, Counter] = defaultdict(Counter)
+    by_source: dict[str, Counter] = defaultdict(Counter)
     dump = open(args.dump, "w") if args.dump else None
     step = max(1, n // 10)
     work = [(args.seed, i) for i in range(n)]
@@ -85,6 +91,10 @@ def main(argv=None) -> int:
         k["mutants"] += 1
         k[v] += 1
         k["ref_accepts"] += not r["expected"]
+        b = by_source[r["source"]]
+        b["mutants"] += 1
+        b[v] += 1
+        b["ref_accepts"] += not r["expected"]
         for prop in PROPERTIES:
             ref, ours = prop in r["expected"], prop in r["found"]
             c = by_prop[prop]
@@ -114,6 +124,10 @@ def main(argv=None) -> int:
     print(f"  {'kind':<20}" + "".join(f"{c:>13}" for c in cols))
     for kind in S.MUTATIONS:
         print(f"  {kind:<20}" + "".join(f"{by_kind[kind][c]:>13}" for c in cols))
+    print("\nby base (transpose: plans with a cut):")
+    print(f"  {'base':<20}" + "".join(f"{c:>13}" for c in cols))
+    for source in S.SOURCES:
+        print(f"  {source:<20}" + "".join(f"{by_source[source][c]:>13}" for c in cols))
     print("\nby property (mutants where it is violated, and disagreements on it):")
     pcols = ("reference", "verifier", "false_accept", "false_reject")
     print(f"  {'property':<20}" + "".join(f"{c:>13}" for c in pcols))

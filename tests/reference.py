@@ -187,41 +187,84 @@ def run_plan(plan) -> Result:
 # ====================================================================== judge
 #
 # ``run`` above reads the PyTorch action strings, which cannot express an explicit peer,
-# a group or a collective, and it checks inputs and memory only along the run (a stuck
-# rank's tail is never looked at). The mutation fuzzing (``test_fuzz.py``,
-# ``benchmarks/soundness.py``) needs all of §2 and a verdict per §3 property, so ``judge``
-# below is a second, self-contained interpreter, again written from the design text only.
+# a group, a collective or a cut, and it checks inputs and memory only along the run (a
+# stuck rank's tail is never looked at). The mutation fuzzing (``test_fuzz.py``,
+# ``benchmarks/soundness.py``) needs all of the semantics and a verdict per property, so
+# ``judge`` below is a second, self-contained interpreter, again written from the design
+# text only (the cut's rules as the kernel's docstring states them in words).
 #
 # A plan is plain data: per rank a list of *cells*:
 #   ("C", ((kind, stage, mb, segment), ...))        a compute step (several: overlapped)
 #   ("P", ((is_send, peer, payload), ...), grouped)  comm ops (a group when ``grouped``)
 #   ("K", kind, ranks, tag, root)                    a collective over ``ranks``
 #   ("N",)                                           an idle step or a marker
-# where ``payload = (kind "act"|"grad", producing stage, mb, segment, shape, dtype, ...)``
-# (any further fields only take part in the equality that matching checks).
+# where ``payload = (kind "act"|"grad"|"input", producing stage, mb, segment, shape,
+# dtype, ...)`` (any further fields only take part in the equality that matching checks),
+# plus the *cut*: ``Segment`` values, the one-stage segments cut off the body (segment
+# ``""``). A source (an encoder) feeds the body's first stage; a sink (a generator) is fed
+# by the body's last stage and sends nothing back. Segment ``NAME`` runs ``F(NAME, 0, mb)``
+# on ``forward[mb]`` and its backward on ``backward[mb]`` (``backward`` None: frozen or
+# parameter-free, no backward at all); with ``recompute``, a backward rank that did not
+# run the forward re-runs it first (``R``) from the raw input the forward rank ships.
+# ``home`` holds the parameters before the step.
 #
-# Per property (docs/semantics.md §3), independently of each other:
-# - completeness: each (stage, mb) has one F and one B or one I plus one W, all on the rank
-#   owning the stage; nothing else occurs;
+# Per property, independently of each other:
+# - completeness: the cut is well formed (distinct non-empty names, one forward rank and,
+#   unless frozen, one backward rank per microbatch, every rank and the home existing);
+#   each unit (a body stage, or a segment) and mb has one F, and one B or one I plus one W
+#   (none for a frozen segment), and one R exactly where a recompute is due, each on the
+#   rank that owns it (a body stage's rank; a segment's forward rank for F, its backward
+#   rank for the rest); nothing else occurs. And the collectives the cut requires: a
+#   trainable segment whose F or R runs on a rank other than home needs a broadcast
+#   tagged ``params:NAME`` rooted at home over members including home and those ranks; one
+#   whose backward runs off home needs an all-reduce tagged ``grads:NAME`` (no root) over
+#   members including home and every backward rank. Every call tagged ``params:X`` or
+#   ``grads:X`` must be such a required one (kind, root, members); each rank that must call
+#   it does so exactly once, any other rank at most once;
 # - dependency: *static*, per rank, over the whole program (also past a point where the
-#   run would hang): every input of a step (§2.5; a SEND needs what it sends) is produced
-#   by an earlier step of the same rank: a local compute, or a RECV that *declares* that
-#   payload. A step reads all its inputs before it and publishes all outputs after it
+#   run would hang): every input of a step (a SEND needs what it sends) is produced
+#   by an earlier step of the same rank: a local compute, a RECV that *declares* that
+#   payload, or (parameters) a broadcast tagged ``params:NAME``. Across the cut: the body's
+#   first F needs every source's output, a source's backward the gradient of the body's
+#   first stage, a sink's F the body's last output; an F or R of a trainable segment off
+#   its home needs its parameters; R needs the segment's raw input (its F makes it); an
+#   all-reduce tagged ``grads:NAME`` needs every weight gradient (B or W) of NAME its rank
+#   runs. A step reads all its inputs before it and publishes all outputs after it
 #   (overlap, group). Whether the declared payload is what the peer really sends is the
 #   matching property's business, so the two never double-count one edit;
 # - matching: the k-th send src->dst pairs with the k-th receive at dst from src (group
-#   members in their listed order); all six payload fields must agree and no endpoint may
-#   be left over. The k-th collective a rank calls over a rank set is that set's
-#   instance k; every member must call it with the same kind, tag and root, and a rank
-#   calling a collective over a set it is not in is a violation;
-# - deadlock: the rendezvous run of §2.1-2.4 (a comm step completes once every partner
+#   members in their listed order); all payload fields must agree and no endpoint may be
+#   left over. Each collective call is well formed (members distinct existing ranks
+#   including the caller; a broadcast or gather names a root among them, an all-reduce
+#   none). The k-th collective a rank calls over a rank set is that set's instance k;
+#   every member must call it with the same kind, tag and root;
+# - deadlock: the rendezvous run (a comm step completes once every partner
 #   endpoint's rank has *reached* it; computes never block) leaves some rank short of
 #   its end;
-# - memory: unit model of §2.6, static per rank over the whole program: F stores 1 unit
-#   (kept by (stage, mb)), freed by B or W of that unit; a step's allocations count before
-#   its frees; the peak must not exceed the limit (a number or one per rank).
+# - memory: the unit model, static per rank over the whole program: F or R stores 1
+#   unit (kept by (segment, stage, mb)), freed by B or W of that unit; a segment's F stores
+#   only on the rank that runs its backward (a frozen one never, a shipped one is rebuilt
+#   by R there); receive buffers take nothing; a step's allocations count before its frees;
+#   the peak must not exceed the limit (a number or one per rank).
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
+SOURCE_SIDE, SINK_SIDE = "source", "sink"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment of the cut, as plain data (see the comment above)."""
+
+    name: str
+    side: str
+    forward: tuple
+    backward: tuple | None
+    recompute: bool
+    home: int
+
+    def recompute_due(self, mb: int) -> bool:
+        return (self.recompute and self.backward is not None
+                and self.backward[mb] != self.forward[mb])
 
 
 @dataclass
@@ -244,72 +287,181 @@ class Judgement:
         return not self.violated
 
 
+class _Chain:
+    """The body's stages plus the cut: who owns each unit of work, and what each step
+    needs and makes on its rank. Tokens are ``(kind, segment, stage, mb)``."""
+
+    def __init__(self, stage_to_rank, microbatches, cut, ranks) -> None:
+        self.where, self.m, self.n = list(stage_to_rank), microbatches, ranks
+        self.last = len(self.where) - 1
+        self.cut = tuple(cut)
+        self.segs = {seg.name: seg for seg in self.cut}
+        self.sources = [seg.name for seg in self.cut if seg.side == SOURCE_SIDE]
+
+    def well_formed(self) -> bool:
+        def ranks_ok(ranks):
+            return len(ranks) == self.m and all(0 <= r < self.n for r in ranks)
+        return len(self.segs) == len(self.cut) and all(
+            seg.name and ranks_ok(seg.forward) and 0 <= seg.home < self.n
+            and (seg.backward is None or ranks_ok(seg.backward)) for seg in self.cut)
+
+    def units(self) -> list:
+        return [("", s) for s in range(self.last + 1)] + [(seg.name, 0) for seg in self.cut]
+
+    def owner(self, kind, seg, s, mb):
+        """The rank that must run this compute (None: nobody may)."""
+        if not seg:
+            return self.where[s] if kind != "R" and s <= self.last else None
+        segw = self.segs.get(seg)
+        if segw is None or s != 0 or mb >= self.m:
+            return None
+        if kind == "F":
+            return segw.forward[mb]
+        return None if segw.backward is None else segw.backward[mb]
+
+    def compute_needs(self, kind, s, mb, seg, rank) -> list:
+        segw = self.segs.get(seg) if seg else None
+        if segw is None:  # the body (a name outside the cut reads as body work)
+            if kind == "F":
+                return [("act", seg, s - 1, mb)] if s > 0 else [("act", src, 0, mb)
+                                                                 for src in self.sources]
+            if kind in ("B", "I"):
+                return [("stored", seg, s, mb)] + ([("grad", seg, s + 1, mb)]
+                                                   if s < self.last else [])
+            return [("I", seg, s, mb)] if kind == "W" else [("input", seg, s, mb)]
+        params = ([("params", seg, 0, 0)] if kind in ("F", "R") and segw.backward is not None
+                  and rank != segw.home else [])
+        if kind == "F":
+            return params + ([("act", "", self.last, mb)] if segw.side == SINK_SIDE else [])
+        if kind == "R":
+            return params + [("input", seg, s, mb)]
+        if kind == "W":
+            return [("I", seg, s, mb)]
+        return [("stored", seg, s, mb)] + ([("grad", "", 0, mb)]
+                                           if segw.side == SOURCE_SIDE else [])
+
+    def needs(self, cell, rank) -> list:
+        if cell[0] == "C":
+            return [t for kind, s, mb, seg in cell[1]
+                    for t in self.compute_needs(kind, s, mb, seg, rank)]
+        if cell[0] == "P":
+            return [_token(payload) for is_send, _, payload in cell[1] if is_send]
+        if cell[0] == "K":
+            role, _, name = cell[3].partition(":")
+            segw = self.segs.get(name)
+            if cell[1] == "all_reduce" and role == "grads" and segw and segw.backward:
+                return [("wdone", name, 0, mb) for mb, r in enumerate(segw.backward)
+                        if r == rank]
+        return []
+
+    @staticmethod
+    def makes(cell) -> list:
+        out = []
+        if cell[0] == "C":
+            for kind, s, mb, seg in cell[1]:
+                unit = (seg, s, mb)
+                out += {"F": [("act",) + unit, ("stored",) + unit]
+                        + ([("input",) + unit] if seg else []),
+                        "B": [("grad",) + unit, ("wdone",) + unit],
+                        "I": [("grad",) + unit, ("I",) + unit],
+                        "W": [("wdone",) + unit], "R": [("stored",) + unit]}[kind]
+        elif cell[0] == "P":
+            out += [_token(payload) for is_send, _, payload in cell[1] if not is_send]
+        elif cell[0] == "K" and cell[1] == "broadcast":
+            role, _, name = cell[3].partition(":")
+            out += [("params", name, 0, 0)] if role == "params" else []
+        return out
+
+    def stores(self, kind, seg, mb, rank) -> bool:
+        """F or R keeps its activation, unless it is a segment forward run where no
+        backward of its unit runs (frozen, shipped elsewhere, or no such microbatch)."""
+        segw = self.segs.get(seg) if seg else None
+        return kind == "R" or segw is None or (segw.backward is not None
+                                               and mb < len(segw.backward)
+                                               and segw.backward[mb] == rank)
+
+    def required_collectives(self) -> dict:
+        """``tag -> (kind, root, ranks that must call it)``."""
+        out = {}
+        for seg in self.cut:
+            if seg.backward is None:
+                continue
+            runs = set(seg.forward) | {seg.backward[mb] for mb in range(self.m)
+                                       if seg.recompute_due(mb)}
+            if runs - {seg.home}:
+                out["params:" + seg.name] = ("broadcast", seg.home, runs | {seg.home})
+            if set(seg.backward) - {seg.home}:
+                out["grads:" + seg.name] = ("all_reduce", None, set(seg.backward) | {seg.home})
+        return out
+
+
 def _token(payload):
     kind, stage, mb, seg = payload[:4]
-    return ("act" if kind == "act" else "grad", seg, stage, mb)
+    return (kind, seg, stage, mb)
 
 
-def _step_needs(cell, last):
-    out = []
-    if cell[0] == "C":
-        for kind, s, mb, seg in cell[1]:
-            if kind == "F":
-                out += [("act", seg, s - 1, mb)] if s > 0 else []
-            elif kind in ("B", "I"):
-                out.append(("stored", seg, s, mb))
-                out += [("grad", seg, s + 1, mb)] if s < last else []
-            else:
-                out.append(("I", seg, s, mb))
-    elif cell[0] == "P":
-        out += [_token(payload) for is_send, _, payload in cell[1] if is_send]
-    return out
-
-
-def _step_makes(cell):
-    out = []
-    if cell[0] == "C":
-        for kind, s, mb, seg in cell[1]:
-            if kind == "F":
-                out += [("act", seg, s, mb), ("stored", seg, s, mb)]
-            elif kind in ("B", "I"):
-                out.append(("grad", seg, s, mb))
-                out += [("I", seg, s, mb)] if kind == "I" else []
-    elif cell[0] == "P":
-        out += [_token(payload) for is_send, _, payload in cell[1] if not is_send]
-    return out
-
-
-def judge(programs, stage_to_rank, microbatches, memory_limit=None) -> Judgement:
-    res = Judgement()
-    n, last = len(programs), len(stage_to_rank) - 1
-
-    # completeness
-    count = {}
+def _completeness(programs, chain: _Chain, res: Judgement) -> None:
+    if not chain.well_formed():
+        res.incomplete.append(f"the cut is malformed: {chain.cut}")
+        return
+    units, count = set(chain.units()), {}
     for r, prog in enumerate(programs):
-        for cell in prog:
+        for i, cell in enumerate(prog):
             if cell[0] != "C":
                 continue
             for kind, s, mb, seg in cell[1]:
-                if seg or s > last or mb >= microbatches or stage_to_rank[s] != r:
-                    res.incomplete.append(f"{seg}{s}{kind}{mb} is not work of rank {r}")
-                count[(kind, seg, s, mb)] = count.get((kind, seg, s, mb), 0) + 1
-    for s in range(last + 1):
-        for mb in range(microbatches):
-            f, b, i, w = (count.pop((k, "", s, mb), 0) for k in "FBIW")
-            if f != 1 or (b, i, w) not in ((1, 0, 0), (0, 1, 1)):
-                res.incomplete.append(f"stage {s} mb {mb}: F={f} B={b} I={i} W={w}")
-    res.incomplete += [f"unexpected {seg}{s}{k}{mb}" for (k, seg, s, mb) in count]
+                if (seg, s) not in units or mb >= chain.m:
+                    res.incomplete.append(f"rank {r} #{i}: {seg}{s}{kind}{mb} is no work")
+                elif chain.owner(kind, seg, s, mb) != r:
+                    res.incomplete.append(f"rank {r} #{i}: {seg}{s}{kind}{mb} belongs on "
+                                          f"rank {chain.owner(kind, seg, s, mb)}")
+                else:
+                    count[(kind, seg, s, mb)] = count.get((kind, seg, s, mb), 0) + 1
+    for seg, s in chain.units():
+        segw = chain.segs.get(seg) if seg else None
+        for mb in range(chain.m):
+            f, b, i, w, rc = (count.get((k, seg, s, mb), 0) for k in "FBIWR")
+            backward = ((1, 0, 0), (0, 1, 1)) if segw is None or segw.backward else ((0, 0, 0),)
+            due = int(segw is not None and segw.recompute_due(mb))
+            if f != 1 or (b, i, w) not in backward or rc != due:
+                res.incomplete.append(f"{seg}:{s} mb {mb}: F={f} B={b} I={i} W={w} R={rc}")
+    _required_collectives(programs, chain, res)
 
-    # dependency (static, declared payloads)
+
+def _required_collectives(programs, chain: _Chain, res: Judgement) -> None:
+    required, calls = chain.required_collectives(), {}
+    for r, prog in enumerate(programs):
+        for i, cell in enumerate(prog):
+            if cell[0] != "K":
+                continue
+            kind, ranks, tag, root = cell[1:]
+            role, colon, _ = tag.partition(":")
+            if not colon or role not in ("params", "grads"):
+                continue  # a collective of the user's own
+            calls[(tag, r)] = calls.get((tag, r), 0) + 1
+            need = required.get(tag)
+            if need is None or (kind, root) != need[:2] or not need[2] <= set(ranks):
+                res.incomplete.append(f"rank {r} #{i}: {kind} {tag}@{root} over {ranks} "
+                                      f"is not what the cut requires ({need})")
+    for tag, (_, _, ranks) in required.items():
+        for r in range(chain.n):
+            made = calls.get((tag, r), 0)
+            if made > 1 or (r in ranks and made != 1):
+                res.incomplete.append(f"rank {r} calls {tag} {made} times")
+
+
+def _dependency(programs, chain: _Chain, res: Judgement) -> None:
     for r, prog in enumerate(programs):
         have = set()
         for i, cell in enumerate(prog):
-            for token in _step_needs(cell, last):
+            for token in chain.needs(cell, r):
                 if token not in have:
                     res.dependency.append((r, i, token))
-            have.update(_step_makes(cell))
+            have.update(chain.makes(cell))
 
-    # matching: FIFO per ordered pair
+
+def _p2p_matching(programs, res: Judgement) -> dict:
+    """FIFO per ordered pair; returns each endpoint's partner ``(rank, index, member)``."""
     sends, recvs = {}, {}
     for r, prog in enumerate(programs):
         for i, cell in enumerate(prog):
@@ -329,18 +481,33 @@ def judge(programs, stage_to_rank, microbatches, memory_limit=None) -> Judgement
                                     f"at {b[:2]}")
         for extra in s_list[len(r_list):] + r_list[len(s_list):]:
             res.matching.append(f"{channel}: {extra[3]} at {extra[:2]} has no partner")
-    # matching: collectives, instance k of a rank set = the k-th call of each member
+    return partner
+
+
+def _malformed_call(cell, r, n) -> str:
+    kind, ranks, _, root = cell[1:]
+    if len(set(ranks)) != len(ranks) or any(not 0 <= q < n for q in ranks) or r not in ranks:
+        return f"members {ranks} (caller {r})"
+    if (root is not None) if kind == "all_reduce" else (root not in ranks):
+        return f"{kind} with root {root} over {ranks}"
+    return ""
+
+
+def _collective_matching(programs, res: Judgement) -> dict:
+    """Instance k of a rank set is the k-th call over it of each member; returns
+    ``(rank, index) -> [(member, index)]`` of the whole instance, or None."""
     calls = {}   # (ranks, rank) -> [(index, (kind, tag, root))]
     for r, prog in enumerate(programs):
         for i, cell in enumerate(prog):
-            if cell[0] == "K":
-                group = tuple(sorted(set(cell[2])))
-                if r not in group:
-                    res.matching.append(f"rank {r} op {i}: collective over {group} "
-                                        f"called by a non-member")
-                    continue
+            if cell[0] != "K":
+                continue
+            bad = _malformed_call(cell, r, len(programs))
+            if bad:
+                res.matching.append(f"rank {r} op {i}: malformed collective, {bad}")
+            group = tuple(sorted(set(cell[2])))
+            if r in group:
                 calls.setdefault((group, r), []).append((i, (cell[1], cell[3], cell[4])))
-    instance = {}   # (rank, index) -> [(member, index)] of the whole instance, or None
+    instance = {}
     for group in {g for g, _ in calls}:
         longest = max(len(calls.get((group, r), [])) for r in group)
         for k in range(longest):
@@ -355,9 +522,12 @@ def judge(programs, stage_to_rank, microbatches, memory_limit=None) -> Judgement
             members = [(r, i) for r, (i, _) in where.items()]
             for r, (i, _) in where.items():
                 instance[(r, i)] = members if len(where) == len(group) else None
+    return instance
 
-    # deadlock: rendezvous run; a comm step completes once every partner has been reached
-    pc = [0] * n
+
+def _deadlock(programs, partner, instance, res: Judgement) -> None:
+    """The rendezvous run: a comm step completes once every partner has been reached."""
+    n, pc = len(programs), [0] * len(programs)
 
     def can_pass(r):
         cell = programs[r][pc[r]]
@@ -381,7 +551,9 @@ def judge(programs, stage_to_rank, microbatches, memory_limit=None) -> Judgement
                 progress = True
     res.stuck = {r: pc[r] for r in range(n) if pc[r] < len(programs[r])}
 
-    # memory: unit model, static
+
+def _memory(programs, chain: _Chain, memory_limit, res: Judgement) -> None:
+    n = len(programs)
     limits = ([memory_limit] * n if memory_limit is None or isinstance(memory_limit, (int, float))
               else list(memory_limit))
     for r, prog in enumerate(programs):
@@ -391,7 +563,7 @@ def judge(programs, stage_to_rank, microbatches, memory_limit=None) -> Judgement
             if cell[0] != "C":
                 continue
             for kind, s, mb, seg in cell[1]:
-                if kind == "F":
+                if kind in ("F", "R") and chain.stores(kind, seg, mb, r):
                     live.add((seg, s, mb))
                     level += 1
             peak = max(peak, level)
@@ -402,6 +574,19 @@ def judge(programs, stage_to_rank, microbatches, memory_limit=None) -> Judgement
         res.peak.append(peak)
         if limits[r] is not None and peak > limits[r]:
             res.memory.append((r, peak, limits[r]))
+
+
+def judge(programs, stage_to_rank, microbatches, memory_limit=None, cut=()) -> Judgement:
+    """All five properties of a plain-data plan (see the comment above); ``cut`` is a
+    sequence of ``Segment``."""
+    res = Judgement()
+    chain = _Chain(stage_to_rank, microbatches, cut, len(programs))
+    _completeness(programs, chain, res)
+    _dependency(programs, chain, res)
+    partner = _p2p_matching(programs, res)
+    instance = _collective_matching(programs, res)
+    _deadlock(programs, partner, instance, res)
+    _memory(programs, chain, memory_limit, res)
     return res
 
 
@@ -432,8 +617,17 @@ def cell_of(op):
     raise ValueError(f"unknown op {op!r}")
 
 
+def segment_of(work) -> Segment:
+    """Plain data for one segment of a package ``Cut`` (its public fields only)."""
+    backward = None if work.backward_rank is None else tuple(work.backward_rank)
+    return Segment(work.name, work.side, tuple(work.forward_rank), backward,
+                   bool(work.recompute), work.home)
+
+
 def judge_plan(plan, memory_limit=None) -> Judgement:
-    """Adapter for a package ``Plan``: reads ``programs``, ``placement.stage_to_rank`` and
-    ``num_microbatches``, and each op through ``cell_of``."""
+    """Adapter for a package ``Plan``: reads ``programs``, ``placement.stage_to_rank``,
+    ``num_microbatches`` and ``cut.segments``, each op through ``cell_of`` and each
+    segment through ``segment_of``."""
     return judge([[cell_of(op) for op in prog] for prog in plan.programs],
-                 list(plan.placement.stage_to_rank), plan.num_microbatches, memory_limit)
+                 list(plan.placement.stage_to_rank), plan.num_microbatches, memory_limit,
+                 [segment_of(w) for w in plan.cut.segments])

@@ -19,6 +19,13 @@ microbatches in all:
   ``DeferW`` of its split): those change only the rank's own backward/weight steps, never
   the order in which it sends or needs remote data, so the union still runs.
 
+Transposes (``random_transpose_term``): ``transpose_family`` over a body of
+``TRANSPOSE_BODIES`` (1f1b, interleaved-1f1b with 2..3 chunks, zb-h1), p 1..6, m 1..10
+(2..10 under a segment mutation, which needs work moved off the home rank),
+a source or sink segment, every mode valid for the side (recompute, owner, frozen, none;
+a sink is never recompute), every ownership (inline, full, min, cost), default or random
+per-microbatch segment costs: lowered plans with a cut.
+
 Plans: ``lower(term.derive())``, optionally decorated with valid ``Group``s (runs of
 adjacent comm ops posted together) or with ``Collective``s (the same list, in the same
 order, at the start and end of every member rank; ``with_collectives``).
@@ -38,7 +45,21 @@ Mutations (``MUTATIONS``; ``mutate(plan, kind, chooser)``), each one edit of a p
                        listed or reversed order
 ``insert_group``       post a bare comm op together with up to 3 of the next comm ops of
                        its rank (within 4 positions) as one ``Group``, at its position
+``drop_all_reduce``    delete a ``grads:NAME`` all-reduce on one rank or on all ranks
+``narrow_all_reduce``  take a member q out of a ``grads:NAME`` all-reduce: on every call
+                       (q's own call deleted), or on one other rank's call only
+``broadcast_root``     give a ``params:NAME`` broadcast another member as root, on every
+                       call or on one
+``drop_recompute``     delete one ``R``
+``move_segment_forward`` move a segment's ``F`` to a random position of another rank
+``drop_cut_transfer``  delete one endpoint that crosses the cut (``to_segment`` set, or a
+                       recompute's ``input``), or it and its FIFO partner
+``edit_cut``           the programs stay, the cut changes: one microbatch's forward or
+                       backward rank, or the home, becomes another rank, or the
+                       ``recompute`` flag flips (the cut stays well formed)
 =====================  ================================================================
+
+The last seven (``SEGMENT_MUTATIONS``) always edit a transpose.
 
 A mutant comes with a memory limit (``memory_limit_for``: none, the base plan's highest
 unit-model peak, or its per-rank peaks), so edits that raise a peak violate ``memory``.
@@ -57,7 +78,9 @@ from hypothesis import strategies as st
 from mpipe_verified.algebra.families import FAMILIES, family
 from mpipe_verified.algebra.terms import (DeferW, MergeBW, Par, Relabel, Restrict, Seq,
                                           SplitBW, Weave)
-from mpipe_verified.ir import (ACT, Collective, Group, Plan, Recv, Send, p2p_of)
+from mpipe_verified.algebra.transpose import MODES, OWNERSHIPS, transpose_family
+from mpipe_verified.ir import (ACT, INPUT, SINK, SOURCE, Collective, Compute, Group, Plan,
+                               Recv, Send, p2p_of)
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import peak_memory
 
@@ -81,8 +104,14 @@ HAND_WEAVES = (
 )
 LAGS = ("0", "1", "2", "r", "p-1-r", "m")
 UNARY = ("split", "merge", "defer", "relabel")
+SEGMENT_MUTATIONS = ("drop_all_reduce", "narrow_all_reduce", "broadcast_root",
+                     "drop_recompute", "move_segment_forward", "drop_cut_transfer",
+                     "edit_cut")
 MUTATIONS = ("drop", "duplicate", "swap_adjacent", "move", "swap_sends", "payload",
-             "reorder_collectives", "drop_group", "insert_group")
+             "reorder_collectives", "drop_group", "insert_group") + SEGMENT_MUTATIONS
+TRANSPOSE_BODIES = ("1f1b", "interleaved-1f1b", "zb-h1")
+TRANSPOSE_MAX_M = 10
+SEGMENT_COSTS = (0.5, 1.0, 2.0, 3.0)
 
 
 # ---------------------------------------------------------------- choosers
@@ -219,6 +248,32 @@ def partition(ch, p: int, max_blocks: int = 3) -> list[list[int]]:
     return [b for b in blocks if b]
 
 
+def transpose_modes(side: str) -> tuple[str, ...]:
+    """The modes a side takes (central recompute applies to sources only)."""
+    return MODES if side == SOURCE else tuple(m for m in MODES if m != "recompute")
+
+
+# round-robin first: with p >= 2 and m >= 2 the simplest draw already moves work off home
+TRANSPOSE_OWNERSHIPS = ("full",) + tuple(o for o in OWNERSHIPS if o != "full")
+
+
+def random_transpose_term(ch, p: int | None = None, modes: Sequence[str] = MODES,
+                          m_min: int = 1):
+    """A ``transpose_family`` term: a body of ``TRANSPOSE_BODIES`` (p 1..6, m
+    ``m_min``..10, interleaved-1f1b with 2..3 chunks), either side, a mode of ``modes``
+    valid for that side, any ownership, and default or random per-microbatch segment
+    costs."""
+    side = ch.pick([s for s in (SOURCE, SINK) if set(transpose_modes(s)) & set(modes)])
+    mode = ch.pick([m for m in transpose_modes(side) if m in modes])
+    body = ch.pick(TRANSPOSE_BODIES)
+    p = ch.int(1, MAX_P) if p is None else p
+    m = ch.int(m_min, TRANSPOSE_MAX_M)
+    v = ch.int(2, 3) if body == "interleaved-1f1b" else None
+    costs = () if ch.int(0, 1) == 0 else tuple(ch.pick(SEGMENT_COSTS) for _ in range(m))
+    return transpose_family(p, m, v, body=body, side=side, mode=mode,
+                            ownership=ch.pick(TRANSPOSE_OWNERSHIPS), costs=costs)
+
+
 @st.composite
 def terms(draw, depth: int = 2):
     return random_term(DrawChooser(draw), depth)
@@ -314,9 +369,10 @@ def decorate(plan: Plan, ch, how: str) -> Plan:
 
 
 def _replace(plan: Plan, rank: int, program) -> Plan:
+    """``plan`` (its cut included) with rank ``rank``'s program replaced."""
     programs = list(plan.programs)
     programs[rank] = tuple(program)
-    return Plan(plan.placement, plan.num_microbatches, tuple(programs))
+    return attrs.evolve(plan, programs=tuple(programs))
 
 
 def _positions(plan: Plan, test) -> list[tuple[int, int]]:
@@ -354,6 +410,118 @@ def _payload_choices(plan: Plan, op) -> list[tuple[str, int]]:
     return out
 
 
+def _tagged(plan: Plan, role: str, kind: str) -> dict[str, list[tuple[int, int]]]:
+    """``tag -> [(rank, index)]`` of the ``kind`` collectives tagged ``ROLE:NAME``."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for r, i in _positions(plan, lambda op: isinstance(op, Collective) and op.kind == kind
+                           and op.tag.startswith(role + ":")):
+        out.setdefault(plan.programs[r][i].tag, []).append((r, i))
+    return out
+
+
+def _narrowable(plan: Plan) -> list[tuple[str, int]]:
+    """``(grads tag, member)`` pairs: a member of some call of that all-reduce."""
+    return sorted({(tag, q) for tag, where in _tagged(plan, "grads", "all_reduce").items()
+                   for r, i in where for q in plan.programs[r][i].ranks
+                   if len(plan.programs[r][i].ranks) >= 2})
+
+
+def _rerootable(plan: Plan) -> list[tuple[str, int]]:
+    """``(params tag, new root)``: a member of some call that is not that call's root."""
+    return sorted({(tag, q) for tag, where in _tagged(plan, "params", "broadcast").items()
+                   for r, i in where for q in plan.programs[r][i].ranks
+                   if q != plan.programs[r][i].root})
+
+
+def _cut_endpoints(plan: Plan) -> list[tuple[int, int, int]]:
+    """Endpoints that cross the cut (``to_segment`` set) or ship a recompute's input."""
+    return [(r, i, k) for r, i, k in _endpoints(plan)
+            if p2p_of(plan.programs[r][i])[k].payload.to_segment is not None
+            or p2p_of(plan.programs[r][i])[k].payload.kind == INPUT]
+
+
+def _fifo_partner(plan: Plan, end: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """The endpoint FIFO pairing (k-th send src->dst, k-th receive at dst) gives ``end``."""
+    r, i, k = end
+    op = p2p_of(plan.programs[r][i])[k]
+    src, dst = (r, op.dst) if isinstance(op, Send) else (op.src, r)
+    sends, recvs = [], []
+    for e in _endpoints(plan):
+        x = p2p_of(plan.programs[e[0]][e[1]])[e[2]]
+        if isinstance(x, Send) and (e[0], x.dst) == (src, dst):
+            sends.append(e)
+        elif isinstance(x, Recv) and (x.src, e[0]) == (src, dst):
+            recvs.append(e)
+    mine, theirs = (sends, recvs) if isinstance(op, Send) else (recvs, sends)
+    at = mine.index(end)
+    return theirs[at] if at < len(theirs) else None
+
+
+def _without_endpoints(plan: Plan, ends) -> Plan:
+    """``plan`` without these endpoints (a group keeps its other members; an emptied
+    group goes)."""
+    programs = [list(prog) for prog in plan.programs]
+    for r, i, k in sorted(ends, reverse=True):
+        op = programs[r][i]
+        if isinstance(op, Group):
+            rest = op.ops[:k] + op.ops[k + 1:]
+            programs[r][i:i + 1] = [Group(rest)] if rest else []
+        else:
+            del programs[r][i]
+    return attrs.evolve(plan, programs=tuple(map(tuple, programs)))
+
+
+def _edit_calls(plan: Plan, where, edit) -> Plan:
+    """``plan`` with the collective at each ``(rank, index)`` replaced by ``edit(rank,
+    op)`` (None: deleted)."""
+    programs = [list(prog) for prog in plan.programs]
+    for r, i in sorted(where, reverse=True):
+        new = edit(r, programs[r][i])
+        programs[r][i:i + 1] = [] if new is None else [new]
+    return attrs.evolve(plan, programs=tuple(map(tuple, programs)))
+
+
+def _edit_cut(plan: Plan, ch) -> tuple[Plan, str]:
+    """One field of one segment of the cut changed (see ``edit_cut``)."""
+    at = ch.int(0, len(plan.cut.segments) - 1)
+    seg = plan.cut.segments[at]
+    name = ch.pick(["home", "forward_rank", "recompute"]
+                   + (["backward_rank"] if seg.backward_rank is not None else []))
+    if name == "home":
+        value = ch.pick([r for r in range(plan.num_ranks) if r != seg.home])
+    elif name == "recompute":
+        value = not seg.recompute
+    else:
+        ranks = list(getattr(seg, name))
+        mb = ch.int(0, len(ranks) - 1)
+        ranks[mb] = ch.pick([r for r in range(plan.num_ranks) if r != ranks[mb]])
+        value = tuple(ranks)
+    segments = list(plan.cut.segments)
+    segments[at] = attrs.evolve(seg, **{name: value})
+    return (attrs.evolve(plan, cut=attrs.evolve(plan.cut, segments=tuple(segments))),
+            f"cut: {seg.name}.{name} = {value}")
+
+
+def _segment_applicable(plan: Plan) -> list[str]:
+    out = []
+    if _tagged(plan, "grads", "all_reduce"):
+        out.append("drop_all_reduce")
+    if _narrowable(plan):
+        out.append("narrow_all_reduce")
+    if _rerootable(plan):
+        out.append("broadcast_root")
+    if _positions(plan, lambda op: isinstance(op, Compute) and op.kind == "R"):
+        out.append("drop_recompute")
+    if plan.num_ranks >= 2 and _positions(plan, lambda op: isinstance(op, Compute)
+                                          and op.segment and op.kind == "F"):
+        out.append("move_segment_forward")
+    if _cut_endpoints(plan):
+        out.append("drop_cut_transfer")
+    if plan.cut.segments and plan.num_ranks >= 2:
+        out.append("edit_cut")
+    return out
+
+
 def applicable(plan: Plan) -> list[str]:
     """The mutation kinds that can edit ``plan``."""
     lengths = [len(prog) for prog in plan.programs]
@@ -373,7 +541,7 @@ def applicable(plan: Plan) -> list[str]:
         out.append("drop_group")
     if _positions(plan, lambda op: isinstance(op, (Send, Recv))):
         out.append("insert_group")
-    return out
+    return out + _segment_applicable(plan)
 
 
 def mutate(plan: Plan, kind: str, ch) -> tuple[Plan, str]:
@@ -448,14 +616,73 @@ def mutate(plan: Plan, kind: str, ch) -> tuple[Plan, str]:
             del prog[j]
         prog[i] = group
         return _replace(plan, r, prog), f"group rank {r} #{i} with {take}"
+    if kind in SEGMENT_MUTATIONS:
+        return _mutate_segment(plan, kind, ch)
     raise ValueError(f"unknown mutation {kind!r}")
+
+
+def _mutate_segment(plan: Plan, kind: str, ch) -> tuple[Plan, str]:
+    """The edits of ``SEGMENT_MUTATIONS`` (see the module docstring)."""
+    progs = plan.programs
+    if kind == "drop_all_reduce":
+        tag, where = ch.pick(sorted(_tagged(plan, "grads", "all_reduce").items()))
+        scope = ch.pick(["one", "all"])
+        where = [ch.pick(where)] if scope == "one" else where
+        return _edit_calls(plan, where, lambda r, op: None), f"drop {tag} on {where}"
+    if kind == "narrow_all_reduce":
+        tag, q = ch.pick(_narrowable(plan))
+        where = _tagged(plan, "grads", "all_reduce")[tag]
+        scope = ch.pick(["all", "one"]) if any(r != q for r, _ in where) else "all"
+        if scope == "one":
+            where = [ch.pick([(r, i) for r, i in where if r != q])]
+
+        def narrow(r, op):
+            return None if r == q else attrs.evolve(
+                op, ranks=tuple(x for x in op.ranks if x != q))
+        return _edit_calls(plan, where, narrow), f"narrow {tag} without rank {q} on {where}"
+    if kind == "broadcast_root":
+        tag, root = ch.pick(_rerootable(plan))
+        where = _tagged(plan, "params", "broadcast")[tag]
+        where = [ch.pick(where)] if ch.pick(["all", "one"]) == "one" else where
+        return (_edit_calls(plan, where, lambda r, op: attrs.evolve(op, root=root)),
+                f"root {root} for {tag} on {where}")
+    if kind == "drop_recompute":
+        r, i = ch.pick(_positions(plan, lambda op: isinstance(op, Compute) and op.kind == "R"))
+        prog = list(progs[r])
+        op = prog.pop(i)
+        return _replace(plan, r, prog), f"drop rank {r} #{i} {op}"
+    if kind == "move_segment_forward":
+        r, i = ch.pick(_positions(plan, lambda op: isinstance(op, Compute) and op.segment
+                                  and op.kind == "F"))
+        there = ch.pick([x for x in range(plan.num_ranks) if x != r])
+        src = list(progs[r])
+        op = src.pop(i)
+        dst = list(progs[there])
+        j = ch.int(0, len(dst))
+        dst.insert(j, op)
+        return (_replace(_replace(plan, r, src), there, dst),
+                f"move rank {r} #{i} {op} to rank {there} #{j}")
+    if kind == "edit_cut":
+        return _edit_cut(plan, ch)
+    end = ch.pick(_cut_endpoints(plan))
+    ends = [end]
+    other = _fifo_partner(plan, end)
+    if other is not None and ch.pick(["one", "pair"]) == "pair":
+        ends.append(other)
+    op = p2p_of(progs[end[0]][end[1]])[end[2]]
+    return _without_endpoints(plan, ends), f"drop {op} ({op.payload}) at {ends}"
 
 
 # ---------------------------------------------------------------- mutant strategy
 
 # fewest ranks that give every base an op the mutation can edit (comm needs 2 ranks, two
 # send peers need 3), so the simplest draw is already usable
-MIN_RANKS = {"swap_sends": 3, "payload": 2, "insert_group": 2, "drop_group": 2}
+MIN_RANKS = {"swap_sends": 3, "payload": 2, "insert_group": 2, "drop_group": 2,
+             **{kind: 2 for kind in SEGMENT_MUTATIONS}}
+# the transpose modes whose plans a segment mutation can edit
+SEGMENT_MODES = {"drop_all_reduce": ("owner",), "narrow_all_reduce": ("owner",),
+                 "broadcast_root": ("recompute", "owner"), "drop_recompute": ("recompute",)}
+SOURCES = ("family", "term", "transpose")
 
 
 def memory_limit_for(plan: Plan, ch):
@@ -479,18 +706,34 @@ def random_family_term(ch, p: int | None = None):
     return family(name, p, m, v)
 
 
-def random_mutant(ch, kind: str | None = None, depth: int = 1, families: bool = False):
+def random_base_term(ch, source: str, kind: str, depth: int, p: int | None):
+    """A valid term of ``source`` (``SOURCES``): a family, ``random_term(depth)`` or a
+    transpose (with a mode ``kind`` can edit)."""
+    if source == "family":
+        return random_family_term(ch, p)
+    if source == "transpose":  # a segment edit needs work moved off home: m >= 2
+        return random_transpose_term(ch, p, SEGMENT_MODES.get(kind, MODES),
+                                     2 if kind in SEGMENT_MUTATIONS else 1)
+    return random_term(ch, depth, p=p)
+
+
+def random_mutant(ch, kind: str | None = None, depth: int = 1, families: bool = False,
+                  source: str | None = None):
     """``(base, kind, description, mutant, memory_limit)``: a valid (possibly decorated)
-    lowered plan and one ``kind`` edit of it. The base term is a family
-    (``families=True``) or ``random_term(depth)``."""
+    lowered plan and one ``kind`` edit of it. The base term comes from ``source``
+    (``SOURCES``; default ``family`` with ``families=True``, else ``term``); a segment
+    mutation always edits a transpose."""
     kind = ch.pick(MUTATIONS) if kind is None else kind
+    source = source or ("family" if families else "term")
+    if kind in SEGMENT_MUTATIONS:
+        source = "transpose"
     how = {"reorder_collectives": "collectives", "drop_group": "groups"}.get(kind)
     if how is None:
         how = ch.pick(["plain", "plain", "groups", "collectives"])
     low = MIN_RANKS.get(kind)
     p = None if low is None else ch.int(low, MAX_P)
     while True:
-        term = random_family_term(ch, p) if families else random_term(ch, depth, p=p)
+        term = random_base_term(ch, source, kind, depth, p)
         base = decorate(lowered(term), ch, how)
         if kind in applicable(base):
             break
