@@ -316,7 +316,7 @@ def decorate(plan: Plan, ch, how: str) -> Plan:
 def _replace(plan: Plan, rank: int, program) -> Plan:
     programs = list(plan.programs)
     programs[rank] = tuple(program)
-    return Plan(plan.placement, plan.num_microbatches, tuple(programs))
+    return attrs.evolve(plan, programs=tuple(programs))  # the cut stays
 
 
 def _positions(plan: Plan, test) -> list[tuple[int, int]]:
