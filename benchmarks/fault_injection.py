@@ -35,7 +35,10 @@ on every entry, output captured, recording each exit code. Per (fault, broken pl
 exit 0 is *false_verified*, 1 *caught_violated*, 3 *caught_undecided*, anything else
 (2, a crash, a timeout) an *error*, shown with its first line of stderr (for a crash,
 the exception's last line); *changed* counts the broken plans whose exit code is not the
-pristine 1. Valid plans judged other than 0 are counted per fault (``valid:rej``, exit
+pristine 1; *unaided* those on which the faulty passes found no violation at all, so
+only the kernel's own check of their witness kept the answer from VERIFIED (read from
+``check --json``: a property whose pass found nothing is one the kernel was asked to
+prove, the only case whose report lists ``facts``). Valid plans judged other than 0 are counted per fault (``valid:rej``, exit
 1, false_rejected; ``valid:und``, exit 3, undecided on valid input). The last
 line is exactly ``faults=N false_verified=F caught_violated=A caught_undecided=U``
 over all (fault, broken plan) pairs.
@@ -68,7 +71,7 @@ from mpipe_verified.algebra.terms import Weave  # noqa: E402
 from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
 from mpipe_verified.formats.plan_json import read_plan_json, write_plan_json  # noqa: E402
 from mpipe_verified.formats.torch_csv import write_torch_csv  # noqa: E402
-from mpipe_verified.ir import (Collective, Compute, Group, Overlap, Placement, Plan,  # noqa: E402
+from mpipe_verified.ir import (Collective, Compute, Group, Overlap, Plan,  # noqa: E402
                                Send)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.semantics import peak_memory  # noqa: E402
@@ -209,9 +212,9 @@ FAULTS = (
           "elif ops[r].tag != ref.tag:",
           "members calling a collective with another kind or root are not reported"),
     Fault("collective_last_member_unchecked", SEM,
-          "            if r not in ops:\n                problems.append(",
-          "            if r not in ops and r != group[-1]:\n                problems.append(",
-          "a collective the last member never calls is not reported"),
+          "        for r in group:\n            if r not in ops:",
+          "        for r in group[:-1]:\n            if r not in ops:",
+          "a collective's last member is not checked (missing, or calling another one)"),
     Fault("malformed_root_unchecked", SEM,
           'if op.kind != "all_reduce" and op.root not in op.ranks:',
           'if op.kind != "all_reduce" and op.root is None:',
@@ -336,26 +339,35 @@ here = os.path.realpath(mpipe_verified.__file__)
 assert here.startswith(os.path.realpath(root) + os.sep), here
 def timeout(*_): raise TimeoutError("check ran past %d s" % int(sys.argv[3]))
 signal.signal(signal.SIGALRM, timeout)
+def unaided(text):
+    # the passes found nothing anywhere: every property went to the kernel's proof
+    try:
+        return all("facts" in p for p in json.loads(text)["stats"]["properties"].values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
 out = []
 for name, args in entries:
-    err = io.StringIO()
+    err, report = io.StringIO(), io.StringIO()
     signal.alarm(int(sys.argv[3]))
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            code = cli.main(args)
+        with contextlib.redirect_stdout(report), contextlib.redirect_stderr(err):
+            code = cli.main([args[0], "--json", *args[1:]])
         line = (err.getvalue().strip().splitlines() or [""])[0]
     except BaseException as e:
         code, line = "crash", traceback.format_exception_only(type(e), e)[-1].strip()
     finally:
         signal.alarm(0)
-    out.append([name, code, line])
+    out.append([name, code, line, code in (0, 1, 3) and unaided(report.getvalue())])
 print(json.dumps(out))
 '''
 
 
 def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
-    """``{entry name: (exit code, first stderr line)}`` of ``check`` on every entry, in
-    one subprocess importing the package under ``root``."""
+    """``{entry name: (exit code, first stderr line, unaided)}`` of ``check --json`` on
+    every entry, in one subprocess importing the package under ``root``. ``unaided``: the
+    fast passes found nothing on any property (each property's report went to the
+    kernel's proof, which alone records ``facts``), so without the kernel checking their
+    witness the tool would have said VERIFIED."""
     listing = os.path.join(workdir, "entries.json")
     with open(listing, "w", encoding="utf-8") as f:
         json.dump([[e.name, list(e.args)] for e in entries], f)
@@ -365,8 +377,8 @@ def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
                           timeout=ENTRY_SECONDS * (len(entries) + 2))
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {e.name: ("crash", f"driver failed: {tail}") for e in entries}
-    return {name: (code, line) for name, code, line in json.loads(done.stdout)}
+        return {e.name: ("crash", f"driver failed: {tail}", False) for e in entries}
+    return {name: (code, line, alone) for name, code, line, alone in json.loads(done.stdout)}
 
 
 def run_fault(fault: Fault | None, entries: list) -> dict[str, tuple]:
@@ -538,16 +550,14 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
     return out
 
 
-def _fixture_entries(directory: str) -> list[Entry]:
+def _fixture_entries() -> list[Entry]:
     out = []
     for name in sorted(os.listdir(FIXTURES)):
         if name.startswith("false_accept_") or name in ("recv_first_deadlock.json",
                                                         "steady_exchange_ungrouped.json"):
-            out.append(Entry(f"fixture:{name[:-5]}", ("check", "-q",
-                                                      os.path.join(FIXTURES, name))))
-    out.append(Entry("fixture:eager_extra_send", ("check", "-q", "--comm-model", "eager",
-                                                 os.path.join(FIXTURES,
-                                                              "eager_extra_send.json"))))
+            out.append(Entry(f"fixture:{name[:-5]}", ("check", os.path.join(FIXTURES, name))))
+    eager = os.path.join(FIXTURES, "eager_extra_send.json")
+    out.append(Entry("fixture:eager_extra_send", ("check", "--comm-model", "eager", eager)))
     return out
 
 
@@ -557,9 +567,7 @@ def mutant_bases() -> list[tuple[str, Plan]]:
     ch = S.RandomChooser(random.Random(SEED))
     out = []
     for name in S.FAMILY_NAMES:
-        p = 2 if name != "interleaved-1f1b" else 2
-        out.append((f"{name}-p{p}", _lowered(name, p, 2 * p, 2 if "interleaved" in name
-                                             else None)))
+        out.append((f"{name}-p2", _lowered(name, 2, 4, 2 if "interleaved" in name else None)))
     out.append(("1f1b-p4-groups", S.with_groups(_lowered("1f1b", 4, 4), ch)))
     out.append(("zb-h2-p3-collectives", S.with_collectives(_lowered("zb-h2", 3, 3), ch)))
     for mode in ("recompute", "owner", "frozen", "none"):
@@ -622,18 +630,18 @@ def _spec_entries(directory: str) -> list[Entry]:
     plan = lower(spec.schedule, spec.duration)
     peaks = [peak for peak, _ in peak_memory(plan, spec.memory_model).values()]
     os.remove(probe)
-    out = [Entry("spec:examples/broken.toml", ("check", "-q",
-                                               os.path.join(ROOT, "examples", "broken.toml")))]
+    broken = os.path.join(ROOT, "examples", "broken.toml")
+    out = [Entry("spec:examples/broken.toml", ("check", broken))]
     for rank in range(len(peaks)):  # one rank just over its limit, the others well under
         path = os.path.join(directory, f"transpose_sizes_rank{rank}.toml")
         limits = [peak - 0.25 if r == rank else 2 * peak for r, peak in enumerate(peaks)]
         with open(path, "w", encoding="utf-8") as f:
             f.write(SPEC_STATIC.format(limit=limits))
-        out.append(Entry(f"spec:transpose_sizes_rank{rank}", ("check", "-q", path)))
+        out.append(Entry(f"spec:transpose_sizes_rank{rank}", ("check", path)))
     return out
 
 
-def _memory_entries(directory: str) -> list[tuple[str, Plan, tuple[str, ...]]]:
+def _memory_entries() -> list[tuple[str, Plan, tuple[str, ...]]]:
     """Plans checked with a limit one below their unit-model peak."""
     out = []
     for name, p, m, v in (("zb-h1", 4, 8, None), ("zb-h2", 2, 4, None),
@@ -655,7 +663,7 @@ def _write(directory: str, index: int, name: str, plan: Plan, extra: tuple,
            as_csv: bool = False) -> Entry:
     path = os.path.join(directory, f"{index:03d}.{'csv' if as_csv else 'json'}")
     (write_torch_csv if as_csv else write_plan_json)(plan, path)
-    return Entry(name + (" [csv]" if as_csv else ""), ("check", "-q", *extra, path))
+    return Entry(name + (" [csv]" if as_csv else ""), ("check", *extra, path))
 
 
 def _csv_ok(plan: Plan) -> bool:
@@ -667,7 +675,7 @@ def _csv_ok(plan: Plan) -> bool:
 def build_corpus(directory: str, small: bool = False) -> Corpus:
     """Write the broken and valid plans under ``directory``; ``small``: a few of each
     kind (for the test)."""
-    planned = hand_edits() + _memory_entries(directory)
+    planned = hand_edits() + _memory_entries()
     if small:
         keep = ("w_before_its_i", "recvs_swapped_eager", "encoder_b_before_body_b",
                 "collectives_crossed", "zb-h1-p4-below-peak", "last_rank_b_before_f")
@@ -682,9 +690,9 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
             broken.append(_write(directory, index, name, plan, extra, as_csv=True))
             index += 1
     if not small:
-        broken += _fixture_entries(directory) + _spec_entries(directory)
+        broken += _fixture_entries() + _spec_entries(directory)
         broken.append(Entry("family:zb-h2-p4-limit-4",
-                            ("check", "-q", "--family", "zb-h2", "--pp", "4",
+                            ("check", "--family", "zb-h2", "--pp", "4",
                              "--microbatches", "8", "--memory-limit", "4")))
     valid = [
         _write(directory, 900, "valid:zb-h1-p3", _lowered("zb-h1", 3, 4), ()),
@@ -694,9 +702,9 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
         return Corpus(broken, valid)
     valid += [
         _write(directory, 902, "valid:transpose-owner-p2", _transpose(2, 2, "owner"), ()),
-        Entry("valid:family-transpose-recompute", ("check", "-q", "--family", "transpose",
+        Entry("valid:family-transpose-recompute", ("check", "--family", "transpose",
                                                    "--pp", "2", "--microbatches", "4")),
-        Entry("valid:spec-zb-h1", ("check", "-q", os.path.join(ROOT, "examples",
+        Entry("valid:spec-zb-h1", ("check", os.path.join(ROOT, "examples",
                                                               "zb-h1.toml"))),
         _write(directory, 903, "valid:1f1b-p3-groups",
                S.with_groups(_lowered("1f1b", 3, 4), S.RandomChooser(random.Random(SEED))), ()),
@@ -706,7 +714,7 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
                read_plan_json(os.path.join(FIXTURES, "steady_exchange_ungrouped.json")),
                ("--comm-model", "eager")),
         Entry("valid:spec-mllm-transpose-frozen",
-              ("check", "-q", os.path.join(ROOT, "examples", "mllm_transpose_frozen.toml"))),
+              ("check", os.path.join(ROOT, "examples", "mllm_transpose_frozen.toml"))),
     ]
     return Corpus(broken, valid)
 
@@ -738,8 +746,9 @@ def judge_fault(fault: Fault, corpus: Corpus) -> dict:
             "changed": sum(got[e.name][0] != 1 for e in corpus.broken),
             "valid_bad": [(e.name, got[e.name][0]) for e in corpus.valid
                           if got[e.name][0] != 0],
-            "errors": [(e.name, got[e.name]) for e in corpus.broken + corpus.valid
+            "errors": [(e.name, got[e.name][:2]) for e in corpus.broken + corpus.valid
                        if classify(got[e.name][0]) == "error"],
+            "unaided": [e.name for e in corpus.broken if got[e.name][2]],
             "false_verified": [e.name for e in corpus.broken if got[e.name][0] == 0]}
 
 
@@ -760,14 +769,14 @@ def report(results: list[dict], corpus: Corpus) -> str:
     lines = [f"corpus: {len(corpus.broken)} broken plans, {len(corpus.valid)} valid plans",
              "",
              f"{'fault':36} {'verified':>8} {'violated':>8} {'undecided':>9} {'error':>5} "
-             f"{'changed':>7} {'valid:rej':>9} {'valid:und':>9}  description"]
+             f"{'changed':>7} {'unaided':>7} {'valid:rej':>9} {'valid:und':>9}  description"]
     for r in results:
         counts = {v: 0 for v in (*VERDICTS.values(), "error")}
         for verdict in r["classes"].values():
             counts[verdict] += 1
         lines.append(f"{r['fault'].name:36} {counts['false_verified']:>8} "
                      f"{counts['caught_violated']:>8} {counts['caught_undecided']:>9} "
-                     f"{counts['error']:>5} {r['changed']:>7} "
+                     f"{counts['error']:>5} {r['changed']:>7} {len(r['unaided']):>7} "
                      f"{sum(code == 1 for _, code in r['valid_bad']):>9} "
                      f"{sum(code == 3 for _, code in r['valid_bad']):>9}  "
                      f"{r['fault'].description}")
@@ -783,7 +792,10 @@ def report(results: list[dict], corpus: Corpus) -> str:
     lines += ["", f"on valid plans: {some(1)} of {len(results)} faults make the tool reject "
                   f"some (false_rejected), {some(3)} leave some undecided; "
                   f"{sum(r['changed'] > 0 for r in results)} of {len(results)} faults change "
-                  f"some verdict on a broken plan"]
+                  f"some verdict on a broken plan",
+              f"unaided: {sum(len(r['unaided']) for r in results)} (fault, broken plan) pairs "
+              f"where the faulty passes found nothing at all (VERIFIED without the kernel), "
+              f"over {sum(bool(r['unaided']) for r in results)} faults"]
     t = totals(results)
     lines.append(f"faults={len(results)} false_verified={t['false_verified']} "
                  f"caught_violated={t['caught_violated']} "
