@@ -75,7 +75,7 @@ from mpipe_verified.ir import (Collective, Compute, Group, Overlap, Plan,  # noq
                                Send)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.semantics import peak_memory  # noqa: E402
-from mpipe_verified.verify import verify  # noqa: E402
+from mpipe_verified.verify import PROPERTIES, verify  # noqa: E402
 
 PACKAGE = os.path.join(ROOT, "mpipe_verified")
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -339,12 +339,15 @@ here = os.path.realpath(mpipe_verified.__file__)
 assert here.startswith(os.path.realpath(root) + os.sep), here
 def timeout(*_): raise TimeoutError("check ran past %d s" % int(sys.argv[3]))
 signal.signal(signal.SIGALRM, timeout)
-def unaided(text):
-    # the passes found nothing anywhere: every property went to the kernel's proof
+def read(text):
+    # (the passes found nothing anywhere: every property went to the kernel's proof,
+    #  the properties found violated)
     try:
-        return all("facts" in p for p in json.loads(text)["stats"]["properties"].values())
+        doc = json.loads(text)
+        alone = all("facts" in p for p in doc["stats"]["properties"].values())
+        return alone, sorted({v["property"] for v in doc["violations"]})
     except (ValueError, KeyError, TypeError, AttributeError):
-        return False
+        return False, []
 out = []
 for name, args in entries:
     err, report = io.StringIO(), io.StringIO()
@@ -357,14 +360,15 @@ for name, args in entries:
         code, line = "crash", traceback.format_exception_only(type(e), e)[-1].strip()
     finally:
         signal.alarm(0)
-    out.append([name, code, line, code in (0, 1, 3) and unaided(report.getvalue())])
+    out.append([name, code, line, *(read(report.getvalue()) if code in (0, 1, 3)
+                                    else (False, []))])
 print(json.dumps(out))
 '''
 
 
 def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
-    """``{entry name: (exit code, first stderr line, unaided)}`` of ``check --json`` on
-    every entry, in one subprocess importing the package under ``root``. ``unaided``: the
+    """``{entry name: (exit code, first stderr line, unaided, violated properties)}`` of
+    ``check --json`` on every entry, in one subprocess importing the package under ``root``. ``unaided``: the
     fast passes found nothing on any property (each property's report went to the
     kernel's proof, which alone records ``facts``), so without the kernel checking their
     witness the tool would have said VERIFIED."""
@@ -377,8 +381,8 @@ def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
                           timeout=ENTRY_SECONDS * (len(entries) + 2))
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {e.name: ("crash", f"driver failed: {tail}", False) for e in entries}
-    return {name: (code, line, alone) for name, code, line, alone in json.loads(done.stdout)}
+        return {e.name: ("crash", f"driver failed: {tail}", False, []) for e in entries}
+    return {row[0]: tuple(row[1:]) for row in json.loads(done.stdout)}
 
 
 def run_fault(fault: Fault | None, entries: list) -> dict[str, tuple]:
@@ -728,14 +732,16 @@ def classify(code) -> str:
     return VERDICTS.get(code, "error")
 
 
-def check_pristine(corpus: Corpus) -> None:
-    """All broken entries exit 1 and all valid ones 0 with the unedited package."""
+def check_pristine(corpus: Corpus) -> dict[str, int]:
+    """All broken entries exit 1 and all valid ones 0 with the unedited package; returns
+    how many broken entries violate each property."""
     got = run_fault(None, corpus.broken + corpus.valid)
-    wrong = [(e.name, got[e.name]) for e in corpus.broken if got[e.name][0] != 1]
-    wrong += [(e.name, got[e.name]) for e in corpus.valid if got[e.name][0] != 0]
+    wrong = [(e.name, got[e.name][:2]) for e in corpus.broken if got[e.name][0] != 1]
+    wrong += [(e.name, got[e.name][:2]) for e in corpus.valid if got[e.name][0] != 0]
     if wrong:
         raise SystemExit(f"the pristine package misjudges {len(wrong)} corpus entries: "
                          f"{wrong[:5]}")
+    return {prop: sum(prop in got[e.name][3] for e in corpus.broken) for prop in PROPERTIES}
 
 
 def judge_fault(fault: Fault, corpus: Corpus) -> dict:
@@ -765,8 +771,11 @@ def totals(results: list[dict]) -> dict[str, int]:
     return out
 
 
-def report(results: list[dict], corpus: Corpus) -> str:
-    lines = [f"corpus: {len(corpus.broken)} broken plans, {len(corpus.valid)} valid plans",
+def report(results: list[dict], corpus: Corpus, violating: dict | None = None) -> str:
+    spread = "" if violating is None else " (violating " + ", ".join(
+        f"{prop} {n}" for prop, n in violating.items()) + ")"
+    lines = [f"corpus: {len(corpus.broken)} broken plans{spread}, {len(corpus.valid)} valid "
+             "plans",
              "",
              f"{'fault':36} {'verified':>8} {'violated':>8} {'undecided':>9} {'error':>5} "
              f"{'changed':>7} {'unaided':>7} {'valid:rej':>9} {'valid:und':>9}  description"]
@@ -819,9 +828,9 @@ def main(argv=None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="mpipe-corpus-") as directory:
         corpus = build_corpus(directory)
-        check_pristine(corpus)
+        violating = check_pristine(corpus)
         results = run(faults, corpus, args.jobs)
-        print(report(results, corpus))
+        print(report(results, corpus, violating))
     return 0
 
 
