@@ -16,9 +16,10 @@ Left out on purpose (trusted, or not an untrusted hint):
   ``formats/spec.py``) and the IR: the trusted base itself;
 - in ``verify/__init__.py``, the verdict assembly that only reads the kernel's answers
   (``_report``; ``_Judge._confirm``'s and ``_Judge._prove``'s reading of them) and the
-  question put to the kernel (the comm model and memory limits handed to
+  question put to the kernel (the comm model, memory limits and sizes handed to
   ``kernel.confirm``/``kernel.prove``): those are the statement being proven, like the
-  CLI's ``--memory-limit`` and ``--comm-model`` argument passing, also left out.
+  CLI's ``--memory-limit`` and ``--comm-model`` argument passing and its choice of the
+  plan to judge (as written, or lowered: ``cli._as_read``), also left out.
 
 The *corpus* (``build_corpus``) is written into a temporary directory from a fixed seed:
 broken plans, each rejected by the pristine package (asserted: exit 1 from ``check``),
@@ -31,17 +32,18 @@ plans), torch CSVs and specs, spanning all five properties (memory through a
 For each fault: the ``mpipe_verified`` package is copied into a temporary directory, the
 edit applied, and one subprocess (``sys.executable``, ``PYTHONPATH`` at the copy; it
 asserts ``mpipe_verified.__file__`` lies in the copy) runs ``mpipe_verified.cli.main``
-on every entry, output captured, recording each exit code. Per (fault, broken plan):
-exit 0 is *false_verified*, 1 *caught_violated*, 3 *caught_undecided*, anything else
-(2, a crash, a timeout) an *error*, shown with its first line of stderr (for a crash,
-the exception's last line); *changed* counts the broken plans whose exit code is not the
-pristine 1; *unaided* those on which the faulty passes found no violation at all, so
-only the kernel's own check of their witness kept the answer from VERIFIED (read from
-``check --json``: a property whose pass found nothing is one the kernel was asked to
-prove, the only case whose report lists ``facts``). Valid plans judged other than 0 are counted per fault (``valid:rej``, exit
-1, false_rejected; ``valid:und``, exit 3, undecided on valid input). The last
-line is exactly ``faults=N false_verified=F caught_violated=A caught_undecided=U``
-over all (fault, broken plan) pairs.
+(``check --json``) on every entry, output captured, recording each exit code. Per
+(fault, broken plan): exit 0 is *false_verified*, 1 *caught_violated*, 3
+*caught_undecided*, anything else (2, a crash, a timeout) an *error*, listed with the
+first line of its stderr (for a crash, the exception's last line). Per fault the table
+also shows *changed*, the broken plans whose exit code is not the pristine 1, and
+*unaided*, those on which the faulty passes found no violation at all, so that only the
+kernel's own check of their witness kept the answer from VERIFIED (a property whose pass
+found nothing is one the kernel was asked to prove: only then does its report list
+``facts``), and the valid plans judged 1 (``valid:rej``, false_rejected) or 3
+(``valid:und``, undecided on valid input). The last line is exactly
+``faults=N false_verified=F caught_violated=A caught_undecided=U`` over all (fault,
+broken plan) pairs.
 """
 
 from __future__ import annotations
@@ -368,17 +370,20 @@ print(json.dumps(out))
 
 def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
     """``{entry name: (exit code, first stderr line, unaided, violated properties)}`` of
-    ``check --json`` on every entry, in one subprocess importing the package under ``root``. ``unaided``: the
-    fast passes found nothing on any property (each property's report went to the
-    kernel's proof, which alone records ``facts``), so without the kernel checking their
-    witness the tool would have said VERIFIED."""
+    ``check --json`` on every entry, in one subprocess importing the package under
+    ``root``. ``unaided``: the fast passes found nothing on any property (each property
+    went to the kernel's proof, whose report alone records ``facts``), so without the
+    kernel checking their witness the tool would have said VERIFIED."""
     listing = os.path.join(workdir, "entries.json")
     with open(listing, "w", encoding="utf-8") as f:
         json.dump([[e.name, list(e.args)] for e in entries], f)
     env = {**os.environ, "PYTHONPATH": root}
-    done = subprocess.run([sys.executable, "-c", DRIVER, root, listing, str(ENTRY_SECONDS)],
-                          capture_output=True, text=True, env=env, cwd=workdir,
-                          timeout=ENTRY_SECONDS * (len(entries) + 2))
+    try:
+        done = subprocess.run([sys.executable, "-c", DRIVER, root, listing,
+                               str(ENTRY_SECONDS)], capture_output=True, text=True, env=env,
+                              cwd=workdir, timeout=ENTRY_SECONDS * (len(entries) + 2))
+    except subprocess.TimeoutExpired:
+        return {e.name: ("crash", "driver timed out", False, []) for e in entries}
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         return {e.name: ("crash", f"driver failed: {tail}", False, []) for e in entries}
@@ -466,10 +471,17 @@ def _with_coll(plan: Plan) -> Plan:
 
 def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
     """``(name, broken plan, extra check arguments)``: one aimed edit per rule."""
-    out = []
+    out: list = []
 
     def add(name, plan, *extra):
         out.append((name, plan, tuple(extra)))
+    for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits):
+        edits(add)
+    return out
+
+
+def _body_edits(add) -> None:
+    """Needs, completeness and pairing of the body's ops."""
     zb = _lowered("zb-h1", 2, 3)
     add("w_before_its_i", _move_before(zb, 1, "1W0", "1I0"))
     f3 = _lowered("1f1b", 3, 3)
@@ -495,7 +507,10 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
                                           Compute("F", 0, 2)))
     add("duplicate_forward", _insert_after(_lowered("1f1b", 2, 2), 0, "0B1",
                                            Compute("F", 0, 1)))
-    # transpose: the rules at the cut
+
+
+def _cut_edits(add) -> None:
+    """The rules at the cut: transpose plans of every mode and side."""
     rec, own = _transpose(2, 2, "recompute"), _transpose(2, 2, "owner")
     add("encoder_b_before_body_b", _move_before(rec, 0, "vision:0B0", "0B0"))
     add("encoder_b_before_its_grad", _move_before(own, 1, "vision:0B0", "vision:0RECV_B0"))
@@ -519,7 +534,13 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
                                            if isinstance(op, Collective)
                                            and op.kind == "broadcast" else op))
     add("all_reduce_twice", _everywhere(own, lambda r: (), lambda r: (own.programs[r][-1],)))
-    # collectives
+    own4, narrow = _transpose(4, 4, "owner"), (0, 1, 2)
+    add("all_reduce_split_in_two", _map_ops(own4, lambda r, op: attrs.evolve(
+        op, ranks=narrow if r in narrow else (r,)) if isinstance(op, Collective)
+        and op.kind == "all_reduce" else op))
+
+
+def _collective_edits(add) -> None:
     g3 = _lowered("gpipe", 3, 2)
     coll = _with_coll(g3)
     add("broadcast_root_disagrees", _map_ops(coll, lambda r, op: attrs.evolve(op, root=1)
@@ -533,9 +554,11 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
     order = {0: (tied, grads), 1: (grads, tied), 2: (grads,)}
     add("collectives_crossed", _everywhere(g3, lambda r: (), lambda r: order[r]))
     add("collective_last_member_missing", _program(coll, 2, coll.programs[2][:-1]))
-    # deadlocks
-    ungrouped = read_plan_json(os.path.join(FIXTURES, "steady_exchange_ungrouped.json"))
-    first_sends = _map_ops(ungrouped, lambda r, op: op)
+
+
+def _comm_edits(add) -> None:
+    """Blocking and unmatched point-to-point ops."""
+    first_sends = read_plan_json(os.path.join(FIXTURES, "steady_exchange_ungrouped.json"))
     for r in (0, 1):
         prog = list(first_sends.programs[r])
         i = next(i for i, op in enumerate(prog) if isinstance(op, Send)
@@ -543,15 +566,10 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
         prog[i] = Group((prog[i],))
         first_sends = _program(first_sends, r, prog)
     add("group_sends_facing", first_sends)
-    add("unmatched_recv", _drop(f3, 0, "0SEND_F2"))
+    add("unmatched_recv", _drop(_lowered("1f1b", 3, 3), 0, "0SEND_F2"))
+    g2 = _lowered("gpipe", 2, 2)
     add("extra_send_eager", _program(g2, 0, g2.programs[0] + (g2.programs[0][1],)),
         "--comm-model", "eager")
-    own4 = _transpose(4, 4, "owner")
-    narrow = tuple(r for r in range(3))
-    add("all_reduce_split_in_two", _map_ops(own4, lambda r, op: attrs.evolve(
-        op, ranks=narrow if r in narrow else (r,)) if isinstance(op, Collective)
-        and op.kind == "all_reduce" else op))
-    return out
 
 
 def _fixture_entries() -> list[Entry]:
