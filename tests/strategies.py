@@ -372,7 +372,7 @@ def _replace(plan: Plan, rank: int, program) -> Plan:
     """``plan`` (its cut included) with rank ``rank``'s program replaced."""
     programs = list(plan.programs)
     programs[rank] = tuple(program)
-    return attrs.evolve(plan, programs=tuple(programs))
+    return attrs.evolve(plan, programs=tuple(programs))  # the cut stays
 
 
 def _positions(plan: Plan, test) -> list[tuple[int, int]]:

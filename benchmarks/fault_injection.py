@@ -1,0 +1,857 @@
+"""Fault injection: a VERIFIED comes only from the verification kernel.
+
+    python benchmarks/fault_injection.py [--faults NAME...] [--jobs J] [--list]
+
+Each *fault* is one plausible bug: an exact source edit (``old`` -> ``new``, which must
+occur exactly once, so the benchmark fails loudly when the code moves) in the untrusted
+layer: the shared semantics (``semantics.py``: needs/produces, the cut rules, required
+collectives, completeness counting, FIFO and collective pairing, execution, memory
+accounting), the fast passes and their hints (``verify/properties.py``), how findings
+and hints reach the kernel (``verify/__init__.py``) and the lowering of spec and family
+inputs (``lower.py``).
+
+Left out on purpose (trusted, or not an untrusted hint):
+
+- ``kernel.py``, the plan readers (``formats/plan_json.py``, ``formats/torch_csv.py``,
+  ``formats/spec.py``) and the IR: the trusted base itself;
+- in ``verify/__init__.py``, the verdict assembly that only reads the kernel's answers
+  (``_report``; ``_Judge._confirm``'s and ``_Judge._prove``'s reading of them) and the
+  question put to the kernel (the comm model, memory limits and sizes handed to
+  ``kernel.confirm``/``kernel.prove``): those are the statement being proven, like the
+  CLI's ``--memory-limit`` and ``--comm-model`` argument passing and its choice of the
+  plan to judge (as written, or lowered: ``cli._as_read``), also left out.
+
+The *corpus* (``build_corpus``) is written into a temporary directory from a fixed seed:
+broken plans, each rejected by the pristine package (asserted: exit 1 from ``check``),
+as plan-json files (transpose plans of every mode, source and sink, bodies 1f1b and
+interleaved-1f1b on 2 and 4 ranks; plans with groups and collectives; plain family
+plans), torch CSVs and specs, spanning all five properties (memory through a
+``--memory-limit`` below the plan's peak), plus the collective false accepts of
+``tests/fixtures/false_accept_*.json``; and a few valid plans (pristine: exit 0).
+
+For each fault: the ``mpipe_verified`` package is copied into a temporary directory, the
+edit applied, and one subprocess (``sys.executable``, ``PYTHONPATH`` at the copy; it
+asserts ``mpipe_verified.__file__`` lies in the copy) runs ``mpipe_verified.cli.main``
+(``check --json``) on every entry, output captured, recording each exit code. Per
+(fault, broken plan): exit 0 is *false_verified*, 1 *caught_violated*, 3
+*caught_undecided*, anything else (2, a crash, a timeout) an *error*, listed with the
+first line of its stderr (for a crash, the exception's last line). Per fault the table
+also shows *changed*, the broken plans whose exit code is not the pristine 1, and
+*unaided*, those on which the faulty passes found no violation at all, so that only the
+kernel's own check of their witness kept the answer from VERIFIED (a property whose pass
+found nothing is one the kernel was asked to prove: only then does its report list
+``facts``), and the valid plans judged 1 (``valid:rej``, false_rejected) or 3
+(``valid:und``, undecided on valid input). The last line is exactly
+``faults=N false_verified=F caught_violated=A caught_undecided=U`` over all (fault,
+broken plan) pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
+
+import attrs  # noqa: E402
+
+import strategies as S  # noqa: E402
+from mpipe_verified.algebra.families import family  # noqa: E402
+from mpipe_verified.algebra.terms import Weave  # noqa: E402
+from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
+from mpipe_verified.formats.plan_json import read_plan_json, write_plan_json  # noqa: E402
+from mpipe_verified.formats.torch_csv import write_torch_csv  # noqa: E402
+from mpipe_verified.ir import (Collective, Compute, Group, Overlap, Plan,  # noqa: E402
+                               Send)
+from mpipe_verified.lower import lower  # noqa: E402
+from mpipe_verified.semantics import peak_memory  # noqa: E402
+from mpipe_verified.verify import PROPERTIES, verify  # noqa: E402
+
+PACKAGE = os.path.join(ROOT, "mpipe_verified")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+SEED = "fault-injection-1"
+ENTRY_SECONDS = 60  # per check inside a driver: a fault that hangs is an error, not a hang
+
+
+class Fault(NamedTuple):
+    name: str
+    path: str  # relative to the package
+    old: str
+    new: str
+    description: str
+
+
+SEM, PROPS, VERIFY, LOWER = "semantics.py", "verify/properties.py", "verify/__init__.py", \
+    "lower.py"
+
+FAULTS = (
+    # ---- needs / produces (semantics.needs, Chain.needs)
+    Fault("w_without_i", SEM,
+          'return (("wgrad_ready", seg, s, mb),)\n        if op.kind == RECOMPUTE',
+          'return ()\n        if op.kind == RECOMPUTE',
+          "W no longer needs its I"),
+    Fault("forward_off_by_one", SEM,
+          'return (("out", seg, s - 1, mb),) if s > 0 else ()',
+          'return (("out", seg, s - 1, mb),) if s > 1 else ()',
+          "the forward of stage 1 does not need stage 0's activation"),
+    Fault("backward_without_grad", SEM,
+          "        if s < num_stages - 1:\n",
+          "        if s < num_stages - 2:\n",
+          "the backward of the second-to-last stage does not need the last stage's gradient"),
+    Fault("last_backward_without_stored", SEM,
+          '        return (("stored", seg, s, mb),)\n    if kind is Send:',
+          '        return ()\n    if kind is Send:',
+          "the last stage's backward does not need its stored forward"),
+    Fault("recompute_without_input", SEM,
+          'return (("input", seg, s, mb),)',
+          "return ()",
+          "a recompute does not need its shipped input"),
+    Fault("send_needs_nothing", SEM,
+          "    if kind is Send:\n        return (payload_token(op.payload),)",
+          "    if kind is Send:\n        return ()",
+          "a send does not need the value it sends"),
+    Fault("group_needs_first_member", SEM,
+          "        if kind is Overlap or kind is Group:\n"
+          "            return tuple(t for c in op.ops for t in self.needs(c, rank))",
+          "        if kind is Overlap or kind is Group:\n"
+          "            return self.needs(op.ops[0], rank)",
+          "an overlap's or group's needs are taken from its first member only"),
+    Fault("body_forward_without_encoder", SEM,
+          'return base + tuple(("out", src.name, 0, op.mb) for src in self._sources)',
+          "return base",
+          "the body's first forward does not need the encoder output"),
+    Fault("params_not_needed_off_home", SEM,
+          'extra = (("params", seg.name, 0, 0),)',
+          "extra = ()",
+          "a segment's forward off its home rank does not need the broadcast parameters"),
+    Fault("sink_without_body_output", SEM,
+          "return extra + ((body_out,) if seg.side == SINK else ())",
+          "return extra",
+          "a sink's forward does not need the body's last output"),
+    Fault("source_backward_without_body_grad", SEM,
+          'return (stored, ("grad", BODY, 0, op.mb)) if seg.side == SOURCE else (stored,)',
+          "return (stored,)",
+          "a source segment's backward does not need the body's gradient"),
+    Fault("all_reduce_without_wgrads", SEM,
+          "        if kind is Collective:\n            return self._collective_needs(op, rank)",
+          "        if kind is Collective:\n            return ()",
+          "the all-reduce does not need the local weight gradients"),
+    # ---- completeness (work_table, unit_ok, required_work, collectives)
+    Fault("repeat_counted_once", SEM,
+          "row[column[c.kind]] += 1",
+          "row[column[c.kind]] = 1",
+          "a repeated op is counted once"),
+    Fault("mixed_backward_allowed", SEM,
+          "back = (b, i, w) in ((1, 0, 0), (0, 1, 1)) if need_backward",
+          "back = (b == 1 or (i, w) == (1, 1)) if need_backward",
+          "a unit with both B and I/W counts as complete"),
+    Fault("misplaced_ignored", SEM,
+          "return f == 1 and back and r == int(need_recompute) and wrong == 0",
+          "return f == 1 and back and r == int(need_recompute)",
+          "work on the wrong rank is not a completeness issue"),
+    Fault("stray_ignored", SEM,
+          "for c, rank, index in table.stray]",
+          "for c, rank, index in table.stray[:0]]",
+          "ops outside the chain's stages or microbatches are not reported"),
+    Fault("recompute_not_required", SEM,
+          "return seg.trainable, seg.needs_recompute(mb)",
+          "return seg.trainable, False",
+          "a due recompute is not required"),
+    Fault("all_reduce_not_required", SEM,
+          "            if back - {seg.home}:\n",
+          "            if False:\n",
+          "the required all-reduce of a segment's gradients is not required"),
+    Fault("tagged_root_unchecked", SEM,
+          "if op.kind != kind or op.root != root:",
+          "if op.kind != kind:",
+          "a required collective's root is not checked"),
+    Fault("tagged_members_unchecked", SEM,
+          "left_out = sorted(ranks - set(op.ranks))",
+          "left_out = []",
+          "a required collective may leave out ranks that must take part"),
+    Fault("collective_once_unchecked", SEM,
+          "elif len(where) > 1:",
+          "elif len(where) > 2:",
+          "a required collective called twice on a rank is accepted"),
+    # ---- matching (pair_p2p, pair_collectives, _malformed)
+    Fault("group_members_reversed", SEM,
+          "                for member, c in enumerate(op.ops):",
+          "                for member, c in reversed(list(enumerate(op.ops))):",
+          "a group's members are paired in reverse order"),
+    Fault("recv_paired_by_payload", SEM,
+          "pairs = list(zip(s_list, r_list))",
+          "r_list = sorted(r_list, key=lambda e: next((k for k, s in enumerate(s_list) if "
+          "p2p_at(plan, s).payload == p2p_at(plan, e).payload), len(s_list)))\n"
+          "        pairs = list(zip(s_list, r_list))",
+          "receives are paired with the send of the same payload, not in FIFO order"),
+    Fault("unmatched_recv_unreported", SEM,
+          "        unmatched.extend(r_list[n:])\n",
+          "",
+          "an unmatched receive is not reported"),
+    Fault("unmatched_send_unreported", SEM,
+          "        unmatched.extend(s_list[n:])\n",
+          "",
+          "an unmatched send is not reported"),
+    Fault("mismatch_mb_ignored", SEM,
+          "if sent is not received and sent != received:",
+          "if sent is not received and (sent.kind, sent.stage) != "
+          "(received.kind, received.stage):",
+          "a mismatched payload (another microbatch) is not reported"),
+    Fault("collective_disagreement_unchecked", SEM,
+          "elif (ops[r].kind, ops[r].tag, ops[r].root) != (ref.kind, ref.tag, ref.root):",
+          "elif ops[r].tag != ref.tag:",
+          "members calling a collective with another kind or root are not reported"),
+    Fault("collective_last_member_unchecked", SEM,
+          "        for r in group:\n            if r not in ops:",
+          "        for r in group[:-1]:\n            if r not in ops:",
+          "a collective's last member is not checked (missing, or calling another one)"),
+    Fault("malformed_root_unchecked", SEM,
+          'if op.kind != "all_reduce" and op.root not in op.ranks:',
+          'if op.kind != "all_reduce" and op.root is None:',
+          "a broadcast rooted outside its members is well formed"),
+    # ---- execution (execute, _comm_completion)
+    Fault("rendezvous_send_buffered", SEM,
+          "if eager and kind is Send:",
+          "if kind is Send:",
+          "a send completes without its receive under rendezvous"),
+    Fault("group_send_buffered", SEM,
+          "if comm_model == EAGER and isinstance(c, Send):",
+          "if isinstance(c, Send):",
+          "a group's send completes without its receive under rendezvous"),
+    Fault("collective_without_all_members", SEM,
+          "            if t is None:\n                return (r, where[r])",
+          "            if t is None:\n                continue",
+          "a collective completes without all members having reached it"),
+    Fault("meeting_at_own_post", SEM,
+          "t1 = (t0 if t0 > done else done) + comm_time(op)",
+          "t1 = t0 + comm_time(op)",
+          "a send or receive completes at its own post time, not its partner's"),
+    # ---- memory (memory_steps, properties.memory)
+    Fault("split_freed_at_i", SEM,
+          "elif c.kind in (BACKWARD, WEIGHT_GRAD):",
+          "elif c.kind in (BACKWARD, INPUT_GRAD):",
+          "a split backward frees its activation at I instead of W"),
+    Fault("recv_buffers_not_allocated", SEM,
+          "size = buffer(r.payload)",
+          "size = 0",
+          "receive buffers are never allocated"),
+    Fault("activation_size_of_stage_0", SEM,
+          "size = stored(c.stage, c.segment)",
+          "size = stored(0, c.segment)",
+          "every stage's activation is sized as stage 0's"),
+    Fault("memory_level_not_carried", PROPS,
+          "level = level + a - f",
+          "level = _exact(static, exact) + a - f",
+          "the memory level is not carried from step to step"),
+    Fault("static_memory_dropped", PROPS,
+          "level = _exact(static, exact)",
+          "level = 0",
+          "the static memory part is dropped"),
+    Fault("frees_before_allocations", PROPS,
+          "if peak is None or level + a > peak:",
+          "if peak is None or level + a - f > peak:",
+          "a step's frees count before its allocations"),
+    # ---- the passes and their hints (properties)
+    Fault("dependency_skips_last_rank", PROPS,
+          "    for rank, program in enumerate(plan.programs):\n        have: dict = {}",
+          "    for rank, program in enumerate(plan.programs[:-1]):\n        have: dict = {}",
+          "the dependency pass skips the last rank"),
+    Fault("produced_before_needed", PROPS,
+          "            for token in sorted(chain.needs(op, rank)):\n",
+          "            for token in produces(op):\n"
+          "                have.setdefault(token, index)\n"
+          "            for token in sorted(chain.needs(op, rank)):\n",
+          "an op's outputs count as present for its own inputs"),
+    Fault("stuck_without_cycle_completes", PROPS,
+          "    if not run.completed:\n",
+          "    if not run.completed and wait_cycle(run):\n",
+          "a run stuck only on missing partners is reported as complete"),
+    # ---- how findings and hints reach the kernel (verify/__init__)
+    Fault("witness_fields_swapped", VERIFY,
+          'return kernel.Witness(hints["deadlock"], hints["dependency"], levels',
+          'return kernel.Witness(hints["dependency"], hints["deadlock"], levels',
+          "the deadlock and dependency hints are handed to the kernel swapped"),
+    Fault("hints_not_handed_over", VERIFY,
+          'witness = _witness({"deadlock": None, "dependency": None, "memory": None,\n'
+          "                            **self.hints})",
+          'witness = _witness({"deadlock": None, "dependency": None, "memory": None})',
+          "the passes' hints are not handed to the kernel"),
+    Fault("deadlock_hint_under_eager", VERIFY,
+          "properties.deadlock(plan, comm_model, pairing,",
+          'properties.deadlock(plan, "eager", pairing,',
+          "the deadlock pass runs under eager whatever the comm model"),
+    Fault("memory_pass_without_limit", VERIFY,
+          "properties.memory(plan, memory_model, limits)",
+          "properties.memory(plan, memory_model, None)",
+          "the memory pass is not given the memory limit"),
+    # ---- lowering (spec and family inputs)
+    Fault("lower_transfers_after_computes", LOWER,
+          "events.append((t, 0, _send_first(payload)",
+          "events.append((t, 2, _send_first(payload)",
+          "lowering places a transfer after the computes that start when it is produced"),
+    Fault("lower_first_destination_only", LOWER,
+          "enumerate(chain.destinations(c, rank)):",
+          "enumerate(chain.destinations(c, rank)[:1]):",
+          "lowering serves only the first destination of each op"),
+)
+FAULTS_BY_NAME = {f.name: f for f in FAULTS}
+
+
+def apply_fault(text: str, fault: Fault) -> str:
+    count = text.count(fault.old)
+    if count != 1:
+        raise SystemExit(f"fault {fault.name}: its snippet occurs {count} times in "
+                         f"{fault.path} (expected exactly once): {fault.old!r}")
+    return text.replace(fault.old, fault.new)
+
+
+def mutated_copy(fault: Fault | None, where: str) -> str:
+    """Copy the package to ``where/mpipe_verified`` with ``fault`` applied; returns
+    ``where`` (the directory to put on ``PYTHONPATH``)."""
+    target = os.path.join(where, "mpipe_verified")
+    shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    if fault is not None:
+        path = os.path.join(target, fault.path)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(apply_fault(text, fault))
+    return where
+
+
+# ---------------------------------------------------------------- the driver
+
+DRIVER = r'''
+import contextlib, io, json, os, signal, sys, traceback
+root, entries = sys.argv[1], json.load(open(sys.argv[2]))
+import mpipe_verified, mpipe_verified.cli as cli
+here = os.path.realpath(mpipe_verified.__file__)
+assert here.startswith(os.path.realpath(root) + os.sep), here
+def timeout(*_): raise TimeoutError("check ran past %d s" % int(sys.argv[3]))
+signal.signal(signal.SIGALRM, timeout)
+def read(text):
+    # (the passes found nothing anywhere: every property went to the kernel's proof,
+    #  the properties found violated)
+    try:
+        doc = json.loads(text)
+        alone = all("facts" in p for p in doc["stats"]["properties"].values())
+        return alone, sorted({v["property"] for v in doc["violations"]})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False, []
+out = []
+for name, args in entries:
+    err, report = io.StringIO(), io.StringIO()
+    signal.alarm(int(sys.argv[3]))
+    try:
+        with contextlib.redirect_stdout(report), contextlib.redirect_stderr(err):
+            code = cli.main([args[0], "--json", *args[1:]])
+        line = (err.getvalue().strip().splitlines() or [""])[0]
+    except BaseException as e:
+        code, line = "crash", traceback.format_exception_only(type(e), e)[-1].strip()
+    finally:
+        signal.alarm(0)
+    out.append([name, code, line, *(read(report.getvalue()) if code in (0, 1, 3)
+                                    else (False, []))])
+print(json.dumps(out))
+'''
+
+
+def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
+    """``{entry name: (exit code, first stderr line, unaided, violated properties)}`` of
+    ``check --json`` on every entry, in one subprocess importing the package under
+    ``root``. ``unaided``: the fast passes found nothing on any property (each property
+    went to the kernel's proof, whose report alone records ``facts``), so without the
+    kernel checking their witness the tool would have said VERIFIED."""
+    listing = os.path.join(workdir, "entries.json")
+    with open(listing, "w", encoding="utf-8") as f:
+        json.dump([[e.name, list(e.args)] for e in entries], f)
+    env = {**os.environ, "PYTHONPATH": root}
+    try:
+        done = subprocess.run([sys.executable, "-c", DRIVER, root, listing,
+                               str(ENTRY_SECONDS)], capture_output=True, text=True, env=env,
+                              cwd=workdir, timeout=ENTRY_SECONDS * (len(entries) + 2))
+    except subprocess.TimeoutExpired:
+        return {e.name: ("crash", "driver timed out", False, []) for e in entries}
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {e.name: ("crash", f"driver failed: {tail}", False, []) for e in entries}
+    return {row[0]: tuple(row[1:]) for row in json.loads(done.stdout)}
+
+
+def run_fault(fault: Fault | None, entries: list) -> dict[str, tuple]:
+    with tempfile.TemporaryDirectory(prefix="mpipe-fault-") as where:
+        return run_entries(mutated_copy(fault, where), entries, where)
+
+
+# ---------------------------------------------------------------- the corpus
+
+
+class Entry(NamedTuple):
+    name: str
+    args: tuple[str, ...]  # the ``check`` command line
+
+
+class Corpus(NamedTuple):
+    broken: list
+    valid: list
+
+
+def _at(plan: Plan, rank: int, text: str) -> int:
+    """The one position on ``rank`` whose op prints as ``text``."""
+    hits = [i for i, op in enumerate(plan.programs[rank]) if str(op) == text]
+    assert len(hits) == 1, (rank, text, [str(op) for op in plan.programs[rank]])
+    return hits[0]
+
+
+def _program(plan: Plan, rank: int, ops) -> Plan:
+    programs = list(plan.programs)
+    programs[rank] = tuple(ops)
+    return attrs.evolve(plan, programs=tuple(programs))
+
+
+def _move_before(plan: Plan, rank: int, what: str, before: str) -> Plan:
+    """``what`` moved to just before ``before`` on ``rank``."""
+    prog = list(plan.programs[rank])
+    op = prog.pop(_at(plan, rank, what))
+    prog.insert(prog.index(next(o for o in prog if str(o) == before)), op)
+    return _program(plan, rank, prog)
+
+
+def _insert_after(plan: Plan, rank: int, after: str, op) -> Plan:
+    prog = list(plan.programs[rank])
+    prog.insert(_at(plan, rank, after) + 1, op)
+    return _program(plan, rank, prog)
+
+
+def _drop(plan: Plan, rank: int, what: str) -> Plan:
+    prog = list(plan.programs[rank])
+    del prog[_at(plan, rank, what)]
+    return _program(plan, rank, prog)
+
+
+def _map_ops(plan: Plan, edit) -> Plan:
+    return attrs.evolve(plan, programs=tuple(tuple(edit(r, op) for op in prog)
+                                             for r, prog in enumerate(plan.programs)))
+
+
+def _lowered(name, p, m, v=None) -> Plan:
+    return lower(family(name, p, m, v).derive())
+
+
+def _transpose(p, m, mode, side="source", body="1f1b", chunks=None) -> Plan:
+    return lower(transpose_family(p, m, chunks, body=body, side=side, mode=mode).derive())
+
+
+def _everywhere(plan: Plan, head, tail) -> Plan:
+    """``plan`` with collectives ``head(rank)`` first and ``tail(rank)`` last on each rank."""
+    return attrs.evolve(plan, programs=tuple(tuple(head(r)) + prog + tuple(tail(r))
+                                             for r, prog in enumerate(plan.programs)))
+
+
+EVERYONE3 = (0, 1, 2)
+
+
+def _with_coll(plan: Plan) -> Plan:
+    """A 3-rank plan with a parameter broadcast first and a gradient all-reduce last."""
+    return _everywhere(plan, lambda r: (Collective("broadcast", EVERYONE3, "params", 0),),
+                       lambda r: (Collective("all_reduce", EVERYONE3, "grads"),))
+
+
+def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
+    """``(name, broken plan, extra check arguments)``: one aimed edit per rule."""
+    out: list = []
+
+    def add(name, plan, *extra):
+        out.append((name, plan, tuple(extra)))
+    for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits):
+        edits(add)
+    return out
+
+
+def _body_edits(add) -> None:
+    """Needs, completeness and pairing of the body's ops."""
+    zb = _lowered("zb-h1", 2, 3)
+    add("w_before_its_i", _move_before(zb, 1, "1W0", "1I0"))
+    f3 = _lowered("1f1b", 3, 3)
+    add("last_rank_b_before_f", _move_before(f3, 2, "2B0", "2F0"))
+    add("mid_rank_b_before_grad", _move_before(f3, 1, "1B0", "1RECV_B0"))
+    add("f_before_its_recv", _move_before(f3, 1, "1F0", "1RECV_F0"))
+    add("send_before_compute", _move_before(f3, 0, "0SEND_F0", "0F0"))
+    one = _lowered("gpipe", 1, 1)
+    add("overlap_f_with_its_b", _program(one, 0, (Overlap(tuple(one.programs[0])),)))
+    g2 = _lowered("gpipe", 2, 2)
+    sends = [op for op in g2.programs[0] if isinstance(op, Send)]
+    rank0 = [op for op in g2.programs[0] if not isinstance(op, Send)]
+    rank0.insert(2, Group(tuple(reversed(sends))))
+    add("group_sends_reversed", _program(g2, 0, rank0))
+    recvs = [op for op in g2.programs[1] if str(op).startswith("1RECV_F")]
+    rank1 = [op for op in g2.programs[1] if op not in recvs]
+    swapped = _program(g2, 1, list(reversed(recvs)) + rank1)
+    add("recvs_swapped", swapped)
+    add("recvs_swapped_eager", swapped, "--comm-model", "eager")
+    mixed = _insert_after(_lowered("zb-h1", 2, 2), 0, "0W0", Compute("B", 0, 0))
+    add("b_and_i_w_both", mixed)
+    add("stray_microbatch", _insert_after(_lowered("1f1b", 2, 2), 0, "0B1",
+                                          Compute("F", 0, 2)))
+    add("duplicate_forward", _insert_after(_lowered("1f1b", 2, 2), 0, "0B1",
+                                           Compute("F", 0, 1)))
+
+
+def _cut_edits(add) -> None:
+    """The rules at the cut: transpose plans of every mode and side."""
+    rec, own = _transpose(2, 2, "recompute"), _transpose(2, 2, "owner")
+    add("encoder_b_before_body_b", _move_before(rec, 0, "vision:0B0", "0B0"))
+    add("encoder_b_before_its_grad", _move_before(own, 1, "vision:0B0", "vision:0RECV_B0"))
+    add("body_f_before_encoder_out", _move_before(rec, 0, "0F1", "0RECV_F1"))
+    bcast = str(own.programs[1][0])
+    add("encoder_f_before_params", _move_before(own, 1, "vision:0F0", bcast))
+    reduce = str(own.programs[0][-1])
+    add("all_reduce_before_encoder_b", _move_before(own, 0, reduce, "vision:0B1"))
+    add("recompute_dropped", _drop(rec, 0, "vision:0R1"))
+    add("recompute_before_input", _move_before(rec, 0, "vision:0R1", "vision:0RECV_IN1"))
+    sink = _transpose(2, 2, "owner", side="sink")
+    add("sink_f_before_body_out", _move_before(sink, 0, "vision:0F0", "vision:0RECV_F0"))
+    frozen = _transpose(2, 2, "frozen")
+    add("frozen_encoder_backward", _insert_after(frozen, 0, "0B0",
+                                                 Compute("B", 0, 0, "vision")))
+    seg = own.cut.segments[0]
+    moved = attrs.evolve(seg, forward_rank=tuple(reversed(seg.forward_rank)))
+    add("encoder_f_on_wrong_rank", attrs.evolve(own, cut=attrs.evolve(own.cut,
+                                                                      segments=(moved,))))
+    add("params_rooted_off_home", _map_ops(own, lambda r, op: attrs.evolve(op, root=1)
+                                           if isinstance(op, Collective)
+                                           and op.kind == "broadcast" else op))
+    add("all_reduce_twice", _everywhere(own, lambda r: (), lambda r: (own.programs[r][-1],)))
+    own4, narrow = _transpose(4, 4, "owner"), (0, 1, 2)
+    add("all_reduce_split_in_two", _map_ops(own4, lambda r, op: attrs.evolve(
+        op, ranks=narrow if r in narrow else (r,)) if isinstance(op, Collective)
+        and op.kind == "all_reduce" else op))
+
+
+def _collective_edits(add) -> None:
+    g3 = _lowered("gpipe", 3, 2)
+    coll = _with_coll(g3)
+    add("broadcast_root_disagrees", _map_ops(coll, lambda r, op: attrs.evolve(op, root=1)
+                                             if r == 2 and isinstance(op, Collective)
+                                             and op.kind == "broadcast" else op))
+    add("broadcast_root_outside", _map_ops(coll, lambda r, op: attrs.evolve(op, root=5)
+                                           if isinstance(op, Collective)
+                                           and op.kind == "broadcast" else op))
+    tied, grads = Collective("all_reduce", (0, 1), "tied"), Collective("all_reduce",
+                                                                        EVERYONE3, "grads")
+    order = {0: (tied, grads), 1: (grads, tied), 2: (grads,)}
+    add("collectives_crossed", _everywhere(g3, lambda r: (), lambda r: order[r]))
+    add("collective_last_member_missing", _program(coll, 2, coll.programs[2][:-1]))
+
+
+def _comm_edits(add) -> None:
+    """Blocking and unmatched point-to-point ops."""
+    first_sends = read_plan_json(os.path.join(FIXTURES, "steady_exchange_ungrouped.json"))
+    for r in (0, 1):
+        prog = list(first_sends.programs[r])
+        i = next(i for i, op in enumerate(prog) if isinstance(op, Send)
+                 and str(op) in ("0SEND_F1", "1SEND_B0"))
+        prog[i] = Group((prog[i],))
+        first_sends = _program(first_sends, r, prog)
+    add("group_sends_facing", first_sends)
+    add("unmatched_recv", _drop(_lowered("1f1b", 3, 3), 0, "0SEND_F2"))
+    g2 = _lowered("gpipe", 2, 2)
+    add("extra_send_eager", _program(g2, 0, g2.programs[0] + (g2.programs[0][1],)),
+        "--comm-model", "eager")
+
+
+def _fixture_entries() -> list[Entry]:
+    out = []
+    for name in sorted(os.listdir(FIXTURES)):
+        if name.startswith("false_accept_") or name in ("recv_first_deadlock.json",
+                                                        "steady_exchange_ungrouped.json"):
+            out.append(Entry(f"fixture:{name[:-5]}", ("check", os.path.join(FIXTURES, name))))
+    eager = os.path.join(FIXTURES, "eager_extra_send.json")
+    out.append(Entry("fixture:eager_extra_send", ("check", "--comm-model", "eager", eager)))
+    return out
+
+
+def mutant_bases() -> list[tuple[str, Plan]]:
+    """Valid plans the random one-edit mutants start from (every family, every transpose
+    mode and side, both bodies, 2 and 4 ranks, with groups and collectives)."""
+    ch = S.RandomChooser(random.Random(SEED))
+    out = []
+    for name in S.FAMILY_NAMES:
+        out.append((f"{name}-p2", _lowered(name, 2, 4, 2 if "interleaved" in name else None)))
+    out.append(("1f1b-p4-groups", S.with_groups(_lowered("1f1b", 4, 4), ch)))
+    out.append(("zb-h2-p3-collectives", S.with_collectives(_lowered("zb-h2", 3, 3), ch)))
+    for mode in ("recompute", "owner", "frozen", "none"):
+        for side in ("source", "sink"):
+            if (mode, side) == ("recompute", "sink"):
+                continue
+            for p, body, chunks in ((2, "1f1b", None), (4, "interleaved-1f1b", 2)):
+                if side == "sink" and p == 4 and mode in ("frozen", "none"):
+                    continue  # enough p = 4 sinks (owner) already
+                out.append((f"transpose-{mode}-{side}-{body}-p{p}",
+                            _transpose(p, p, mode, side, body, chunks)))
+    return out
+
+
+def random_mutants(per_base: int) -> list[tuple[str, Plan]]:
+    """Seeded one-edit mutants (``strategies.mutate``) the pristine verifier rejects."""
+    out = []
+    for base_name, base in mutant_bases():
+        ch = S.RandomChooser(random.Random(f"{SEED}:{base_name}"))
+        kinds, tries = [k for k in S.MUTATIONS if k in S.applicable(base)], 0
+        kept = 0
+        while kept < per_base and tries < 20 * per_base:
+            tries += 1
+            mutant, edit = S.mutate(base, ch.pick(kinds), ch)
+            if verify(mutant).status == "violated":
+                out.append((f"{base_name}: {edit}", mutant))
+                kept += 1
+    return out
+
+
+SPEC_STATIC = """[schedule]
+family = "transpose"
+pp = 2
+microbatches = 4
+
+[transpose]
+mode = "owner"
+
+[cost]
+activation = [1, 3]
+
+[cost.segments.vision]
+activation = 1
+output = 0.5
+input = 0.5
+static = 2
+
+[memory]
+static = [3, 1]
+limit = {limit}
+"""
+
+
+def _spec_entries(directory: str) -> list[Entry]:
+    from mpipe_verified.formats.spec import load_spec
+    probe = os.path.join(directory, "probe.toml")
+    with open(probe, "w", encoding="utf-8") as f:
+        f.write(SPEC_STATIC.format(limit=1000))
+    spec = load_spec(probe)
+    plan = lower(spec.schedule, spec.duration)
+    peaks = [peak for peak, _ in peak_memory(plan, spec.memory_model).values()]
+    os.remove(probe)
+    broken = os.path.join(ROOT, "examples", "broken.toml")
+    out = [Entry("spec:examples/broken.toml", ("check", broken))]
+    for rank in range(len(peaks)):  # one rank just over its limit, the others well under
+        path = os.path.join(directory, f"transpose_sizes_rank{rank}.toml")
+        limits = [peak - 0.25 if r == rank else 2 * peak for r, peak in enumerate(peaks)]
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(SPEC_STATIC.format(limit=limits))
+        out.append(Entry(f"spec:transpose_sizes_rank{rank}", ("check", path)))
+    return out
+
+
+def _memory_entries() -> list[tuple[str, Plan, tuple[str, ...]]]:
+    """Plans checked with a limit one below their unit-model peak."""
+    out = []
+    for name, p, m, v in (("zb-h1", 4, 8, None), ("zb-h2", 2, 4, None),
+                          ("dualpipev", 2, 4, None), ("interleaved-1f1b", 2, 4, 2),
+                          ("zbv", 2, 4, None)):
+        plan = _lowered(name, p, m, v)
+        peak = max(x for x, _ in peak_memory(plan).values())
+        out.append((f"{name}-p{p}-below-peak", plan, ("--memory-limit", f"{peak - 1:g}")))
+    deferred = lower(Weave(2, 4, "F^{p-1-r} (F I)* W*").derive())
+    peak = max(x for x, _ in peak_memory(deferred).values())
+    out.append(("deferred-w-p2-below-peak", deferred, ("--memory-limit", f"{peak - 1:g}")))
+    own = _transpose(4, 4, "owner", body="interleaved-1f1b", chunks=2)
+    peak = max(x for x, _ in peak_memory(own).values())
+    out.append(("transpose-owner-p4-below-peak", own, ("--memory-limit", f"{peak - 1:g}")))
+    return out
+
+
+def _write(directory: str, index: int, name: str, plan: Plan, extra: tuple,
+           as_csv: bool = False) -> Entry:
+    path = os.path.join(directory, f"{index:03d}.{'csv' if as_csv else 'json'}")
+    (write_torch_csv if as_csv else write_plan_json)(plan, path)
+    return Entry(name + (" [csv]" if as_csv else ""), ("check", *extra, path))
+
+
+def _csv_ok(plan: Plan) -> bool:
+    """Plain plans (no cut, group or collective) also go out as torch CSV."""
+    return not plan.cut.segments and not any(isinstance(op, (Group, Collective))
+                                             for prog in plan.programs for op in prog)
+
+
+def build_corpus(directory: str, small: bool = False) -> Corpus:
+    """Write the broken and valid plans under ``directory``; ``small``: a few of each
+    kind (for the test)."""
+    planned = hand_edits() + _memory_entries()
+    if small:
+        keep = ("w_before_its_i", "recvs_swapped_eager", "encoder_b_before_body_b",
+                "collectives_crossed", "zb-h1-p4-below-peak", "last_rank_b_before_f")
+        planned = [e for e in planned if e[0] in keep]
+    else:
+        planned += [(name, plan, ()) for name, plan in random_mutants(per_base=2)]
+    broken, index = [], 0
+    for name, plan, extra in planned:
+        broken.append(_write(directory, index, name, plan, extra))
+        index += 1
+        if _csv_ok(plan):
+            broken.append(_write(directory, index, name, plan, extra, as_csv=True))
+            index += 1
+    if not small:
+        broken += _fixture_entries() + _spec_entries(directory)
+        broken.append(Entry("family:zb-h2-p4-limit-4",
+                            ("check", "--family", "zb-h2", "--pp", "4",
+                             "--microbatches", "8", "--memory-limit", "4")))
+    valid = [
+        _write(directory, 900, "valid:zb-h1-p3", _lowered("zb-h1", 3, 4), ()),
+        _write(directory, 901, "valid:dualpipev-p2", _lowered("dualpipev", 2, 4), (), True),
+    ]
+    if small:
+        return Corpus(broken, valid)
+    valid += [
+        _write(directory, 902, "valid:transpose-owner-p2", _transpose(2, 2, "owner"), ()),
+        Entry("valid:family-transpose-recompute", ("check", "--family", "transpose",
+                                                   "--pp", "2", "--microbatches", "4")),
+        Entry("valid:spec-zb-h1", ("check", os.path.join(ROOT, "examples",
+                                                              "zb-h1.toml"))),
+        _write(directory, 903, "valid:1f1b-p3-groups",
+               S.with_groups(_lowered("1f1b", 3, 4), S.RandomChooser(random.Random(SEED))), ()),
+        _write(directory, 904, "valid:gpipe-p3-collectives", _with_coll(_lowered("gpipe", 3, 2)),
+               ()),
+        _write(directory, 905, "valid:steady-exchange-eager",
+               read_plan_json(os.path.join(FIXTURES, "steady_exchange_ungrouped.json")),
+               ("--comm-model", "eager")),
+        Entry("valid:spec-mllm-transpose-frozen",
+              ("check", os.path.join(ROOT, "examples", "mllm_transpose_frozen.toml"))),
+    ]
+    return Corpus(broken, valid)
+
+
+# ---------------------------------------------------------------- the run
+
+VERDICTS = {0: "false_verified", 1: "caught_violated", 3: "caught_undecided"}
+
+
+def classify(code) -> str:
+    return VERDICTS.get(code, "error")
+
+
+def check_pristine(corpus: Corpus) -> dict[str, int]:
+    """All broken entries exit 1 and all valid ones 0 with the unedited package; returns
+    how many broken entries violate each property."""
+    got = run_fault(None, corpus.broken + corpus.valid)
+    wrong = [(e.name, got[e.name][:2]) for e in corpus.broken if got[e.name][0] != 1]
+    wrong += [(e.name, got[e.name][:2]) for e in corpus.valid if got[e.name][0] != 0]
+    if wrong:
+        raise SystemExit(f"the pristine package misjudges {len(wrong)} corpus entries: "
+                         f"{wrong[:5]}")
+    return {prop: sum(prop in got[e.name][3] for e in corpus.broken) for prop in PROPERTIES}
+
+
+def judge_fault(fault: Fault, corpus: Corpus) -> dict:
+    """Per broken entry its class, the valid entries not judged 0, and the errors."""
+    got = run_fault(fault, corpus.broken + corpus.valid)
+    classes = {e.name: classify(got[e.name][0]) for e in corpus.broken}
+    return {"fault": fault, "classes": classes,
+            "changed": sum(got[e.name][0] != 1 for e in corpus.broken),
+            "valid_bad": [(e.name, got[e.name][0]) for e in corpus.valid
+                          if got[e.name][0] != 0],
+            "errors": [(e.name, got[e.name][:2]) for e in corpus.broken + corpus.valid
+                       if classify(got[e.name][0]) == "error"],
+            "unaided": [e.name for e in corpus.broken if got[e.name][2]],
+            "false_verified": [e.name for e in corpus.broken if got[e.name][0] == 0]}
+
+
+def run(faults, corpus: Corpus, jobs: int) -> list[dict]:
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(lambda f: judge_fault(f, corpus), faults))
+
+
+def totals(results: list[dict]) -> dict[str, int]:
+    out = {name: 0 for name in (*VERDICTS.values(), "error")}
+    for result in results:
+        for verdict in result["classes"].values():
+            out[verdict] += 1
+    return out
+
+
+def report(results: list[dict], corpus: Corpus, violating: dict | None = None) -> str:
+    spread = "" if violating is None else " (violating " + ", ".join(
+        f"{prop} {n}" for prop, n in violating.items()) + ")"
+    lines = [f"corpus: {len(corpus.broken)} broken plans{spread}, {len(corpus.valid)} valid "
+             "plans",
+             "",
+             f"{'fault':36} {'verified':>8} {'violated':>8} {'undecided':>9} {'error':>5} "
+             f"{'changed':>7} {'unaided':>7} {'valid:rej':>9} {'valid:und':>9}  description"]
+    for r in results:
+        counts = {v: 0 for v in (*VERDICTS.values(), "error")}
+        for verdict in r["classes"].values():
+            counts[verdict] += 1
+        lines.append(f"{r['fault'].name:36} {counts['false_verified']:>8} "
+                     f"{counts['caught_violated']:>8} {counts['caught_undecided']:>9} "
+                     f"{counts['error']:>5} {r['changed']:>7} {len(r['unaided']):>7} "
+                     f"{sum(code == 1 for _, code in r['valid_bad']):>9} "
+                     f"{sum(code == 3 for _, code in r['valid_bad']):>9}  "
+                     f"{r['fault'].description}")
+    details = [f"  {r['fault'].name}: {name}: {code} {line}"
+               for r in results for name, (code, line) in r["errors"]]
+    if details:
+        lines += ["", "errors (exit 2 or a crash; the first line of stderr):"] + details
+    holes = [f"  {r['fault'].name}: {name}" for r in results for name in r["false_verified"]]
+    if holes:
+        lines += ["", "FALSE VERIFIED (a hole in the kernel):"] + holes
+    def some(code):
+        return sum(any(c == code for _, c in r["valid_bad"]) for r in results)
+    lines += ["", f"on valid plans: {some(1)} of {len(results)} faults make the tool reject "
+                  f"some (false_rejected), {some(3)} leave some undecided; "
+                  f"{sum(r['changed'] > 0 for r in results)} of {len(results)} faults change "
+                  f"some verdict on a broken plan",
+              f"unaided: {sum(len(r['unaided']) for r in results)} (fault, broken plan) pairs "
+              f"where the faulty passes found nothing at all (VERIFIED without the kernel), "
+              f"over {sum(bool(r['unaided']) for r in results)} faults"]
+    t = totals(results)
+    lines.append(f"faults={len(results)} false_verified={t['false_verified']} "
+                 f"caught_violated={t['caught_violated']} "
+                 f"caught_undecided={t['caught_undecided']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", nargs="+", metavar="NAME", choices=list(FAULTS_BY_NAME))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--list", action="store_true", help="list the faults and exit")
+    args = parser.parse_args(argv)
+    faults = [FAULTS_BY_NAME[n] for n in args.faults] if args.faults else list(FAULTS)
+    for fault in faults:  # every edit applies, before anything runs
+        with open(os.path.join(PACKAGE, fault.path), encoding="utf-8") as f:
+            apply_fault(f.read(), fault)
+    if args.list:
+        for fault in faults:
+            print(f"{fault.name:36} {fault.path:22} {fault.description}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="mpipe-corpus-") as directory:
+        corpus = build_corpus(directory)
+        violating = check_pristine(corpus)
+        results = run(faults, corpus, args.jobs)
+        print(report(results, corpus, violating))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())
