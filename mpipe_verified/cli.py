@@ -184,6 +184,9 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
     if args.family is not None:
         if target is not None:
             raise UsageError(f"give either SPEC|FILE ({target}) or --family, not both")
+        declared = [o for o in ("stages", "ranks") if getattr(args, o, None) is not None]
+        if declared:  # a family's sizes are its parameters: nothing to declare
+            raise UsageError(f"--{declared[0]} declares a file's sizes, not a family's")
         return
     if target is None:
         raise UsageError("give a SPEC, torch CSV or plan-json FILE, or --family NAME "
@@ -451,7 +454,8 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("CI outputs (written atomically, parents created)")
     g.add_argument("--certificate-out", metavar="CERT.json",
                    help="when VERIFIED, write the portable certificate with its witness "
-                        "(what `mpipe-verify recheck` reads); nothing is written otherwise")
+                        "(what `mpipe-verify recheck` reads); otherwise nothing is written "
+                        "and a file already there is removed")
     g.add_argument("--sarif", metavar="OUT",
                    help="write a SARIF 2.1.0 log: one result per violation, located at the "
                         "input's row and column")
@@ -481,8 +485,14 @@ def run_check(args: argparse.Namespace) -> int:
     targets = _check_targets(args)
     if args.svg is not None and len(targets) > 1:
         raise UsageError("--svg draws one schedule; give one SPEC|FILE")
-    if args.certificate_out is not None and len(targets) > 1:
-        raise UsageError("--certificate-out certifies one plan; give one SPEC|FILE")
+    if args.certificate_out is not None:
+        if len(targets) > 1:
+            raise UsageError("--certificate-out certifies one plan; give one SPEC|FILE")
+        if args.certificate_out == "-" or os.path.isdir(args.certificate_out):
+            raise UsageError("--certificate-out needs a file path (the report goes to stdout)")
+        if targets[0] is not None and os.path.exists(args.certificate_out) and os.path.exists(
+                targets[0]) and os.path.samefile(targets[0], args.certificate_out):
+            raise UsageError(f"--certificate-out {args.certificate_out} is the input itself")
     progress = Progress(False if args.quiet else None)
     checked: list[sarif.Checked] = []
     results: list[tuple[dict, str]] = []  # (JSON object, text report) per input
@@ -587,9 +597,12 @@ def _check_one(args: argparse.Namespace, progress: Progress
         props = sorted({v.property for v in report.violations})
         title = f"{name}: {report.status.upper()}" + (f" ({', '.join(props)})" if props else "")
         write_svg(args, plan, spec, title, args.comm_model, limit, report.violations)
-    if args.certificate_out is not None and report.verified:
-        write_output(args.certificate_out,
-                     json.dumps(report.portable_certificate(plan), separators=(",", ":")) + "\n")
+    if args.certificate_out is not None:
+        if report.verified:
+            write_output(args.certificate_out, json.dumps(report.portable_certificate(plan),
+                                                          separators=(",", ":")) + "\n")
+        elif os.path.isfile(args.certificate_out):  # no stale certificate survives
+            os.remove(args.certificate_out)
     kind = _input_kind(args, spec is not None, as_written)
     text = None
     if args.sarif is not None and kind in (sarif.SPEC, sarif.TORCH_CSV_LOWERED) \
@@ -868,37 +881,50 @@ def _add_recheck(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_recheck)
 
 
+CERTIFICATE = "expected a certificate written by `mpipe-verify check --certificate-out`"
+
+
 def run_recheck(args: argparse.Namespace) -> int:
     from . import kernel
+    from .formats.plan_json import load_json
     plan = _plan_as_written(args.plan, args.format)
-    text = read_text(args.certificate, "a certificate (JSON)")
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise InputError(f"{args.certificate}: not JSON: {e}") from None
+    data = load_json(read_text(args.certificate, "a certificate (JSON)"), args.certificate,
+                     CERTIFICATE)
     if not isinstance(data, dict):
-        raise InputError(f"{args.certificate}: expected a JSON object")
+        raise InputError(f"a JSON object at the top; {CERTIFICATE}", args.certificate)
     limits = (None if args.memory_limit is None
               else (args.memory_limit,) * plan.num_ranks)
     proven, reasons = kernel.recheck(plan, data, args.solver_rlimit, args.comm_model, limits)
-    sizes = data.get("sizes")
-    unit = isinstance(sizes, dict) and sizes == kernel.Sizes.of(plan, UNIT_MEMORY).to_json()
     under = {"comm_model": data.get("comm_model"), "memory_limit": data.get("memory_limit"),
-             "memory_sizes": "unit model" if unit else "the certificate's own"}
+             "memory_sizes": _sizes_named(kernel, plan, data.get("sizes"))}
     if args.json:
         print(json.dumps({"source": args.plan, "certificate": args.certificate,
                           "proven": proven, "reasons": reasons, **under}, indent=2))
     else:
+        limit = under["memory_limit"]
+        shown = "none" if limit is None else ", ".join(f"{float(kernel._exact(x)):g}"
+                                                        for x in limit)
         verdict = ("PROVEN (all five properties, by the kernel): under the "
-                   f"{under['comm_model']} model, memory limit per rank "
-                   f"{under['memory_limit'] or 'none'}, memory sizes: {under['memory_sizes']}"
+                   f"{under['comm_model']} model, memory limit per rank {shown}, memory "
+                   f"sizes: {under['memory_sizes']}"
                    if proven else "NOT ESTABLISHED")
         print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
     return 0 if proven else 3
 
 
+def _sizes_named(kernel, plan: Plan, sizes) -> str:
+    """"unit model" when a certificate's sizes are the unit model's for ``plan``."""
+    try:
+        unit = kernel.Sizes.from_json(sizes) == kernel.Sizes.of(plan, UNIT_MEMORY)
+    except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        unit = False
+    return "unit model" if unit else "the certificate's own"
+
+
 def _plan_as_written(path: str, fmt: str) -> Plan:
     """A plan file read as written (no lowering): what a certificate can be about."""
+    if fmt == "auto" and not format_of(path, fmt) and os.path.isfile(path):
+        fmt = sniff(read_text(path, "a plan file"))
     if is_plan_json(path, fmt):
         plan = _as_read(read_plan_json(path))
     elif format_of(path, fmt) == "torch-csv":

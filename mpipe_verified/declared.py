@@ -17,7 +17,7 @@ states the sizes through the schedule or plan itself, so the verifier's ordinary
 
 Invariants: the programs are unchanged (same ops, same order), so every position in a
 report is still the file's; a declared count below what the input holds (fewer stages
-or ranks than it uses) is a ``ParameterError``, not a guess.
+or ranks than it uses), or above ``MAX_SIZE``, is a ``ParameterError``, not a guess.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ from .errors import ParameterError
 from .ir import Placement, Plan, Schedule
 
 SIZES = ("stages", "microbatches", "ranks")
+MAX_SIZE = 10**6  # as for indices in a file: a declared count costs no more than that
 
 
 def declare(target: Schedule | Plan, stages: int | None = None,
             microbatches: int | None = None, ranks: int | None = None) -> Schedule | Plan:
     """``target`` with the declared sizes (None: keep its own); see the module docstring."""
     for name, value in zip(SIZES, (stages, microbatches, ranks)):
-        if value is not None and value < 1:
-            raise ParameterError(f"{name} must be >= 1, got {value}")
+        if value is not None and not 1 <= value <= MAX_SIZE:
+            raise ParameterError(f"{name} must be in 1..{MAX_SIZE}, got {value}")
     have = target.placement
     num_ranks = have.num_ranks if ranks is None else ranks
     if num_ranks < have.num_ranks:

@@ -428,7 +428,10 @@ class Sizes:
 
     def to_json(self) -> dict:
         return {"stored": [[seg, s, _text(v)] for (seg, s), v in sorted(self.stored.items())],
-                "buffer": [[attrs.asdict(p, retain_collection_types=False), _text(v)]
+                "buffer": [[{"kind": p.kind, "stage": p.stage, "mb": p.mb,
+                             "segment": p.segment, "dtype": p.dtype,
+                             "shape": None if p.shape is None else list(p.shape),
+                             "to_segment": p.to_segment}, _text(v)]
                            for p, v in sorted(self.buffer.items(), key=repr)],
                 "static": [_text(v) for v in self.static]}
 

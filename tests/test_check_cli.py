@@ -348,7 +348,7 @@ def test_declared_sizes_turn_dropped_work_into_completeness_violations(capsys, t
 @pytest.mark.parametrize("argv,needle", [
     (["--stages", "3"], "holds stages 0..3, more than the 3 declared"),
     (["--ranks", "2"], "has 4 ranks, more than the 2 declared"),
-    (["--stages", "0"], "stages must be >= 1"),
+    (["--stages", "0"], "stages must be in 1..1000000"),
 ])
 def test_declared_sizes_below_the_file_are_bad_input(capsys, tmp_path, argv, needle):
     path = write(tmp_path, "1f1b.csv", lowered("1f1b", 4, 4))

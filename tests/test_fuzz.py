@@ -213,15 +213,13 @@ def test_regression_valid_plans_with_irregular_lanes_verify(make):
     ... the linear pass missed (internal error)": ``dependency`` for the first,
     ``completeness`` for the second).
 
-    Package bug (``verify/obligations.py``, ``_merge_lanes``; fixed there while the
-    fuzzing was written, kept as a regression): lanes were merged into one
-    level-2 run while ``a - cur.a`` (the offset from the *first* lane) equalled ``cur.ra``,
-    instead of checking ``a == cur.a + cur.ra * cur.count`` (the same for lengths).
-    Lane starts x, y, y, y (ranks 0..3 of the first plan: ``B`` needs its stored forward
-    at (0, 3), (1, 3), (1, 3), (1, 3)) became the run x + (y - x)·i, i < 4, whose points
-    (2, 3), (3, 3) are no facts at all — Z3 found (3, 3) violating ``lt`` — while the real
-    facts of the third and later lanes were never put to Z3 (a hollow proof whenever the
-    spurious points happened to satisfy the template)."""
+    The bug then (in the compression of certificate facts, since replaced by the
+    kernel's ``kernel._compress``, which a property test checks for exactness): lanes
+    were merged into one level-2 run while the offset of a lane's start from the *first*
+    lane equalled the step, instead of checking that each start continues the
+    progression. Lane starts x, y, y, y became the run x + (y - x)·i, i < 4, whose points
+    were no facts at all, while the real facts of the later lanes were never put to Z3.
+    Both plans still have such irregular lanes: a regression guard for any compression."""
     plan = make()
     assert reference.judge_plan(plan).ok
     report = verify(plan)

@@ -387,14 +387,12 @@ def test_a_huge_index_in_a_small_file_reads_in_linear_time_and_memory():
     text = json.dumps(doc)
     assert len(text) < 1000
     tracemalloc.start()
-    started = time.perf_counter()
     plan = parse_plan_json(text, "big.json")
-    seconds = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert plan.programs[0][0].payload.mb == plan_json.MAX_INDEX - 1
     assert plan.num_microbatches == plan_json.MAX_INDEX
-    assert peak < 200_000 and seconds < 0.5, (peak, seconds)
+    assert peak < 200_000, peak  # bytes: nothing per microbatch
 
 
 def test_reading_memory_grows_linearly_with_the_file():

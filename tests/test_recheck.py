@@ -121,9 +121,52 @@ def test_a_broken_plan_never_rechecks_with_its_valid_siblings_certificate(mutant
     """The sibling's witness, with the digest made the broken plan's own so that only the
     kernel's obligations can refuse it."""
     base, kind, _, broken, _ = mutant
-    if verify(broken).status != "violated":
-        return  # an edit that left the plan valid (e.g. swapping two independent ops)
+    if not S.reference_verdict(broken):  # the independent judge: the edit left it valid
+        return
     cert = _certified(base)
     cert["digest"] = kernel.digest(broken)
     proven, reasons = kernel.recheck(broken, cert)
     assert not proven and reasons, kind
+
+
+def test_certificate_out_edges(tmp_path, capsys):
+    """The certificate goes to a file, never over the input, and a failed check leaves no
+    stale certificate behind."""
+    plan_file = tmp_path / "p.json"
+    assert main(["export", "--family", "1f1b", "--pp", "2", "--microbatches", "2",
+                 "--to", "plan-json", "-o", str(plan_file)]) == 0
+    capsys.readouterr()
+    for out in ["-", str(plan_file), str(tmp_path)]:
+        assert main(["check", str(plan_file), "--certificate-out", out]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    cert = tmp_path / "cert.json"
+    cert.write_text("stale")
+    assert main(["check", "examples/broken.csv", "--certificate-out", str(cert)]) == 1
+    assert not cert.exists()
+
+
+def test_recheck_reads_like_check(tmp_path, capsys):
+    """A plan file without an extension is sniffed as check sniffs it; a certificate that
+    is not strict JSON (nested too deeply, a key twice) is bad input, one line."""
+    bare = tmp_path / "plan"
+    main(["export", "--family", "zb-h1", "--pp", "2", "--microbatches", "2", "--to",
+          "torch-csv", "-o", str(bare)])
+    cert = tmp_path / "cert.json"
+    assert main(["check", str(bare), "--certificate-out", str(cert)]) == 0
+    assert main(["recheck", str(bare), str(cert)]) == 0
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    (tmp_path / "twice.json").write_text('{"digest": "a", "digest": "b"}')
+    capsys.readouterr()
+    for bad in ("deep.json", "twice.json"):
+        assert main(["recheck", str(bare), str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and bad in err and "<input>" not in err
+
+
+def test_declared_sizes_are_bounded_and_only_for_files(capsys):
+    for argv in (["check", "examples/broken.csv", "--stages", "100000000"],
+                 ["check", "examples/broken.csv", "--ranks", "10000000"],
+                 ["check", "--family", "1f1b", "--pp", "2", "--microbatches", "2",
+                  "--ranks", "3"]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.count("\n") == 1

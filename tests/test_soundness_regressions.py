@@ -53,15 +53,23 @@ MALFORMED_CUTS = {  # the valid plan of _owner_plan under a cut that is not well
 
 
 @pytest.mark.parametrize("edit", MALFORMED_CUTS.values(), ids=MALFORMED_CUTS.keys())
-def test_a_malformed_cut_is_refused_or_violates_completeness(edit):
-    """A cut that does not fit its plan never ends in a crash or an undecided verdict:
-    either building the plan refuses it (``ValueError``), or ``verify`` reports what the
-    reference reports, completeness violated."""
-    try:
-        plan = _malformed(edit)
-    except ValueError:
-        return  # refused where the plan is built: no such plan reaches verify
-    expected = reference.judge_plan(plan).violated
-    assert expected == {"completeness"}
-    status, found = S.verifier_verdict(plan)
-    assert S.classify(status, found, expected) == "agree", (status, found)
+def test_a_malformed_cut_is_refused_where_the_plan_is_built(edit):
+    """A cut that does not fit its plan cannot reach the verifier: building the plan
+    refuses it (then neither the passes nor the kernel index past a short rank list)."""
+    with pytest.raises(ValueError, match="segment"):
+        _malformed(edit)
+
+
+@pytest.mark.parametrize("edit", MALFORMED_CUTS.values(), ids=MALFORMED_CUTS.keys())
+def test_the_kernel_finds_a_malformed_cut_on_its_own(edit):
+    """Should such a plan be made anyway (the IR's check bypassed), the kernel fails every
+    property (never proves one) and confirms completeness."""
+    from mpipe_verified import kernel
+    plan = _owner_plan()
+    from mpipe_verified.verify import verify
+    witness = verify(plan).witness
+    broken = attrs.evolve(plan)
+    object.__setattr__(broken, "cut", Cut(edit(plan.cut.segments[0])))
+    verdicts = kernel.prove(broken, witness)
+    assert {v.status for v in verdicts.values()} == {"failed"}
+    assert kernel.confirm(broken, "completeness", [("cut",)]) == ["violated"]

@@ -188,7 +188,7 @@ def parse_plan_json(text: str, file: str) -> Plan | Schedule:
     """The ``Plan`` (or ``Schedule``, for ``"type": "schedule"``) of plan-json text."""
     if len(text) > MAX_BYTES:
         raise InputError(f"text longer than {MAX_BYTES} characters; {EXPECTED}", file)
-    return _Reader(file).top(_load(text, file))
+    return _Reader(file).top(load_json(text, file))
 
 
 class _Bad(Exception):
@@ -199,7 +199,9 @@ class _Bad(Exception):
         self.path, self.message = path, message
 
 
-def _load(text: str, file: str) -> Any:
+def load_json(text: str, file: str, expected: str = EXPECTED) -> Any:
+    """Strict JSON: no duplicate keys, no NaN/Infinity, bounded nesting and digits; bad
+    text is an ``InputError`` naming ``file`` (and the line and column) and ``expected``."""
     def pairs(items: list[tuple[str, Any]]) -> dict:
         obj = dict(items)
         if len(obj) != len(items):
@@ -214,13 +216,13 @@ def _load(text: str, file: str) -> Any:
     try:
         return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
     except json.JSONDecodeError as e:
-        raise InputError(f"malformed JSON: {e.msg}; {EXPECTED}", file, e.lineno,
+        raise InputError(f"malformed JSON: {e.msg}; {expected}", file, e.lineno,
                          e.colno) from None
     except RecursionError:
-        raise InputError(f"JSON nested too deeply; {EXPECTED}", file) from None
+        raise InputError(f"JSON nested too deeply; {expected}", file) from None
     except ValueError as e:  # duplicate key, NaN/Infinity, an integer of >4300 digits
         why = "an integer of too many digits" if "digits" in str(e) else str(e)
-        raise InputError(f"malformed JSON: {why}; {EXPECTED}", file) from None
+        raise InputError(f"malformed JSON: {why}; {expected}", file) from None
 
 
 def _where(path: tuple) -> str:
