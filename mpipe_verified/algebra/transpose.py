@@ -227,6 +227,37 @@ def _end_of(gap) -> float:
     return gap[1] + _EPS
 
 
+class _Lengths:
+    """A max-tree over gap lengths: ``first_at_least(i, c)`` is the first index at or
+    after ``i`` whose length is at least ``c`` (the count when there is none), in
+    O(log n); building it is O(n)."""
+
+    def __init__(self, lengths: list[float]) -> None:
+        n = 1
+        while n < len(lengths):
+            n *= 2
+        tree = [-math.inf] * (2 * n)
+        tree[n:n + len(lengths)] = lengths
+        for k in range(n - 1, 0, -1):
+            tree[k] = max(tree[2 * k], tree[2 * k + 1])
+        self.n, self.count, self.tree = n, len(lengths), tree
+
+    def first_at_least(self, i: int, c: float) -> int:
+        tree, n = self.tree, self.n
+        if i >= self.count:
+            return self.count
+        k = i + n
+        while tree[k] < c:  # climb to the next subtree on the right
+            while k & 1:
+                k >>= 1
+            if k == 0:
+                return self.count
+            k += 1
+        while k < n:  # descend to its first leaf holding at least c
+            k = 2 * k if tree[2 * k] >= c else 2 * k + 1
+        return min(k - n, self.count)
+
+
 class _Rank:
     """One rank's estimated timeline. ``start0``/``finish0``: the body's times (fixed;
     every safety bound on a position is taken from them); ``start``/``finish``: the
@@ -248,6 +279,7 @@ class _Rank:
         self.gaps.append([t, math.inf, len(self.start)])
         self.pushed = 0.0  # estimated delay this rank already took from pushed-in work
         self.load = 0.0  # segment work placed here
+        self._lengths: _Lengths | None = None  # gap lengths (a shift keeps them)
 
     def first_start0_at_or_after(self, t: float) -> int:
         """The first position whose op starts (in the body's times) at or after ``t``:
@@ -264,19 +296,33 @@ class _Rank:
         first = max(bisect.bisect_left(gaps, lo, key=_index_of),  # b too early: no fit
                     bisect.bisect_left(gaps, ready + cost, key=_end_of))
         last = bisect.bisect_right(gaps, hi, key=_index_of)
-        order = range(last - 1, first - 1, -1) if latest else range(first, last)
+        if not latest:
+            return self._earliest(cost, ready, deadline, horizon, first, last)
         fallback = None  # the open-ended gap when it overruns: only if nothing else fits
-        for i in order:
+        for i in range(last - 1, first - 1, -1):
             a, b, _ = gap = gaps[i]
             s = max(a, ready)
             if s + cost > min(b, deadline) + _EPS:
                 continue
             overrun = max(0.0, s + cost - horizon) if b == math.inf else 0.0
-            if overrun > 0 and latest:
+            if overrun > 0:
                 fallback = (s, gap, overrun)
                 continue
             return (s, gap, overrun)
         return fallback
+
+    def _earliest(self, cost, ready, deadline, horizon, i: int, last: int):
+        """``fit``'s earliest gap among ``gaps[i:last]``: a gap shorter than ``cost``
+        cannot hold it, so the scan jumps over runs of short gaps (``_Lengths``)."""
+        while i < last:
+            a, b, _ = gap = self.gaps[i]
+            s = max(a, ready)
+            if s + cost <= min(b, deadline) + _EPS:
+                return (s, gap, max(0.0, s + cost - horizon) if b == math.inf else 0.0)
+            if self._lengths is None:
+                self._lengths = _Lengths([g[1] - g[0] for g in self.gaps])
+            i = self._lengths.first_at_least(i + 1, cost - 2 * _EPS)
+        return None
 
     def push_before_finish_after(self, t: float, hi: int) -> tuple[int, float]:
         """Position (at most ``hi``) before the first op that finishes after ``t``, and
@@ -297,6 +343,7 @@ class _Rank:
         if b - (start + cost) > _EPS:
             pieces.append([start + cost, b, index])
         self.gaps[at:at + 1] = pieces
+        self._lengths = None  # rebuilt when next needed
 
     def delay_from(self, index: int, by: float) -> None:
         """Work pushed in before position ``index`` delays every op from there on."""
