@@ -17,6 +17,7 @@ of ``add_target_arguments`` and ``load_target``)::
     mpipe-verify simulate SPEC|FILE | --family ... [--compare FAMILY ...] [--memory-limit N]
                         [--comm-model eager|rendezvous] [--json]
     mpipe-verify recheck PLAN CERT.json [--solver-rlimit R] [--json]
+    mpipe-verify tune   SPEC [--budget SECONDS] [--json] [-o BEST.toml]
 
 ``--family transpose`` takes ``--body``, ``--mode``, ``--ownership``, ``--side`` and
 ``--encoder-cost`` (every other target rejects them: ``check_transpose_options``).
@@ -941,6 +942,65 @@ def _plan_as_written(path: str, fmt: str) -> Plan:
 
 
 COMMANDS.append(_add_recheck)
+
+
+# ---------------------------------------------------------------- tune
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="search the schedules of a spec's model for the fastest "
+                                    "verified one under its memory limit",
+                       description="Keep the spec's model (costs, comm, memory, segments, "
+                                   "ranks, microbatches) and search the schedule: every "
+                                   "family (interleaved-1f1b with 2-4 chunks), defer_w lags "
+                                   "and, for a transpose spec, every mode the model permits "
+                                   "and every ownership, the costs re-cut to each stage "
+                                   "count as simulate --compare does. Prints the fastest "
+                                   "verified plan that fits, the Pareto front of step time "
+                                   "against peak memory and the speedup over the fastest "
+                                   "family with the segment inline (docs/tune.md). Exit 0: a "
+                                   "verified plan was found; 1: none fits and verifies.")
+    p.add_argument("spec", metavar="SPEC", help="a spec file (.toml) that fixes the model")
+    p.add_argument("--budget", type=_budget, metavar="SECONDS",
+                   help="stop the search after this long (the best so far is verified)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("-o", "--output", metavar="BEST.toml",
+                   help="write the best plan as a spec that check and simulate reproduce")
+    p.set_defaults(run=run_tune)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from .formats.spec import load_spec
+    from .formats.spec_writer import spec_text
+    from .tune import document, render, tune
+    spec = load_spec(args.spec)
+    progress = Progress(prefix=f"{PROG} tune")
+    result = tune(spec, args.budget, lambda n, best: progress.phase(
+        f"{n} candidates tried, best so far "
+        f"{'-' if best is None else f'{best.makespan:.6g}'}"))
+    progress.done()
+    doc = document(result, args.spec)
+    if args.output and result.best is not None:
+        best = result.best.spec
+        header = (f"mpipe-verify tune {args.spec}: {result.best.tried.candidate.label}, "
+                  f"makespan {doc['best']['makespan']}, peak memory "
+                  f"{doc['best']['peak_memory']}, {result.best.status}")
+        write_output(args.output, spec_text(best.term, best.cost, best.memory_limit, header))
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render(doc))
+    return 0 if result.best is not None else 1
+
+
+COMMANDS.append(_add_tune)
 
 
 # ---------------------------------------------------------------- entry point

@@ -47,7 +47,7 @@ from .verify import Report, verify
 @attrs.frozen
 class Timed:
     """One simulated plan: its term text, plan, verdict and run (None when the plan was
-    checked and is not verified: it may not run to completion, so it is not timed)."""
+    checked and may not run to completion: a violation other than memory, or undecided)."""
 
     term: str
     plan: Plan
@@ -66,14 +66,22 @@ class Timed:
 def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
               check: bool = True, target: Schedule | Plan | None = None) -> Timed:
     """Lower (a schedule), verify (with ``check``) and simulate ``spec`` with its costs
-    (a checked plan only when it is verified)."""
+    (a checked plan only when it runs to completion: verified, or over its memory limit
+    alone)."""
     target = spec.schedule if target is None else target
     plan = as_plan(target, spec.duration)
     limit = spec.memory_limit if memory_limit is None else memory_limit
     report = verify(plan, limit, RENDEZVOUS, spec.memory_model) if check else None
-    run = (None if report is not None and not report.verified else
+    run = (None if report is not None and not _runs(report) else
            simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model))
     return Timed(str(spec.term), plan, report, run, limit)
+
+
+def _runs(report: Report) -> bool:
+    """The plan runs to completion: verified, or only over its memory limit (a baseline
+    that does not fit is still timed, its ``within_limit`` is False)."""
+    return report.verified or (bool(report.violations) and not report.undecided and all(
+        v.property == "memory" for v in report.violations))
 
 
 def chunks_of(term) -> int | None:
@@ -91,14 +99,22 @@ def baseline_spec(spec: Spec, name: str) -> Spec:
     if name == "interleaved-1f1b":
         own = chunks_of(spec.term)
         chunks = own if own and own >= 2 else 2
-    body = families.family(name, p, m, chunks)
+    return on_body(spec, families.family(name, p, m, chunks), f"{name} (inline)",
+                   ownership="inline")
+
+
+def on_body(spec: Spec, body, name: str, **changes) -> Spec:
+    """``spec``'s model with ``body`` as its body (a transpose's body, else the whole
+    term), ``changes`` (e.g. ``ownership``, ``mode``) applied to a transpose: the cost
+    model is re-cut to ``body``'s stage count (see the module docstring). One model for
+    ``--compare`` and ``tune``."""
+    schedule = spec.schedule
     stages = body.derive().placement.num_stages
     ratio = schedule.placement.num_stages / stages
     term = spec.term
     if isinstance(term, Transpose):
-        term = attrs.evolve(term, body=body, ownership="inline",
-                            body_forward=term.body_forward * ratio,
-                            body_backward=term.body_backward * ratio)
+        term = attrs.evolve(term, body=body, body_forward=term.body_forward * ratio,
+                            body_backward=term.body_backward * ratio, **changes)
     else:
         term = body
     cost = spec.cost
@@ -106,7 +122,7 @@ def baseline_spec(spec: Spec, name: str) -> Spec:
                          or isinstance(term, Transpose)):
         cost = CostModel()  # the standard costs written out, so they can be re-cut
     cost = cost.rescaled(schedule.placement.num_stages, stages) if cost else None
-    return Spec(term, term.derive(), cost, spec.memory_limit, f"{name} (inline)")
+    return Spec(term, term.derive(), cost, spec.memory_limit, name)
 
 
 def simulation(spec: Spec, name: str, compare=(), memory_limit=None,

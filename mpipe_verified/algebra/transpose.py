@@ -61,6 +61,7 @@ structure as frozen, zero cost by default).
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import attrs
@@ -127,9 +128,10 @@ class Transpose:
               f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")
         cost = self.estimate_cost()
         home = 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
-        schedule = self._weave(body, cost, home, self.ownership)
+        timing = schedule_times(body.programs, body.placement, cost.duration)
+        schedule = self._weave(body, timing, cost, home, self.ownership)
         if self.ownership == "cost" and p > 1:  # keep the greedy only where it pays
-            round_robin = self._weave(body, cost, home, "full")
+            round_robin = self._weave(body, timing, cost, home, "full")
             if self._estimate(round_robin, cost) < self._estimate(schedule, cost) - _EPS:
                 schedule = round_robin
         return schedule
@@ -144,9 +146,11 @@ class Transpose:
         return CostModel(F=bf, B=bb, I=bb / 2, W=bb / 2,
                          segments=((self.segment, SegmentCost(F=seg_f)),))
 
-    def _weave(self, body: Schedule, cost: CostModel, home: int, ownership: str) -> Schedule:
+    def _weave(self, body: Schedule, timing, cost: CostModel, home: int,
+               ownership: str) -> Schedule:
+        """The body with the segment woven in, placed from the body's ``timing``."""
         p, m = body.num_ranks, body.num_microbatches
-        weaver = _Weaver(self, body, cost, home, ownership)
+        weaver = _Weaver(self, body, timing, cost, home, ownership)
         owners = weaver.place()
         work = self._segment_work(owners, home, p)
         programs = weaver.programs()
@@ -161,8 +165,15 @@ class Transpose:
         return Schedule(body.placement, m, tuple(map(tuple, programs)), Cut((work,)))
 
     def _estimate(self, schedule: Schedule, cost: CostModel) -> float:
-        """The makespan of a woven schedule under the operator's own cost estimate."""
-        timing = schedule_times(schedule.programs, schedule.placement, cost.duration,
+        """The makespan of a woven schedule under the operator's own cost estimate.
+        The collectives are zero-cost barriers at the very start and end of every program,
+        so they are timed as rank-local ones (the broadcast on its own rank, which leaves
+        the parameters there at time 0; the all-reduce, needing only local work, left out):
+        the same makespan and the same verdict on finishing, without the O(p) work per
+        member a p-rank barrier costs."""
+        programs = tuple(_local_collectives(prog, rank)
+                         for rank, prog in enumerate(schedule.programs))
+        timing = schedule_times(programs, schedule.placement, cost.duration,
                                 cut=schedule.cut)
         return math.inf if timing.stuck else timing.makespan
 
@@ -197,6 +208,56 @@ class Transpose:
 _EPS = 1e-9
 
 
+def _local_collectives(program, rank: int):
+    """``program`` with its leading broadcast on ``rank`` alone and its trailing
+    all-reduce left out (see ``Transpose._estimate``)."""
+    ops = list(program)
+    if ops and isinstance(ops[-1], Collective) and ops[-1].kind == "all_reduce":
+        ops.pop()
+    if ops and isinstance(ops[0], Collective) and ops[0].kind == "broadcast":
+        ops[0] = Collective("broadcast", (rank,), ops[0].tag, rank)
+    return tuple(ops)
+
+
+def _index_of(gap) -> float:
+    return gap[2]
+
+
+def _end_of(gap) -> float:
+    return gap[1] + _EPS
+
+
+class _Lengths:
+    """A max-tree over gap lengths: ``first_at_least(i, c)`` is the first index at or
+    after ``i`` whose length is at least ``c`` (the count when there is none), in
+    O(log n); building it is O(n)."""
+
+    def __init__(self, lengths: list[float]) -> None:
+        n = 1
+        while n < len(lengths):
+            n *= 2
+        tree = [-math.inf] * (2 * n)
+        tree[n:n + len(lengths)] = lengths
+        for k in range(n - 1, 0, -1):
+            tree[k] = max(tree[2 * k], tree[2 * k + 1])
+        self.n, self.count, self.tree = n, len(lengths), tree
+
+    def first_at_least(self, i: int, c: float) -> int:
+        tree, n = self.tree, self.n
+        if i >= self.count:
+            return self.count
+        k = i + n
+        while tree[k] < c:  # climb to the next subtree on the right
+            while k & 1:
+                k >>= 1
+            if k == 0:
+                return self.count
+            k += 1
+        while k < n:  # descend to its first leaf holding at least c
+            k = 2 * k if tree[2 * k] >= c else 2 * k + 1
+        return min(k - n, self.count)
+
+
 class _Rank:
     """One rank's estimated timeline. ``start0``/``finish0``: the body's times (fixed;
     every safety bound on a position is taken from them); ``start``/``finish``: the
@@ -218,11 +279,12 @@ class _Rank:
         self.gaps.append([t, math.inf, len(self.start)])
         self.pushed = 0.0  # estimated delay this rank already took from pushed-in work
         self.load = 0.0  # segment work placed here
+        self._lengths: _Lengths | None = None  # gap lengths (a shift keeps them)
 
     def first_start0_at_or_after(self, t: float) -> int:
         """The first position whose op starts (in the body's times) at or after ``t``:
         no op from there on can be a prerequisite of anything that finished by ``t``."""
-        return next((i for i, s in enumerate(self.start0) if s >= t - _EPS), len(self.start0))
+        return bisect.bisect_left(self.start0, t - _EPS)  # a rank's starts never decrease
 
     def fit(self, cost: float, ready: float, deadline: float, horizon: float,
             latest: bool, lo: int, hi: int):
@@ -230,33 +292,47 @@ class _Rank:
         and finishing by ``deadline``: ``(start, gap, overrun)``, where ``overrun`` is how
         far the work runs past ``horizon`` in the open-ended last gap; None if none fits.
         ``latest`` prefers the latest such gap (else the earliest)."""
-        best = None
-        for gap in self.gaps:
-            a, b, index = gap
-            if not lo <= index <= hi:
-                continue
+        gaps = self.gaps  # in time order: ``a``, ``b`` and ``index`` never decrease
+        first = max(bisect.bisect_left(gaps, lo, key=_index_of),  # b too early: no fit
+                    bisect.bisect_left(gaps, ready + cost, key=_end_of))
+        last = bisect.bisect_right(gaps, hi, key=_index_of)
+        if not latest:
+            return self._earliest(cost, ready, deadline, horizon, first, last)
+        fallback = None  # the open-ended gap when it overruns: only if nothing else fits
+        for i in range(last - 1, first - 1, -1):
+            a, b, _ = gap = gaps[i]
             s = max(a, ready)
             if s + cost > min(b, deadline) + _EPS:
                 continue
             overrun = max(0.0, s + cost - horizon) if b == math.inf else 0.0
-            if overrun > 0 and best is not None:
+            if overrun > 0:
+                fallback = (s, gap, overrun)
                 continue
-            best = (s, gap, overrun)
-            if not latest:
-                break
-        return best
+            return (s, gap, overrun)
+        return fallback
+
+    def _earliest(self, cost, ready, deadline, horizon, i: int, last: int):
+        """``fit``'s earliest gap among ``gaps[i:last]``: a gap shorter than ``cost``
+        cannot hold it, so the scan jumps over runs of short gaps (``_Lengths``)."""
+        while i < last:
+            a, b, _ = gap = self.gaps[i]
+            s = max(a, ready)
+            if s + cost <= min(b, deadline) + _EPS:
+                return (s, gap, max(0.0, s + cost - horizon) if b == math.inf else 0.0)
+            if self._lengths is None:
+                self._lengths = _Lengths([g[1] - g[0] for g in self.gaps])
+            i = self._lengths.first_at_least(i + 1, cost - 2 * _EPS)
+        return None
 
     def push_before_finish_after(self, t: float, hi: int) -> tuple[int, float]:
         """Position (at most ``hi``) before the first op that finishes after ``t``, and
         the time the inserted work starts (when the previous op ends)."""
-        i = next((i for i, f in enumerate(self.finish) if f > t + _EPS), len(self.finish))
-        i = min(i, hi)
+        i = min(bisect.bisect_right(self.finish, t + _EPS), hi)
         return i, (self.finish[i - 1] if i else 0.0)
 
     def push_at_or_after(self, t: float, lo: int) -> tuple[int, float]:
         """Position (at least ``lo``) before the first op that starts at or after ``t``."""
-        i = next((i for i, s in enumerate(self.start) if s >= t - _EPS), len(self.start))
-        i = max(i, lo)
+        i = max(bisect.bisect_left(self.start, t - _EPS), lo)
         return i, max(t, self.finish[i - 1] if i else 0.0)
 
     def take(self, gap, start: float, cost: float) -> None:
@@ -267,6 +343,7 @@ class _Rank:
         if b - (start + cost) > _EPS:
             pieces.append([start + cost, b, index])
         self.gaps[at:at + 1] = pieces
+        self._lengths = None  # rebuilt when next needed
 
     def delay_from(self, index: int, by: float) -> None:
         """Work pushed in before position ``index`` delays every op from there on."""
@@ -282,13 +359,12 @@ class _Rank:
 class _Weaver:
     """Chooses owners and positions for one ``Transpose`` (see the module docstring)."""
 
-    def __init__(self, t: Transpose, body: Schedule, cost: CostModel, home: int,
+    def __init__(self, t: Transpose, body: Schedule, timing, cost: CostModel, home: int,
                  ownership: str) -> None:
         self.t, self.body, self.home = t, body, home
         self.seg = cost.segment(t.segment)  # the segment's forward/backward/recompute
         self.ownership = ownership
         self.p, self.m = body.num_ranks, body.num_microbatches
-        timing = schedule_times(body.programs, body.placement, cost.duration)
         self.position = {c: (r, i) for r, prog in enumerate(body.programs)
                          for i, op in enumerate(prog) for c in computes_of(op)}
         last = body.placement.num_stages - 1

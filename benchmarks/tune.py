@@ -1,0 +1,102 @@
+"""`mpipe-verify tune` on the shipped multimodal examples, and transpose derive growth
+(docs/tune.md).
+
+Run:  python benchmarks/tune.py               (8 and 64 ranks, trainable; ~10 minutes)
+      python benchmarks/tune.py --quick       (8 ranks only, trainable and frozen)
+      python benchmarks/tune.py --derive-only (derive growth only)
+
+1. For each example: the whole search (``tune.tune``, budget-free) and its wall time;
+   the shipped plan's makespan (the spec as written), the tuned plan's and the baseline's
+   (the fastest plain family with the encoder inline that fits), all on the spec's one
+   model, and the speedups as ratios of those makespans (from one run).
+2. ``Transpose.derive`` process time (min of 3) at p = 64, 128, 256 with m = 128
+   (interleaved 1F1B body, 2 chunks, owner mode, cost ownership): the ops double with
+   each doubling of p, so linear time means a ratio of 2. Measured with Python's cyclic
+   collector off (as ``mpipe-verify`` runs: ``cli.console_main``) and on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
+from mpipe_verified.formats.spec import load_spec  # noqa: E402
+from mpipe_verified.tune import tune  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+
+
+def search(name: str) -> None:
+    spec = load_spec(EXAMPLES / name)
+    start = time.monotonic()
+    result = tune(spec)
+    seconds = time.monotonic() - start
+    own = next(t for t in result.tried if t.order == 0)
+    best, base = result.best.tried, result.baseline.tried if result.baseline else None
+    print(f"| {name} | {len(result.tried)} | {seconds:.1f} | {own.makespan:,.1f} "
+          f"| {best.makespan:,.1f} ({best.candidate.label}, {best.peak:.1f} GB, "
+          f"{result.best.status}) | {own.makespan / best.makespan:.3f}x "
+          f"| {base.makespan:,.1f} ({base.candidate.label}) "
+          f"| {base.makespan / best.makespan:.3f}x |", flush=True)
+    print("  Pareto front: " + "; ".join(
+        f"{t.candidate.label} {t.makespan:,.1f} ms / {t.peak:.1f} GB"
+        + ("" if t.fits else " (over the limit)") for t in result.pareto), flush=True)
+
+
+def _derive_time(p: int, collector: bool) -> tuple[float, int]:
+    times = []
+    for _ in range(3):
+        term = transpose_family(p, 128, 2, body="interleaved-1f1b", mode="owner",
+                                ownership="cost", costs=1.3)
+        gc.collect()
+        if not collector:
+            gc.disable()
+        t0 = time.process_time()
+        schedule = term.derive()
+        times.append(time.process_time() - t0)
+        gc.enable()
+        ops = sum(map(len, schedule.programs))
+        del schedule
+    return min(times), ops
+
+
+def derive_growth() -> None:
+    print("| p | m | ops | derive, collector off (s) | growth | derive, collector on (s) "
+          "| growth |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    last = None
+    for p in (64, 128, 256):
+        off, ops = _derive_time(p, False)
+        on, _ = _derive_time(p, True)
+        grow = ("", "") if last is None else (f"{off / last[0]:.2f}x", f"{on / last[1]:.2f}x")
+        print(f"| {p} | 128 | {ops:,} | {off:.2f} | {grow[0]} | {on:.2f} | {grow[1]} |",
+              flush=True)
+        last = (off, on)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--derive-only", action="store_true")
+    args = ap.parse_args()
+    if not args.derive_only:
+        names = (("mllm_transpose.toml", "mllm_transpose_frozen.toml") if args.quick
+                 else ("mllm_transpose.toml", "mllm_transpose_64.toml"))
+        print("| spec | tried | tune (s) | shipped (ms) | tuned (ms) | vs shipped "
+              "| inline baseline (ms) | vs baseline |")
+        print("|---|---:|---:|---:|---|---:|---|---:|")
+        for name in names:
+            search(name)
+        print()
+    derive_growth()
+
+
+if __name__ == "__main__":
+    main()
