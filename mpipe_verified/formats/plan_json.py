@@ -68,7 +68,8 @@ from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, ACT, GRAD, IN
                   SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Marker, Op, Overlap,
                   Payload, Placement, Plan, Recv, Schedule, SegmentWork, Send)
 from .output import write_output
-from .torch_csv import MAX_BYTES, MAX_INDEX
+from .files import MAX_BYTES, read_text
+from .torch_csv import MAX_INDEX
 
 FORMAT, VERSION = "mpipe-plan-json", 1
 PLAN, SCHEDULE = "plan", "schedule"
@@ -164,23 +165,7 @@ def _with(obj: dict, **fields: tuple[Any, Any]) -> dict:
 def read_plan_json(path: str | os.PathLike[str]) -> Plan | Schedule:
     """Read a plan-json file (at most ``MAX_BYTES``; see ``parse_plan_json``)."""
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise InputError("no such file", name) from None
-    except IsADirectoryError:
-        raise InputError(f"is a directory, {EXPECTED}", name) from None
-    except OSError as e:
-        raise InputError(f"cannot read file: {e.strerror or e}", name) from None
-    if len(data) > MAX_BYTES:
-        raise InputError(f"file larger than {MAX_BYTES} bytes; {EXPECTED}", name)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise InputError(f"not UTF-8 text (byte 0x{data[e.start]:02x}); {EXPECTED}",
-                         name, line) from None
+    text = read_text(name, EXPECTED.removeprefix("expected "), MAX_BYTES)
     return parse_plan_json(text, name)
 
 

@@ -81,6 +81,7 @@ from ..declared import declare
 from ..algebra.transpose import (MODES, OWNERSHIPS, SIDES, TRANSPOSE, Transpose,
                                  transpose_family)
 from ..errors import InputError, ParameterError
+from . import files
 from ..ir import BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, WEIGHT_GRAD, Op, Schedule
 from ..semantics import UNIT_MEMORY, MemoryModel, standard_duration
 from ..sim import NO_COMM_COST, CommCost, CommModel, CostModel, SegmentCost
@@ -302,23 +303,8 @@ _TOML_POS = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\
 
 
 def read_text(path: str | os.PathLike[str], expected: str = "a TOML spec file") -> str:
-    """A file's text; ``InputError`` for a missing file, a directory or non-UTF-8 bytes."""
-    name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise InputError("no such file", name) from None
-    except IsADirectoryError:
-        raise InputError(f"is a directory, expected {expected}", name) from None
-    except OSError as e:
-        raise InputError(f"cannot read file: {e.strerror or e}", name) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise InputError(f"not UTF-8 text (byte 0x{data[e.start]:02x}); expected {expected}",
-                         name, line) from None
+    """A file's text (``files.read_text``, at most ``files.MAX_BYTES``)."""
+    return files.read_text(path, expected)
 
 
 def load_spec(path: str | os.PathLike[str]) -> Spec:

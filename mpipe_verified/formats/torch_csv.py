@@ -32,10 +32,10 @@ import attrs
 from ..errors import InputError
 from ..ir import (ACT, GRAD, MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload,
                   Placement, Plan, Recv, Schedule, Send)
+from .files import MAX_BYTES, read_text
 from .output import write_output
 
 MAX_INDEX = 10**6
-MAX_BYTES = 1 << 28  # far above any real schedule; stops /dev/zero-like inputs
 EXPECTED = "expected an action like 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B"
 _MARKERS = MARKER_ACTIONS
 _COMMS = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
@@ -67,23 +67,7 @@ _IDLE = _Cell("")
 def read_torch_csv(path: str | os.PathLike[str]) -> Plan:
     """Read a torch pipelining CSV file (see ``parse_torch_csv``)."""
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise InputError("no such file", name) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, expected a torch CSV file", name) from None
-    except OSError as e:
-        raise InputError(f"cannot read file: {e.strerror or e}", name) from None
-    if len(data) > MAX_BYTES:
-        raise InputError(f"file larger than {MAX_BYTES} bytes; expected a torch CSV file", name)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise InputError(f"not UTF-8 text (byte 0x{data[e.start]:02x}); expected a torch CSV "
-                         "file", name, line) from None
+    text = read_text(name, "a torch CSV file", MAX_BYTES)
     return parse_torch_csv(text, name)
 
 
