@@ -170,3 +170,15 @@ def test_declared_sizes_are_bounded_and_only_for_files(capsys):
                   "--ranks", "3"]):
         assert main(argv) == 2
         assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_certificate_records_the_limit_the_kernel_proved_exactly():
+    """A limit given exactly (4/3, met exactly by four activations of 1/3) is written to
+    the certificate as that number, not through a float (which falls just below it)."""
+    from fractions import Fraction
+    from mpipe_verified.semantics import MemoryModel
+    plan = lowered("1f1b", 4, 8)
+    model = MemoryModel(stored=lambda stage, segment: Fraction(1, 3))
+    report = verify(plan, memory_limit=Fraction(4, 3), memory_model=model)
+    assert report.verified
+    assert kernel.recheck(plan, report.portable_certificate(plan)) == (True, [])

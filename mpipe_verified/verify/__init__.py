@@ -132,7 +132,7 @@ def _report(plan: Plan, decided: dict, limits, comm_model: str, clock: float,
                                   _limits(limits), comm_model)
         witness = _witness(hints)
     return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided),
-                  witness, sizes)
+                  witness, sizes, limits)
 
 
 def _witness(hints: dict) -> kernel.Witness:

@@ -96,6 +96,7 @@ class Report:
     undecided: tuple[str, ...] = ()
     witness: kernel.Witness | None = None  # what the kernel proved the plan from
     sizes: kernel.Sizes | None = None
+    limits: tuple | None = None  # the per-rank limits exactly as the kernel proved them
 
     def portable_certificate(self, plan: Plan) -> dict:
         """The certificate with its witness, as ``mpipe-verify recheck`` reads it
@@ -103,7 +104,7 @@ class Report:
         if self.certificate is None or self.witness is None:
             raise ValueError("only a verified report has a certificate")
         return kernel.certificate(plan, self.witness, self.certificate.comm_model,
-                                  self.sizes, self.certificate.memory_limit)
+                                  self.sizes, self.limits)
 
     @property
     def verified(self) -> bool:
