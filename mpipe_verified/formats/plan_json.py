@@ -402,22 +402,18 @@ def _index(value: Any, path: tuple, low: int = 0, high: int = MAX_INDEX) -> int:
     return value
 
 
-def _string(value: Any, path: tuple) -> str:
-    if type(value) is not str:
-        raise _Bad(path, f"expected a string, got {_shown(value)}")
-    return value
+def _typed(kind: type, what: str) -> Callable[[Any, tuple], Any]:
+    """A checker: the value at ``path`` is exactly of ``kind`` (else: expected ``what``)."""
+    def check(value: Any, path: tuple) -> Any:
+        if type(value) is not kind:
+            raise _Bad(path, f"expected {what}, got {_shown(value)}")
+        return value
+    return check
 
 
-def _flag(value: Any, path: tuple) -> bool:
-    if type(value) is not bool:
-        raise _Bad(path, f"expected true or false, got {_shown(value)}")
-    return value
-
-
-def _array(value: Any, path: tuple) -> list:
-    if type(value) is not list:
-        raise _Bad(path, f"expected an array, got {_shown(value)}")
-    return value
+_string = _typed(str, "a string")
+_flag = _typed(bool, "true or false")
+_array = _typed(list, "an array")
 
 
 def _choice(value: Any, path: tuple, choices: tuple[str, ...]) -> str:
