@@ -15,7 +15,6 @@ from mpipe_verified.algebra.transpose import OWNERSHIPS, transpose_family
 from mpipe_verified.ir import SINK, SOURCE
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import peak_memory
-from mpipe_verified.verify import verify
 
 
 def _valid(body: str):

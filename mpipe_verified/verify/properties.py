@@ -18,9 +18,9 @@ from typing import Callable
 import attrs
 
 from ..ir import COMM_STEP, Plan, Send, p2p_of
-from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, Token, collective_issues, execute, live_tensors,
-                         memory_steps, pair_collectives, pair_p2p, produces, required_work,
-                         wait_cycle, work_table)
+from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, Token, collective_issues, execute,
+                         live_tensors, memory_steps, pair_collectives, pair_p2p, produces,
+                         required_work, wait_cycle, work_table)
 from .report import Violation
 
 
@@ -283,7 +283,7 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None
         hint_peaks.append(peak)
         hint_at.append(at)
         if limits is not None and peak > _exact(limits[rank], exact):
-            findings.append(_over_limit(plan, model, rank, levels, steps, at, peak,
+            findings.append(_over_limit(plan, model, rank, at, peak,
                                         _exact(limits[rank], exact)))
     hint = None if findings else (tuple(hint_levels), tuple(hint_peaks), tuple(hint_at))
     return findings, hint, peaks
@@ -324,7 +324,7 @@ def memory_limits(limit, ranks: int) -> tuple | None:
     return bounds
 
 
-def _over_limit(plan, model, rank, levels, steps, index, peak, bound) -> Finding:
+def _over_limit(plan, model, rank, index, peak, bound) -> Finding:
     if index == -1:  # an empty program: the static part alone is over (position -1,
         # as in semantics.peak_memory; no op to name)
         message = (f"rank {rank} position -1 (empty program): static memory "
