@@ -164,6 +164,21 @@ def test_junit_one_testcase_per_property(capsys, tmp_path):
     assert failed == ["deadlock"] and root.get("failures") == "1"
 
 
+def test_junit_times_are_the_pass_and_the_kernel(capsys, tmp_path):
+    """Each test case's time is its property's fast pass plus the kernel's decision, as
+    the report's stats give them."""
+    path = tmp_path / "j.xml"
+    code, out, _ = check(capsys, EXAMPLES / "zb-h1.toml", "--junit", path, "--json")
+    assert code == 0
+    stats = json.loads(out)["stats"]["properties"]
+    cases = ET.fromstring(path.read_text()).find("testsuite").findall("testcase")
+    for case in cases:
+        info = stats[case.get("name")]
+        want = info["linear_seconds"] + info["kernel_seconds"]
+        assert abs(float(case.get("time")) - want) < 1e-3, (case.get("name"), want)
+    assert sum(stats[c.get("name")]["kernel_seconds"] for c in cases) > 0
+
+
 def test_quiet_prints_nothing(capsys):
     assert check(capsys, BROKEN_CSV, "--quiet") == (1, "", "")
     assert check(capsys, EXAMPLES / "zb-h1.toml", "-q") == (0, "", "")

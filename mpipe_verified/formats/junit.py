@@ -29,7 +29,7 @@ def junit_xml(checked: list[Checked]) -> str:
             props = item.report.stats.get("properties", {})
             for name in PROPERTIES:
                 info = props.get(name, {})
-                seconds = info.get("linear_seconds", 0.0) + info.get("z3_seconds", 0.0)
+                seconds = info.get("linear_seconds", 0.0) + info.get("kernel_seconds", 0.0)
                 case = ET.SubElement(suite, "testcase", classname=item.name, name=name,
                                      time=f"{seconds:.4f}")
                 counts["tests"] += 1
