@@ -298,7 +298,8 @@ def _as_read(plan: Plan | Schedule) -> Plan | Schedule:
     """A file's plan as written when it holds comm ops, else its schedule (lowered later)."""
     if isinstance(plan, Schedule) or plan.has_comms():
         return plan
-    return Schedule(plan.placement, plan.num_microbatches, plan.programs, plan.cut)
+    return Schedule(plan.placement, plan.num_microbatches, plan.programs, plan.cut,
+                    plan.forward_only)
 
 
 def compute_only(target: Schedule | Plan) -> Schedule:
@@ -308,7 +309,8 @@ def compute_only(target: Schedule | Plan) -> Schedule:
         return target
     programs = tuple(tuple(op for op in prog if not isinstance(op, (Send, Recv, Group)))
                      for prog in target.programs)
-    return Schedule(target.placement, target.num_microbatches, programs, target.cut)
+    return Schedule(target.placement, target.num_microbatches, programs, target.cut,
+                    target.forward_only)
 
 
 # ---------------------------------------------------------------- export

@@ -8,6 +8,8 @@ Invariants:
 - A ``Schedule`` holds compute work (``Compute``, ``Overlap``, ``Idle``, ``Marker``) and
   the collectives a term asks for (``transpose``'s broadcast and all-reduce).
 - A ``Plan`` may also hold ``Send``, ``Recv``, ``Group`` and ``Collective``.
+- A ``forward_only`` schedule or plan (an evaluation run) declares that it holds no
+  backward work: no ``B``/``I``/``W``/``R`` is required of it, and none may occur.
 - ``Idle`` is an empty step (an empty CSV cell) and ``Marker`` an FSDP bookkeeping action
   (``UNSHARD``/``RESHARD``/``REDUCE_GRAD``); both are kept only so a file reads back
   unchanged, and the semantics ignore them.
@@ -317,12 +319,13 @@ def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
 @attrs.frozen
 class Schedule:
     """Placement plus one compute-only op sequence per rank (and the cut, when segments
-    besides the body exist)."""
+    besides the body exist). ``forward_only``: an evaluation run, declared (no backward)."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
+    forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -344,12 +347,14 @@ class Schedule:
 
 @attrs.frozen
 class Plan:
-    """A lowered schedule: one op sequence per rank, compute and comm ops in run order."""
+    """A lowered schedule: one op sequence per rank, compute and comm ops in run order.
+    ``forward_only``: declared an evaluation run (see ``Schedule``)."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
+    forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -372,10 +377,13 @@ class Plan:
 
     def canonical_text(self) -> str:
         """Stable text used for digests: placement, microbatches, then every rank's ops
-        (payload shapes and peers included, idle steps dropped)."""
+        (payload shapes and peers included, idle steps dropped). A forward-only plan says
+        so (a training plan's text has no such field, so its digest is unchanged)."""
         head = f"placement={','.join(map(str, self.placement.stage_to_rank))};m={self.num_microbatches}"
         if self.cut.segments:
             head += ";cut=" + repr(self.cut)
+        if self.forward_only:
+            head += ";forward_only"
         rows = [
             ",".join([_canonical(op) for op in prog if type(op) is not Idle])
             for prog in self.programs
@@ -385,7 +393,7 @@ class Plan:
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
         return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
-                   schedule.cut)
+                   schedule.cut, schedule.forward_only)
 
 
 def _canonical(op: Op) -> str:

@@ -11,7 +11,8 @@ properties; the *witness* (untrusted, proposed by the fast passes) only supplies
 the obligations mention:
 
 - completeness: every required unit of work (one ``F``; one ``B`` or one ``I`` and one
-  ``W``, none for a frozen segment; one ``R`` where a recompute is due) on the rank that
+  ``W``, none for a frozen segment or in a plan declared ``forward_only``; one ``R`` where
+  a recompute is due, never in a forward-only plan) on the rank that
   owns it, no op outside the chain, the cut well formed, and each collective the cut
   requires (a trainable segment run off its home rank needs its parameters broadcast from
   home; one whose backward runs off home needs its gradients all-reduced over home and
@@ -31,8 +32,8 @@ the obligations mention:
   op completed, which completes earlier still;
 - memory: the witness gives each rank's level before every step; they start at the static
   part, each is the last plus the step's allocations minus its frees (the kernel's own
-  accounting), every step's peak is within the reported peak, the reported peak is reached
-  and is within the limit.
+  accounting; a forward-only plan's forwards store nothing), every step's peak is within
+  the reported peak, the reported peak is reached and is within the limit.
 
 Each obligation is a numeric fact for a linear template. Facts are compressed exactly into
 affine runs (consecutive facts of one class with a constant difference) and Z3 is asked
@@ -75,6 +76,7 @@ class _Rules:
         self.where = plan.placement.stage_to_rank
         self.stages = len(self.where)
         self.cut = plan.cut.segments
+        self.forward_only = plan.forward_only  # declared: no backward is required or allowed
         self.segs = {s.name: s for s in self.cut}
         self.sources = [s.name for s in self.cut if s.side == SOURCE]
         self.backward_mbs: dict = defaultdict(list)  # (segment, rank) -> its backward mbs
@@ -106,8 +108,13 @@ class _Rules:
             return seg.forward_rank[c.mb]
         return None if seg.backward_rank is None else seg.backward_rank[c.mb]
 
+    def backward_due(self, seg) -> bool:
+        """Does every unit of ``seg`` (None: the body) need one ``B``, or ``I`` and ``W``?"""
+        return not self.forward_only and (seg is None or seg.backward_rank is not None)
+
     def recompute_due(self, seg, mb: int) -> bool:
-        return (seg is not None and seg.recompute and seg.backward_rank is not None
+        return (not self.forward_only and seg is not None and seg.recompute
+                and seg.backward_rank is not None
                 and seg.backward_rank[mb] != seg.forward_rank[mb])
 
     def needs(self, op, rank: int) -> list:
@@ -146,7 +153,7 @@ class _Rules:
     def _reduce_needs(self, op: Collective, rank: int) -> list:
         role, _, name = op.tag.partition(":")
         seg = self.segs.get(name)
-        if op.kind != "all_reduce" or role != "grads" or seg is None:
+        if op.kind != "all_reduce" or role != "grads" or seg is None or self.forward_only:
             return []
         return [("wdone", name, 0, mb) for mb in self.backward_mbs.get((name, rank), ())]
 
@@ -173,7 +180,7 @@ class _Rules:
         """A forward keeps its activation unless it is a segment's, run where no backward
         of it runs (a frozen segment, or a forward shipped to another rank's backward)."""
         seg = self.segs.get(c.segment) if c.segment else None
-        return (c.kind == "R" or seg is None
+        return not self.forward_only and (c.kind == "R" or seg is None
                 or (seg.backward_rank is not None and c.mb < self.m
                     and seg.backward_rank[c.mb] == rank))
 
@@ -188,7 +195,7 @@ class _Rules:
             fwd |= {seg.backward_rank[mb] for mb in range(self.m) if self.recompute_due(seg, mb)}
             if fwd - {seg.home}:
                 out["params:" + seg.name] = ("broadcast", seg.home, fwd | {seg.home})
-            back = set(seg.backward_rank)
+            back = set() if self.forward_only else set(seg.backward_rank)
             if back - {seg.home}:
                 out["grads:" + seg.name] = ("all_reduce", None, back | {seg.home})
         return out
@@ -531,11 +538,11 @@ def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
             facts.add("eq", (seg, s, "F"), f, 1, at=at)
             facts.add("eq", (seg, s, "misplaced"), wrong, 0, at=at)
             facts.add("eq", (seg, s, "R"), r, int(rules.recompute_due(segw, mb)), at=at)
-            if segw is None or segw.backward_rank is not None:  # one B, or one I and one W
+            if rules.backward_due(segw):  # one B, or one I and one W
                 facts.add("eq", (seg, s, "B|I"), b + i, 1, at=at)
                 facts.add("eq", (seg, s, "I=W"), i, w, at=at)
-            else:
-                facts.add("eq", (seg, s, "frozen"), b + i + w, 0, at=at)
+            else:  # frozen, or a forward-only plan
+                facts.add("eq", (seg, s, "no backward"), b + i + w, 0, at=at)
     _required_collectives(plan, rules, facts)
 
 

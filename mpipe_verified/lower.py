@@ -36,14 +36,15 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
     for the guarantees."""
     placement = schedule.placement
     programs = schedule.programs
-    chain = Chain(placement, schedule.cut)
+    chain = Chain(placement, schedule.cut, schedule.forward_only)
     total = sum(duration(op) for prog in programs for op in prog if computes_of(op))
     tiny = 1e-9 * (total if total > 0 else 1.0)  # resolvable at every time of the run
 
     def at_least_tiny(op: Op) -> float:
         d = duration(op)
         return d if d >= tiny or not computes_of(op) else tiny
-    timing = schedule_times(programs, placement, at_least_tiny, cut=schedule.cut)
+    timing = schedule_times(programs, placement, at_least_tiny, cut=schedule.cut,
+                            forward_only=schedule.forward_only)
     events: list[tuple[float, int, tuple, int, int, int, tuple]] = []
     needed: list[dict[tuple, int]] | None = None  # built only if a rank gets stuck
     late: dict[tuple[int, int], list[Op]] = {}
@@ -84,7 +85,8 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
             out[rank].extend(early.get((rank, index), ()))
             out[rank].append(program[index])
             out[rank].extend(late.get((rank, index), ()))
-    return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut)
+    return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
+                schedule.forward_only)
 
 
 _NO_TIE = (0, 0)

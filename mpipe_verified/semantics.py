@@ -146,11 +146,18 @@ class Chain:
     detached: nothing flows back). A forward (or recompute) of a trainable segment off
     its home rank needs the parameters broadcast from home; an all-reduce tagged
     ``grads:NAME`` needs every local weight gradient of NAME (``required_collectives``
-    says which collectives the cut needs)."""
+    says which collectives the cut needs).
 
-    def __init__(self, placement: Placement, cut: Cut = NO_CUT) -> None:
+    A ``forward_only`` chain (an evaluation plan, declared) requires no backward and no
+    recompute of any unit, stores no activation (nothing will read it back), ships no raw
+    input and needs no gradient all-reduce; a segment run off its home still needs its
+    parameters broadcast."""
+
+    def __init__(self, placement: Placement, cut: Cut = NO_CUT,
+                 forward_only: bool = False) -> None:
         self.placement = placement
         self.cut = cut
+        self.forward_only = forward_only
         self.num_stages = placement.num_stages
         self._segments = {seg.name: seg for seg in cut.segments}
         self._sources = tuple(seg for seg in cut.segments if seg.side == SOURCE)
@@ -159,7 +166,7 @@ class Chain:
 
     @classmethod
     def of(cls, plan) -> "Chain":
-        return cls(plan.placement, plan.cut)
+        return cls(plan.placement, plan.cut, plan.forward_only)
 
     def segment(self, name: str):
         return self._segments.get(name)
@@ -182,6 +189,8 @@ class Chain:
 
     def expected_backward(self, segment: str, mb: int) -> tuple[bool, bool]:
         """``(a backward is required, a recompute is required)`` for ``(segment, mb)``."""
+        if self.forward_only:
+            return False, False
         seg = self._segments.get(segment)
         if seg is None:
             return True, False
@@ -218,7 +227,7 @@ class Chain:
         if op.kind != "all_reduce" or tagged is None or tagged[0] != GRADS:
             return ()
         seg = self._segments.get(tagged[1])
-        if seg is None or seg.backward_rank is None:
+        if seg is None or seg.backward_rank is None or self.forward_only:
             return ()
         if self._backward_mbs is None:  # (segment, rank) -> its backward microbatches
             self._backward_mbs = defaultdict(list)
@@ -239,11 +248,11 @@ class Chain:
                 continue
             m = len(seg.forward_rank)
             uses = set(seg.forward_rank) | {seg.backward_rank[mb] for mb in range(m)
-                                            if seg.needs_recompute(mb)}
+                                            if self.expected_backward(seg.name, mb)[1]}
             if uses - {seg.home}:
                 out[collective_tag(PARAMS, seg.name)] = ("broadcast", seg.home,
                                                          frozenset(uses | {seg.home}))
-            back = set(seg.backward_rank)
+            back = set() if self.forward_only else set(seg.backward_rank)
             if back - {seg.home}:
                 out[collective_tag(GRADS, seg.name)] = ("all_reduce", None,
                                                         frozenset(back | {seg.home}))
@@ -268,12 +277,14 @@ class Chain:
         elif seg.side == SOURCE and c.kind == FORWARD:
             out.append((self.placement.stage_to_rank[0],
                         Payload(ACT, 0, c.mb, seg.name, to_segment=BODY)))
-            if seg.needs_recompute(c.mb):
+            if self.expected_backward(seg.name, c.mb)[1]:
                 out.append((seg.backward_rank[c.mb], Payload(INPUT, 0, c.mb, seg.name)))
         return tuple((r, p) for r, p in out if r != here)
 
     def stores(self, c: Compute, rank: int) -> bool:
         """Does this forward (or recompute) keep its activation for a backward here?"""
+        if self.forward_only:
+            return False
         if c.kind == RECOMPUTE or not c.segment:
             return True
         seg = self._segments.get(c.segment)
@@ -410,8 +421,10 @@ def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkI
     back_rank = chain.expected_rank(b)
     if not need_back and (row[1] or row[2] or row[3]):
         c = b if row[1] else i if row[2] else w
+        why = ("the plan is declared forward-only" if chain.forward_only
+               else f"segment {seg!r} is frozen")
         out.append(WorkIssue(c, "unexpected", table.first.get(c),
-                             f"{c} runs but segment {seg!r} is frozen (no backward)"))
+                             f"{c} runs but {why} (no backward)"))
     elif need_back and row[1] and (row[2] or row[3]):
         out.append(WorkIssue(b, "mixed_backward", table.first.get(b),
                              f"{b} and its split form {i}/{w} both occur"))
@@ -944,12 +957,13 @@ class ScheduleTiming:
 
 def schedule_times(programs, placement: Placement,
                    duration: Callable[[Op], float] = standard_duration,
-                   delay: float = 0.0, cut: Cut = NO_CUT) -> ScheduleTiming:
+                   delay: float = 0.0, cut: Cut = NO_CUT,
+                   forward_only: bool = False) -> ScheduleTiming:
     """Data-flow timing of compute-only programs (§2.5 inputs across the chain, implicit
     transfers). Linear time: each rank advances until an input is missing, then waits.
     Collectives in a compute-only schedule are timed as zero-cost barriers: they finish
     when every member has reached them."""
-    chain = Chain(placement, cut)
+    chain = Chain(placement, cut, forward_only)
     n = placement.num_ranks
     have: list[dict[tuple, float]] = [dict() for _ in range(n)]
     start: list[list[float]] = [[] for _ in range(n)]

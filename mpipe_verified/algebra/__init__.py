@@ -2,8 +2,8 @@
 families written as short terms (``families``)."""
 
 from .families import FAMILIES, family
-from .terms import DeferW, MergeBW, Par, Relabel, Restrict, Seq, SplitBW, Weave
+from .terms import DeferW, ForwardOnly, MergeBW, Par, Relabel, Restrict, Seq, SplitBW, Weave
 from .transpose import Transpose
 
 __all__ = ["FAMILIES", "family", "Weave", "Seq", "Par", "Restrict", "SplitBW", "MergeBW",
-           "DeferW", "Relabel", "Transpose"]
+           "DeferW", "Relabel", "ForwardOnly", "Transpose"]

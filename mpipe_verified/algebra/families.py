@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..errors import ParameterError
 from ..errors import require as _need
-from .terms import Weave
+from .terms import ForwardOnly, Weave
 
 GPIPE = "F* B*"
 ONE_F_ONE_B = "F^{p-1-r} (F B)*"
@@ -90,8 +90,13 @@ _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
                  if name != "interleaved-1f1b"}
 
 
-def family(name: str, pp: int, microbatches: int, chunks: int | None = None) -> Weave:
-    """The family term for ``name``; ``chunks`` only for ``interleaved-1f1b``."""
+def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
+           forward_only: bool = False) -> Weave | ForwardOnly:
+    """The family term for ``name``; ``chunks`` only for ``interleaved-1f1b``. With
+    ``forward_only``, its evaluation run: ``ForwardOnly`` of the term (the same forwards
+    in the same places, no backward)."""
+    if forward_only:
+        return ForwardOnly(family(name, pp, microbatches, chunks))
     if name not in FAMILIES:
         raise ParameterError(f"unknown family {name!r}; expected one of {', '.join(FAMILIES)}")
     _need(isinstance(pp, int) and pp >= 1, f"pp must be an integer >= 1, got {pp!r}")

@@ -17,6 +17,10 @@ Operators and their meaning on per-rank sequences:
   (k+lag)-th ``I`` (after the last ``I`` when there is none); ``lag`` is an arithmetic count
   in ``p r m`` evaluated per rank. The zero-bubble lever.
 - ``Relabel(t, perm)``: microbatch ``mb`` becomes ``perm[mb]`` everywhere.
+- ``ForwardOnly(t)``: an evaluation run of ``t``: every ``B``/``I``/``W``/``R`` and every
+  gradient all-reduce (``grads:NAME``) is dropped, every forward (and parameter
+  broadcast) stays where it was, and the schedule is declared ``forward_only``.
+  Precondition: ``t`` is a training term (not already forward-only).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from __future__ import annotations
 import attrs
 
 from ..errors import ParameterError
-from ..ir import (BACKWARD, INPUT_GRAD, WEIGHT_GRAD, Compute, Op, Overlap, Placement, Schedule,
-                  computes_of)
+from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Collective, Compute, Op, Overlap,
+                  Placement, Schedule, computes_of)
+from ..semantics import GRADS, collective_segment
 from .pattern import RankStreams, check_count, evaluate_count, parse_pattern, weave_rank
 
 PLACEMENTS = ("looped", "v")
@@ -109,9 +114,11 @@ class Seq:
         if a.placement != b.placement:
             raise ParameterError("seq needs both terms on the same placement")
         shift = a.num_microbatches
+        _same_kind(a, b, "seq")
         b = _map_computes(b, lambda c: attrs.evolve(c, mb=c.mb + shift))
         programs = tuple(x + y for x, y in zip(a.programs, b.programs))
-        return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs)
+        return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs,
+                        forward_only=a.forward_only)
 
     def __str__(self) -> str:
         return f"seq({self.first}, {self.second})"
@@ -129,11 +136,17 @@ class Par:
         busy = [r for r in range(a.num_ranks) if a.programs[r] and b.programs[r]]
         if busy:
             raise ParameterError(f"par needs disjoint ranks, but both terms use rank {busy[0]}")
+        _same_kind(a, b, "par")
         programs = tuple(x or y for x, y in zip(a.programs, b.programs))
-        return Schedule(a.placement, a.num_microbatches, programs)
+        return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only)
 
     def __str__(self) -> str:
         return f"par({self.left}, {self.right})"
+
+
+def _same_kind(a: Schedule, b: Schedule, name: str) -> None:
+    if a.forward_only != b.forward_only:
+        raise ParameterError(f"{name} needs two training terms or two forward-only terms")
 
 
 @attrs.frozen
@@ -249,3 +262,33 @@ class Relabel:
 
     def __str__(self) -> str:
         return f"relabel({self.term}, perm={list(self.perm)})"
+
+
+@attrs.frozen
+class ForwardOnly:
+    term: object
+
+    def derive(self) -> Schedule:
+        s = self.term.derive()
+        if s.forward_only:
+            raise ParameterError("forward_only applies to a training term (this one is "
+                                 "forward-only already)")
+        programs = tuple(tuple(x for op in prog if (x := _forwards_of(op)) is not None)
+                         for prog in s.programs)
+        return attrs.evolve(s, programs=programs, forward_only=True)
+
+    def __str__(self) -> str:
+        return f"forward_only({self.term})"
+
+
+def _forwards_of(op: Op) -> Op | None:
+    """What stays of ``op`` in an evaluation run (None: nothing)."""
+    if isinstance(op, Compute):
+        return op if op.kind == FORWARD else None
+    if isinstance(op, Overlap):
+        kept = tuple(c for c in op.ops if c.kind == FORWARD)
+        return (kept[0] if len(kept) == 1 else Overlap(kept)) if kept else None
+    if isinstance(op, Collective):
+        tagged = collective_segment(op)
+        return None if tagged is not None and tagged[0] == GRADS else op
+    return op

@@ -123,6 +123,8 @@ class Transpose:
     def derive(self) -> Schedule:
         body = self.body.derive()
         _need(not body.cut.segments, "transpose applies to a body without a cut")
+        _need(not body.forward_only, "transpose applies to a training term (for an evaluation "
+                                     "run, take forward_only of the transposed term)")
         p, m = body.num_ranks, body.num_microbatches
         _need(not self.costs or len(self.costs) == m,
               f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")

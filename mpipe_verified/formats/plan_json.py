@@ -9,6 +9,7 @@ One JSON object::
       "num_ranks": 2,
       "stage_to_rank": [0, 1],
       "num_microbatches": 2,
+      "forward_only": true,                 # only in an evaluation plan (no backward)
       "cut": [
         {"name": "vision", "side": "source", "forward_rank": [0, 1],
          "backward_rank": [0, 1], "recompute": false, "home": 0, "broadcast": true,
@@ -24,7 +25,8 @@ One JSON object::
       ]
     }
 
-``programs`` holds one list per rank, in run order; each op is one object whose ``op``
+``forward_only`` (optional, default false) declares an evaluation plan: no backward
+work is required of it, and none may occur. ``programs`` holds one list per rank, in run order; each op is one object whose ``op``
 key names its kind:
 
 - ``compute``: ``kind`` (``F``/``B``/``I``/``W``/``R``), ``stage``, ``mb``, ``segment``;
@@ -77,6 +79,7 @@ MAX_DIM = (1 << 63) - 1  # a tensor dimension: torch's int64
 EXPECTED = "expected a plan-json file"
 _TOP = ("format", "version", "type", "num_ranks", "stage_to_rank", "num_microbatches",
         "cut", "programs")
+_OPTIONAL_TOP = ("forward_only",)
 _SEGMENT = ("name", "side", "forward_rank", "backward_rank", "recompute", "home",
             "broadcast", "all_reduce")
 
@@ -90,6 +93,8 @@ def format_plan_json(plan: Plan | Schedule) -> str:
             "num_ranks": plan.placement.num_ranks,
             "stage_to_rank": list(plan.placement.stage_to_rank),
             "num_microbatches": plan.num_microbatches}
+    if plan.forward_only:
+        head["forward_only"] = True
     cut = _rows([_dump(_segment_obj(s)) for s in plan.cut.segments], "  ")
     programs = _rows([_rows([_dump(_op_obj(op)) for op in program], "    ")
                       for program in plan.programs], "  ")
@@ -241,7 +246,7 @@ class _Reader:
             raise InputError(f"{_where(e.path)}: {e.message}", self.file) from None
 
     def _top(self, doc: Any) -> Plan | Schedule:
-        obj = _fields(doc, (), _TOP, _TOP)
+        obj = _fields(doc, (), _TOP + _OPTIONAL_TOP, _TOP)
         if obj["format"] != FORMAT:
             raise _Bad(("format",), f"expected {_dump(FORMAT)}, got {_shown(obj['format'])}")
         if obj["version"] != VERSION or type(obj["version"]) is not int:
@@ -267,7 +272,8 @@ class _Reader:
                                for i, op in enumerate(_array(row, ("programs", r))))
                          for r, row in enumerate(rows))
         placement = Placement(stage_to_rank, self.num_ranks)
-        return (Schedule if self.schedule else Plan)(placement, m, programs, cut)
+        forward_only = _flag(obj.get("forward_only", False), ("forward_only",))
+        return (Schedule if self.schedule else Plan)(placement, m, programs, cut, forward_only)
 
     def _rank(self, value: Any, path: tuple) -> int:
         rank = _index(value, path)

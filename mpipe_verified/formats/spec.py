@@ -87,7 +87,7 @@ from ..semantics import UNIT_MEMORY, MemoryModel, standard_duration
 from ..sim import NO_COMM_COST, CommCost, CommModel, CostModel, SegmentCost
 
 TERM_TYPES = (terms.Weave, terms.Seq, terms.Par, terms.Restrict, terms.SplitBW, terms.MergeBW,
-              terms.DeferW, terms.Relabel, Transpose)
+              terms.DeferW, terms.Relabel, terms.ForwardOnly, Transpose)
 Term = Any  # any of TERM_TYPES: an object with ``derive() -> Schedule``
 
 # ---------------------------------------------------------------- cost model
@@ -169,6 +169,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
                  (("t", _TERM, _REQUIRED), ("ranks", _INTS, _REQUIRED))),
     "split_bw": (terms.SplitBW, (("t", _TERM, _REQUIRED),)),
     "merge_bw": (terms.MergeBW, (("t", _TERM, _REQUIRED),)),
+    "forward_only": (terms.ForwardOnly, (("t", _TERM, _REQUIRED),)),
     "defer_w": (_defer_w, (("t", _TERM, _REQUIRED), ("lag", (_STR, _INT), _REQUIRED))),
     "relabel": (lambda t, perm: terms.Relabel(t, tuple(perm)),
                 (("t", _TERM, _REQUIRED), ("perm", _INTS, _REQUIRED))),
