@@ -384,5 +384,28 @@ def test_transpose_parameter_errors():
         transpose_family(2, 3, costs=[1, 2]).derive()
     with pytest.raises(ParameterError, match="finite numbers >= 0"):
         Transpose(family("1f1b", 2, 2), costs=(1, -1))
-    with pytest.raises(ParameterError, match="transpose applies to a body without a cut"):
+    with pytest.raises(ParameterError, match="segment 'vision' is already cut from the body"):
         Transpose(Transpose(family("1f1b", 2, 2))).derive()
+
+
+@pytest.mark.parametrize("outer_side,outer_mode", [(SOURCE, "recompute"), (SOURCE, "owner"),
+                                                   (SOURCE, "frozen"), (SINK, "owner")])
+@pytest.mark.parametrize("ownership", ("full", "cost"))
+def test_a_second_segment_is_woven_around_the_first(outer_side, outer_mode, ownership):
+    """Transposing a transposed term keeps the first segment's work in order on every
+    rank, adds the second one's, lists sources (in cut order) before sinks, and the
+    lowered plan verifies."""
+    inner = Transpose(family("zb-h1", 3, 6), "vision", mode="owner", ownership=ownership)
+    outer = Transpose(inner, "audio", side=outer_side, mode=outer_mode, ownership=ownership)
+    before, after = inner.derive(), outer.derive()
+    assert [s.name for s in after.cut.segments] == ["vision", "audio"]
+    assert after.cut.get("vision") == before.cut.get("vision")
+    assert after.cut.get("audio").side == outer_side
+    for old, new in zip(before.programs, after.programs):
+        assert [op for op in new if getattr(op, "segment", None) != "audio"
+                and not (isinstance(op, Collective) and op.tag.endswith(":audio"))] == list(old)
+    report = verify(lower(after))
+    assert report.verified, [v.message for v in report.violations][:3]
+    reversed_order = Transpose(Transpose(family("1f1b", 2, 4), "gen", side=SINK, mode="owner"),
+                               "vision").derive()
+    assert [s.name for s in reversed_order.cut.segments] == ["vision", "gen"]

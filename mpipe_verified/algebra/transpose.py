@@ -4,7 +4,11 @@ HyperParallel-Mpipe schedule, arXiv 2607.03229; ``cut``/``transpose``).
 ``Transpose(body, ...)`` derives the body term's schedule, cuts one segment off it (a
 ``source`` encoder feeding the body's first stage, or a detached ``sink`` generator fed by
 its last stage), assigns each microbatch's segment forward an *owner* rank and weaves the
-segment's ops into the owners' programs:
+segment's ops into the owners' programs. The body may itself be a transpose (several
+encoders, or an encoder and a sink: ``Transpose(Transpose(t, "vision"), "audio")``): the
+segments already cut stay as they are, are timed as part of the body, and the new one
+is woven around them; the cut lists the sources first, in the order they were cut (the
+body's first stage receives their outputs in that order), then the sinks.
 
 - ownership ``inline``: the baseline, every microbatch on the segment's home rank (rank 0
   for a source, the last rank for a sink), right next to the body op it feeds or follows;
@@ -122,7 +126,9 @@ class Transpose:
 
     def derive(self) -> Schedule:
         body = self.body.derive()
-        _need(not body.cut.segments, "transpose applies to a body without a cut")
+        _need(body.cut.get(self.segment) is None,
+              f"segment {self.segment!r} is already cut from the body (name each "
+              "transposed segment differently)")
         _need(not body.forward_only, "transpose applies to a training term (for an evaluation "
                                      "run, take forward_only of the transposed term)")
         p, m = body.num_ranks, body.num_microbatches
@@ -130,7 +136,7 @@ class Transpose:
               f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")
         cost = self.estimate_cost()
         home = 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
-        timing = schedule_times(body.programs, body.placement, cost.duration)
+        timing = schedule_times(body.programs, body.placement, cost.duration, cut=body.cut)
         schedule = self._weave(body, timing, cost, home, self.ownership)
         if self.ownership == "cost" and p > 1:  # keep the greedy only where it pays
             round_robin = self._weave(body, timing, cost, home, "full")
@@ -164,12 +170,13 @@ class Transpose:
             tag = collective_tag(GRADS, self.segment)
             for prog in programs:
                 prog.append(Collective("all_reduce", tuple(range(p)), tag))
-        return Schedule(body.placement, m, tuple(map(tuple, programs)), Cut((work,)))
+        segments = sorted((*body.cut.segments, work), key=lambda seg: seg.side != SOURCE)
+        return Schedule(body.placement, m, tuple(map(tuple, programs)), Cut(tuple(segments)))
 
     def _estimate(self, schedule: Schedule, cost: CostModel) -> float:
         """The makespan of a woven schedule under the operator's own cost estimate.
-        The collectives are zero-cost barriers at the very start and end of every program,
-        so they are timed as rank-local ones (the broadcast on its own rank, which leaves
+        The collectives are zero-cost barriers at the very start and end of every program
+        (one per trainable segment moved off home), so they are timed as rank-local ones (the broadcast on its own rank, which leaves
         the parameters there at time 0; the all-reduce, needing only local work, left out):
         the same makespan and the same verdict on finishing, without the O(p) work per
         member a p-rank barrier costs."""
@@ -211,13 +218,15 @@ _EPS = 1e-9
 
 
 def _local_collectives(program, rank: int):
-    """``program`` with its leading broadcast on ``rank`` alone and its trailing
-    all-reduce left out (see ``Transpose._estimate``)."""
+    """``program`` with its leading broadcasts on ``rank`` alone and its trailing
+    all-reduces left out (see ``Transpose._estimate``)."""
     ops = list(program)
-    if ops and isinstance(ops[-1], Collective) and ops[-1].kind == "all_reduce":
+    while ops and isinstance(ops[-1], Collective) and ops[-1].kind == "all_reduce":
         ops.pop()
-    if ops and isinstance(ops[0], Collective) and ops[0].kind == "broadcast":
-        ops[0] = Collective("broadcast", (rank,), ops[0].tag, rank)
+    lead = 0
+    while lead < len(ops) and isinstance(ops[lead], Collective) and ops[lead].kind == "broadcast":
+        ops[lead] = Collective("broadcast", (rank,), ops[lead].tag, rank)
+        lead += 1
     return tuple(ops)
 
 
