@@ -13,6 +13,14 @@ scenarios: on 2 ranks a received message smaller than the plan's payload, then a
 that returns the wrong shape (refused before sending; the silent peer times out); on 4
 ranks a rank killed with SIGKILL mid-step, after which the others must exit non-zero
 within 60 s.
+
+Two encoders (vision and audio, both transposed in owner or recompute mode, or inline in
+zb-h1) and a sink segment (a class-prediction head after the last stage, with its own
+loss) are training cases like the others: every gradient equals the single-process run's,
+and so does each microbatch's loss (``step(..., return_losses=True)``). Forward-only
+plans run ``executor.eval``: the last stage's outputs, per-microbatch losses and loss
+equal a single-process forward, no gradient appears, and the measured peak of stored
+activations is the verifier's, 0.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ warnings.filterwarnings("ignore")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
+import test_executor_worker as worker  # noqa: E402
 import train_tiny_mllm as tiny  # noqa: E402
 from mpipe_verified.executor.launch import free_port, rank_env  # noqa: E402
 
@@ -55,10 +64,20 @@ def cases(world: int) -> list[dict]:
     # an encoder with dropout: recompute must replay its forward's masks
     out += [{"name": f"dropout-{mode}", "schedule": "transpose", "mode": mode, "m": m,
              "dropout": True} for mode in ("recompute", "owner")]
+    # two source encoders, a sink, and evaluation (forward-only) plans
+    out += [{"name": f"audio-{mode}", "schedule": "transpose", "mode": mode, "m": m,
+             "audio": mode} for mode in ("owner", "recompute")]
+    out.append({"name": "audio-zb-h1", "schedule": "zb-h1", "m": m, "audio": "recompute"})
+    out.append({"name": "sink-owner", "schedule": "transpose", "mode": "recompute", "m": m,
+                "audio": "owner", "sink": "owner"})
+    out += [{"name": "eval-1f1b", "schedule": "1f1b", "m": m, "eval": True},
+            {"name": "eval-transpose-owner", "schedule": "transpose", "mode": "owner", "m": m,
+             "audio": "recompute", "sink": "owner", "eval": True}]
     return out
 
 
-CASE_NAMES = [c["name"] for c in cases(2) if not c.get("dropout")]
+CASE_NAMES = [c["name"] for c in cases(2) if not c.get("dropout") and not c.get("eval")]
+EVAL_NAMES = [c["name"] for c in cases(2) if c.get("eval")]
 ALL_NAMES = [c["name"] for c in cases(2)]
 
 
@@ -112,23 +131,37 @@ def launches(tmp_path_factory):
     return out
 
 
-def reference(case: dict, world: int) -> tuple[float, dict]:
-    """Loss and gradients of the plain model (no pipeline) on the same batch."""
-    term = tiny.build_term(case["schedule"], world, case["m"], case.get("mode", "recompute"))
-    num_stages = term.derive().placement.num_stages
-    encoder, body = tiny.build_model(max(6, num_stages - 2))
-    frozen = case.get("mode") == "frozen"
-    if frozen:
-        encoder.requires_grad_(False)
-    batch = tiny.make_batch(0, 2 * case["m"])
-    x = body[0](encoder(batch.segments["vision"]), batch.body)
+def forward(case: dict, world: int):
+    """The plain model (no pipeline) on the case's batch: ``(segments, body, batch,
+    output)``; the encoders in cut order feed the first layer."""
+    num_stages = worker.case_term(case, world).derive().placement.num_stages
+    segments, body = worker.case_model(case, num_stages)
+    batch = worker.case_batch(case)
+    x = body[0](*[module(batch.segments[name]) for name, module in segments.items()
+                  if name != "gen"], batch.body)
     for layer in list(body)[1:]:
         x = layer(x)
+    return segments, body, batch, x
+
+
+def reference(case: dict, world: int) -> tuple[float, dict, list]:
+    """Loss, gradients and per-microbatch losses of the plain model on the same batch (a
+    sink's loss added, its input detached)."""
+    segments, body, batch, x = forward(case, world)
     loss = tiny.loss_fn(x, batch.target)
+    m = case["m"]
+    per_mb = [tiny.loss_fn(a, b) for a, b in zip(torch.tensor_split(x, m),
+                                                  torch.tensor_split(batch.target, m))]
+    if "gen" in segments:
+        head = segments["gen"](x.detach())
+        loss = loss + worker.sink_loss(head, batch.segments["gen"])
+        per_mb = [a + worker.sink_loss(h, c) for a, h, c in zip(
+            per_mb, torch.tensor_split(head, m), torch.tensor_split(batch.segments["gen"], m))]
     loss.backward()
-    grads = {f"vision.{n}": p.grad for n, p in encoder.named_parameters() if p.grad is not None}
+    grads = {f"{name}.{n}": p.grad for name, module in segments.items()
+             for n, p in module.named_parameters() if p.grad is not None}
     grads.update({f"body.{n}": p.grad for n, p in body.named_parameters()})
-    return float(loss.detach()), grads
+    return float(loss.detach()), grads, [float(x.detach()) for x in per_mb]
 
 
 @pytest.mark.parametrize("world", (2, 4))
@@ -138,13 +171,17 @@ def test_step_matches_single_process(launches, world, name):
     case = next(c for c in cases(world) if c["name"] == name)
     results = [run.result(name, r) for r in range(world)]
     assert all(r is not None for r in results), f"{name} produced no result\n{run.describe()}"
-    want_loss, want = reference(case, world)
+    want_loss, want, want_losses = reference(case, world)
     for r, res in enumerate(results):
         assert abs(res["loss"] - want_loss) <= 1e-5, (r, res["loss"], want_loss)
+        assert len(res["losses"]) == case["m"], res["losses"]
+        for got_mb, want_mb in zip(res["losses"], want_losses):
+            assert abs(got_mb - want_mb) <= 1e-5, (r, res["losses"], want_losses)
     got: dict = {}
     for r, res in enumerate(results):
         for key, grad in res["grads"].items():
-            if key.startswith("vision.") and r != res["home"]:
+            segment = key.split(".")[0]
+            if segment in res["homes"] and r != res["homes"][segment]:
                 # non-home copies: only the owner mode all-reduces them; then they must agree
                 torch.testing.assert_close(grad, want[key], atol=1e-5, rtol=0)
                 continue
@@ -165,7 +202,44 @@ def test_measured_stored_peak_equals_verified_peak(launches, world, name):
     assert all(r is not None for r in results), f"{name} produced no result\n{run.describe()}"
     measured = [r["stored_peak"] for r in results]
     assert measured == [r["verified_peak"] for r in results], measured
-    assert max(measured) >= 2  # really measured: a pipeline holds several at once
+    if name in EVAL_NAMES:  # an evaluation forward keeps no graph
+        assert measured == [0] * world and not any(r["grads"] for r in results)
+    else:
+        assert max(measured) >= 2  # really measured: a pipeline holds several at once
+
+
+@pytest.mark.parametrize("world", (2, 4))
+@pytest.mark.parametrize("name", EVAL_NAMES)
+def test_eval_returns_the_outputs_and_losses_of_a_single_process_forward(launches, world,
+                                                                          name):
+    run = launches[world]
+    case = next(c for c in cases(world) if c["name"] == name)
+    results = [run.result(name, r) for r in range(world)]
+    assert all(r is not None for r in results), f"{name} produced no result\n{run.describe()}"
+    plan = worker.case_term(case, world).derive()
+    holder = plan.placement.rank_of(plan.placement.num_stages - 1)
+    with torch.no_grad():
+        segments, _, batch, x = forward(case, world)
+    m = case["m"]
+    if "gen" in segments:  # each sink output on the rank that ran it, once
+        heads = {}
+        for res in results:
+            assert not set(heads) & set(res["sink_outputs"])
+            heads.update(res["sink_outputs"])
+        with torch.no_grad():
+            want = torch.tensor_split(segments["gen"](x), m)
+        assert sorted(heads) == list(range(m))
+        for mb in range(m):
+            torch.testing.assert_close(heads[mb], want[mb], atol=1e-5, rtol=0)
+    want_losses = [float(tiny.loss_fn(a, b)) for a, b in zip(
+        torch.tensor_split(x, m), torch.tensor_split(batch.target, m))]
+    for r, res in enumerate(results):
+        if r != holder:  # eval returns None off the last stage's rank
+            assert res["outputs"] is None and res["loss"] is None, r
+            continue
+        torch.testing.assert_close(res["outputs"], x, atol=1e-5, rtol=0)
+        assert abs(res["loss"] - float(tiny.loss_fn(x, batch.target))) <= 1e-5
+        assert max(abs(a - b) for a, b in zip(res["losses"], want_losses)) <= 1e-5
 
 
 def merged_grads(results: list[dict]) -> dict:

@@ -21,7 +21,7 @@ warnings.filterwarnings("ignore")
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from mpipe_verified.algebra import Transpose, family  # noqa: E402
+from mpipe_verified.algebra import ForwardOnly, Transpose, family  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PayloadMismatchError,  # noqa: E402
                                      PipelineError, PipelineExecutor, balanced_cuts, certify,
                                      infer_payload_shapes, split_sequential,
@@ -194,6 +194,37 @@ def test_plan_without_shapes_or_modules_is_a_clear_error():
     with pytest.raises(PipelineError, match="segment"):
         PipelineExecutor(plan, certify(plan), stages=stages, loss_fn=nn.functional.mse_loss,
                          rank=0)
+
+
+def test_eval_and_step_refuse_the_other_kind_of_plan_before_any_communication(no_traffic):
+    train, _, encoder, stages = shaped_plan()
+    bare = lower(ForwardOnly(Transpose(family("1f1b", 2, 2), mode="recompute",
+                                       ownership="inline")).derive())
+    evaluation = with_payload_shapes(bare, infer_payload_shapes(stages, tiny_batch(), 2,
+                                                                {"vision": encoder}))
+    with pytest.raises(PipelineError, match="eval needs a forward-only plan"):
+        make(train, certify(train), encoder, stages).eval(tiny_batch())
+    for call in ("step", "run"):
+        with pytest.raises(PipelineError, match=r"forward-only .*call eval\(batch\)"):
+            getattr(make(evaluation, certify(evaluation), encoder, stages), call)(tiny_batch())
+    assert no_traffic == [] and not dist.is_initialized()
+
+
+def test_a_sink_needs_its_loss_and_only_sinks_take_one():
+    term = Transpose(Transpose(family("1f1b", 2, 2), ownership="inline"), "gen", side="sink",
+                     mode="owner", ownership="inline")
+    plan = lower(term.derive())
+    encoder, stages = tiny_stages(plan.placement.num_stages)
+    plan = with_payload_shapes(plan, infer_payload_shapes(stages, tiny_batch(), 2,
+                                                          {"vision": encoder}))
+    segments = {"vision": encoder, "gen": nn.Linear(4, 2)}
+    home = plan.cut.get("gen").home
+    with pytest.raises(PipelineError, match=r"sink segment\(s\) gen here but no loss"):
+        PipelineExecutor(plan, certify(plan), stages=stages, segments=segments,
+                         loss_fn=nn.functional.mse_loss, rank=home)
+    with pytest.raises(PipelineError, match="names vision, which the plan has no sink"):
+        PipelineExecutor(plan, certify(plan), stages=stages, segments=segments, rank=home,
+                         loss_fn=nn.functional.mse_loss, segment_loss_fns={"vision": len})
 
 
 # ---------------------------------------------------------------- messages

@@ -4,11 +4,14 @@ tests itself).
     python tests/test_executor_worker.py OUT CASES.json [--final NAME]
 
 Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each case
-``{"name", "schedule", "mode", "m", "group", "strict", "bare", "dropout"}`` it builds the
-tiny MLLM's plan (as the example does), verifies it, runs one step without optimizer and
-saves the loss, every local gradient (named like the single-process model: ``vision.*``,
-``body.*``), the executor's measured peak of stored activations next to the verifier's
-reported peak, and (``dropout``: the encoder followed by dropout, every rank seeded
+``{"name", "schedule", "mode", "m", "group", "strict", "bare", "dropout", "audio", "sink",
+"eval"}`` it builds the tiny MLLM's plan (as the example does; ``audio``: the audio
+encoder cut too, in that mode; ``sink``: a class-prediction head cut as a sink, in that
+mode; ``eval``: the forward-only plan of the term), verifies it, runs one step without
+optimizer (``eval``: ``executor.eval``) and saves the loss and per-microbatch losses
+(``eval``: the last stage's outputs too), every local gradient (named like the
+single-process model: ``vision.*``, ``audio.*``, ``gen.*``, ``body.*``), the executor's
+measured peak of stored activations next to the verifier's reported peak, and (``dropout``: the encoder followed by dropout, every rank seeded
 ``1000 + rank``) each encoder call's microbatch and mask to ``OUT/NAME.rank.pt``. ``--final`` ends with a failure scenario:
 
 - ``send-mismatch`` (2 ranks): first rank 0 sends a message for a smaller tensor than the
@@ -36,10 +39,15 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import train_tiny_mllm as tiny  # noqa: E402
-from mpipe_verified.executor import (PayloadMismatchError, PipelineError,  # noqa: E402
-                                     PipelineExecutor, group_adjacent_comms)
+from mpipe_verified.algebra import ForwardOnly, Transpose  # noqa: E402
+from mpipe_verified.executor import (Batch, PayloadMismatchError, PipelineError,  # noqa: E402
+                                     PipelineExecutor, group_adjacent_comms,
+                                     infer_payload_shapes, split_sequential,
+                                     with_payload_shapes)
+from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.executor.comm import Messages, init_distributed  # noqa: E402
 from mpipe_verified.ir import Group, Payload  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
@@ -49,9 +57,67 @@ def rows_for(m: int) -> int:
     return 2 * m
 
 
+class ClassHead(torch.nn.Module):
+    """A sink segment: predicts each caption's image class from the body's last output
+    (the mean of its logits over positions)."""
+
+    def __init__(self, vocab: int = 64, classes: int = 8) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.fc = torch.nn.Linear(vocab, classes)
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.fc(logits.mean(1))
+
+
+def sink_loss(logits: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, classes)
+
+
+def case_term(case: dict, world: int):
+    term = tiny.build_term(case["schedule"], world, case["m"], case.get("mode", "recompute"),
+                           audio_mode=case.get("audio"))
+    if case.get("sink"):
+        term = Transpose(term, "gen", side="sink", mode=case["sink"], ownership="full")
+    return ForwardOnly(term) if case.get("eval") else term
+
+
+def case_model(case: dict, num_stages: int):
+    """``(segments, body)``: the encoders (and sink) by name, and the whole body."""
+    encoder, body = tiny.build_model(max(6, num_stages - 2))
+    segments = {"vision": encoder}
+    if case.get("audio"):
+        segments["audio"] = tiny.build_audio()
+    if case.get("sink"):
+        segments["gen"] = ClassHead()
+    for name, how in (("vision", case.get("mode")), ("audio", case.get("audio")),
+                      ("gen", case.get("sink"))):
+        if how == "frozen":
+            segments[name].requires_grad_(False)
+    return segments, body
+
+
+def case_batch(case: dict) -> Batch:
+    batch = tiny.make_batch(0, rows_for(case["m"]), audio=bool(case.get("audio")))
+    if not case.get("sink"):
+        return batch
+    classes = torch.arange(rows_for(case["m"])) % 8
+    return Batch(batch.body, batch.target, {**batch.segments, "gen": classes})
+
+
 def build(case: dict, world: int):
-    plan, encoder, stages, full = tiny.prepare(case["schedule"], world, case["m"],
-                                               rows_for(case["m"]), case.get("mode", "recompute"))
+    if case.get("audio") or case.get("sink") or case.get("eval"):
+        plan = lower(case_term(case, world).derive())
+        segments, full = case_model(case, plan.placement.num_stages)
+        stages = split_sequential(full, plan.placement.num_stages)
+        sources = {k: v for k, v in segments.items() if k != "gen"}
+        plan = with_payload_shapes(plan, infer_payload_shapes(stages, case_batch(case),
+                                                              case["m"], sources))
+        encoder = segments
+    else:
+        plan, encoder, stages, full = tiny.prepare(case["schedule"], world, case["m"],
+                                                   rows_for(case["m"]),
+                                                   case.get("mode", "recompute"))
     if case.get("group"):
         plan = group_adjacent_comms(plan)
         assert any(isinstance(op, Group) for prog in plan.programs for op in prog)
@@ -63,7 +129,9 @@ def build(case: dict, world: int):
 
 
 def names(encoder, full) -> dict[int, str]:
-    out = {id(p): f"vision.{n}" for n, p in encoder.named_parameters()}
+    segments = encoder if isinstance(encoder, dict) else {"vision": encoder}
+    out = {id(p): f"{name}.{n}" for name, module in segments.items()
+           for n, p in module.named_parameters()}
     out.update({id(p): f"body.{n}" for n, p in full.named_parameters()})
     return out
 
@@ -85,22 +153,35 @@ class DropoutProbe(torch.nn.Module):
 
 def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
     plan, report, encoder, stages, full = build(case, world)
-    batch = tiny.make_batch(0, rows_for(case["m"]))
-    segment = encoder
+    batch = case_batch(case)
+    segments = encoder if isinstance(encoder, dict) else {"vision": encoder}
+    segment = None
     if case.get("dropout"):  # every rank seeded alike in every mode; ranks differ
         segment = DropoutProbe(encoder, [mb.segments["vision"] for mb in batch.split(case["m"])])
+        segments = {"vision": segment}
         torch.manual_seed(1000 + rank)
-    ex = PipelineExecutor(plan, report.certificate, stages=stages, segments={"vision": segment},
+    ex = PipelineExecutor(plan, report.certificate, stages=stages, segments=segments,
                           loss_fn=tiny.loss_fn, overlap_comms=not case.get("strict"),
-                          check_messages=not case.get("bare"))
-    loss = ex.step(batch)
+                          check_messages=not case.get("bare"),
+                          segment_loss_fns={"gen": sink_loss} if case.get("sink") else None)
+    outputs, sink_outputs = None, {}
+    if case.get("eval"):
+        result = ex.eval(batch)
+        if result is not None:
+            outputs = None if result.outputs is None else torch.cat(result.outputs)
+            sink_outputs = dict(result.segment_outputs.get("gen", {}))
+        loss, losses = (None, None) if result is None else (result.loss, result.losses)
+    else:
+        loss, losses = ex.step(batch, return_losses=True)
     table = names(encoder, full)
     grads = {}
     for module in (*ex.stages.values(), *ex.segments.values()):
         for p in module.parameters():
             if p.grad is not None:
                 grads[table[id(p)]] = p.grad.detach().clone()
-    torch.save({"loss": loss, "grads": grads, "home": plan.cut.segments[0].home,
+    torch.save({"loss": loss, "losses": losses, "outputs": outputs, "sink_outputs": sink_outputs,
+                "homes": {seg.name: seg.home for seg in plan.cut.segments},
+                "grads": grads, "home": plan.cut.segments[0].home,
                 "stored_peak": ex.stored_peak, "verified_peak": report.peak_memory[rank],
                 "calls": getattr(segment, "calls", [])},
                os.path.join(out_dir, f"{case['name']}.{rank}.pt"))

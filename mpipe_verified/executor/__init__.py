@@ -6,6 +6,8 @@
     ex = PipelineExecutor(plan, certificate, stages=stages, segments=segments,
                           loss_fn=loss_fn, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
     loss = ex.step(batch)                       # once per training step
+    # evaluation: a forward-only plan (family(..., forward_only=True), ForwardOnly(term))
+    result = PipelineExecutor(eval_plan, certify(eval_plan), ...).eval(batch)
 
 Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``interpreter``
 (the per-rank interpreter), ``partition`` (stages and payload shapes), ``comm``
@@ -19,7 +21,7 @@ import importlib
 # Names are imported on first use, so that ``mpipe-run`` (``executor.launch``) starts
 # without importing torch or Z3.
 _EXPORTS = {
-    "PipelineExecutor": ".interpreter",
+    "PipelineExecutor": ".interpreter", "Evaluation": ".interpreter",
     "Batch": ".batch",
     "init_distributed": ".comm",
     "PipelineError": ".errors", "PayloadMismatchError": ".errors", "PeerError": ".errors",

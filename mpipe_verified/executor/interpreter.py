@@ -25,6 +25,13 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
   from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
 
+Cut segments: the body's first stage is called with every source's output (in cut
+order), then the batch's body input; its input gradient is one value per source
+(``_PerSource``), each part sent to (or read by) that source's backward. A sink is called
+with the body's last output, detached, and adds its own loss (``segment_loss_fns``).
+``eval`` runs a forward-only plan under ``no_grad`` and keeps the last stage's (and each
+sink's) outputs; ``step``/``run`` refuse such a plan and ``eval`` a training one.
+
 Dependencies are not re-derived here: the rank keeps a store keyed by the shared
 semantics' tokens ``(kind, segment, stage, mb)``. ``Chain.needs(op, rank)`` says which
 tokens an op reads (checked present before it runs) and ``produces(op)`` which it leaves
@@ -46,6 +53,7 @@ from __future__ import annotations
 import collections
 import datetime
 import os
+import types
 from typing import Callable, Mapping, Sequence
 
 import attrs
@@ -53,8 +61,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD, Collective,
-                  Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
+from ..ir import (BACKWARD, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD,
+                  Collective, Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
 from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
@@ -70,12 +78,38 @@ _MISSING = object()
 @attrs.frozen
 class _Saved:
     """What a forward keeps for its backward: the input leaves whose gradient the plan
-    ships back, the graph's output (the scaled loss at the last stage) and the
-    parameters that receive weight gradients."""
+    ships back, the graph's output (the scaled loss at the last stage or a sink) and the
+    parameters that receive weight gradients. ``sources`` names each leaf's source
+    segment at the body's first stage (empty elsewhere: one leaf, the previous stage's
+    output); its input gradient is then one tensor per source (``_PerSource``)."""
 
     leaves: tuple
     output: torch.Tensor
     params: tuple
+    sources: tuple = ()
+
+
+class _PerSource(dict):
+    """The body's first-stage input gradient (one semantics token, ``grad`` of body stage
+    0) as a value: source name -> that source's part. Where it is received, each part
+    arrives by its own ``RECV`` (possibly still in flight, ``_Pending``) and is merged
+    in; an op reads only its own part (``_part``)."""
+
+
+@attrs.frozen
+class Evaluation:
+    """What ``eval`` returns on a rank that holds results: ``outputs[mb]``, the body's
+    last-stage output per microbatch (None off that stage's rank); ``losses[mb]`` and
+    ``loss`` (the microbatches' losses weighted as in training) when the batch has a
+    target; ``segment_outputs[name][mb]``, a sink segment's output per microbatch run
+    here."""
+
+    outputs: tuple | None = None
+    loss: float | None = None
+    losses: tuple | None = None
+    segment_outputs: Mapping[str, Mapping[int, object]] = attrs.field(
+        factory=dict, converter=lambda d: types.MappingProxyType(
+            {k: types.MappingProxyType(dict(v)) for k, v in d.items()}))
 
 
 class _Transfer:
@@ -123,8 +157,10 @@ class PipelineExecutor:
     indexed by stage; only this rank's stages are used). ``segments``: cut segments'
     modules by name (e.g. ``{"vision": encoder}``), needed on every rank whose program
     touches the segment. ``loss_fn(output, target)``: the loss at the body's last stage
-    (a mean over the microbatch's rows when ``loss_reduction="mean"``). ``optimizer``: a
-    callable ``params -> torch.optim.Optimizer`` over ``self.parameters()`` (used by
+    (a mean over the microbatch's rows when ``loss_reduction="mean"``).
+    ``segment_loss_fns``: each sink segment's loss, ``fn(sink_output, target)`` with the
+    target ``batch.segments[name]`` (a sink is detached: its loss trains the sink only;
+    weighted like the body's). ``optimizer``: a callable ``params -> torch.optim.Optimizer`` over ``self.parameters()`` (used by
     ``step``). ``check_messages``: send a self-describing trailer with every message
     (see ``comm``). ``timeout``: seconds (default ``MPIPE_TIMEOUT`` or 30).
 
@@ -136,6 +172,7 @@ class PipelineExecutor:
     def __init__(self, plan: Plan, certificate: Certificate | None, *,
                  stages: Mapping[int, nn.Module] | Sequence[nn.Module],
                  loss_fn: Callable, segments: Mapping[str, nn.Module] | None = None,
+                 segment_loss_fns: Mapping[str, Callable] | None = None,
                  optimizer: Callable | None = None, rank: int | None = None,
                  device: torch.device | str | None = None, check_messages: bool = True,
                  timeout: float | datetime.timedelta | None = None,
@@ -158,6 +195,7 @@ class PipelineExecutor:
         self.program = plan.programs[self.rank]
         self.stages = self._local_stages(stages)
         self.segments = self._local_segments(dict(segments or {}))
+        self.segment_loss_fns = self._sink_losses(dict(segment_loss_fns or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
@@ -167,6 +205,7 @@ class PipelineExecutor:
         self._groups: dict[tuple[int, ...], object] = {}
         self.store: dict = {}
         self.stored_peak = 0  # most stored activations held at once in the last run
+        self._evaluating = False
 
     # ------------------------------------------------------------ set-up checks
 
@@ -200,13 +239,6 @@ class PipelineExecutor:
         return {s: table[s] for s in mine}
 
     def _local_segments(self, segments: dict) -> dict[str, nn.Module]:
-        cut = self.plan.cut.segments
-        if any(s.side == SINK for s in cut):
-            raise PipelineError("the executor does not run sink segments yet (only source "
-                                "encoders feeding the body's first stage)")
-        if len(cut) > 1:
-            raise PipelineError("the executor runs at most one source segment; the plan has "
-                                f"{len(cut)} ({', '.join(s.name for s in cut)})")
         used = {c.segment for op in self.program for c in computes_of(op) if c.segment}
         used |= {tagged[1] for op in self.program
                  if isinstance(op, Collective) and (tagged := collective_segment(op))}
@@ -216,6 +248,21 @@ class PipelineExecutor:
                                 f"{', '.join(missing)} here but no module was given "
                                 "(segments={name: module})")
         return {name: segments[name] for name in sorted(used)}
+
+    def _sink_losses(self, fns: dict) -> dict[str, Callable]:
+        """Every sink segment that may train here has its loss (``segment_loss_fns``)."""
+        sinks = {s.name for s in self.plan.cut.segments if s.side == SINK}
+        unknown = sorted(set(fns) - sinks)
+        if unknown:
+            raise PipelineError(f"segment_loss_fns names {', '.join(unknown)}, which the plan "
+                                f"has no sink segment of (sinks: {sorted(sinks) or 'none'})")
+        missing = sorted(name for name in sinks & set(self.segments)
+                         if name not in fns and not self.plan.forward_only)
+        if missing:
+            raise PipelineError(f"rank {self.rank}: the plan runs sink segment(s) "
+                                f"{', '.join(missing)} here but no loss was given "
+                                "(segment_loss_fns={name: fn})")
+        return fns
 
     def _check_payloads(self) -> None:
         for index, op in enumerate(self.program):
@@ -325,19 +372,82 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------ a training step
 
-    def step(self, batch: Batch, broadcast_loss: bool = True) -> float | None:
+    def step(self, batch: Batch, broadcast_loss: bool = True, return_losses: bool = False):
         """``zero_grad``, ``run``, then the optimizer step. Returns the batch loss (on
         every rank when ``broadcast_loss``, else on the last stage's rank, None
-        elsewhere)."""
+        elsewhere); with ``return_losses``, ``(loss, losses)`` where ``losses[mb]`` is
+        microbatch ``mb``'s own loss (unweighted; a sink's loss added in)."""
         self.zero_grad()
-        loss = self.run(batch, broadcast_loss)
+        result = self.run(batch, broadcast_loss, return_losses)
         if self.optimizer is not None:
             self.optimizer.step()
-        return loss
+        return result
 
-    def run(self, batch: Batch, broadcast_loss: bool = True) -> float | None:
+    def run(self, batch: Batch, broadcast_loss: bool = True, return_losses: bool = False):
         """Run the plan once on ``batch``: forward, backward and the plan's collectives;
-        gradients accumulate into ``.grad``."""
+        gradients accumulate into ``.grad``. Returns what ``step`` does."""
+        if self.plan.forward_only:
+            raise PipelineError(f"rank {self.rank}: this plan is forward-only (an evaluation "
+                                "run): call eval(batch); step and run need a training plan")
+        self._evaluating = False
+        self._pass(batch)
+        return self._losses_out(broadcast_loss, return_losses)
+
+    @torch.no_grad()
+    def eval(self, batch: Batch) -> Evaluation | None:
+        """Run a forward-only plan on ``batch`` under ``torch.no_grad``: an ``Evaluation``
+        on a rank that holds the last stage or runs a sink, None elsewhere. No gradient
+        and no optimizer state changes."""
+        if not self.plan.forward_only:
+            raise PipelineError(f"rank {self.rank}: eval needs a forward-only plan (this one "
+                                "trains): derive it from forward_only(term), or "
+                                "family(..., forward_only=True)")
+        self._evaluating = True
+        self._outputs: dict = {}
+        self._pass(batch)
+        losses = self._mb_losses
+        sinks = {name: dict(sorted(outs.items())) for name, outs in self._outputs.items()
+                 if name}
+        body = self._outputs.get("")
+        if body is None and not sinks:
+            return None
+        targets = self._mbs[0].target is not None
+        return Evaluation(
+            None if body is None else tuple(body[mb] for mb in range(len(self._mbs))),
+            None if body is None or not targets else float(self._loss),
+            None if body is None or not targets else tuple(float(losses[mb]) for mb in
+                                                           range(len(self._mbs))),
+            sinks)
+
+    def _losses_out(self, broadcast_loss: bool, return_losses: bool):
+        """The batch loss (and the per-microbatch losses): the body's from the last
+        stage's rank, a sink's from the rank that ran it; summed over ranks when
+        ``broadcast_loss`` (or onto the last stage's rank when a sink is elsewhere)."""
+        m = len(self._mbs)
+        holder = self.plan.placement.rank_of(self.last_stage)
+        sinks = any(s.side == SINK for s in self.plan.cut.segments)
+        if not broadcast_loss and not sinks:
+            if self._loss is None:
+                return (None, None) if return_losses else None
+            losses = tuple(float(self._mb_losses[mb]) for mb in range(m))
+            return (float(self._loss), losses) if return_losses else float(self._loss)
+        t = torch.zeros(m + 1, dtype=torch.float64, device=self.device)
+        if self._loss is not None:
+            t[0] = self._loss.double()
+        for mb, value in self._mb_losses.items():
+            t[mb + 1] = value.double()
+        if broadcast_loss:
+            work = dist.all_reduce(t, async_op=True)
+        else:
+            work = dist.reduce(t, holder, async_op=True)
+        self._wait([work], "the loss reduction", "all ranks")
+        if not broadcast_loss and self.rank != holder:
+            return (None, None) if return_losses else None
+        values = t.tolist()
+        return (values[0], tuple(values[1:])) if return_losses else values[0]
+
+    def _pass(self, batch: Batch) -> None:
+        """Run the plan's ops once on ``batch`` (training or, ``_evaluating``, eval)."""
         self.connect()
         m = self.plan.num_microbatches
         batch = batch.to(self.device)
@@ -346,6 +456,7 @@ class PipelineExecutor:
         self._weights = [(_rows(mb) / total) if self.loss_reduction == "mean" else 1.0
                          for mb in self._mbs]
         self._loss = None
+        self._mb_losses: dict = {}  # mb -> its own loss (a sink's added in)
         self.store = {}
         self._inflight: collections.deque[_Transfer] = collections.deque()
         self._unread: list[_Pending] = []
@@ -359,14 +470,6 @@ class PipelineExecutor:
             self._finish(transfer)
         self._inflight, self._unread = collections.deque(), []
         self.store = {}
-        loss = None if self._loss is None else float(self._loss)
-        if broadcast_loss:
-            holder = self.plan.placement.rank_of(self.last_stage)
-            t = torch.tensor([loss or 0.0], dtype=torch.float64, device=self.device)
-            self._wait([dist.broadcast(t, holder, async_op=True)], "the loss broadcast",
-                       f"rank {holder}")
-            loss = float(t.item())
-        return loss
 
     def _execute(self, instr: _Instr) -> None:
         store, op = self.store, instr.op
@@ -401,6 +504,8 @@ class PipelineExecutor:
                                 f"{type(err).__name__}: {err}") from err
         for t, value in produced.items():
             if t in instr.keep:
+                if type(value) is _PerSource and type(store.get(t)) is _PerSource:
+                    value = _PerSource({**store[t], **value})  # another source's part
                 store[t] = value
                 if t[0] in _HOLDS_ACTIVATION:
                     self._hold(value)
@@ -459,39 +564,65 @@ class PipelineExecutor:
         out_token, stored, *raw_token = produces(c)  # raw input: a cut segment's forward
         graph = stored in keep
         module = self._module(c)
-        leaves, args = [], []
+        sink = bool(seg) and self.chain.segment(seg).side == SINK
+        leaves, sources, args = [], [], []
         with torch.set_grad_enabled(graph):
             for t in needs:
                 if t[0] != "out":
                     continue
                 x = self.store[t]
-                if graph and self.chain.expected_backward(t[1], t[3])[0]:
+                # a sink is detached: nothing flows back into the body
+                if graph and not sink and self.chain.expected_backward(t[1], t[3])[0]:
                     x = x.detach().requires_grad_(True)
                     leaves.append(x)
+                    sources.append(t[1])
                 args.append(x)
-            if seg:
-                raw = data.segments.get(seg)
-                if raw is None:
-                    raise PipelineError(f"rank {self.rank}: {c}: the batch has no input for "
-                                        f"segment {seg!r} (Batch(segments={{{seg!r}: ...}}))")
-                args.append(raw)
-            elif s == 0 and data.body is not None:
+            if seg and not sink:
+                args.append(self._segment_data(c, data))
+            elif s == 0 and not seg and data.body is not None:
                 args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
-            shipped = [comm.ShippedInput(raw, comm.rng_state(self.device))
+            shipped = [comm.ShippedInput(args[-1], comm.rng_state(self.device))
                        for t in raw_token if t in keep]  # before the forward draws
             y = module(*args)
             out = y
-            if not seg and s == self.last_stage:
-                loss = self.loss_fn(y, data.target)
-                self._loss = (loss.detach() * self._weights[mb] if self._loss is None
-                              else self._loss + loss.detach() * self._weights[mb])
-                out = loss * self._weights[mb]
+            if sink or (not seg and s == self.last_stage):
+                out = self._loss_of(c, y, data)
         produced = {out_token: y.detach()}
         if graph:
-            produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)])
+            at_cut = not seg and s == 0 and self.chain.cut.segments
+            produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)],
+                                      tuple(sources) if at_cut else ())
         for t, value in zip(raw_token, shipped):
             produced[t] = value
         return produced
+
+    def _segment_data(self, c: Compute, data: Batch):
+        """A source segment's input (a sink's target) in the microbatch."""
+        raw = data.segments.get(c.segment)
+        if raw is None:
+            raise PipelineError(f"rank {self.rank}: {c}: the batch has no entry for segment "
+                                f"{c.segment!r} (Batch(segments={{{c.segment!r}: ...}}))")
+        return raw
+
+    def _loss_of(self, c: Compute, y, data: Batch):
+        """At the body's last stage (``loss_fn``) or a sink (its ``segment_loss_fns``):
+        record the microbatch's loss and return what its backward starts from (the loss
+        weighted by the microbatch's share). In eval: keep ``y``, and compute the body's
+        loss only when the batch has a target (a sink's output is kept, no loss)."""
+        name = c.segment
+        if self._evaluating:
+            self._outputs.setdefault(name, {})[c.mb] = y
+            if name or data.target is None:
+                return y
+        target = self._segment_data(c, data) if name else data.target
+        fn = self.segment_loss_fns[name] if name else self.loss_fn
+        loss = fn(y, target)
+        weighted = loss * self._weights[c.mb]
+        value = loss.detach()
+        self._mb_losses[c.mb] = (self._mb_losses[c.mb] + value if c.mb in self._mb_losses
+                                 else value)
+        self._loss = weighted.detach() if self._loss is None else self._loss + weighted.detach()
+        return weighted
 
     def _recompute(self, c: Compute, needs: tuple) -> dict:
         """Re-run the forward from its shipped input, drawing from the RNG state that
@@ -510,24 +641,36 @@ class PipelineExecutor:
         g = self._needed(needs, "grad")
         targets = saved.leaves + saved.params
         if targets and saved.output.requires_grad:
-            torch.autograd.backward(saved.output, g, inputs=list(targets))
-        grad_in = saved.leaves[0].grad if saved.leaves else None
+            torch.autograd.backward(saved.output, self._part(g, c), inputs=list(targets))
         grad, wdone = produces(c)
-        return {grad: grad_in, wdone: True}
+        return {grad: _input_grad_value(saved, [x.grad for x in saved.leaves]), wdone: True}
 
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
         g = self._needed(needs, "grad")
-        grad_in, work = None, split_backward.WeightWork(())
+        g = self._part(g, c)
+        grads, work = [None] * len(saved.leaves), split_backward.WeightWork(())
         if saved.output.requires_grad:
             if saved.leaves:
                 grads, work = split_backward.backward_input(saved.output, g, saved.leaves,
                                                             saved.params)
-                grad_in = grads[0]
             else:
                 work = split_backward.weight_only(saved.output, g, saved.params)
         grad, wgrad_ready = produces(c)
-        return {grad: grad_in, wgrad_ready: (saved, work)}
+        return {grad: _input_grad_value(saved, grads), wgrad_ready: (saved, work)}
+
+    def _part(self, g, c: Compute):
+        """The output gradient ``c`` starts from: a source segment's own part of the
+        body's first-stage input gradient (waited for only now), else ``g`` itself."""
+        if type(g) is not _PerSource:
+            return g
+        part = g.get(c.segment, _MISSING)
+        if part is _MISSING:
+            raise PipelineError(f"rank {self.rank}: {c}: no gradient arrived for segment "
+                                f"{c.segment!r} (internal error)")
+        if type(part) is _Pending:
+            part = g[c.segment] = self._resolve(part)
+        return part
 
     def _weight_grad(self, c: Compute, needs: tuple) -> dict:
         _, work = self._needed(needs, "wgrad_ready")
@@ -554,6 +697,8 @@ class PipelineExecutor:
         for is_send, payload, peer, token in instr.p2p:
             if is_send:
                 value = self.store[token]
+                if type(value) is _PerSource:  # this source's part
+                    value = value.get(payload.to_segment)
                 if value is None:
                     raise PipelineError(f"rank {self.rank}: {where}: the plan sends "
                                         f"{comm.describe(payload)} but the model produced "
@@ -573,7 +718,7 @@ class PipelineExecutor:
         transfer = _Transfer(works, [buf for _, buf, _ in items], where, peers)
         if not self.overlap_comms:
             self._finish(transfer)
-            return {token: messages.decode(buf, payload, src, where)
+            return {token: _received(messages.decode(buf, payload, src, where), payload)
                     for token, buf, payload, src in recvs}
         inflight = self._inflight  # oldest first: only completed heads are dropped
         while inflight and inflight[0].finished():
@@ -582,7 +727,7 @@ class PipelineExecutor:
         out = {}
         for token, buf, payload, src in recvs:
             pending = _Pending(transfer, buf, payload, src)
-            out[token] = pending
+            out[token] = _received(pending)
             self._unread.append(pending)
         return out
 
@@ -645,6 +790,23 @@ def _activation(value) -> _Saved:
     return value if type(value) is _Saved else value[0]
 
 
+def _input_grad_value(saved: _Saved, grads) -> object:
+    """A backward's input gradient: per source at the body's first stage (``_PerSource``),
+    else the one leaf's (None without one)."""
+    if saved.sources:
+        return _PerSource(zip(saved.sources, grads))
+    return grads[0] if grads else None
+
+
+def _received(value, payload=None):
+    """A received value as the store keeps it: a source's part of the body's first-stage
+    input gradient goes into a ``_PerSource``, anything else is kept as it is."""
+    p = value.payload if payload is None else payload
+    if p.kind == GRAD and p.to_segment is not None:
+        return _PerSource({p.to_segment: value})
+    return value
+
+
 def _rows(mb: Batch) -> int:
     try:
         return mb.rows()
@@ -652,4 +814,4 @@ def _rows(mb: Batch) -> int:
         return 1
 
 
-__all__ = ["PipelineExecutor"]
+__all__ = ["Evaluation", "PipelineExecutor"]
