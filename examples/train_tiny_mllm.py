@@ -2,16 +2,20 @@
 
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule transpose --steps 20
     torchrun --nproc-per-node 4 examples/train_tiny_mllm.py --schedule zb-h1 --steps 20
+    mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule transpose --mode owner --audio
 
 The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
 decoder LM (token + position embedding plus the image embedding, attention-free residual
-blocks that mix tokens with a causal running mean, a vocabulary head). The data:
-synthetic image–caption pairs, one caption per image class, images are the class
-prototype plus noise (deterministic per step and seed, identical on every rank).
+blocks that mix tokens with a causal running mean, a vocabulary head); with ``--audio`` a
+second source encoder (an MLP over a synthetic 4x8 "spectrogram") whose embedding is
+added like the image's. The data: synthetic image–caption pairs, one caption per image
+class, images (and sounds) are the class prototype plus noise (deterministic per step
+and seed, identical on every rank).
 
 The script builds the algebra term (``--schedule NAME`` for every family, with the encoder
 kept inline on the first stage as a cut segment; ``--schedule transpose --mode
-recompute|owner|frozen`` moves the encoder into the bubbles), derives and lowers it,
+recompute|owner|frozen`` moves the encoder into the bubbles; ``--audio`` cuts the audio
+encoder too and, with transpose, moves it as ``--audio-mode`` says), derives and lowers it,
 writes the payload shapes into the plan, verifies it (and refuses to run unless it is
 verified), then runs it with ``PipelineExecutor``; rank 0 prints ``step K loss X``.
 """
@@ -40,6 +44,7 @@ from mpipe_verified.verify import verify  # noqa: E402
 SCHEDULES = (*FAMILIES, "transpose")
 MODES = ("recompute", "owner", "frozen")
 IMAGE = (3, 4, 4)
+SOUND = (4, 8)
 
 
 # ---------------------------------------------------------------- model
@@ -55,16 +60,31 @@ class VisionEncoder(nn.Module):
         return self.fc2(F.gelu(self.fc1(images.flatten(1))))
 
 
+class AudioEncoder(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(math.prod(SOUND), hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, sounds: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(sounds.flatten(1))))
+
+
 class Embed(nn.Module):
-    """Token + position embedding plus the image embedding (broadcast over positions)."""
+    """Token + position embedding plus the image embedding (broadcast over positions);
+    with ``--audio``, the sound's embedding then scales each feature (FiLM-like)."""
 
     def __init__(self, vocab: int, dim: int, length: int) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.randn(length, dim) * 0.02)
 
-    def forward(self, image: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens) + self.pos[: tokens.shape[1]] + image[:, None, :]
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        image, *sound, tokens = inputs
+        x = self.tok(tokens) + self.pos[: tokens.shape[1]] + image[:, None, :]
+        for e in sound:
+            x = x * (1 + torch.tanh(e))[:, None, :]
+        return x
 
 
 class Block(nn.Module):
@@ -103,14 +123,21 @@ def build_model(layers: int = 6, dim: int = 32, vocab: int = 64, length: int = 8
     return encoder, body
 
 
+def build_audio(dim: int = 32, seed: int = 0) -> nn.Module:
+    """The audio encoder (its own seed: the other weights stay as without it)."""
+    torch.manual_seed(seed + 1)
+    return AudioEncoder(dim, 2 * dim)
+
+
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy over the microbatch."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
 def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: int = 8,
-               seed: int = 0) -> Batch:
-    """Synthetic image–caption pairs: class prototypes (fixed by ``seed``) plus noise."""
+               seed: int = 0, audio: bool = False) -> Batch:
+    """Synthetic image–caption pairs (with ``audio``, and a sound per pair): class
+    prototypes (fixed by ``seed``) plus noise."""
     g = torch.Generator().manual_seed(seed)
     prototypes = torch.randn(classes, *IMAGE, generator=g)
     captions = torch.randint(0, vocab, (classes, length + 1), generator=g)
@@ -118,21 +145,31 @@ def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: 
     labels = torch.randint(0, classes, (rows,), generator=g)
     images = prototypes[labels] + 0.3 * torch.randn(rows, *IMAGE, generator=g)
     text = captions[labels]
-    return Batch(body=text[:, :-1], target=text[:, 1:], segments={"vision": images})
+    segments = {"vision": images}
+    if audio:  # drawn after the rest: the other fields stay as without it
+        sounds = torch.randn(classes, *SOUND, generator=g)
+        segments["audio"] = sounds[labels] + 0.3 * torch.randn(rows, *SOUND, generator=g)
+    return Batch(body=text[:, :-1], target=text[:, 1:], segments=segments)
 
 
 # ---------------------------------------------------------------- plan
 
 
 def build_term(schedule: str, pp: int, microbatches: int, mode: str = "recompute",
-               ownership: str = "full", body: str = "1f1b"):
+               ownership: str = "full", body: str = "1f1b", audio_mode: str | None = None):
     """Every family keeps the encoder inline on the first stage (a cut segment on rank
-    0); ``transpose`` moves it into the bubbles of the ``body`` family."""
-    if schedule == "transpose":
-        return Transpose(family(body, pp, microbatches), segment="vision", mode=mode,
-                         ownership=ownership)
-    return Transpose(family(schedule, pp, microbatches), segment="vision",
-                     mode="frozen" if mode == "frozen" else "recompute", ownership="inline")
+    0); ``transpose`` moves it into the bubbles of the ``body`` family. ``audio_mode``
+    (None: no audio) cuts the audio encoder the same way, after the vision one."""
+    term = family(body if schedule == "transpose" else schedule, pp, microbatches)
+    for name, how in (("vision", mode), ("audio", audio_mode)):
+        if how is None:
+            continue
+        if schedule == "transpose":
+            term = Transpose(term, segment=name, mode=how, ownership=ownership)
+        else:
+            term = Transpose(term, segment=name, ownership="inline",
+                             mode="frozen" if how == "frozen" else "recompute")
+    return term
 
 
 def prepare(schedule: str, pp: int, microbatches: int, rows: int, mode: str = "recompute",
@@ -140,16 +177,31 @@ def prepare(schedule: str, pp: int, microbatches: int, rows: int, mode: str = "r
             seed: int = 0):
     """Term → plan (lowered, shapes annotated) and the model split to the plan's stages.
     Returns ``(plan, encoder, stages, full_body)``."""
-    term = build_term(schedule, pp, microbatches, mode, ownership, body)
+    plan, encoders, stages, full = prepare_encoders(schedule, pp, microbatches, rows, mode,
+                                                    ownership, body, layers, dim, seed)
+    return plan, encoders["vision"], stages, full
+
+
+def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
+                     mode: str = "recompute", ownership: str = "full", body: str = "1f1b",
+                     layers: int = 6, dim: int = 32, seed: int = 0,
+                     audio_mode: str | None = None):
+    """``prepare`` with the audio encoder too when ``audio_mode`` is given: returns
+    ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order."""
+    term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode)
     plan = lower(term.derive())
     num_stages = plan.placement.num_stages
     encoder, full = build_model(max(layers, num_stages - 2), dim, seed=seed)
-    if mode == "frozen":
-        encoder.requires_grad_(False)
+    encoders = {"vision": encoder}
+    if audio_mode is not None:
+        encoders["audio"] = build_audio(dim, seed)
+    for name, how in (("vision", mode), ("audio", audio_mode)):
+        if how == "frozen":
+            encoders[name].requires_grad_(False)
     stages = split_sequential(full, num_stages)
-    shapes = infer_payload_shapes(stages, make_batch(0, rows, seed=seed), microbatches,
-                                  {"vision": encoder})
-    return with_payload_shapes(plan, shapes), encoder, stages, full
+    batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
+    shapes = infer_payload_shapes(stages, batch, microbatches, encoders)
+    return with_payload_shapes(plan, shapes), encoders, stages, full
 
 
 # ---------------------------------------------------------------- main
@@ -164,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="transpose: which ranks run the encoder forwards")
     ap.add_argument("--body", choices=tuple(FAMILIES), default="1f1b",
                     help="transpose: the body schedule")
+    ap.add_argument("--audio", action="store_true",
+                    help="a second source encoder (audio), cut after the vision one")
+    ap.add_argument("--audio-mode", choices=MODES, default=None,
+                    help="--audio: how the audio encoder trains (default: --mode)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--microbatches", type=int, default=None, help="default: 2 x ranks")
     ap.add_argument("--batch-size", type=int, default=None, help="default: 4 x microbatches")
@@ -179,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     m = args.microbatches or 2 * world
     rows = args.batch_size or 4 * m
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    audio_mode = (args.audio_mode or args.mode) if args.audio else None
     try:
-        plan, encoder, stages, _ = prepare(args.schedule, world, m, rows, args.mode,
-                                           args.ownership, args.body, args.layers, args.dim,
-                                           args.seed)
+        plan, encoders, stages, _ = prepare_encoders(args.schedule, world, m, rows, args.mode,
+                                                     args.ownership, args.body, args.layers,
+                                                     args.dim, args.seed, audio_mode)
     except ValueError as err:
         print(f"rank {rank}: cannot build the plan: {err}", file=sys.stderr)
         return 2
@@ -195,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         executor = PipelineExecutor(
-            plan, report.certificate, stages=stages, segments={"vision": encoder},
+            plan, report.certificate, stages=stages, segments=encoders,
             loss_fn=loss_fn, timeout=args.timeout,
             optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr))
         if rank == 0:
@@ -203,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{m} microbatches, {plan.num_ops} ops; plan verified "
                   f"({report.certificate.digest[:12]})", flush=True)
         for step in range(args.steps):
-            loss = executor.step(make_batch(step, rows, seed=args.seed))
+            loss = executor.step(make_batch(step, rows, seed=args.seed, audio=args.audio))
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
         executor.close()
