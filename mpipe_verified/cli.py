@@ -343,6 +343,10 @@ def run_export(args: argparse.Namespace) -> int:
     if args.to == "plan-json":
         write_output(args.output or "-", format_plan_json(out))
         return 0
+    if out.forward_only:
+        raise UsageError(f"{name}: a forward-only plan cannot be written as a torch CSV (the "
+                         "format cannot declare it, so the file would read back as an "
+                         "incomplete training plan); export it to plan-json")
     # torch's compute-only reader adds its own markers and refuses ours; its runtime runs a
     # plan with comms as written, which needs torch's REDUCE_GRAD/UNSHARD/RESHARD cells
     out = without_markers(out) if args.compute_only else with_torch_markers(out)

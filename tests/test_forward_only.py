@@ -97,6 +97,11 @@ def test_forward_only_is_a_term_of_the_expression_language_and_of_plan_json(tmp_
     path = tmp_path / "eval.json"
     path.write_text(text)
     assert main(["check", str(path)]) == 0
+    out = tmp_path / "eval.csv"
+    capsys.readouterr()
+    assert main(["export", str(path), "--to", "torch-csv", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "forward-only" in err[0] and not out.exists(), err
     path.write_text(text.replace('"forward_only": true', '"forward_only": 1'))
     capsys.readouterr()
     assert main(["check", str(path)]) == 2
