@@ -1,6 +1,8 @@
 """The example end to end: ``mpipe-run`` starts the ranks, the script builds, verifies and
 runs the plan, rank 0 prints ``step K loss X`` (``[rank0]:``-prefixed by ``mpipe-run``)
-and the loss falls."""
+and the loss falls. The scripts in docs/executor.md's evaluation and several-encoders
+sections run as written and their losses fall (the example's ``--audio`` model is the one
+``test_executor.py`` checks gradients of)."""
 
 from __future__ import annotations
 
@@ -28,3 +30,20 @@ def test_example_trains_with_transpose_on_two_ranks():
     losses = [float(x) for x in re.findall(r"^\[rank0\]:step \d+ loss ([0-9.]+)$",
                                            done.stdout, re.M)]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, done.stdout
+
+
+SNIPPETS = {"## Evaluation: forward-only plans": r"eval loss ([0-9.]+)",
+            "## Several encoders, and sinks": r"step \d+ loss ([0-9.]+)"}
+
+
+@pytest.mark.parametrize("heading", sorted(SNIPPETS))
+def test_the_executor_docs_scripts_run_as_written(tmp_path, heading):
+    text = open(os.path.join(ROOT, "docs", "executor.md")).read()
+    section = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+    script = tmp_path / "snippet.py"
+    script.write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    done = subprocess.run([MPIPE_RUN, "--nproc", "2", "--backend", "gloo", str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    losses = [float(x) for x in re.findall(SNIPPETS[heading], done.stdout)]
+    assert len(losses) >= 3 and losses == sorted(losses, reverse=True), done.stdout
