@@ -53,13 +53,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD, Collective,
-                  Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
+from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD,
+                  Collective, Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
 from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm, split_backward
+from . import comm, packed, split_backward, tree
 from .batch import Batch
 from .errors import PeerError, PipelineError
 
@@ -69,13 +69,17 @@ _MISSING = object()
 
 @attrs.frozen
 class _Saved:
-    """What a forward keeps for its backward: the input leaves whose gradient the plan
-    ships back, the graph's output (the scaled loss at the last stage) and the
-    parameters that receive weight gradients."""
+    """What a forward keeps for its backward: the input tensors whose gradient the plan
+    ships back (``leaves``), the graph's output (the scaled loss at the last stage; else
+    the stage's output value, a tensor or a structure) and the parameters that receive
+    weight gradients. ``first``: how many of ``leaves`` belong to the first input (the one
+    whose gradient the backward produces) and their paths (None: the input is one
+    tensor)."""
 
     leaves: tuple
-    output: torch.Tensor
+    output: object
     params: tuple
+    first: tuple = (0, None)
 
 
 class _Transfer:
@@ -162,6 +166,13 @@ class PipelineExecutor:
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
         self._instrs = self._compile()
+        self._received = frozenset(t for op in self.program for c in p2p_of(op)
+                                   if type(c) is Recv for t in produces(c))
+        self._grad_paths = {  # (segment, stage, mb, to_segment) of a sent gradient -> paths
+            (c.payload.segment, c.payload.stage, c.payload.mb, c.payload.to_segment):
+            frozenset(x.path for x in c.payload.leaves)
+            for op in self.program for c in p2p_of(op)
+            if type(c) is Send and c.payload.kind == GRAD and c.payload.leaves is not None}
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
         self._connected = False
         self._groups: dict[tuple[int, ...], object] = {}
@@ -221,7 +232,10 @@ class PipelineExecutor:
         for index, op in enumerate(self.program):
             for c in p2p_of(op):
                 try:
-                    comm.expected_layout(c.payload)
+                    if c.payload.leaves is None:
+                        comm.expected_layout(c.payload)
+                    else:
+                        packed.check_plan(c.payload)
                 except PipelineError as err:
                     raise PipelineError(f"rank {self.rank}: {op} at position {index}: "
                                         f"{err}") from None
@@ -291,7 +305,7 @@ class PipelineExecutor:
         for ranks in wanted:
             self._groups[ranks] = (None if ranks == tuple(range(world))
                                    else dist.new_group(list(ranks)))
-        self.messages = comm.Messages(self.rank, self.device, self.check_messages)
+        self.messages = packed.Messages(self.rank, self.device, self.check_messages)
         global _WATCHDOG
         if _WATCHDOG is None:
             _WATCHDOG = comm.Watchdog(self.rank, self.timeout_s)
@@ -459,15 +473,15 @@ class PipelineExecutor:
         out_token, stored, *raw_token = produces(c)  # raw input: a cut segment's forward
         graph = stored in keep
         module = self._module(c)
-        leaves, args = [], []
+        leaves, args, kwargs, first = [], [], {}, None
         with torch.set_grad_enabled(graph):
             for t in needs:
                 if t[0] != "out":
                     continue
-                x = self.store[t]
-                if graph and self.chain.expected_backward(t[1], t[3])[0]:
-                    x = x.detach().requires_grad_(True)
-                    leaves.append(x)
+                wanted = graph and self.chain.expected_backward(t[1], t[3])[0]
+                x, grad_leaves, paths = self._input(t, c, self.store[t], wanted)
+                leaves.extend(grad_leaves)
+                first = first or (len(grad_leaves), paths)
                 args.append(x)
             if seg:
                 raw = data.segments.get(seg)
@@ -475,23 +489,67 @@ class PipelineExecutor:
                     raise PipelineError(f"rank {self.rank}: {c}: the batch has no input for "
                                         f"segment {seg!r} (Batch(segments={{{seg!r}: ...}}))")
                 args.append(raw)
-            elif s == 0 and data.body is not None:
-                args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
+            elif s == 0:
+                if data.body is not None:
+                    args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
+                kwargs = dict(data.kwargs)
             shipped = [comm.ShippedInput(raw, comm.rng_state(self.device))
                        for t in raw_token if t in keep]  # before the forward draws
-            y = module(*args)
+            y = module(*args, **kwargs)
             out = y
             if not seg and s == self.last_stage:
                 loss = self.loss_fn(y, data.target)
                 self._loss = (loss.detach() * self._weights[mb] if self._loss is None
                               else self._loss + loss.detach() * self._weights[mb])
                 out = loss * self._weights[mb]
-        produced = {out_token: y.detach()}
+        produced = {out_token: y.detach() if type(y) is torch.Tensor
+                    else tree.detach(y, keep_flag=True)}
         if graph:
-            produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)])
+            produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)],
+                                      first or (0, None))
         for t, value in zip(raw_token, shipped):
             produced[t] = value
         return produced
+
+    def _input(self, t: tuple, c: Compute, x, wanted: bool) -> tuple:
+        """``(value for the forward, its tensors that take a gradient, their paths)``; the
+        paths are None for one float tensor (it always takes one when ``wanted``). A
+        structure's float leaves take one if the plan ships it back (a received value) or
+        they required one where they were produced (a value from this rank)."""
+        if type(x) is torch.Tensor:
+            if not tree.is_float(x):
+                return x, [], ()
+            if not wanted:
+                return x, [], None
+            x = x.detach().requires_grad_(True)
+            return x, [x], None
+        if not wanted:
+            paths = frozenset()
+        elif t in self._received:
+            key = ((c.segment, c.stage, c.mb, None) if t[1] == c.segment
+                   else (BODY, 0, c.mb, t[1]))  # a source's output into the body
+            paths = self._grad_paths.get(key, frozenset())
+        else:
+            paths = frozenset(p for p, v in tree.flatten(x)
+                              if v is not None and v.requires_grad)
+        items, grads = [], []
+        for p, v in tree.flatten(x):
+            if v is not None:
+                v = v.detach()
+                if p in paths and tree.is_float(v):
+                    v.requires_grad_(True)
+                    grads.append((p, v))
+            items.append((p, v))
+        return tree.unflatten(items), [v for _, v in grads], tuple(p for p, _ in grads)
+
+    def _grad_value(self, saved: _Saved, grads: Sequence):
+        """The gradient of the first input, as the plan ships it: a tensor for one float
+        tensor, else a ``tree.Flat`` of its leaves (zeros where none arrived)."""
+        n, paths = saved.first
+        if paths is None:
+            return grads[0] if n else None
+        return tree.Flat(tuple((p, g if g is not None else torch.zeros_like(x))
+                               for p, g, x in zip(paths, grads[:n], saved.leaves[:n])))
 
     def _recompute(self, c: Compute, needs: tuple) -> dict:
         """Re-run the forward from its shipped input, drawing from the RNG state that
@@ -507,27 +565,27 @@ class PipelineExecutor:
 
     def _backward(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
-        g = self._needed(needs, "grad")
+        roots, grads = _vjp(saved.output, self._needed(needs, "grad"))
         targets = saved.leaves + saved.params
-        if targets and saved.output.requires_grad:
-            torch.autograd.backward(saved.output, g, inputs=list(targets))
-        grad_in = saved.leaves[0].grad if saved.leaves else None
+        if targets and roots:
+            torch.autograd.backward(roots, grads, inputs=list(targets))
         grad, wdone = produces(c)
-        return {grad: grad_in, wdone: True}
+        return {grad: self._grad_value(saved, [x.grad for x in saved.leaves]), wdone: True}
 
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
-        g = self._needed(needs, "grad")
-        grad_in, work = None, split_backward.WeightWork(())
-        if saved.output.requires_grad:
+        roots, grads = _vjp(saved.output, self._needed(needs, "grad"))
+        grads_in, work = [None] * len(saved.leaves), split_backward.WeightWork(())
+        if roots:
+            if len(roots) > 1 or roots[0].grad_fn is None:  # one root: <output, grad> summed
+                roots, grads = [sum((r * g).sum() for r, g in zip(roots, grads))], [None]
             if saved.leaves:
-                grads, work = split_backward.backward_input(saved.output, g, saved.leaves,
-                                                            saved.params)
-                grad_in = grads[0]
+                grads_in, work = split_backward.backward_input(roots[0], grads[0],
+                                                               saved.leaves, saved.params)
             else:
-                work = split_backward.weight_only(saved.output, g, saved.params)
+                work = split_backward.weight_only(roots[0], grads[0], saved.params)
         grad, wgrad_ready = produces(c)
-        return {grad: grad_in, wgrad_ready: (saved, work)}
+        return {grad: self._grad_value(saved, grads_in), wgrad_ready: (saved, work)}
 
     def _weight_grad(self, c: Compute, needs: tuple) -> dict:
         _, work = self._needed(needs, "wgrad_ready")
@@ -638,6 +696,19 @@ class PipelineExecutor:
 
 
 _HOLDS_ACTIVATION = ("stored", "wgrad_ready")  # token kinds whose value keeps a graph
+
+
+def _vjp(output, grad) -> tuple[list, list]:
+    """The outputs to back-propagate from and their gradients: the loss (``grad`` None),
+    one tensor, or each leaf of a structure that requires a gradient and received one."""
+    if grad is None or type(grad) is torch.Tensor:
+        return ([output], [grad]) if output.requires_grad else ([], [])
+    outs = dict(tree.flatten(output))
+    pairs = [(outs.get(p, _MISSING), g) for p, g in tree.flatten(grad) if g is not None]
+    if any(o is _MISSING for o, _ in pairs):
+        raise PipelineError("a gradient arrived for a leaf the stage's output does not have")
+    pairs = [(o, g) for o, g in pairs if o is not None and o.requires_grad]
+    return [o for o, _ in pairs], [g for _, g in pairs]
 
 
 def _activation(value) -> _Saved:
