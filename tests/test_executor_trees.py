@@ -2,21 +2,24 @@
 
 One launch of 2 real gloo processes (``test_executor_trees_worker.py``) runs: a 4-stage
 model passing dicts, tuples and lists of float, int64, bool and None leaves, with keyword
-inputs for the first stage, under interleaved 1F1B and ZBV (split backward); a plan whose
+inputs for the first stage, under interleaved 1F1B (also with bare messages) and ZBV
+(split backward); a plan whose
 activation is one int64 tensor; a LLaVA-style model (image tokens concatenated with text
 tokens) trained three SGD steps through a ``ShapeCache`` with a different image count
 and text length every step; and a structured message whose leaf layout differs from the
 plan. Losses and gradients must equal a single-process run (float32, atol 1e-5).
 
 Without processes: the plan records a structured payload leaf by leaf (its gradient only
-for float leaves that require one), plan-json and the kernel's certificate carry the
+for float leaves that require one; the meta device infers the same), plan-json and the kernel's certificate carry the
 leaves exactly, the digest covers them, and the sender refuses a leaf that differs.
+The two snippets of docs/executor.md's sections on these capabilities run as written.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -32,6 +35,9 @@ sys.path.insert(0, HERE)
 
 import test_executor_trees_worker as w  # noqa: E402
 from mpipe_verified import kernel  # noqa: E402
+from mpipe_verified.algebra import family  # noqa: E402
+from mpipe_verified.executor import infer_payload_shapes, with_payload_shapes  # noqa: E402
+from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.executor import Batch, CertificateError, PayloadMismatchError  # noqa: E402
 from mpipe_verified.executor import check_certificate, signature  # noqa: E402
 from mpipe_verified.executor.launch import free_port, rank_env  # noqa: E402
@@ -163,6 +169,13 @@ def test_the_plan_records_each_leaf_and_a_gradient_only_for_float_leaves_needing
     assert first.leaves[2].dtype == "bool" and first.leaves[3] == Leaf('["none"]')
 
 
+def test_layouts_inferred_on_the_meta_device_are_the_real_ones():
+    model, batch = w.trees_model(), w.trees_batch(8)
+    plan = lower(family("interleaved-1f1b", 2, 4, 2).derive())
+    assert with_payload_shapes(plan, infer_payload_shapes(list(model), batch, 4, meta=True)) \
+        == trees_plan()
+
+
 def test_leaves_round_trip_through_plan_json_and_the_kernel_certificate():
     plan = trees_plan()
     text = format_plan_json(plan)
@@ -208,3 +221,21 @@ def test_batch_splits_keyword_inputs_and_signatures_tell_shapes_apart():
     assert all(p.kwargs["causal"] is True for p in parts)
     assert signature(w.llava_batch(0)) != signature(w.llava_batch(1))
     assert signature(w.llava_batch(0)) == signature(w.llava_batch(0))
+
+
+def test_the_docs_snippets_run_as_written(tmp_path):
+    """Every ``docs/executor.md`` block that starts ``# mpipe-run --nproc 2 NAME.py`` runs
+    so (both at once), exits 0 and prints its line."""
+    text = open(os.path.join(HERE, "..", "docs", "executor.md")).read()
+    blocks = re.findall(r"```python\n(# mpipe-run --nproc 2 (\w+\.py)\n.*?)```", text, re.S)
+    assert sorted(name for _, name in blocks) == ["shapes.py", "trees.py"]
+    run = os.path.join(os.path.dirname(sys.executable), "mpipe-run")
+    procs = []
+    for code, name in blocks:
+        (tmp_path / name).write_text(code)
+        procs.append(subprocess.Popen([run, "--nproc", "2", name], cwd=tmp_path, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = {name: p.communicate(timeout=240)[0] for (_, name), p in zip(blocks, procs)}
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "[rank0]:loss after 5 steps: " in outputs["trees.py"], outputs
+    assert "[rank0]:3 plans certified for 6 steps" in outputs["shapes.py"], outputs

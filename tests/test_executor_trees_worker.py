@@ -5,9 +5,10 @@ models both use.
 
 Env init (2 ranks). Cases, each saved to ``OUT/NAME.RANK.pt``:
 
-- ``trees-interleaved``, ``trees-zbv``: a 4-stage model whose stages pass dicts, tuples
-  and lists holding float, int64, bool and None leaves, with keyword inputs for the
-  first stage (``Batch.kwargs``), one step; the loss and every local gradient;
+- ``trees-interleaved``, ``trees-zbv``, ``trees-bare``: a 4-stage model whose stages
+  pass dicts, tuples and lists holding float, int64, bool and None leaves, with keyword
+  inputs for the first stage (``Batch.kwargs``), one step (``trees-bare``: bare messages,
+  waiting after every comm op); the loss and every local gradient;
 - ``int-act``: a 2-stage 1f1b plan whose activation is one int64 tensor;
 - ``llava``: ``ShapeCache`` over a LLaVA-style model (image tokens concatenated with
   text tokens), three SGD steps with 1, 3 and 2 images per sample and text of 5, 3 and
@@ -178,7 +179,10 @@ def llava_batch(step: int) -> Batch:
                  target=torch.randint(0, V, (LLAVA_ROWS, text), generator=g))
 
 
-TREE_CASES = {"trees-interleaved": ("interleaved-1f1b", 2), "trees-zbv": ("zbv", None)}
+TREE_CASES = {"trees-interleaved": ("interleaved-1f1b", 2, {}), "trees-zbv": ("zbv", None, {}),
+              # bare messages (no leaf table, no trailer), waiting after every comm op
+              "trees-bare": ("interleaved-1f1b", 2, {"check_messages": False,
+                                                     "overlap_comms": False})}
 
 
 def tree_plan(schedule: str, chunks, m: int, model, batch):
@@ -193,10 +197,10 @@ def local_grads(ex) -> dict:
 
 
 def run_trees(name: str, rank: int, out: str) -> None:
-    schedule, chunks = TREE_CASES[name]
+    schedule, chunks, options = TREE_CASES[name]
     model, batch = trees_model(), trees_batch(8)
     plan = tree_plan(schedule, chunks, 4, model, batch)
-    ex = PipelineExecutor(plan, certify(plan), stages=list(model), loss_fn=dict_loss)
+    ex = PipelineExecutor(plan, certify(plan), stages=list(model), loss_fn=dict_loss, **options)
     loss = ex.step(batch)
     torch.save({"loss": loss, "grads": local_grads(ex)}, os.path.join(out, f"{name}.{rank}.pt"))
 
