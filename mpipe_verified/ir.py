@@ -104,6 +104,10 @@ class Leaf:
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
 
+    def __attrs_post_init__(self) -> None:
+        if (self.shape is None) != (self.dtype is None):
+            raise ValueError(f"leaf {self.path!r}: a shape and a dtype, or neither (None)")
+
 
 def _leaves(instance, attribute, value) -> None:
     if value is not None and (type(value) is not tuple

@@ -41,9 +41,10 @@ from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.executor import Batch, CertificateError, PayloadMismatchError  # noqa: E402
 from mpipe_verified.executor import check_certificate, signature  # noqa: E402
 from mpipe_verified.executor.launch import free_port, rank_env  # noqa: E402
-from mpipe_verified.executor.packed import check_outgoing  # noqa: E402
+from mpipe_verified.executor import tree  # noqa: E402
+from mpipe_verified.executor.packed import Messages, check_outgoing  # noqa: E402
 from mpipe_verified.formats.plan_json import format_plan_json, parse_plan_json  # noqa: E402
-from mpipe_verified.ir import GRAD, Leaf, Send  # noqa: E402
+from mpipe_verified.ir import GRAD, Leaf, Payload, Send  # noqa: E402
 from mpipe_verified.semantics import MemoryModel  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
@@ -239,3 +240,39 @@ def test_the_docs_snippets_run_as_written(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "[rank0]:loss after 5 steps: " in outputs["trees.py"], outputs
     assert "[rank0]:3 plans certified for 6 steps" in outputs["shapes.py"], outputs
+
+
+def transfer(value, sent, expected, check=True):
+    """``value`` packed for payload ``sent`` and decoded for ``expected`` (the bytes copied
+    as a transport would: a shorter message fills the start of the receive buffer)."""
+    messages = Messages(1, torch.device("cpu"), check)
+    buf, into = messages.outgoing(value, sent), messages.incoming(expected)
+    into[:buf.numel()].copy_(buf)
+    return messages.decode(into, expected, 0, "1RECV_F0 at position 2")
+
+
+def test_packed_messages_round_trip_any_structure_and_name_the_leaf_that_differs():
+    value = (torch.ones(3, dtype=torch.int8), {"z": torch.full((2,), 1 + 2j,
+                                                             dtype=torch.complex128)},
+             None, [torch.arange(3), torch.rand(2, 2) > 0.5])
+    p = Payload("act", 0, 0, leaves=tree.layout(value))
+    for check in (True, False):
+        got = transfer(value, p, p, check)
+        assert tree.layout(got) == p.leaves and type(got[1]) is dict and type(got[3]) is list
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(tree.flatten(got),
+                                                                tree.flatten(value))
+                   if a is not None)
+    # one fewer leaf: a shorter message, its trailer found earlier
+    shorter = value[:3] + ([value[3][0]],)
+    with pytest.raises(PayloadMismatchError, match=r"leaf \(3\)\[1\] is absent, but the "
+                                                   r"plan's leaf \(3\)\[1\] is \(2, 2\) bool"):
+        transfer(shorter, Payload("act", 0, 0, leaves=tree.layout(shorter)), p)
+    # same size, another shape of one leaf
+    other = value[:3] + ([value[3][0], value[3][1].reshape(4)],)
+    with pytest.raises(PayloadMismatchError, match=r"leaf \(3\)\[1\] is \(4,\) bool, but the "
+                                                   r"plan's leaf \(3\)\[1\] is \(2, 2\) bool"):
+        transfer(other, Payload("act", 0, 0, leaves=tree.layout(other)), p)
+    # a single tensor where the plan has a structure
+    one = Payload("act", 0, 0, shape=(3,), dtype="int8")
+    with pytest.raises(PayloadMismatchError, match=r"\(one tensor\), but the plan expects"):
+        transfer(value[0], one, p)

@@ -1,7 +1,7 @@
 """Messages of structured payloads (``Payload.leaves``): one message per payload.
 
-Layout: each tensor leaf's bytes in the plan's leaf order, each padded to 8 bytes (a
-None leaf has none), then a leaf table (``LEAF_WORDS`` int64 words per leaf: a hash of
+Layout: each tensor leaf's bytes in the plan's leaf order, each starting at a multiple of
+8 bytes (16 for complex128; a None leaf has none), then a leaf table (``LEAF_WORDS`` int64 words per leaf: a hash of
 its path, its dtype code, its number of dimensions, a hash of its shape and its first
 six dimensions; -1s for a None leaf), then the usual 128-byte trailer of ``comm`` (its
 dtype slot ``STRUCT``, its shape-hash slot a hash of the whole layout, its ``ndim`` slot
@@ -85,6 +85,8 @@ def layout(payload: Payload, device: torch.device) -> Packed:
         for d in leaf.shape or ():
             numel *= int(d)
         size = 0 if dtype is None else numel * dtype.itemsize
+        align = 16 if dtype is not None and dtype.itemsize > 8 else 8  # complex128
+        at = (at + align - 1) // align * align
         offsets.append(at)
         sizes.append(size)
         at += comm._pad8(size)

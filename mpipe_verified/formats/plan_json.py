@@ -408,7 +408,7 @@ def _leaf(value: Any, path: tuple) -> Leaf:
         raise _Bad((*path, "path"), str(e)) from None
     shape, dtype = _shape(obj["shape"], path), obj["dtype"]
     if (shape is None) != (dtype is None):
-        raise _Bad(path, "a leaf has both a shape and a dtype, or neither (a None leaf)")
+        raise _Bad(path, "a leaf has a shape and a dtype, or neither (a None leaf)")
     return Leaf(where, shape, None if dtype is None else _string(dtype, (*path, "dtype")))
 
 
