@@ -47,6 +47,7 @@ from mpipe_verified.formats.plan_json import format_plan_json, parse_plan_json  
 from mpipe_verified.ir import GRAD, Leaf, Payload, Send  # noqa: E402
 from mpipe_verified.semantics import MemoryModel  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
+from mpipe_verified.verify.report import plan_digest  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +187,7 @@ def test_leaves_round_trip_through_plan_json_and_the_kernel_certificate():
     report = verify(plan, memory_model=model)
     assert report.verified, report.violations
     cert = json.loads(json.dumps(report.portable_certificate(plan)))
+    assert report.certificate.digest == plan_digest(back) == kernel.digest(back) == cert["digest"]
     assert any("leaves" in p for p, _ in cert["sizes"]["buffer"])
     assert kernel.recheck(back, cert) == (True, [])
     # the digest covers every leaf: one dtype changed is another plan

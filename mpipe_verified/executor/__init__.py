@@ -7,9 +7,14 @@
                           loss_fn=loss_fn, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
     loss = ex.step(batch)                       # once per training step
 
+Batches whose shapes change between steps: ``ShapeCache(plan, stages=..., loss_fn=...,
+optimizer=...).step(batch)`` (one certified plan per shape signature).
+
 Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``interpreter``
-(the per-rank interpreter), ``partition`` (stages and payload shapes), ``comm``
-(process group, checked messages, watchdog), ``launch`` (``mpipe-run``).
+(the per-rank interpreter), ``partition`` (stages and payload layouts), ``tree``
+(structured values: leaves and paths), ``comm`` (process group, checked messages,
+watchdog), ``packed`` (messages of structured payloads), ``shapes`` (``ShapeCache``),
+``launch`` (``mpipe-run``).
 """
 
 from __future__ import annotations

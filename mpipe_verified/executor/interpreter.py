@@ -25,6 +25,13 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
   from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
 
+Values: a stage's output is one tensor or a structure (tuples, lists, dicts of tensors
+and None; ``tree``), sent as the plan's payload layout says (``packed``). A stage's
+input takes a gradient in its float leaves only: one float tensor always, a
+structure's float leaves where the plan ships a gradient back (or, from a stage on this
+rank, where they required one); a backward starts from every output leaf that received a
+gradient.
+
 Dependencies are not re-derived here: the rank keeps a store keyed by the shared
 semantics' tokens ``(kind, segment, stage, mb)``. ``Chain.needs(op, rank)`` says which
 tokens an op reads (checked present before it runs) and ``produces(op)`` which it leaves
