@@ -3,16 +3,19 @@
 One launch of 2 real gloo processes (``test_executor_trees_worker.py``) runs: a 4-stage
 model passing dicts, tuples and lists of float, int64, bool and None leaves, with keyword
 inputs for the first stage, under interleaved 1F1B (also with bare messages) and ZBV
-(split backward); a plan whose
-activation is one int64 tensor; a LLaVA-style model (image tokens concatenated with text
-tokens) trained three SGD steps through a ``ShapeCache`` with a different image count
-and text length every step; and a structured message whose leaf layout differs from the
-plan. Losses and gradients must equal a single-process run (float32, atol 1e-5).
+(split backward); a plan whose activation is one int64 tensor; a vision encoder whose
+tuple output (tokens and a bool mask) crosses the cut under transpose in owner mode; a
+LLaVA-style model (image tokens concatenated with text tokens) trained three SGD steps
+through a ``ShapeCache`` with a different image count and text length every step; and a
+structured message whose leaf layout differs from the plan. Losses and gradients must
+equal a single-process run (float32, atol 1e-5).
 
 Without processes: the plan records a structured payload leaf by leaf (its gradient only
-for float leaves that require one; the meta device infers the same), plan-json and the kernel's certificate carry the
-leaves exactly, the digest covers them, and the sender refuses a leaf that differs.
-The two snippets of docs/executor.md's sections on these capabilities run as written.
+for float leaves that require one; the meta device infers the same), plan-json and the
+kernel's certificate carry the leaves exactly, both digests cover them, the packed
+codec round-trips any structure and names the leaf a message gets wrong, and the sender
+refuses a leaf that differs. The two snippets of docs/executor.md's sections on these
+capabilities run as written.
 """
 
 from __future__ import annotations
@@ -113,6 +116,21 @@ def test_an_int64_activation_travels_without_gradient(launch):
     results = load(launch, "int-act")
     assert all(abs(r["loss"] - float(loss.detach())) <= 1e-5 for r in results)
     assert_grads(merged(results), model, "int-act")
+
+
+def test_a_tuple_encoder_output_crosses_the_cut_under_transpose(launch):
+    encoder, body = w.fused_model()
+    batch = w.fused_batch()
+    logits = body[1](body[0](encoder(batch.segments["vision"]), batch.body))
+    loss = w.text_loss(logits, batch.target)
+    loss.backward()
+    results = load(launch, "fused")
+    assert all(abs(r["loss"] - float(loss.detach())) <= 1e-5 for r in results)
+    got = merged(results)
+    want = {f"vision.{n}": p.grad for n, p in encoder.named_parameters()}
+    for key, grad in want.items():
+        torch.testing.assert_close(got.pop(key), grad, atol=1e-5, rtol=0)
+    assert_grads(got, body, "fused")
 
 
 def test_shape_cache_trains_llava_style_batches_of_changing_image_counts(launch):

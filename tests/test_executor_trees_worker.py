@@ -10,6 +10,8 @@ Env init (2 ranks). Cases, each saved to ``OUT/NAME.RANK.pt``:
   inputs for the first stage (``Batch.kwargs``), one step (``trees-bare``: bare messages,
   waiting after every comm op); the loss and every local gradient;
 - ``int-act``: a 2-stage 1f1b plan whose activation is one int64 tensor;
+- ``fused``: transpose in owner mode, a vision encoder whose output (patch tokens and a
+  bool mask) crosses the cut into the body;
 - ``llava``: ``ShapeCache`` over a LLaVA-style model (image tokens concatenated with
   text tokens), three SGD steps with 1, 3 and 2 images per sample and text of 5, 3 and
   4 tokens; per step the loss and gradients, then the parameters and the number of
@@ -122,6 +124,41 @@ class Lookup(nn.Module):
         return self.out(torch.tanh(self.emb(ids)))
 
 
+class Patches(nn.Module):
+    """A vision encoder whose output is a tuple: patch tokens and their bool mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(P, D)
+
+    def forward(self, images):
+        return (torch.tanh(self.lin(images)), images.sum(-1) > 0)
+
+
+class Fuse(nn.Module):
+    """Body stage 0: the encoder's tuple (masked patches) before the text tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+
+    def forward(self, patches, tokens):
+        img, mask = patches
+        return torch.cat([img * mask.unsqueeze(-1), self.embed(tokens)], dim=1)
+
+
+def fused_model(seed: int = 0):
+    torch.manual_seed(seed)
+    return Patches(), nn.Sequential(Fuse(), Decoder())
+
+
+def fused_batch(rows: int = 8) -> Batch:
+    g = torch.Generator().manual_seed(7)
+    return Batch(body=torch.randint(0, V, (rows, T), generator=g),
+                 target=torch.randint(0, V, (rows, T), generator=g),
+                 segments={"vision": torch.randn(rows, 3, P, generator=g)})
+
+
 def int_model(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(Cumsum(), Lookup())
@@ -205,6 +242,24 @@ def run_trees(name: str, rank: int, out: str) -> None:
     torch.save({"loss": loss, "grads": local_grads(ex)}, os.path.join(out, f"{name}.{rank}.pt"))
 
 
+def run_fused(rank: int, out: str) -> None:
+    """Transpose (owner mode): the encoder's tuple output crosses the cut."""
+    from mpipe_verified.algebra import Transpose
+    encoder, body = fused_model()
+    batch = fused_batch()
+    term = Transpose(family("1f1b", 2, 4), segment="vision", mode="owner", ownership="full")
+    plan = with_payload_shapes(lower(term.derive()), infer_payload_shapes(
+        list(body), batch, 4, {"vision": encoder}))
+    ex = PipelineExecutor(plan, certify(plan), stages=list(body), segments={"vision": encoder},
+                          loss_fn=text_loss)
+    loss = ex.step(batch)
+    grads = local_grads(ex)
+    if rank == plan.cut.segments[0].home:
+        grads.update({f"vision.{n}": p.grad.detach().clone()
+                      for n, p in encoder.named_parameters()})
+    torch.save({"loss": loss, "grads": grads}, os.path.join(out, f"fused.{rank}.pt"))
+
+
 def run_int(rank: int, out: str) -> None:
     model = int_model()
     g = torch.Generator().manual_seed(3)
@@ -272,6 +327,7 @@ def main() -> None:
         for name in TREE_CASES:
             run_trees(name, rank, out)
         run_int(rank, out)
+        run_fused(rank, out)
         run_llava(rank, out)
         leaf_mismatch(rank, out)
     except PipelineError as err:
