@@ -10,9 +10,12 @@ built for it; later batches of that signature reuse it. All executors share the 
 modules and one optimizer (built once, over the parameters every plan's executor
 trains: the plans differ only in layouts, so in nothing that places parameters).
 
-Every rank derives its plans itself, deterministically, from the same batches; a new
-plan's first run compares the plan digests of all ranks (the executor's handshake), so
-ranks whose batches differ in shape are refused (``CertificateError``), not mismatched.
+Every rank of the pipeline must pass batches of the same shapes at the same step: each
+derives its plans itself, deterministically. A new plan's first run compares the plan
+digests of all ranks (the executor's handshake): ranks that all meet a new signature but
+derive different plans are refused (``CertificateError``); a rank that reuses a plan
+while another builds a new one is not in that handshake, and both fail when their waits
+time out (``PeerError``).
 """
 
 from __future__ import annotations
