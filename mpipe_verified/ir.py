@@ -17,6 +17,8 @@ Invariants:
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Union
 
 import attrs
@@ -70,6 +72,51 @@ def _members_are(ops, kinds: tuple, what: str) -> None:
 
 
 _LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN"}
+_STEP = re.compile(r'\((\d+)\)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
+
+
+def path_steps(path: str) -> tuple[tuple[str, int | str], ...]:
+    """The steps of a leaf path: ``(i)`` the i-th item of a tuple, ``[i]`` of a list,
+    ``["key"]`` (a JSON string) a dict's item, concatenated; ``""`` is the value itself.
+    Raises ``ValueError`` on any other text."""
+    steps, at = [], 0
+    while at < len(path):
+        m = _STEP.match(path, at)
+        if m is None:
+            raise ValueError(f"bad leaf path {path!r} at character {at}")
+        tup, lst, key = m.groups()
+        steps.append(("tuple", int(tup)) if tup is not None else ("list", int(lst))
+                     if lst is not None else ("dict", json.loads(key)))
+        at = m.end()
+    return tuple(steps)
+
+
+def path_text(steps) -> str:
+    """The path of ``steps`` (inverse of ``path_steps``)."""
+    return "".join(f"({k})" if kind == "tuple" else f"[{k}]" if kind == "list"
+                   else f"[{json.dumps(k)}]" for kind, k in steps)
+
+
+@attrs.frozen(order=True)
+class Leaf:
+    """One leaf of a structured payload: where it sits in the value (``path``, see
+    ``path_steps``) and the tensor's ``shape``/``dtype``; both None for a None leaf."""
+
+    path: str
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.shape is None) != (self.dtype is None):
+            raise ValueError(f"leaf {self.path!r}: a shape and a dtype, or neither (None)")
+
+
+def _leaves(instance, attribute, value) -> None:
+    if value is not None and (type(value) is not tuple
+                              or not all(type(x) is Leaf for x in value)):
+        raise ValueError(f"leaves must be None or a tuple of Leaf, got {value!r}")
+    if value is not None and (instance.shape is not None or instance.dtype is not None):
+        raise ValueError("a payload with leaves has no shape or dtype of its own")
 
 
 @attrs.frozen(order=True)
@@ -77,7 +124,13 @@ class Payload:
     """What travels: the activation (``act``, to ``stage + 1``), the gradient (``grad``, to
     ``stage - 1``) or the raw input (``input``, for a recompute) of ``(segment, stage,
     mb)``. ``to_segment`` names the consumer's segment when the transfer crosses the cut
-    (the consumer is then that segment's first stage, or the body's first/last stage)."""
+    (the consumer is then that segment's first stage, or the body's first/last stage).
+
+    Layout: ``shape``/``dtype`` describe one tensor (``leaves`` None); or ``leaves``
+    describes a structure (tuples, lists, dicts of tensors and None), one ``Leaf`` per
+    tensor or None in flattening order (depth first, dict items in insertion order), and
+    ``shape``/``dtype`` are None. ``leaves == ()``: nothing travels (the gradient of an
+    activation that needs none)."""
 
     kind: str = attrs.field(validator=attrs.validators.in_((ACT, GRAD, INPUT)))
     stage: int = attrs.field(validator=_nonneg)
@@ -86,6 +139,7 @@ class Payload:
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
     to_segment: str | None = None
+    leaves: tuple[Leaf, ...] | None = attrs.field(default=None, validator=_leaves)
 
     @property
     def consumer_stage(self) -> int:
@@ -377,8 +431,8 @@ class Plan:
 
     def canonical_text(self) -> str:
         """Stable text used for digests: placement, microbatches, then every rank's ops
-        (payload shapes and peers included, idle steps dropped). A forward-only plan says
-        so (a training plan's text has no such field, so its digest is unchanged)."""
+        (payload shapes or leaves, and peers included, idle steps dropped). A forward-only
+        plan says so (a training plan's text has no such field, so its digest is unchanged)."""
         head = f"placement={','.join(map(str, self.placement.stage_to_rank))};m={self.num_microbatches}"
         if self.cut.segments:
             head += ";cut=" + repr(self.cut)
@@ -400,6 +454,10 @@ def _canonical(op: Op) -> str:
     kind = type(op)
     if kind is Send or kind is Recv:
         p = op.payload
+        if p.leaves is not None:
+            leaves = [[x.path, None if x.shape is None else list(x.shape), x.dtype]
+                      for x in p.leaves]
+            return f"{op}<{op.peer}|leaves={json.dumps(leaves, separators=(',', ':'))}>"
         if p.shape or p.dtype:
             return f"{op}<{op.peer}|{p.shape}|{p.dtype}>"
         return f"{op}<{op.peer}>"

@@ -52,7 +52,7 @@ import attrs
 import numpy as np
 import z3
 
-from .ir import (SINK, SOURCE, Collective, Compute, Group, Overlap, Payload, Plan, Recv,
+from .ir import (SINK, SOURCE, Collective, Compute, Group, Leaf, Overlap, Payload, Plan, Recv,
                  Send)
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
@@ -435,22 +435,33 @@ class Sizes:
 
     def to_json(self) -> dict:
         return {"stored": [[seg, s, _text(v)] for (seg, s), v in sorted(self.stored.items())],
-                "buffer": [[{"kind": p.kind, "stage": p.stage, "mb": p.mb,
-                             "segment": p.segment, "dtype": p.dtype,
-                             "shape": None if p.shape is None else list(p.shape),
-                             "to_segment": p.to_segment}, _text(v)]
+                "buffer": [[_payload_json(p), _text(v)]
                            for p, v in sorted(self.buffer.items(), key=repr)],
                 "static": [_text(v) for v in self.static]}
 
     @classmethod
     def from_json(cls, data: dict) -> "Sizes":
         def payload(d: dict) -> Payload:
-            shape = d["shape"]
+            shape, leaves = d["shape"], d.get("leaves")
             return Payload(d["kind"], d["stage"], d["mb"], d["segment"],
-                           None if shape is None else tuple(shape), d["dtype"], d["to_segment"])
+                           None if shape is None else tuple(shape), d["dtype"], d["to_segment"],
+                           None if leaves is None else tuple(
+                               Leaf(x, None if s is None else tuple(s), t) for x, s, t in leaves))
         return cls({(str(seg), _int(s)): _exact(v) for seg, s, v in data["stored"]},
                    {payload(p): _exact(v) for p, v in data["buffer"]},
                    tuple(_exact(v) for v in data["static"]))
+
+
+def _payload_json(p: Payload) -> dict:
+    """A buffer's payload as JSON; ``leaves`` only for a structured payload (``[path,
+    shape, dtype]`` each), so certificates of single-tensor plans read as before."""
+    out = {"kind": p.kind, "stage": p.stage, "mb": p.mb, "segment": p.segment,
+           "dtype": p.dtype, "shape": None if p.shape is None else list(p.shape),
+           "to_segment": p.to_segment}
+    if p.leaves is not None:
+        out["leaves"] = [[x.path, None if x.shape is None else list(x.shape), x.dtype]
+                         for x in p.leaves]
+    return out
 
 
 EXACT = (int, Fraction)

@@ -23,8 +23,9 @@ from mpipe_verified.formats import plan_json
 from mpipe_verified.formats.plan_json import (format_plan_json, parse_plan_json,
                                               read_plan_json, write_plan_json)
 from mpipe_verified.ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, SINK, SOURCE,
-                               Collective, Compute, Cut, Group, Idle, Marker, Overlap, Payload,
-                               Placement, Plan, Recv, Schedule, SegmentWork, Send)
+                               Collective, Compute, Cut, Group, Idle, Leaf, Marker, Overlap,
+                               Payload, Placement, Plan, Recv, Schedule, SegmentWork, Send,
+                               path_text)
 from mpipe_verified.lower import lower
 from plan_edits import FIXTURE_DIR, fixture
 
@@ -78,6 +79,14 @@ _payloads = st.builds(Payload, st.sampled_from(["act", "grad", "input"]), _index
                                                                   max_size=3).map(tuple),
                       st.none() | st.sampled_from(["float32", "bfloat16", ""]),
                       st.none() | _names)
+_steps = st.one_of(st.tuples(st.sampled_from(["tuple", "list"]), st.integers(0, 12)),
+                   st.tuples(st.just("dict"), _names))
+_leaves = st.builds(Leaf, st.lists(_steps, max_size=3).map(path_text)) | st.builds(
+    Leaf, st.lists(_steps, max_size=3).map(path_text),
+    st.lists(st.integers(0, 2**40), max_size=3).map(tuple), st.sampled_from(["int64", "bool"]))
+_payloads = _payloads | st.builds(Payload, st.sampled_from(["act", "grad"]), _index, _index,
+                                  _names, st.none(), st.none(), st.none() | _names,
+                                  st.lists(_leaves, max_size=3).map(tuple))
 _computes = st.builds(Compute, st.sampled_from(COMPUTE_KINDS), _index, _index, _names)
 _p2p = st.builds(Send, _index, _payloads) | st.builds(Recv, _index, _payloads)
 _ops = st.one_of(
@@ -292,6 +301,16 @@ BAD = [  # (edit, JSON path, words)
      "expected a string"),
     (_set(("programs", 0, 2, "payload", "to_segment"), False),
      "$.programs[0][2].payload.to_segment", "expected a string"),
+    (lambda doc: doc["programs"][0][7]["payload"].update(shape=[2], leaves=[]),
+     "$.programs[0][7].payload.leaves", "no shape or dtype of its own"),
+    (_set(("programs", 0, 7, "payload", "leaves"), [{"path": "(0).x", "shape": [2],
+                                                     "dtype": "int64"}]),
+     "$.programs[0][7].payload.leaves[0].path", "bad leaf path '(0).x' at character 3"),
+    (_set(("programs", 0, 7, "payload", "leaves"), [{"path": "(0)", "shape": [2],
+                                                     "dtype": None}]),
+     "$.programs[0][7].payload.leaves[0]", "a shape and a dtype, or neither"),
+    (_set(("programs", 0, 7, "payload", "leaves"), {"(0)": [2]}),
+     "$.programs[0][7].payload.leaves", "expected an array"),
     (_set(("programs", 0, 2, "src"), -2), "$.programs[0][2].src", "non-negative"),
     (_set(("programs", 0, 0, "root"), "0"), "$.programs[0][0].root",
      'expected a non-negative integer, got "0"'),

@@ -9,9 +9,14 @@
     # evaluation: a forward-only plan (family(..., forward_only=True), ForwardOnly(term))
     result = PipelineExecutor(eval_plan, certify(eval_plan), ...).eval(batch)
 
+Batches whose shapes change between steps: ``ShapeCache(plan, stages=..., loss_fn=...,
+optimizer=...).step(batch)`` (one certified plan per shape signature).
+
 Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``interpreter``
-(the per-rank interpreter), ``partition`` (stages and payload shapes), ``comm``
-(process group, checked messages, watchdog), ``launch`` (``mpipe-run``).
+(the per-rank interpreter), ``partition`` (stages and payload layouts), ``tree``
+(structured values: leaves and paths), ``comm`` (process group, checked messages,
+watchdog), ``packed`` (messages of structured payloads), ``shapes`` (``ShapeCache``),
+``launch`` (``mpipe-run``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ _EXPORTS = {
     "CertificateError": ".errors",
     "StageSequential": ".partition", "balanced_cuts": ".partition",
     "infer_payload_shapes": ".partition", "split_sequential": ".partition",
-    "with_payload_shapes": ".partition",
+    "with_payload_shapes": ".partition", "signature": ".partition",
+    "ShapeCache": ".shapes",
     "certify": ".certify", "NotVerifiedError": ".certify",
     "group_adjacent_comms": ".grouping",
     "Certificate": "..verify.report", "check_certificate": "..verify.report",

@@ -2,9 +2,12 @@
 
 Every rank holds the whole batch (it is cheap to load or synthesise) and each op reads
 only its microbatch's part: a source segment's ``F`` reads ``segments[name]``, the body's
-first stage reads ``body`` (after the source outputs), the last stage's loss reads
-``target``. Tensors are split along dimension 0 with ``torch.tensor_split`` (as equal as
-possible; the first chunks are one larger when the size does not divide).
+first stage reads ``body`` (after the source outputs) and ``kwargs`` (as keyword
+arguments), the last stage's loss reads ``target``. Tensors are split along dimension 0
+with ``torch.tensor_split`` (as equal as possible; the first chunks are one larger when
+the size does not divide); tuples, lists and dicts are split item by item; None and
+plain Python values (``bool``, ``int``, ``float``, ``str``) go to every microbatch as
+they are.
 """
 
 from __future__ import annotations
@@ -25,30 +28,53 @@ def _split(value, m: int) -> list:
     if isinstance(value, (tuple, list)):
         parts = [_split(v, m) for v in value]
         return [type(value)(p[i] for p in parts) for i in range(m)]
-    raise TypeError(f"batch fields must be tensors (or tuples of tensors), got "
-                    f"{type(value).__name__}")
+    if isinstance(value, Mapping):
+        parts = {k: _split(v, m) for k, v in value.items()}
+        return [{k: p[i] for k, p in parts.items()} for i in range(m)]
+    if isinstance(value, _CONSTANTS):
+        return [value] * m
+    raise TypeError(f"batch fields must be tensors, tuples, lists or dicts of them (or "
+                    f"plain values), got {type(value).__name__}")
+
+
+_CONSTANTS = (bool, int, float, str)
 
 
 def _rows(value) -> int:
     if isinstance(value, torch.Tensor):
         return int(value.shape[0])
-    if isinstance(value, (tuple, list)) and value:
-        return _rows(value[0])
+    if isinstance(value, (tuple, list, Mapping)):
+        for v in (value.values() if isinstance(value, Mapping) else value):
+            n = _rows(v)
+            if n:
+                return n
     return 0
+
+
+def _move(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_move(x, device) for x in value)
+    if isinstance(value, Mapping):
+        return {k: _move(v, device) for k, v in value.items()}
+    return value
 
 
 @attrs.frozen
 class Batch:
     """``body``: the first body stage's own input (e.g. token ids), or None;
     ``target``: what the loss compares the last stage's output with; ``segments``: each
-    source segment's input (e.g. ``{"vision": images}``)."""
+    source segment's input (e.g. ``{"vision": images}``); ``kwargs``: keyword inputs of
+    the body's first stage (e.g. ``{"attention_mask": mask}``), split like the rest."""
 
     body: Any = None
     target: Any = None
     segments: Mapping[str, Any] = attrs.field(factory=dict)
+    kwargs: Mapping[str, Any] = attrs.field(factory=dict)
 
     def rows(self) -> int:
-        for value in (self.target, self.body, *self.segments.values()):
+        for value in (self.target, self.body, *self.segments.values(), self.kwargs):
             n = _rows(value)
             if n:
                 return n
@@ -57,15 +83,11 @@ class Batch:
     def split(self, m: int) -> list["Batch"]:
         bodies, targets = _split(self.body, m), _split(self.target, m)
         segs = {name: _split(v, m) for name, v in self.segments.items()}
-        return [Batch(bodies[i], targets[i], {name: s[i] for name, s in segs.items()})
-                for i in range(m)]
+        kwargs = _split(dict(self.kwargs), m)
+        return [Batch(bodies[i], targets[i], {name: s[i] for name, s in segs.items()},
+                      kwargs[i]) for i in range(m)]
 
     def to(self, device) -> "Batch":
-        def move(v):
-            if isinstance(v, torch.Tensor):
-                return v.to(device)
-            if isinstance(v, (tuple, list)):
-                return type(v)(move(x) for x in v)
-            return v
-        return Batch(move(self.body), move(self.target),
-                     {k: move(v) for k, v in self.segments.items()})
+        return Batch(_move(self.body, device), _move(self.target, device),
+                     {k: _move(v, device) for k, v in self.segments.items()},
+                     _move(dict(self.kwargs), device))

@@ -56,6 +56,7 @@ _MAGIC = 0x6D70697065763101  # "mpipev1\x01"
 _SLOTS = 16
 TRAILER_BYTES = 8 * _SLOTS
 _MAX_DIMS = 6
+STRUCT = -3  # the dtype slot of a structured payload's trailer (``packed``)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -113,6 +114,8 @@ def _trailer(payload: Payload, shape, dtype: torch.dtype, nbytes: int) -> list[i
 def _trailer_text(t: list[int]) -> str:
     kind = {v: k for k, v in _KIND_CODE.items()}.get(t[3], "?")
     ndim = t[9]
+    if t[2] == STRUCT:
+        return f"{kind} of stage {t[4]} mb {t[5]}, a structure of {ndim} leaves"
     dims = t[10:10 + min(ndim, _MAX_DIMS)]
     shape = "(" + ", ".join(map(str, dims)) + (", …" if ndim > _MAX_DIMS else "") + \
         ("," if ndim == 1 else "") + ")"

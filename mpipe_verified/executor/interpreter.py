@@ -31,6 +31,12 @@ order), then the batch's body input; its input gradient is one value per source
 with the body's last output, detached, and adds its own loss (``segment_loss_fns``).
 ``eval`` runs a forward-only plan under ``no_grad`` and keeps the last stage's (and each
 sink's) outputs; ``step``/``run`` refuse such a plan and ``eval`` a training one.
+Values: a stage's output is one tensor or a structure (tuples, lists, dicts of tensors
+and None; ``tree``), sent as the plan's payload layout says (``packed``). A stage's
+input takes a gradient in its float leaves only: one float tensor always, a
+structure's float leaves where the plan ships a gradient back (or, from a stage on this
+rank, where they required one); a backward starts from every output leaf that received a
+gradient.
 
 Dependencies are not re-derived here: the rank keeps a store keyed by the shared
 semantics' tokens ``(kind, segment, stage, mb)``. ``Chain.needs(op, rank)`` says which
@@ -61,13 +67,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ir import (BACKWARD, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD,
+from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD,
                   Collective, Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
 from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm, split_backward
+from . import comm, packed, split_backward, tree
 from .batch import Batch
 from .errors import PeerError, PipelineError
 
@@ -77,16 +83,19 @@ _MISSING = object()
 
 @attrs.frozen
 class _Saved:
-    """What a forward keeps for its backward: the input leaves whose gradient the plan
-    ships back, the graph's output (the scaled loss at the last stage or a sink) and the
-    parameters that receive weight gradients. ``sources`` names each leaf's source
-    segment at the body's first stage (empty elsewhere: one leaf, the previous stage's
-    output); its input gradient is then one tensor per source (``_PerSource``)."""
+    """What a forward keeps for its backward: the input tensors whose gradient the plan
+    ships back (``leaves``), the graph's output (the scaled loss at the last stage or a
+    sink; else the stage's output value, a tensor or a structure) and the parameters that
+    receive weight gradients. ``parts``: per input that takes a gradient, in order, ``(its
+    segment, how many of leaves are its, their paths)`` (paths None: the input is one
+    tensor). The backward's input gradient is the first part's, or, at the body's first
+    stage under a cut (``per_source``), one value per source (``_PerSource``)."""
 
     leaves: tuple
-    output: torch.Tensor
+    output: object
     params: tuple
-    sources: tuple = ()
+    parts: tuple = ()
+    per_source: bool = False
 
 
 class _PerSource(dict):
@@ -200,6 +209,13 @@ class PipelineExecutor:
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
         self._instrs = self._compile()
+        self._received = frozenset(t for op in self.program for c in p2p_of(op)
+                                   if type(c) is Recv for t in produces(c))
+        self._grad_paths = {  # (segment, stage, mb, to_segment) of a sent gradient -> paths
+            (c.payload.segment, c.payload.stage, c.payload.mb, c.payload.to_segment):
+            frozenset(x.path for x in c.payload.leaves)
+            for op in self.program for c in p2p_of(op)
+            if type(c) is Send and c.payload.kind == GRAD and c.payload.leaves is not None}
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
         self._connected = False
         self._groups: dict[tuple[int, ...], object] = {}
@@ -268,7 +284,10 @@ class PipelineExecutor:
         for index, op in enumerate(self.program):
             for c in p2p_of(op):
                 try:
-                    comm.expected_layout(c.payload)
+                    if c.payload.leaves is None:
+                        comm.expected_layout(c.payload)
+                    else:
+                        packed.check_plan(c.payload)
                 except PipelineError as err:
                     raise PipelineError(f"rank {self.rank}: {op} at position {index}: "
                                         f"{err}") from None
@@ -338,7 +357,7 @@ class PipelineExecutor:
         for ranks in wanted:
             self._groups[ranks] = (None if ranks == tuple(range(world))
                                    else dist.new_group(list(ranks)))
-        self.messages = comm.Messages(self.rank, self.device, self.check_messages)
+        self.messages = packed.Messages(self.rank, self.device, self.check_messages)
         global _WATCHDOG
         if _WATCHDOG is None:
             _WATCHDOG = comm.Watchdog(self.rank, self.timeout_s)
@@ -565,33 +584,37 @@ class PipelineExecutor:
         graph = stored in keep
         module = self._module(c)
         sink = bool(seg) and self.chain.segment(seg).side == SINK
-        leaves, sources, args = [], [], []
+        leaves, parts, args, kwargs, raw = [], [], [], {}, None
         with torch.set_grad_enabled(graph):
             for t in needs:
                 if t[0] != "out":
                     continue
-                x = self.store[t]
                 # a sink is detached: nothing flows back into the body
-                if graph and not sink and self.chain.expected_backward(t[1], t[3])[0]:
-                    x = x.detach().requires_grad_(True)
-                    leaves.append(x)
-                    sources.append(t[1])
+                wanted = (graph and not sink
+                          and self.chain.expected_backward(t[1], t[3])[0])
+                x, grad_leaves, paths = self._input(t, c, self.store[t], wanted)
+                leaves.extend(grad_leaves)
+                parts.append((t[1], len(grad_leaves), paths))
                 args.append(x)
             if seg and not sink:
-                args.append(self._segment_data(c, data))
-            elif s == 0 and not seg and data.body is not None:
-                args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
-            shipped = [comm.ShippedInput(args[-1], comm.rng_state(self.device))
+                raw = self._segment_data(c, data)
+                args.append(raw)
+            elif s == 0 and not seg:
+                if data.body is not None:
+                    args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
+                kwargs = dict(data.kwargs)
+            shipped = [comm.ShippedInput(raw, comm.rng_state(self.device))
                        for t in raw_token if t in keep]  # before the forward draws
-            y = module(*args)
+            y = module(*args, **kwargs)
             out = y
             if sink or (not seg and s == self.last_stage):
                 out = self._loss_of(c, y, data)
-        produced = {out_token: y.detach()}
+        produced = {out_token: y.detach() if type(y) is torch.Tensor
+                    else tree.detach(y, keep_flag=True)}
         if graph:
-            at_cut = not seg and s == 0 and self.chain.cut.segments
+            at_cut = not seg and s == 0 and bool(self.chain.cut.segments)
             produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)],
-                                      tuple(sources) if at_cut else ())
+                                      tuple(parts), at_cut)
         for t, value in zip(raw_token, shipped):
             produced[t] = value
         return produced
@@ -624,6 +647,55 @@ class PipelineExecutor:
         self._loss = weighted.detach() if self._loss is None else self._loss + weighted.detach()
         return weighted
 
+    def _input(self, t: tuple, c: Compute, x, wanted: bool) -> tuple:
+        """``(value for the forward, its tensors that take a gradient, their paths)``; the
+        paths are None for one float tensor (it always takes one when ``wanted``). A
+        structure's float leaves take one if the plan ships it back (a received value) or
+        they required one where they were produced (a value from this rank)."""
+        if type(x) is torch.Tensor:
+            if not tree.is_float(x):
+                return x, [], ()
+            if not wanted:
+                return x, [], None
+            x = x.detach().requires_grad_(True)
+            return x, [x], None
+        if not wanted:
+            paths = frozenset()
+        elif t in self._received:
+            key = ((c.segment, c.stage, c.mb, None) if t[1] == c.segment
+                   else (BODY, 0, c.mb, t[1]))  # a source's output into the body
+            paths = self._grad_paths.get(key, frozenset())
+        else:
+            paths = frozenset(p for p, v in tree.flatten(x)
+                              if v is not None and v.requires_grad)
+        items, grads = [], []
+        for p, v in tree.flatten(x):
+            if v is not None:
+                v = v.detach()
+                if p in paths and tree.is_float(v):
+                    v.requires_grad_(True)
+                    grads.append((p, v))
+            items.append((p, v))
+        return tree.unflatten(items), [v for _, v in grads], tuple(p for p, _ in grads)
+
+    def _grad_value(self, saved: _Saved, grads: Sequence):
+        """The backward's input gradient, as the plan ships it: per input, a tensor for one
+        float tensor, else a ``tree.Flat`` of its leaves (zeros where none arrived); the
+        first input's, or one per source at the body's first stage under a cut."""
+        values, at = [], 0
+        for segment, n, paths in saved.parts:
+            got, xs = grads[at:at + n], saved.leaves[at:at + n]
+            at += n
+            if paths is None:
+                values.append((segment, got[0] if n else None))
+            else:
+                values.append((segment, tree.Flat(tuple(
+                    (p, g if g is not None else torch.zeros_like(x))
+                    for p, g, x in zip(paths, got, xs)))))
+        if saved.per_source:
+            return _PerSource(values)
+        return values[0][1] if values else None
+
     def _recompute(self, c: Compute, needs: tuple) -> dict:
         """Re-run the forward from its shipped input, drawing from the RNG state that
         forward ran with (this rank's own generators are left as they were)."""
@@ -638,26 +710,27 @@ class PipelineExecutor:
 
     def _backward(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
-        g = self._needed(needs, "grad")
+        roots, grads = _vjp(saved.output, self._part(self._needed(needs, "grad"), c))
         targets = saved.leaves + saved.params
-        if targets and saved.output.requires_grad:
-            torch.autograd.backward(saved.output, self._part(g, c), inputs=list(targets))
+        if targets and roots:
+            torch.autograd.backward(roots, grads, inputs=list(targets))
         grad, wdone = produces(c)
-        return {grad: _input_grad_value(saved, [x.grad for x in saved.leaves]), wdone: True}
+        return {grad: self._grad_value(saved, [x.grad for x in saved.leaves]), wdone: True}
 
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
-        g = self._needed(needs, "grad")
-        g = self._part(g, c)
-        grads, work = [None] * len(saved.leaves), split_backward.WeightWork(())
-        if saved.output.requires_grad:
+        roots, grads = _vjp(saved.output, self._part(self._needed(needs, "grad"), c))
+        grads_in, work = [None] * len(saved.leaves), split_backward.WeightWork(())
+        if roots:
+            if len(roots) > 1 or roots[0].grad_fn is None:  # one root: <output, grad> summed
+                roots, grads = [sum((r * g).sum() for r, g in zip(roots, grads))], [None]
             if saved.leaves:
-                grads, work = split_backward.backward_input(saved.output, g, saved.leaves,
-                                                            saved.params)
+                grads_in, work = split_backward.backward_input(roots[0], grads[0],
+                                                               saved.leaves, saved.params)
             else:
-                work = split_backward.weight_only(saved.output, g, saved.params)
+                work = split_backward.weight_only(roots[0], grads[0], saved.params)
         grad, wgrad_ready = produces(c)
-        return {grad: _input_grad_value(saved, grads), wgrad_ready: (saved, work)}
+        return {grad: self._grad_value(saved, grads_in), wgrad_ready: (saved, work)}
 
     def _part(self, g, c: Compute):
         """The output gradient ``c`` starts from: a source segment's own part of the
@@ -785,17 +858,22 @@ class PipelineExecutor:
 _HOLDS_ACTIVATION = ("stored", "wgrad_ready")  # token kinds whose value keeps a graph
 
 
+def _vjp(output, grad) -> tuple[list, list]:
+    """The outputs to back-propagate from and their gradients: the loss (``grad`` None),
+    one tensor, or each leaf of a structure that requires a gradient and received one."""
+    if grad is None or type(grad) is torch.Tensor:
+        return ([output], [grad]) if output.requires_grad else ([], [])
+    outs = dict(tree.flatten(output))
+    pairs = [(outs.get(p, _MISSING), g) for p, g in tree.flatten(grad) if g is not None]
+    if any(o is _MISSING for o, _ in pairs):
+        raise PipelineError("a gradient arrived for a leaf the stage's output does not have")
+    pairs = [(o, g) for o, g in pairs if o is not None and o.requires_grad]
+    return [o for o, _ in pairs], [g for _, g in pairs]
+
+
 def _activation(value) -> _Saved:
     """The stored activation a ``stored`` or ``wgrad_ready`` value keeps alive."""
     return value if type(value) is _Saved else value[0]
-
-
-def _input_grad_value(saved: _Saved, grads) -> object:
-    """A backward's input gradient: per source at the body's first stage (``_PerSource``),
-    else the one leaf's (None without one)."""
-    if saved.sources:
-        return _PerSource(zip(saved.sources, grads))
-    return grads[0] if grads else None
 
 
 def _received(value, payload=None):

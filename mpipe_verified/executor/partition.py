@@ -3,16 +3,22 @@
 - ``split_sequential(seq, S)`` cuts an ``nn.Sequential`` into ``S`` contiguous stages
   balanced by parameter count (the largest stage is as small as possible). Each stage is
   a ``StageSequential``: its first layer receives all of the stage's inputs (the first
-  stage gets the source segments' outputs, then the batch's own body input), the rest
-  are chained. Parameter names keep the original indices (``"3.fc.weight"``).
-- ``with_payload_shapes(plan, fn)`` writes ``Payload.shape``/``dtype`` into every send and
-  receive of a plan (``fn(payload) -> (shape, dtype)``). Do it *before* verifying: the
-  certificate's digest covers shapes, so a receiver can trust the plan's sizes.
+  stage gets the source segments' outputs, then the batch's own body input, and the
+  batch's keyword inputs), the rest are chained. Parameter names keep the original
+  indices (``"3.fc.weight"``).
+- ``with_payload_shapes(plan, fn)`` writes the layout into every send and receive of a
+  plan: ``fn(payload)`` returns ``(shape, dtype)`` (one tensor: ``Payload.shape``/``dtype``)
+  or a tuple of ``ir.Leaf`` (a structure: ``Payload.leaves``). Do it *before* verifying:
+  the certificate's digest covers layouts, so a receiver can trust the plan's sizes.
 - ``infer_payload_shapes(stages, batch, m, segments)`` builds such an ``fn`` by running
   the model's forward once per distinct microbatch shape (``torch.tensor_split`` makes at
-  most two), under ``no_grad``; ``meta=True`` runs it on the meta device instead (no
-  memory or compute for big models, but the first call imports torch's decompositions,
-  a few seconds).
+  most two), one stage at a time (each stage's graph dropped before the next runs);
+  ``meta=True`` runs it on the meta device instead (no memory or compute for big models,
+  but the first call imports torch's decompositions, a few seconds). A stage output that
+  is one tensor is annotated as one tensor, its gradient alike (an integer or bool tensor
+  takes no gradient: its gradient payload is ``leaves=()``); any other output (tuples,
+  lists, dicts, None) is annotated leaf by leaf, and its gradient has a leaf for each
+  float leaf that requires a gradient where it is produced.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..ir import ACT, GRAD, INPUT, Group, Payload, Plan, Recv, Send
+from ..ir import ACT, GRAD, INPUT, Group, Leaf, Payload, Plan, Recv, Send
+from . import tree
 from .batch import Batch
 from .comm import dtype_name
 
@@ -34,9 +41,9 @@ class StageSequential(nn.Sequential):
     """A slice of an ``nn.Sequential``: the first layer takes every input, the others the
     previous layer's output."""
 
-    def forward(self, *inputs):
+    def forward(self, *inputs, **kwargs):
         layers = iter(self)
-        x = next(layers)(*inputs)
+        x = next(layers)(*inputs, **kwargs)
         for layer in layers:
             x = layer(x)
         return x
@@ -84,22 +91,25 @@ def split_sequential(seq: nn.Sequential, num_stages: int,
 
 
 def with_payload_shapes(plan: Plan, fn: Callable[[Payload], tuple | None]) -> Plan:
-    """A copy of ``plan`` whose every ``SEND``/``RECV`` payload carries
-    ``fn(payload) = (shape, dtype)`` (``dtype`` a ``torch.dtype`` or its name; None leaves
-    the payload as it is). Both ends of a transfer get the same annotation because ``fn``
-    sees the payload without its shape."""
+    """A copy of ``plan`` whose every ``SEND``/``RECV`` payload carries ``fn(payload)``:
+    ``(shape, dtype)`` (``dtype`` a ``torch.dtype`` or its name) for one tensor, a tuple
+    of ``ir.Leaf`` for a structure (``()``: nothing travels), None to leave the payload as
+    it is. Both ends of a transfer get the same annotation because ``fn`` sees the
+    payload without its layout."""
     cache: dict[Payload, Payload] = {}
 
     def annotate(p: Payload) -> Payload:
-        key = attrs.evolve(p, shape=None, dtype=None)
+        key = attrs.evolve(p, shape=None, dtype=None, leaves=None)
         if key not in cache:
             got = fn(key)
             if got is None:
                 cache[key] = p
+            elif all(type(x) is Leaf for x in got):
+                cache[key] = attrs.evolve(key, leaves=tuple(got))
             else:
                 shape, dtype = got
                 name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype)
-                cache[key] = attrs.evolve(p, shape=tuple(int(d) for d in shape), dtype=name)
+                cache[key] = attrs.evolve(key, shape=tuple(int(d) for d in shape), dtype=name)
         return cache[key]
 
     def one(op):
@@ -120,25 +130,33 @@ def _to_meta(value):
         return value.to("meta")
     if isinstance(value, (tuple, list)):
         return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
     return value
 
 
-def _call(module: nn.Module, args: tuple, meta: bool):
-    if not meta:
-        with torch.no_grad():
-            return module(*args)
-    state = {name: torch.empty_like(t, device="meta")
-             for name, t in (*module.named_parameters(), *module.named_buffers())}
-    return functional_call(module, state, tuple(_to_meta(a) for a in args))
+def _call(module: nn.Module, args: tuple, kwargs: dict, meta: bool):
+    """``module(*args, **kwargs)`` with gradients on (to see which outputs require one),
+    the result detached (its graph dropped, the flags kept)."""
+    with torch.enable_grad():
+        if not meta:
+            return tree.detach(module(*args, **kwargs), keep_flag=True)
+        state = {name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+                 for name, t in module.named_parameters()}
+        state.update({name: torch.empty_like(t, device="meta")
+                      for name, t in module.named_buffers()})
+        return tree.detach(functional_call(module, state, _to_meta(tuple(args)),
+                                           _to_meta(dict(kwargs))), keep_flag=True)
 
 
 def infer_payload_shapes(stages: Sequence[nn.Module], batch: Batch, num_microbatches: int,
                          segments: Mapping[str, nn.Module] | None = None, meta: bool = False
                          ) -> Callable[[Payload], tuple]:
-    """``fn(payload) -> (shape, dtype)`` for ``with_payload_shapes``, from a forward pass
-    of the whole model (every stage module and every source segment) over ``batch``
-    split into ``num_microbatches``, once per distinct microbatch shape. ``meta=True``
-    runs it on the meta device (if an op has no meta kernel, real tensors are used)."""
+    """``fn(payload) -> (shape, dtype)`` or ``Leaf`` tuple for ``with_payload_shapes``,
+    from a forward pass of the whole model (every stage module and every source segment)
+    over ``batch`` split into ``num_microbatches``, once per distinct microbatch shape.
+    ``meta=True`` runs it on the meta device (if an op has no meta kernel, real tensors
+    are used)."""
     try:
         return _infer(stages, batch, num_microbatches, dict(segments or {}), meta)
     except (NotImplementedError, RuntimeError):
@@ -147,24 +165,50 @@ def infer_payload_shapes(stages: Sequence[nn.Module], batch: Batch, num_microbat
         return _infer(stages, batch, num_microbatches, dict(segments or {}), False)
 
 
-def _signature(data: Batch) -> tuple:
-    def sig(v):
-        if isinstance(v, torch.Tensor):
-            return (tuple(v.shape), v.dtype)
-        if isinstance(v, (tuple, list)):
-            return tuple(sig(x) for x in v)
-        return None
-    return (sig(data.body), tuple(sorted((k, sig(v)) for k, v in data.segments.items())))
+def signature(value) -> tuple:
+    """The shapes and dtypes of every tensor in ``value`` (a batch, or any nest of
+    tuples, lists, dicts; other leaves by value): equal signatures, equal layouts."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype)
+    if isinstance(value, Batch):
+        return ("batch", signature(value.body), signature(value.target),
+                signature(dict(value.segments)), signature(dict(value.kwargs)))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(signature(x) for x in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, signature(v)) for k, v in value.items()))
+    return ("value", repr(value))
+
+
+@attrs.frozen
+class _Annotation:
+    """A value's payload layouts: its own (``act``) and its gradient's (``grad``); or
+    ``error``, raised when a payload of it is asked for (a last stage's output may be
+    anything: it is never sent)."""
+
+    act: tuple = ()
+    grad: tuple = ()
+    error: str | None = None
+
+
+def _annotate(y) -> _Annotation:
+    if isinstance(y, torch.Tensor):
+        grad = (tuple(y.shape), y.dtype) if tree.is_float(y) else ()
+        return _Annotation((tuple(y.shape), y.dtype), grad)
+    try:
+        return _Annotation(tree.layout(y), tree.grad_layout(y))
+    except TypeError as err:
+        return _Annotation(error=str(err))
 
 
 def _infer(stages, batch, m, segments, meta) -> Callable[[Payload], tuple]:
-    out: dict[tuple[str, int, int], tuple] = {}
+    out: dict[tuple[str, int, int], _Annotation] = {}
     raw: dict[tuple[str, int], tuple] = {}
     seen: dict[tuple, int] = {}
     for mb, data in enumerate(batch.split(m)):
-        signature = _signature(data)
-        if signature in seen:  # same input shapes: same payload shapes
-            first = seen[signature]
+        sig = signature(attrs.evolve(data, target=None))
+        if sig in seen:  # same input shapes: same payload shapes
+            first = seen[sig]
             for (name, k), v in list(raw.items()):
                 if k == first:
                     raw[(name, mb)] = v
@@ -172,29 +216,36 @@ def _infer(stages, batch, m, segments, meta) -> Callable[[Payload], tuple]:
                 if k == first:
                     out[(seg, s, mb)] = v
             continue
-        seen[signature] = mb
+        seen[sig] = mb
         firsts = []
         for name, module in segments.items():
             x = data.segments[name]
             raw[(name, mb)] = (tuple(x.shape), x.dtype)
-            y = _call(module, (x,), meta)
-            out[(name, 0, mb)] = (tuple(y.shape), y.dtype)
+            y = _call(module, (x,), {}, meta)
+            out[(name, 0, mb)] = _annotate(y)
             firsts.append(y)
         body = data.body if isinstance(data.body, tuple) else (
             () if data.body is None else (data.body,))
-        args = (*firsts, *body)
+        args, kwargs = (*firsts, *body), dict(data.kwargs)
         for s, module in enumerate(stages):
-            y = _call(module, args, meta)
-            out[("", s, mb)] = (tuple(y.shape), y.dtype)
-            args = (y,)
+            y = _call(module, args, kwargs, meta)
+            out[("", s, mb)] = _annotate(y)
+            args, kwargs = (y,), {}
+
+    def pick(key: tuple, field: str, p: Payload) -> tuple:
+        got = out[key]
+        if got.error is not None:
+            raise TypeError(f"{p.kind} of {p.segment or 'stage'} {p.stage} mb {p.mb}: "
+                            f"{got.error}")
+        return getattr(got, field)
 
     def fn(p: Payload) -> tuple:
         if p.kind == ACT:
-            return out[(p.segment, p.stage, p.mb)]
+            return pick((p.segment, p.stage, p.mb), "act", p)
         if p.kind == GRAD:
             if p.to_segment is not None:  # body stage 0 → a source: its output's shape
-                return out[(p.to_segment, 0, p.mb)]
-            return out[(p.segment, p.stage - 1, p.mb)]
+                return pick((p.to_segment, 0, p.mb), "grad", p)
+            return pick((p.segment, p.stage - 1, p.mb), "grad", p)
         if p.kind == INPUT:
             return raw[(p.segment, p.mb)]
         raise ValueError(f"unknown payload kind {p.kind!r}")

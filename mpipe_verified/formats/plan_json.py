@@ -33,7 +33,9 @@ key names its kind:
 - ``overlap``: ``ops``, its member ``compute`` objects;
 - ``send``: ``dst``, ``payload``; ``recv``: ``src``, ``payload``; a payload has ``kind``
   (``act``/``grad``/``input``), ``stage``, ``mb``, ``segment``, ``shape`` (a list of
-  dimensions), ``dtype`` and ``to_segment``;
+  dimensions), ``dtype``, ``to_segment`` and ``leaves`` (a structured payload: a list of
+  ``{"path", "shape", "dtype"}``, shape and dtype null for a None leaf; then the
+  payload's own ``shape`` and ``dtype`` are absent);
 - ``group``: ``ops``, its member ``send``/``recv`` objects;
 - ``collective``: ``kind`` (``broadcast``/``all_reduce``/``gather``), ``tag``,
   ``members`` (the ranks taking part, in order) and ``root``;
@@ -41,7 +43,7 @@ key names its kind:
   ``REDUCE_GRAD``), ``stage``, ``mb``.
 
 Canonical form (what the writer produces): keys in the order above; an op key at its
-default (``segment``/``tag`` ``""``; ``shape``, ``dtype``, ``to_segment``, ``root``,
+default (``segment``/``tag`` ``""``; ``shape``, ``dtype``, ``to_segment``, ``leaves``, ``root``,
 marker ``mb`` ``null``) is left out; the reader accepts it either way. Two-space
 indentation, one cut segment and one op per line, ASCII only, ``\\n`` line ends. So
 ``parse(format(plan)) == plan`` for every plan and ``format(parse(text)) == text`` for
@@ -67,8 +69,9 @@ from typing import Any, Callable
 
 from ..errors import InputError
 from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, ACT, GRAD, INPUT,
-                  SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Marker, Op, Overlap,
-                  Payload, Placement, Plan, Recv, Schedule, SegmentWork, Send)
+                  SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Op,
+                  Overlap, Payload, Placement, Plan, Recv, Schedule, SegmentWork, Send,
+                  path_steps)
 from .output import write_output
 from .files import MAX_BYTES, read_text
 from .torch_csv import MAX_INDEX
@@ -153,7 +156,13 @@ def _op_obj(op: Op) -> dict:
 def _payload_obj(p: Payload) -> dict:
     return _with({"kind": p.kind, "stage": p.stage, "mb": p.mb}, segment=(p.segment, ""),
                  shape=(None if p.shape is None else list(p.shape), None),
-                 dtype=(p.dtype, None), to_segment=(p.to_segment, None))
+                 dtype=(p.dtype, None), to_segment=(p.to_segment, None),
+                 leaves=(None if p.leaves is None else [_leaf_obj(x) for x in p.leaves], None))
+
+
+def _leaf_obj(x: Leaf) -> dict:
+    return {"path": x.path, "shape": None if x.shape is None else list(x.shape),
+            "dtype": x.dtype}
 
 
 def _with(obj: dict, **fields: tuple[Any, Any]) -> dict:
@@ -371,18 +380,42 @@ _OPS: dict[str, Callable[[_Reader, Any, tuple], Op]] = {
 
 
 def _payload(value: Any, path: tuple) -> Payload:
-    keys = ("kind", "stage", "mb", "segment", "shape", "dtype", "to_segment")
+    keys = ("kind", "stage", "mb", "segment", "shape", "dtype", "to_segment", "leaves")
     obj = _fields(value, path, keys, keys[:3])
-    shape = obj.get("shape")
-    if shape is not None:
-        shape = tuple(_index(d, (*path, "shape", i), high=MAX_DIM)
-                      for i, d in enumerate(_array(shape, (*path, "shape"))))
-    dtype, to_segment = obj.get("dtype"), obj.get("to_segment")
+    shape, dtype = _shape(obj.get("shape"), path), obj.get("dtype")
+    to_segment, leaves = obj.get("to_segment"), obj.get("leaves")
+    if leaves is not None:
+        if shape is not None or dtype is not None:
+            raise _Bad((*path, "leaves"), "a payload with leaves has no shape or dtype of "
+                                          "its own")
+        leaves = tuple(_leaf(x, (*path, "leaves", i))
+                       for i, x in enumerate(_array(leaves, (*path, "leaves"))))
     return Payload(_choice(obj["kind"], (*path, "kind"), (ACT, GRAD, INPUT)),
                    _index(obj["stage"], (*path, "stage")), _index(obj["mb"], (*path, "mb")),
                    _string(obj.get("segment", ""), (*path, "segment")), shape,
                    None if dtype is None else _string(dtype, (*path, "dtype")),
-                   None if to_segment is None else _string(to_segment, (*path, "to_segment")))
+                   None if to_segment is None else _string(to_segment, (*path, "to_segment")),
+                   leaves)
+
+
+def _shape(value: Any, path: tuple) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    return tuple(_index(d, (*path, "shape", i), high=MAX_DIM)
+                 for i, d in enumerate(_array(value, (*path, "shape"))))
+
+
+def _leaf(value: Any, path: tuple) -> Leaf:
+    obj = _fields(value, path, ("path", "shape", "dtype"), ("path", "shape", "dtype"))
+    where = _string(obj["path"], (*path, "path"))
+    try:
+        path_steps(where)
+    except ValueError as e:
+        raise _Bad((*path, "path"), str(e)) from None
+    shape, dtype = _shape(obj["shape"], path), obj["dtype"]
+    if (shape is None) != (dtype is None):
+        raise _Bad(path, "a leaf has a shape and a dtype, or neither (a None leaf)")
+    return Leaf(where, shape, None if dtype is None else _string(dtype, (*path, "dtype")))
 
 
 def _fields(value: Any, path: tuple, allowed: tuple[str, ...],
