@@ -29,6 +29,7 @@ _EXPORTS = {
     "with_payload_shapes": ".partition",
     "certify": ".certify", "NotVerifiedError": ".certify",
     "group_adjacent_comms": ".grouping",
+    "pipeline_mesh": ".topology",
     "Certificate": "..verify.report", "check_certificate": "..verify.report",
 }
 

@@ -25,6 +25,12 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
   from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
 
+Groups (``topology``): plan rank ``r`` is rank ``r`` of the pipeline group (the world by
+default). With data-parallel replicas, each runs the plan on its own pipeline group on
+its block of the batch's rows, and after the plan, outside it, this rank's gradients (and
+the loss) are summed over its data-parallel group (``_reduce_replicas``), each replica's
+microbatch weights already scaled by its share of the whole batch's rows.
+
 Dependencies are not re-derived here: the rank keeps a store keyed by the shared
 semantics' tokens ``(kind, segment, stage, mb)``. ``Chain.needs(op, rank)`` says which
 tokens an op reads (checked present before it runs) and ``produces(op)`` which it leaves
@@ -59,7 +65,7 @@ from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm, split_backward
+from . import comm, split_backward, topology
 from .batch import Batch
 from .errors import PeerError, PipelineError
 
@@ -126,7 +132,11 @@ class PipelineExecutor:
     (a mean over the microbatch's rows when ``loss_reduction="mean"``). ``optimizer``: a
     callable ``params -> torch.optim.Optimizer`` over ``self.parameters()`` (used by
     ``step``). ``check_messages``: send a self-describing trailer with every message
-    (see ``comm``). ``timeout``: seconds (default ``MPIPE_TIMEOUT`` or 30).
+    (see ``comm``). ``timeout``: seconds every wait may take (default ``MPIPE_TIMEOUT`` or
+    300); ``startup_timeout``: joining the process group and the handshake (default
+    ``MPIPE_STARTUP_TIMEOUT`` or torch.distributed's 30 min). ``group``, or ``mesh`` and
+    ``pp_dim``: the pipeline's process group (default: the world, which must then have
+    the plan's ranks); ``dp_group`` or ``dp_dim``: its data-parallel group.
 
     Calling order: construct (refuses uncertified plans), ``connect()`` (process group
     and digest handshake; ``step``/``run`` call it if needed), then ``step(batch)`` per
@@ -139,11 +149,16 @@ class PipelineExecutor:
                  optimizer: Callable | None = None, rank: int | None = None,
                  device: torch.device | str | None = None, check_messages: bool = True,
                  timeout: float | datetime.timedelta | None = None,
-                 loss_reduction: str = "mean", overlap_comms: bool = True) -> None:
+                 loss_reduction: str = "mean", overlap_comms: bool = True,
+                 group=None, mesh=None, pp_dim: str = "pp", dp_group=None,
+                 dp_dim: str | None = None,
+                 startup_timeout: float | datetime.timedelta | None = None) -> None:
         # Refuse before anything else: no process group, no traffic.
         check_certificate(plan, certificate, RENDEZVOUS)
         self.plan, self.certificate = plan, certificate
         self.chain = Chain.of(plan)
+        self._pp_group, self._dp_group = topology.groups_of(group, mesh, pp_dim, dp_group,
+                                                            dp_dim)
         self.rank = self._rank(rank)
         self.num_stages = plan.placement.num_stages
         self.last_stage = self.num_stages - 1
@@ -151,6 +166,7 @@ class PipelineExecutor:
         self.check_messages = check_messages
         self.overlap_comms = overlap_comms
         self.timeout_s = comm.timeout_seconds(timeout)
+        self.startup_s = comm.startup_seconds(startup_timeout)
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self.loss_reduction = loss_reduction
@@ -158,6 +174,7 @@ class PipelineExecutor:
         self.program = plan.programs[self.rank]
         self.stages = self._local_stages(stages)
         self.segments = self._local_segments(dict(segments or {}))
+        _check_ties(plan, stages, dict(segments or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
@@ -171,6 +188,8 @@ class PipelineExecutor:
     # ------------------------------------------------------------ set-up checks
 
     def _rank(self, rank: int | None) -> int:
+        if rank is None and self._pp_group is not None:
+            rank = dist.get_rank(self._pp_group)
         if rank is None:
             if dist.is_initialized():
                 rank = dist.get_rank()
@@ -207,6 +226,8 @@ class PipelineExecutor:
         if len(cut) > 1:
             raise PipelineError("the executor runs at most one source segment; the plan has "
                                 f"{len(cut)} ({', '.join(s.name for s in cut)})")
+        for seg in cut:
+            _check_frozen(seg, segments.get(seg.name))
         used = {c.segment for op in self.program for c in computes_of(op) if c.segment}
         used |= {tagged[1] for op in self.program
                  if isinstance(op, Collective) and (tagged := collective_segment(op))}
@@ -277,27 +298,38 @@ class PipelineExecutor:
         if self._connected:
             return
         check_certificate(self.plan, self.certificate, RENDEZVOUS)
-        _, world, device = comm.init_distributed(self.timeout_s)
+        self._started_group = not dist.is_initialized()
+        _, _, device = comm.init_distributed(self.startup_s)
         self.device = self.device or device
-        if world != self.plan.num_ranks:
-            raise PipelineError(f"the plan has {self.plan.num_ranks} ranks but the process "
-                                f"group has {world}")
-        if dist.get_rank() != self.rank:
+        self.topology = topo = topology.resolve(self.plan.num_ranks, self._pp_group,
+                                                self._dp_group)
+        if topo.plan_rank != self.rank:
             raise PipelineError(f"executor built for rank {self.rank} runs as rank "
-                                f"{dist.get_rank()}")
-        self._handshake(world)
-        wanted = sorted({tuple(sorted(op.ranks)) for prog in self.plan.programs for op in prog
-                         if isinstance(op, Collective)})
-        for ranks in wanted:
-            self._groups[ranks] = (None if ranks == tuple(range(world))
-                                   else dist.new_group(list(ranks)))
-        self.messages = comm.Messages(self.rank, self.device, self.check_messages)
+                                f"{topo.plan_rank} of its pipeline group")
         global _WATCHDOG
         if _WATCHDOG is None:
-            _WATCHDOG = comm.Watchdog(self.rank, self.timeout_s)
-        _WATCHDOG.allow(self.timeout_s)
+            _WATCHDOG = comm.Watchdog(self.rank)
         self._watchdog = _WATCHDOG
+        self._handshake(topo.pp_group, len(topo.pp_ranks), "the plan digest handshake")
+        if topo.replicas > 1:
+            self._handshake(topo.dp_group, topo.replicas, "the replicas' plan handshake")
+        self._run_groups(topo)
+        self.messages = comm.Messages(self.rank, self.device, self.check_messages)
         self._connected = True
+
+    def _run_groups(self, topo: topology.Topology) -> None:
+        """The groups posted on after start-up, all with the wait timeout: the pipeline's
+        (p2p, loss), each plan collective's members', the replicas'."""
+        self._pp = topology.run_group(topo.pp_ranks, self.timeout_s)
+        self._peer = [dist.get_group_rank(self._pp, g) for g in topo.pp_ranks]
+        wanted = sorted({tuple(sorted(op.ranks)) for op in self.program
+                         if isinstance(op, Collective)})
+        for ranks in wanted:
+            members = tuple(topo.pp_ranks[r] for r in ranks)
+            self._groups[ranks] = (self._pp if len(ranks) == len(topo.pp_ranks)
+                                   else topology.run_group(members, self.timeout_s))
+        self._dp = (topology.run_group(topo.dp_ranks, self.timeout_s)
+                    if topo.replicas > 1 else None)
 
     def close(self) -> None:
         """Leave the process group cleanly: wait until every rank is done (so no rank tears
@@ -307,21 +339,35 @@ class PipelineExecutor:
             return
         self._connected = False
         if dist.is_initialized():
-            self._wait([dist.barrier(async_op=True)], "the closing barrier", "all ranks")
-            dist.destroy_process_group()
+            for group, who in ((self._pp, "its pipeline"), (self._dp, "its replicas")):
+                if group is not None:
+                    self._wait([dist.barrier(group=group, async_op=True)],
+                               "the closing barrier", who)
+            if self._pp_group is None and self._dp_group is None:
+                topology.forget_run_groups()
+                dist.destroy_process_group()
 
-    def _handshake(self, world: int) -> None:
-        mine = torch.tensor(list(bytes.fromhex(self.certificate.digest)), dtype=torch.uint8,
-                            device=self.device)
-        every = [torch.empty_like(mine) for _ in range(world)]
-        self._wait([dist.all_gather(every, mine, async_op=True)], "the plan digest handshake",
-                   "all ranks")
-        digests = [bytes(t.tolist()).hex() for t in every]
-        odd = [r for r, d in enumerate(digests) if d != digests[self.rank]]
+    def _handshake(self, group, size: int, what: str) -> None:
+        """All-gather ``(digest, plan rank)`` over ``group`` (start-up timeout): the
+        pipeline's ranks must run one plan; replicas must run it as the same plan rank."""
+        mine = torch.tensor([*bytes.fromhex(self.certificate.digest), self.rank],
+                            dtype=torch.uint8, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(size)]
+        self._wait([dist.all_gather(every, mine, group=group, async_op=True)], what,
+                   "its group", self.startup_s)
+        digests = [bytes(t[:-1].tolist()).hex() for t in every]
+        me = dist.get_rank(group) if group is not None else dist.get_rank()
+        odd = [r for r, d in enumerate(digests) if d != digests[me]]
         if odd:
             raise CertificateError(
-                f"rank {self.rank} runs plan {digests[self.rank][:16]}… but rank(s) "
-                f"{odd} run {digests[odd[0]][:16]}…: every rank must run the same certified plan")
+                f"rank {self.rank} runs plan {digests[me][:16]}… but rank(s) "
+                f"{odd} of its group run {digests[odd[0]][:16]}…: every rank must run the "
+                "same certified plan")
+        ranks = [int(t[-1]) for t in every]
+        if group is self._dp_group and group is not None and len(set(ranks)) != 1:
+            raise PipelineError(f"{what}: the data-parallel group's ranks hold plan ranks "
+                                f"{ranks}; each replica's copy of a rank must be the same "
+                                "plan rank")
 
     # ------------------------------------------------------------ a training step
 
@@ -341,8 +387,10 @@ class PipelineExecutor:
         self.connect()
         m = self.plan.num_microbatches
         batch = batch.to(self.device)
-        self._mbs = batch.split(m)
         total = batch.rows()
+        if self.topology.replicas > 1:  # contiguous row blocks, by replica
+            batch = batch.split(self.topology.replicas)[self.topology.dp_rank]
+        self._mbs = batch.split(m)
         self._weights = [(_rows(mb) / total) if self.loss_reduction == "mean" else 1.0
                          for mb in self._mbs]
         self._loss = None
@@ -360,13 +408,26 @@ class PipelineExecutor:
         self._inflight, self._unread = collections.deque(), []
         self.store = {}
         loss = None if self._loss is None else float(self._loss)
+        holder = self.plan.placement.rank_of(self.last_stage)
         if broadcast_loss:
-            holder = self.plan.placement.rank_of(self.last_stage)
             t = torch.tensor([loss or 0.0], dtype=torch.float64, device=self.device)
-            self._wait([dist.broadcast(t, holder, async_op=True)], "the loss broadcast",
-                       f"rank {holder}")
+            self._wait([dist.broadcast(t, self.topology.pp_ranks[holder], group=self._pp,
+                                       async_op=True)], "the loss broadcast", f"rank {holder}")
             loss = float(t.item())
+        if self._dp is not None:
+            loss = self._reduce_replicas(loss)
+            if not broadcast_loss and self.rank != holder:
+                loss = None
         return loss
+
+    def _reduce_replicas(self, loss: float | None) -> float:
+        """Sum this rank's gradients and loss over its replicas (after the plan: every
+        p2p of it has completed, so this cannot interleave with the pipeline's)."""
+        params = self.parameters()
+        flat = topology.flatten_grads(params, loss or 0.0)
+        self._wait([dist.all_reduce(flat, group=self._dp, async_op=True)],
+                   "the data-parallel all-reduce", "its replicas")
+        return topology.unflatten_grads(params, flat)
 
     def _execute(self, instr: _Instr) -> None:
         store, op = self.store, instr.op
@@ -537,12 +598,13 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------ communication
 
-    def _wait(self, works: list, where: str, peers: str) -> None:
+    def _wait(self, works: list, where: str, peers: str, timeout_s: float | None = None) -> None:
+        timeout_s = timeout_s or self.timeout_s
         watchdog = getattr(self, "_watchdog", None)
         if watchdog is not None:
-            watchdog.arm(f"{where} with {peers}")
+            watchdog.arm(f"{where} with {peers}", timeout_s)
         try:
-            comm.wait_all(works, self.timeout_s, self.rank, where, peers)
+            comm.wait_all(works, timeout_s, self.rank, where, peers)
         finally:
             if watchdog is not None:
                 watchdog.disarm()
@@ -566,7 +628,8 @@ class PipelineExecutor:
                 items.append((False, buf, peer))
                 recvs.append((token, buf, payload, peer))
         try:
-            works = comm.post_p2p(items)
+            works = comm.post_p2p([(s, buf, self._peer[peer]) for s, buf, peer in items],
+                                  self._pp)
         except Exception as err:
             raise PeerError(f"rank {self.rank}: {where}: posting to {peers} failed: "
                             f"{comm.backend_reason(err, self.timeout_s)}") from err
@@ -618,7 +681,8 @@ class PipelineExecutor:
         if op.kind == "broadcast":
             flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else \
                 torch.empty(0, device=self.device)
-            self._wait([dist.broadcast(flat, op.root, group=group, async_op=True)], where, peers)
+            root = self.topology.pp_ranks[op.root]
+            self._wait([dist.broadcast(flat, root, group=group, async_op=True)], where, peers)
             if self.rank != op.root:
                 with torch.no_grad():
                     offset = 0
@@ -638,6 +702,55 @@ class PipelineExecutor:
 
 
 _HOLDS_ACTIVATION = ("stored", "wgrad_ready")  # token kinds whose value keeps a graph
+
+
+def _check_frozen(seg, module: nn.Module | None) -> None:
+    """A segment the plan runs without a backward must not have trainable parameters: it
+    would silently stay untrained."""
+    if seg.trainable or module is None:
+        return
+    live = [n for n, p in module.named_parameters() if p.requires_grad]
+    if live:
+        more = f", … ({len(live)} in all)" if len(live) > 3 else ""
+        raise PipelineError(
+            f"segment {seg.name!r} is frozen in this plan (no backward) but its module has "
+            f"parameters that require grad ({', '.join(live[:3])}{more}): freeze them "
+            "(module.requires_grad_(False)) or certify a plan that trains the segment")
+
+
+def _check_ties(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
+    """Refuse parameters shared by modules on different ranks (tied embeddings): nothing
+    in the plan would sum their gradients, so the copies would diverge. A segment counts
+    as its home rank's (the plan keeps its other copies in step); FSDP2-sharded modules are
+    refused too (their collectives are not in the plan)."""
+    table = stages.items() if isinstance(stages, Mapping) else enumerate(stages)
+    holders = [(f"stage {s}", plan.placement.rank_of(s), m) for s, m in table
+               if 0 <= s < plan.placement.num_stages]
+    for name, module in segments.items():
+        seg = plan.cut.get(name)
+        if seg is not None:
+            holders.append((f"segment {name!r}", seg.home, module))
+    seen: dict[int, tuple[str, int, str]] = {}
+    for where, rank, module in holders:
+        if _is_fsdp(module):
+            raise PipelineError(f"{where} is an FSDP2 (fully_shard) module: the executor "
+                                "does not run them (see docs/executor.md); pass dp_group= "
+                                "for data parallelism")
+        for pname, p in module.named_parameters(remove_duplicate=False):
+            first = seen.setdefault(id(p), (where, rank, pname))
+            if first[1] != rank:
+                raise PipelineError(
+                    f"parameter {first[2]!r} of {first[0]} (rank {first[1]}) is also "
+                    f"{pname!r} of {where} (rank {rank}): parameters tied across ranks are "
+                    "not synchronised by the plan; untie them or place both on one rank")
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    return isinstance(module, FSDPModule)
 
 
 def _activation(value) -> _Saved:
