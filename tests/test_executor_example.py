@@ -28,3 +28,26 @@ def test_example_trains_with_transpose_on_two_ranks():
     losses = [float(x) for x in re.findall(r"^\[rank0\]:step \d+ loss ([0-9.]+)$",
                                            done.stdout, re.M)]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, done.stdout
+
+
+def test_example_checks_grads_of_two_replicas_of_a_two_rank_pipeline():
+    done = subprocess.run(
+        [MPIPE_RUN, "--nproc", "4", "--backend", "gloo",
+         os.path.join(ROOT, "examples", "train_tiny_mllm.py"), "--schedule", "zb-h1",
+         "--dp", "2", "--steps", "1", "--check-grads"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(2 pipeline x 2 data-parallel)" in done.stdout, done.stdout
+    found = re.findall(r"^\[rank0\]:grads match a single-process run: max abs diff (\S+)$",
+                       done.stdout, re.M)
+    assert len(found) == 1 and float(found[0]) <= 1e-5, done.stdout
+
+
+def test_example_refuses_a_dp_that_does_not_divide_the_world():
+    done = subprocess.run(
+        [MPIPE_RUN, "--nproc", "3", "--backend", "gloo",
+         os.path.join(ROOT, "examples", "train_tiny_mllm.py"), "--dp", "2"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--dp 2 does not divide the world of 3 processes" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
