@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         groups = {}
         if args.dp > 1:
-            init_distributed(args.timeout)
+            init_distributed()  # the mesh needs the process group first
             groups = {"mesh": pipeline_mesh(pp), "pp_dim": "pp", "dp_dim": "dp"}
         executor = PipelineExecutor(
             plan, report.certificate, stages=stages, segments={"vision": encoder},

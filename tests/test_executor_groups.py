@@ -5,8 +5,9 @@ transpose owner mode on a ``DeviceMesh``, zbv with a tied embedding and head on 
 every replica's gradients must equal a single-process run on the whole batch (float32,
 atol 1e-5). Smaller launches check that a world which is not a multiple of the pipeline is
 refused, that the start-up timeout is not the wait timeout, and that ranks failing with a
-``PipelineError`` exit through ``sys.exit`` with their own codes. Tied parameters across
-ranks and a frozen segment with trainable parameters are refused at construction.
+``PipelineError`` exit through ``sys.exit`` with their own codes. ``fully_shard`` stage
+modules, tied parameters across ranks and a frozen segment with trainable parameters are
+refused at construction.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ def test_replicas_match_a_single_process_run(dp_run, name):
         for key, grad in want.items():
             torch.testing.assert_close(got[key], grad, atol=1e-5, rtol=0,
                                        msg=lambda m, k=key: f"{name} replica {replica} {k}: {m}")
+
+
+def test_fully_sharded_stages_are_refused_by_name(dp_run):
+    for r in range(4):
+        text = open(os.path.join(dp_run, f"fsdp.{r}.txt")).read()
+        assert text.startswith("stage 1 is an FSDP2 (fully_shard) module"), text
 
 
 def test_world_not_a_multiple_of_the_pipeline_is_refused(tmp_path):

@@ -9,7 +9,8 @@ Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Scenarios:
   explicit ``group=``/``dp_group=`` groups, transpose owner mode on a ``(dp, pp)``
   ``DeviceMesh``, and zbv with the token embedding tied to the vocabulary head (both on
   rank 0 of the V placement); one step each, saving the loss and every gradient this
-  rank trains to ``OUT/NAME.RANK.pt`` (names as in the single-process model);
+  rank trains to ``OUT/NAME.RANK.pt`` (names as in the single-process model); then a
+  ``fully_shard`` stage must be refused (``OUT/fsdp.RANK.txt``);
 - ``odd-world`` (3 ranks, a 2-rank plan): ``pipeline_mesh`` and the default executor
   must refuse; the messages go to ``OUT/odd.RANK.txt``;
 - ``skew`` (2 ranks; wait timeout 1 s): rank 1 joins 3 s late, which the start-up
@@ -87,6 +88,24 @@ def run_dp(out: str) -> None:
         torch.save({"loss": loss, "grads": grads, "plan_rank": ex.rank},
                    os.path.join(out, f"{name}.{rank}.pt"))
         ex.close()
+    refuse_fsdp(out)
+
+
+def refuse_fsdp(out: str) -> None:
+    """A ``fully_shard`` stage module is refused by name (``OUT/fsdp.RANK.txt``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    plan, cert, encoder, stages, _ = build("zb-h1-groups")
+    mesh = pipeline_mesh(PP)
+    fully_shard(stages[1], mesh=mesh["dp"])
+    try:
+        PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+                         loss_fn=tiny.loss_fn, mesh=mesh, dp_dim="dp")
+        message = "accepted"
+    except PipelineError as err:
+        message = str(err)
+    with open(os.path.join(out, f"fsdp.{dist.get_rank()}.txt"), "w") as f:
+        f.write(message)
 
 
 def run_odd(out: str) -> None:

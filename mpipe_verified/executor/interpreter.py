@@ -180,7 +180,7 @@ class PipelineExecutor:
         self._check_payloads()
         self._instrs = self._compile()
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
-        self._connected = False
+        self._connected = self._failed = False
         self._groups: dict[tuple[int, ...], object] = {}
         self.store: dict = {}
         self.stored_peak = 0  # most stored activations held at once in the last run
@@ -298,7 +298,6 @@ class PipelineExecutor:
         if self._connected:
             return
         check_certificate(self.plan, self.certificate, RENDEZVOUS)
-        self._started_group = not dist.is_initialized()
         _, _, device = comm.init_distributed(self.startup_s)
         self.device = self.device or device
         self.topology = topo = topology.resolve(self.plan.num_ranks, self._pp_group,
@@ -333,11 +332,15 @@ class PipelineExecutor:
 
     def close(self) -> None:
         """Leave the process group cleanly: wait until every rank is done (so no rank tears
-        down a connection a peer still uses), then destroy it. Without this, gloo's
-        threads may be torn down while still running at interpreter exit (SIGABRT)."""
+        down a connection a peer still uses), then, when the pipeline is the whole world
+        (no ``group=``/``mesh=``), destroy the process group. Without this, gloo's threads may be
+        torn down while still running at interpreter exit (SIGABRT). After a
+        ``PipelineError`` it does nothing: the process can exit as it is."""
         if not self._connected:
             return
         self._connected = False
+        if self._failed:  # a peer may be gone: no barrier; the process can simply exit
+            return
         if dist.is_initialized():
             for group, who in ((self._pp, "its pipeline"), (self._dp, "its replicas")):
                 if group is not None:
@@ -399,12 +402,15 @@ class PipelineExecutor:
         self._unread: list[_Pending] = []
         self._stored_refs: dict[int, int] = {}
         self._stored_live = self.stored_peak = 0
-        for instr in self._instrs:
-            self._execute(instr)
-        for pending in self._unread:  # received but never read: still check them
-            self._resolve(pending)
-        for transfer in self._inflight:
-            self._finish(transfer)
+        try:
+            self._run_plan()
+            return self._step_loss(broadcast_loss)
+        except PipelineError:
+            self._failed = True  # close() then skips its barrier
+            raise
+
+    def _step_loss(self, broadcast_loss: bool) -> float | None:
+        """The batch loss (after the replicas' reduction, when there are replicas)."""
         self._inflight, self._unread = collections.deque(), []
         self.store = {}
         loss = None if self._loss is None else float(self._loss)
@@ -428,6 +434,14 @@ class PipelineExecutor:
         self._wait([dist.all_reduce(flat, group=self._dp, async_op=True)],
                    "the data-parallel all-reduce", "its replicas")
         return topology.unflatten_grads(params, flat)
+
+    def _run_plan(self) -> None:
+        for instr in self._instrs:
+            self._execute(instr)
+        for pending in self._unread:  # received but never read: still check them
+            self._resolve(pending)
+        for transfer in self._inflight:
+            self._finish(transfer)
 
     def _execute(self, instr: _Instr) -> None:
         store, op = self.store, instr.op
