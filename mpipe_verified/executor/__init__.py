@@ -9,7 +9,8 @@
 
 Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``interpreter``
 (the per-rank interpreter), ``partition`` (stages and payload shapes), ``comm``
-(process group, checked messages, watchdog), ``launch`` (``mpipe-run``).
+(process group, checked messages, watchdog), ``topology`` (pipeline and data-parallel
+groups), ``model_checks`` (models refused before any traffic), ``launch`` (``mpipe-run``).
 """
 
 from __future__ import annotations

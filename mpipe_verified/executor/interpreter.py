@@ -65,7 +65,7 @@ from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm, split_backward, topology
+from . import comm, model_checks, split_backward, topology
 from .batch import Batch
 from .errors import PeerError, PipelineError
 
@@ -174,7 +174,7 @@ class PipelineExecutor:
         self.program = plan.programs[self.rank]
         self.stages = self._local_stages(stages)
         self.segments = self._local_segments(dict(segments or {}))
-        _check_ties(plan, stages, dict(segments or {}))
+        model_checks.check_model(plan, stages, dict(segments or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
@@ -226,8 +226,6 @@ class PipelineExecutor:
         if len(cut) > 1:
             raise PipelineError("the executor runs at most one source segment; the plan has "
                                 f"{len(cut)} ({', '.join(s.name for s in cut)})")
-        for seg in cut:
-            _check_frozen(seg, segments.get(seg.name))
         used = {c.segment for op in self.program for c in computes_of(op) if c.segment}
         used |= {tagged[1] for op in self.program
                  if isinstance(op, Collective) and (tagged := collective_segment(op))}
@@ -311,7 +309,8 @@ class PipelineExecutor:
         self._watchdog = _WATCHDOG
         self._handshake(topo.pp_group, len(topo.pp_ranks), "the plan digest handshake")
         if topo.replicas > 1:
-            self._handshake(topo.dp_group, topo.replicas, "the replicas' plan handshake")
+            self._handshake(topo.dp_group, topo.replicas, "the replicas' plan handshake",
+                            same_rank=True)
         self._run_groups(topo)
         self.messages = comm.Messages(self.rank, self.device, self.check_messages)
         self._connected = True
@@ -333,8 +332,8 @@ class PipelineExecutor:
     def close(self) -> None:
         """Leave the process group cleanly: wait until every rank is done (so no rank tears
         down a connection a peer still uses), then, when the pipeline is the whole world
-        (no ``group=``/``mesh=``), destroy the process group. Without this, gloo's threads may be
-        torn down while still running at interpreter exit (SIGABRT). After a
+        (no ``group=``/``mesh=``), destroy the process group. Without this, gloo's threads
+        may be torn down while still running at interpreter exit (SIGABRT). After a
         ``PipelineError`` it does nothing: the process can exit as it is."""
         if not self._connected:
             return
@@ -350,9 +349,9 @@ class PipelineExecutor:
                 topology.forget_run_groups()
                 dist.destroy_process_group()
 
-    def _handshake(self, group, size: int, what: str) -> None:
-        """All-gather ``(digest, plan rank)`` over ``group`` (start-up timeout): the
-        pipeline's ranks must run one plan; replicas must run it as the same plan rank."""
+    def _handshake(self, group, size: int, what: str, same_rank: bool = False) -> None:
+        """All-gather ``(digest, plan rank)`` over ``group`` (start-up timeout): its ranks
+        must run one plan, and with ``same_rank`` (replicas) as the same plan rank."""
         mine = torch.tensor([*bytes.fromhex(self.certificate.digest), self.rank],
                             dtype=torch.uint8, device=self.device)
         every = [torch.empty_like(mine) for _ in range(size)]
@@ -367,7 +366,7 @@ class PipelineExecutor:
                 f"{odd} of its group run {digests[odd[0]][:16]}…: every rank must run the "
                 "same certified plan")
         ranks = [int(t[-1]) for t in every]
-        if group is self._dp_group and group is not None and len(set(ranks)) != 1:
+        if same_rank and len(set(ranks)) != 1:
             raise PipelineError(f"{what}: the data-parallel group's ranks hold plan ranks "
                                 f"{ranks}; each replica's copy of a rank must be the same "
                                 "plan rank")
@@ -409,10 +408,18 @@ class PipelineExecutor:
             self._failed = True  # close() then skips its barrier
             raise
 
-    def _step_loss(self, broadcast_loss: bool) -> float | None:
-        """The batch loss (after the replicas' reduction, when there are replicas)."""
+    def _run_plan(self) -> None:
+        for instr in self._instrs:
+            self._execute(instr)
+        for pending in self._unread:  # received but never read: still check them
+            self._resolve(pending)
+        for transfer in self._inflight:
+            self._finish(transfer)
         self._inflight, self._unread = collections.deque(), []
         self.store = {}
+
+    def _step_loss(self, broadcast_loss: bool) -> float | None:
+        """The batch loss (after the replicas' reduction, when there are replicas)."""
         loss = None if self._loss is None else float(self._loss)
         holder = self.plan.placement.rank_of(self.last_stage)
         if broadcast_loss:
@@ -434,14 +441,6 @@ class PipelineExecutor:
         self._wait([dist.all_reduce(flat, group=self._dp, async_op=True)],
                    "the data-parallel all-reduce", "its replicas")
         return topology.unflatten_grads(params, flat)
-
-    def _run_plan(self) -> None:
-        for instr in self._instrs:
-            self._execute(instr)
-        for pending in self._unread:  # received but never read: still check them
-            self._resolve(pending)
-        for transfer in self._inflight:
-            self._finish(transfer)
 
     def _execute(self, instr: _Instr) -> None:
         store, op = self.store, instr.op
@@ -716,55 +715,6 @@ class PipelineExecutor:
 
 
 _HOLDS_ACTIVATION = ("stored", "wgrad_ready")  # token kinds whose value keeps a graph
-
-
-def _check_frozen(seg, module: nn.Module | None) -> None:
-    """A segment the plan runs without a backward must not have trainable parameters: it
-    would silently stay untrained."""
-    if seg.trainable or module is None:
-        return
-    live = [n for n, p in module.named_parameters() if p.requires_grad]
-    if live:
-        more = f", … ({len(live)} in all)" if len(live) > 3 else ""
-        raise PipelineError(
-            f"segment {seg.name!r} is frozen in this plan (no backward) but its module has "
-            f"parameters that require grad ({', '.join(live[:3])}{more}): freeze them "
-            "(module.requires_grad_(False)) or certify a plan that trains the segment")
-
-
-def _check_ties(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
-    """Refuse parameters shared by modules on different ranks (tied embeddings): nothing
-    in the plan would sum their gradients, so the copies would diverge. A segment counts
-    as its home rank's (the plan keeps its other copies in step); FSDP2-sharded modules are
-    refused too (their collectives are not in the plan)."""
-    table = stages.items() if isinstance(stages, Mapping) else enumerate(stages)
-    holders = [(f"stage {s}", plan.placement.rank_of(s), m) for s, m in table
-               if 0 <= s < plan.placement.num_stages]
-    for name, module in segments.items():
-        seg = plan.cut.get(name)
-        if seg is not None:
-            holders.append((f"segment {name!r}", seg.home, module))
-    seen: dict[int, tuple[str, int, str]] = {}
-    for where, rank, module in holders:
-        if _is_fsdp(module):
-            raise PipelineError(f"{where} is an FSDP2 (fully_shard) module: the executor "
-                                "does not run them (see docs/executor.md); pass dp_group= "
-                                "for data parallelism")
-        for pname, p in module.named_parameters(remove_duplicate=False):
-            first = seen.setdefault(id(p), (where, rank, pname))
-            if first[1] != rank:
-                raise PipelineError(
-                    f"parameter {first[2]!r} of {first[0]} (rank {first[1]}) is also "
-                    f"{pname!r} of {where} (rank {rank}): parameters tied across ranks are "
-                    "not synchronised by the plan; untie them or place both on one rank")
-
-
-def _is_fsdp(module: nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return False
-    return isinstance(module, FSDPModule)
 
 
 def _activation(value) -> _Saved:
