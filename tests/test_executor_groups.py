@@ -108,6 +108,13 @@ def test_fully_sharded_stages_are_refused_by_name(dp_run):
         assert text.startswith("stage 1 is an FSDP2 (fully_shard) module"), text
 
 
+def test_replicas_holding_different_plan_ranks_are_refused(dp_run):
+    for r in range(4):
+        text = open(os.path.join(dp_run, f"crossed.{r}.txt")).read()
+        assert "the data-parallel group's ranks hold plan ranks" in text, text
+        assert "[0, 1]" in text or "[1, 0]" in text, text
+
+
 def test_world_not_a_multiple_of_the_pipeline_is_refused(tmp_path):
     codes, texts = launch(3, "odd-world", str(tmp_path))
     assert codes == [0, 0, 0], "\n".join(texts)

@@ -10,7 +10,8 @@ Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Scenarios:
   ``DeviceMesh``, and zbv with the token embedding tied to the vocabulary head (both on
   rank 0 of the V placement); one step each, saving the loss and every gradient this
   rank trains to ``OUT/NAME.RANK.pt`` (names as in the single-process model); then a
-  ``fully_shard`` stage must be refused (``OUT/fsdp.RANK.txt``);
+  ``fully_shard`` stage must be refused (``OUT/fsdp.RANK.txt``), and so must
+  data-parallel groups that pair different plan ranks (``OUT/crossed.RANK.txt``);
 - ``odd-world`` (3 ranks, a 2-rank plan): ``pipeline_mesh`` and the default executor
   must refuse; the messages go to ``OUT/odd.RANK.txt``;
 - ``skew`` (2 ranks; wait timeout 1 s): rank 1 joins 3 s late, which the start-up
@@ -89,6 +90,7 @@ def run_dp(out: str) -> None:
                    os.path.join(out, f"{name}.{rank}.pt"))
         ex.close()
     refuse_fsdp(out)
+    refuse_crossed_replicas(out)
 
 
 def refuse_fsdp(out: str) -> None:
@@ -105,6 +107,25 @@ def refuse_fsdp(out: str) -> None:
     except PipelineError as err:
         message = str(err)
     with open(os.path.join(out, f"fsdp.{dist.get_rank()}.txt"), "w") as f:
+        f.write(message)
+
+
+def refuse_crossed_replicas(out: str) -> None:
+    """Data-parallel groups that pair plan rank 0 of one replica with plan rank 1 of the
+    other ({0, 3}, {1, 2}) are refused at the handshake (``OUT/crossed.RANK.txt``)."""
+    rank = dist.get_rank()
+    plan, cert, encoder, stages, _ = build("zb-h1-groups")
+    pipes = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    crossed = [dist.new_group([0, 3]), dist.new_group([1, 2])]
+    ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+                          loss_fn=tiny.loss_fn, group=pipes[rank // PP],
+                          dp_group=crossed[0 if rank in (0, 3) else 1])
+    try:
+        ex.connect()
+        message = "accepted"
+    except PipelineError as err:
+        message = str(err)
+    with open(os.path.join(out, f"crossed.{rank}.txt"), "w") as f:
         f.write(message)
 
 

@@ -367,9 +367,9 @@ class PipelineExecutor:
                 "same certified plan")
         ranks = [int(t[-1]) for t in every]
         if same_rank and len(set(ranks)) != 1:
-            raise PipelineError(f"{what}: the data-parallel group's ranks hold plan ranks "
-                                f"{ranks}; each replica's copy of a rank must be the same "
-                                "plan rank")
+            raise PipelineError(f"rank {self.rank}: {what}: the data-parallel group's "
+                                f"ranks hold plan ranks {ranks}; each replica's copy of a "
+                                "rank must be the same plan rank")
 
     # ------------------------------------------------------------ a training step
 
