@@ -437,10 +437,13 @@ class PipelineExecutor:
         """Sum this rank's gradients and loss over its replicas (after the plan: every
         p2p of it has completed, so this cannot interleave with the pipeline's)."""
         params = self.parameters()
-        flat = topology.flatten_grads(params, loss or 0.0)
-        self._wait([dist.all_reduce(flat, group=self._dp, async_op=True)],
+        flat = topology.flatten_grads(params).to(self.device)
+        total = torch.tensor([loss or 0.0], dtype=torch.float64, device=self.device)
+        self._wait([dist.all_reduce(flat, group=self._dp, async_op=True),
+                    dist.all_reduce(total, group=self._dp, async_op=True)],
                    "the data-parallel all-reduce", "its replicas")
-        return topology.unflatten_grads(params, flat)
+        topology.unflatten_grads(params, flat)
+        return float(total.item())
 
     def _execute(self, instr: _Instr) -> None:
         store, op = self.store, instr.op

@@ -122,21 +122,18 @@ def forget_run_groups() -> None:
     _RUN_GROUPS.clear()
 
 
-def flatten_grads(params, extra: float) -> torch.Tensor:
-    """Every parameter's gradient (zeros where none) and ``extra`` in one float tensor
-    (the gradients' dtype), the layout ``unflatten_grads`` reads back."""
-    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-             for p in params]
-    dtype = parts[0].dtype if parts else torch.float32
-    device = parts[0].device if parts else None
-    parts.append(torch.tensor([extra], dtype=torch.float64).to(dtype=dtype, device=device))
-    return torch.cat(parts)
+def flatten_grads(params) -> torch.Tensor:
+    """Every parameter's gradient (zeros where none) in one tensor (``torch.cat``
+    promotes mixed dtypes), the layout ``unflatten_grads`` reads back."""
+    if not params:
+        return torch.zeros(0)
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params])
 
 
-def unflatten_grads(params, flat: torch.Tensor) -> float:
-    """Write ``flat``'s gradients back to ``params``; returns the extra value."""
+def unflatten_grads(params, flat: torch.Tensor) -> None:
+    """Write ``flat``'s gradients back to ``params`` (each in its own dtype)."""
     offset = 0
     for p in params:
         p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype, copy=True)
         offset += p.numel()
-    return float(flat[offset])
