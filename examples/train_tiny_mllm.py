@@ -3,6 +3,7 @@
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule transpose --steps 20
     torchrun --nproc-per-node 4 examples/train_tiny_mllm.py --schedule zb-h1 --steps 20
     mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule transpose --mode owner --audio
+    mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule zb-h1 --dp 2 --check-grads
 
 The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
 decoder LM (token + position embedding plus the image embedding, attention-free residual
@@ -18,6 +19,10 @@ recompute|owner|frozen`` moves the encoder into the bubbles; ``--audio`` cuts th
 encoder too and, with transpose, moves it as ``--audio-mode`` says), derives and lowers it,
 writes the payload shapes into the plan, verifies it (and refuses to run unless it is
 verified), then runs it with ``PipelineExecutor``; rank 0 prints ``step K loss X``.
+``--dp N`` runs ``N`` data-parallel replicas of a ``world / N``-rank pipeline (a
+``(dp, pp)`` device mesh; each replica takes its block of the batch's rows).
+``--check-grads`` compares, after the first step, every gradient with a single-process
+run on the whole batch; rank 0 prints ``grads match a single-process run: max abs diff X``.
 """
 
 from __future__ import annotations
@@ -31,13 +36,14 @@ import warnings
 warnings.filterwarnings("ignore", message=".*NumPy.*")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
-                                     PipelineExecutor, infer_payload_shapes, split_sequential,
-                                     with_payload_shapes)
+                                     PipelineExecutor, infer_payload_shapes, init_distributed,
+                                     pipeline_mesh, split_sequential, with_payload_shapes)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
@@ -204,6 +210,59 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
     return with_payload_shapes(plan, shapes), encoders, stages, full
 
 
+# ---------------------------------------------------------------- checking
+
+
+def reference_grads(schedule: str, pp: int, microbatches: int, rows: int, mode: str,
+                    layers: int, dim: int, seed: int,
+                    audio_mode: str | None = None) -> dict[str, torch.Tensor]:
+    """Every trainable parameter's gradient of one single-process, full-batch run of the
+    freshly built model (``vision.NAME``, ``audio.NAME``, ``body.NAME``)."""
+    term = build_term(schedule, pp, microbatches, mode, audio_mode=audio_mode)
+    num_stages = term.derive().placement.num_stages
+    vision, body = build_model(max(layers, num_stages - 2), dim, seed=seed)
+    encoders = {"vision": vision}
+    if audio_mode is not None:
+        encoders["audio"] = build_audio(dim, seed)
+    for name, how in (("vision", mode), ("audio", audio_mode)):
+        if how == "frozen":
+            encoders[name].requires_grad_(False)
+    batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
+    x = body[0](*(e(batch.segments[n]) for n, e in encoders.items()), batch.body)
+    for layer in list(body)[1:]:
+        x = layer(x)
+    loss_fn(x, batch.target).backward()
+    named = [(f"{s}.{n}", p) for s, e in encoders.items() for n, p in e.named_parameters()]
+    named += [(f"body.{n}", p) for n, p in body.named_parameters()]
+    return {n: p.grad for n, p in named if p.requires_grad}
+
+
+def check_grads(executor: PipelineExecutor, encoders: dict[str, nn.Module], full: nn.Module,
+                want: dict[str, torch.Tensor]) -> bool:
+    """Compare the gradients this rank trains with ``want``; over the whole world, every
+    parameter must be covered and the largest difference at most 1e-5 (printed by rank 0)."""
+    names = {id(p): f"{s}.{n}" for s, e in encoders.items() for n, p in e.named_parameters()}
+    names.update({id(p): f"body.{n}" for n, p in full.named_parameters()})
+    order = sorted(want)
+    covered = torch.zeros(len(order) + 1, dtype=torch.float64)
+    for p in executor.parameters():
+        name = names[id(p)]
+        got = p.grad if p.grad is not None else torch.zeros_like(p)
+        covered[order.index(name)] = 1
+        covered[-1] = max(float(covered[-1]), float((got - want[name]).abs().max()))
+    diff = covered[-1:].clone()
+    dist.all_reduce(covered[:-1], op=dist.ReduceOp.MAX)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    missing = [n for n, c in zip(order, covered[:-1].tolist()) if not c]
+    ok = not missing and float(diff) <= 1e-5
+    if dist.get_rank() == 0:
+        verdict = "match" if ok else "differ from"
+        print(f"grads {verdict} a single-process run: max abs diff {float(diff):.2e}"
+              + (f" ({len(missing)} parameters without a gradient: {missing[:3]})"
+                 if missing else ""), flush=True)
+    return ok
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -227,19 +286,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dp", type=int, default=1,
+                    help="data-parallel replicas (world = pipeline ranks x DP)")
+    ap.add_argument("--check-grads", action="store_true",
+                    help="after the first step, compare every gradient with a "
+                         "single-process full-batch run")
     ap.add_argument("--timeout", type=float, default=None, help="seconds (MPIPE_TIMEOUT)")
     args = ap.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    m = args.microbatches or 2 * world
-    rows = args.batch_size or 4 * m
+    if args.dp < 1 or world % args.dp:
+        print(f"rank {rank}: --dp {args.dp} does not divide the world of {world} processes",
+              file=sys.stderr)
+        return 2
+    pp = world // args.dp
+    m = args.microbatches or 2 * pp
+    rows = args.batch_size or 4 * m * args.dp
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     audio_mode = (args.audio_mode or args.mode) if args.audio else None
     try:
-        plan, encoders, stages, _ = prepare_encoders(args.schedule, world, m, rows, args.mode,
-                                                     args.ownership, args.body, args.layers,
-                                                     args.dim, args.seed, audio_mode)
+        if rows % args.dp:
+            raise ValueError(f"--batch-size {rows} does not split evenly over {args.dp} replicas")
+        plan, encoders, stages, full = prepare_encoders(args.schedule, pp, m, rows // args.dp,
+                                                        args.mode, args.ownership, args.body,
+                                                        args.layers, args.dim, args.seed,
+                                                        audio_mode)
     except ValueError as err:
         print(f"rank {rank}: cannot build the plan: {err}", file=sys.stderr)
         return 2
@@ -250,27 +322,36 @@ def main(argv: list[str] | None = None) -> int:
             for v in report.violations[:5]:
                 print(f"  {v.property}: {v.message}", file=sys.stderr)
         return 1
+    want = (reference_grads(args.schedule, pp, m, rows, args.mode, args.layers, args.dim,
+                            args.seed, audio_mode) if args.check_grads else None)
     try:
+        groups = {}
+        if args.dp > 1:
+            init_distributed()  # the mesh needs the process group first
+            groups = {"mesh": pipeline_mesh(pp), "pp_dim": "pp", "dp_dim": "dp"}
         executor = PipelineExecutor(
             plan, report.certificate, stages=stages, segments=encoders,
             loss_fn=loss_fn, timeout=args.timeout,
-            optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr))
+            optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr), **groups)
         if rank == 0:
-            print(f"{args.schedule}: {world} ranks, {plan.placement.num_stages} stages, "
-                  f"{m} microbatches, {plan.num_ops} ops; plan verified "
-                  f"({report.certificate.digest[:12]})", flush=True)
+            print(f"{args.schedule}: {world} ranks ({pp} pipeline x {args.dp} data-parallel), "
+                  f"{plan.placement.num_stages} stages, {m} microbatches, {plan.num_ops} ops; "
+                  f"plan verified ({report.certificate.digest[:12]})", flush=True)
         for step in range(args.steps):
             loss = executor.step(make_batch(step, rows, seed=args.seed, audio=args.audio))
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
+            if step == 0 and want is not None and not check_grads(executor, encoders, full, want):
+                return 1
         executor.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     except CertificateError as err:
         print(f"rank {rank}: refused: {err}", file=sys.stderr, flush=True)
         return 2
     except PipelineError as err:
         print(f"rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        sys.stderr.flush()
-        os._exit(1)  # do not wait for peers at interpreter exit
+        return 1
     return 0
 
 

@@ -47,3 +47,26 @@ def test_the_executor_docs_scripts_run_as_written(tmp_path, heading):
     assert done.returncode == 0, done.stdout + done.stderr
     losses = [float(x) for x in re.findall(SNIPPETS[heading], done.stdout)]
     assert len(losses) >= 3 and losses == sorted(losses, reverse=True), done.stdout
+
+
+def test_example_checks_grads_of_two_replicas_of_a_two_rank_pipeline():
+    done = subprocess.run(
+        [MPIPE_RUN, "--nproc", "4", "--backend", "gloo",
+         os.path.join(ROOT, "examples", "train_tiny_mllm.py"), "--schedule", "zb-h1",
+         "--dp", "2", "--steps", "1", "--check-grads"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(2 pipeline x 2 data-parallel)" in done.stdout, done.stdout
+    found = re.findall(r"^\[rank0\]:grads match a single-process run: max abs diff (\S+)$",
+                       done.stdout, re.M)
+    assert len(found) == 1 and float(found[0]) <= 1e-5, done.stdout
+
+
+def test_example_refuses_a_dp_that_does_not_divide_the_world():
+    done = subprocess.run(
+        [MPIPE_RUN, "--nproc", "3", "--backend", "gloo",
+         os.path.join(ROOT, "examples", "train_tiny_mllm.py"), "--dp", "2"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--dp 2 does not divide the world of 3 processes" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

@@ -340,8 +340,8 @@ def test_watchdog_ends_a_stuck_process():
     code = textwrap.dedent("""
         import time
         from mpipe_verified.executor.comm import Watchdog
-        w = Watchdog(3, 0.2, grace_s=0.0)
-        w.arm("0RECV_F1 at position 4 with rank 1")
+        w = Watchdog(3, grace_s=0.0)
+        w.arm("0RECV_F1 at position 4 with rank 1", 0.2)
         time.sleep(30)
     """)
     t = time.time()

@@ -16,7 +16,8 @@ Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``interp
 (the per-rank interpreter), ``partition`` (stages and payload layouts), ``tree``
 (structured values: leaves and paths), ``comm`` (process group, checked messages,
 watchdog), ``packed`` (messages of structured payloads), ``shapes`` (``ShapeCache``),
-``launch`` (``mpipe-run``).
+``topology`` (pipeline and data-parallel groups), ``model_checks`` (models refused before
+any traffic), ``launch`` (``mpipe-run``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _EXPORTS = {
     "ShapeCache": ".shapes",
     "certify": ".certify", "NotVerifiedError": ".certify",
     "group_adjacent_comms": ".grouping",
+    "pipeline_mesh": ".topology",
     "Certificate": "..verify.report", "check_certificate": "..verify.report",
 }
 

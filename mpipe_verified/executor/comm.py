@@ -19,10 +19,13 @@ segment's forward from) travels with the RNG state that forward ran with
 bytes (``rng_state_bytes``: the CPU generator's state, then the current CUDA device's when
 the rank runs on CUDA), then the trailer (none with ``check_messages=False``).
 
-Fail fast. ``init_distributed`` sets the process group's timeout (``MPIPE_TIMEOUT``,
-default 30 s), every wait passes that timeout, and a ``Watchdog`` thread ends the
+Fail fast. Two timeouts: start-up (``startup_seconds``: ``MPIPE_STARTUP_TIMEOUT``,
+default torch.distributed's own default process-group timeout, 30 min) bounds joining the
+process group and the plan handshake; waits (``timeout_seconds``: ``MPIPE_TIMEOUT``,
+default 300 s) bound every other wait. ``init_distributed`` gives the default group the
+start-up timeout; every wait passes its own timeout, and a ``Watchdog`` thread ends the
 process (exit code 124) if a communication op is still in flight ``grace`` seconds after
-the timeout (backends that ignore timeouts, collectives stuck on a hung peer).
+its timeout (backends that ignore timeouts, collectives stuck on a hung peer).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ import torch.distributed as dist
 from ..ir import INPUT, Payload
 from .errors import PayloadMismatchError, PeerError, PipelineError
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_STARTUP_TIMEOUT_S = dist.constants.default_pg_timeout.total_seconds()
 WATCHDOG_EXIT = 124
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
@@ -267,20 +271,17 @@ class Messages:
 class Watchdog:
     """Ends the process if one communication op stays in flight past its deadline."""
 
-    def __init__(self, rank: int, limit_s: float, grace_s: float = 10.0) -> None:
+    def __init__(self, rank: int, grace_s: float = 10.0) -> None:
         self.rank = rank
         self.grace_s = grace_s
-        self.limit_s = limit_s + grace_s
-        self._armed: tuple[str, float] | None = None  # replaced whole: no lock needed
+        # (what, since, limit), replaced whole: no lock needed
+        self._armed: tuple[str, float, float] | None = None
         self._thread = threading.Thread(target=self._run, name="mpipe-watchdog", daemon=True)
         self._thread.start()
 
-    def allow(self, limit_s: float) -> None:
-        """Raise the deadline to at least ``limit_s`` plus the grace (never lower it)."""
-        self.limit_s = max(self.limit_s, limit_s + self.grace_s)
-
-    def arm(self, what: str) -> None:
-        self._armed = (what, time.monotonic())
+    def arm(self, what: str, timeout_s: float) -> None:
+        """Watch one wait: the process ends ``timeout_s`` plus the grace from now."""
+        self._armed = (what, time.monotonic(), timeout_s + self.grace_s)
 
     def disarm(self) -> None:
         self._armed = None
@@ -289,19 +290,30 @@ class Watchdog:
         while True:
             time.sleep(0.5)
             armed = self._armed
-            if armed is not None and time.monotonic() - armed[1] > self.limit_s:
+            if armed is not None and time.monotonic() - armed[1] > armed[2]:
                 sys.stderr.write(f"mpipe executor rank {self.rank}: {armed[0]} made no progress "
-                                 f"for {self.limit_s:.0f} s: a peer is dead or stuck; aborting\n")
+                                 f"for {armed[2]:.0f} s: a peer is dead or stuck; aborting\n")
                 sys.stderr.flush()
                 os._exit(WATCHDOG_EXIT)
 
 
-def timeout_seconds(timeout: float | datetime.timedelta | None = None) -> float:
+def _seconds(timeout, variable: str, default: float) -> float:
     if timeout is None:
-        return float(os.environ.get("MPIPE_TIMEOUT", DEFAULT_TIMEOUT_S))
+        return float(os.environ.get(variable, default))
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
     return float(timeout)
+
+
+def timeout_seconds(timeout: float | datetime.timedelta | None = None) -> float:
+    """The wait timeout: ``timeout``, else ``MPIPE_TIMEOUT``, else 300 s."""
+    return _seconds(timeout, "MPIPE_TIMEOUT", DEFAULT_TIMEOUT_S)
+
+
+def startup_seconds(timeout: float | datetime.timedelta | None = None) -> float:
+    """The start-up timeout (process group, handshake): ``timeout``, else
+    ``MPIPE_STARTUP_TIMEOUT``, else torch.distributed's default (30 min)."""
+    return _seconds(timeout, "MPIPE_STARTUP_TIMEOUT", DEFAULT_STARTUP_TIMEOUT_S)
 
 
 def pick_backend() -> str:
@@ -319,7 +331,8 @@ def init_distributed(timeout: float | datetime.timedelta | None = None,
                      backend: str | None = None) -> tuple[int, int, torch.device]:
     """Initialise the default process group from the environment (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``: set by ``mpipe-run`` or ``torchrun``)
-    unless it already is; returns ``(rank, world_size, device)``."""
+    unless it already is, with the start-up timeout (``timeout``, else ``startup_seconds``);
+    returns ``(rank, world_size, device)``."""
     backend = backend or (dist.get_backend() if dist.is_initialized() else pick_backend())
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -332,18 +345,26 @@ def init_distributed(timeout: float | datetime.timedelta | None = None,
         if missing:
             raise PipelineError(f"cannot start the process group: {', '.join(missing)} not set "
                                 "(launch with mpipe-run --nproc N or torchrun)")
-        dist.init_process_group(backend, timeout=datetime.timedelta(
-            seconds=timeout_seconds(timeout)))
+        limit = startup_seconds(timeout)
+        try:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=limit))
+        except Exception as err:  # the store's or backend's error: one clear line
+            raise PeerError(f"rank {os.environ['RANK']}: starting the process group failed "
+                            f"(start-up timeout {limit:g} s): "
+                            f"{backend_reason(err, limit)}") from err
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def post_p2p(items: Sequence[tuple[bool, torch.Tensor, int]]) -> list:
-    """Post sends/receives ``(is_send, buffer, peer)``: one op alone with
-    ``isend``/``irecv``, several together with ``batch_isend_irecv``."""
+def post_p2p(items: Sequence[tuple[bool, torch.Tensor, int]], group=None) -> list:
+    """Post sends/receives ``(is_send, buffer, peer)``, ``peer`` a rank of ``group`` (None:
+    the default group): one op alone with ``isend``/``irecv``, several together with
+    ``batch_isend_irecv``."""
     if len(items) == 1:
         is_send, buf, peer = items[0]
-        return [dist.isend(buf, peer) if is_send else dist.irecv(buf, peer)]
-    return dist.batch_isend_irecv([dist.P2POp(dist.isend if s else dist.irecv, buf, peer)
+        return [dist.isend(buf, group=group, group_dst=peer) if is_send
+                else dist.irecv(buf, group=group, group_src=peer)]
+    return dist.batch_isend_irecv([dist.P2POp(dist.isend if s else dist.irecv, buf,
+                                              group=group, group_peer=peer)
                                    for s, buf, peer in items])
 
 

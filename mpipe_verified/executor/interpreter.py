@@ -37,6 +37,11 @@ input takes a gradient in its float leaves only: one float tensor always, a
 structure's float leaves where the plan ships a gradient back (or, from a stage on this
 rank, where they required one); a backward starts from every output leaf that received a
 gradient.
+Groups (``topology``): plan rank ``r`` is rank ``r`` of the pipeline group (the world by
+default). With data-parallel replicas, each runs the plan on its own pipeline group on
+its block of the batch's rows, and after the plan, outside it, this rank's gradients (and
+the loss) are summed over its data-parallel group (``_reduce_replicas``), each replica's
+microbatch weights already scaled by its share of the whole batch's rows.
 
 Dependencies are not re-derived here: the rank keeps a store keyed by the shared
 semantics' tokens ``(kind, segment, stage, mb)``. ``Chain.needs(op, rank)`` says which
@@ -73,7 +78,7 @@ from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm, packed, split_backward, tree
+from . import comm, model_checks, packed, split_backward, topology, tree
 from .batch import Batch
 from .errors import PeerError, PipelineError
 
@@ -171,7 +176,11 @@ class PipelineExecutor:
     target ``batch.segments[name]`` (a sink is detached: its loss trains the sink only;
     weighted like the body's). ``optimizer``: a callable ``params -> torch.optim.Optimizer`` over ``self.parameters()`` (used by
     ``step``). ``check_messages``: send a self-describing trailer with every message
-    (see ``comm``). ``timeout``: seconds (default ``MPIPE_TIMEOUT`` or 30).
+    (see ``comm``). ``timeout``: seconds every wait may take (default ``MPIPE_TIMEOUT`` or
+    300); ``startup_timeout``: joining the process group and the handshake (default
+    ``MPIPE_STARTUP_TIMEOUT`` or torch.distributed's 30 min). ``group``, or ``mesh`` and
+    ``pp_dim``: the pipeline's process group (default: the world, which must then have
+    the plan's ranks); ``dp_group`` or ``dp_dim``: its data-parallel group.
 
     Calling order: construct (refuses uncertified plans), ``connect()`` (process group
     and digest handshake; ``step``/``run`` call it if needed), then ``step(batch)`` per
@@ -185,11 +194,16 @@ class PipelineExecutor:
                  optimizer: Callable | None = None, rank: int | None = None,
                  device: torch.device | str | None = None, check_messages: bool = True,
                  timeout: float | datetime.timedelta | None = None,
-                 loss_reduction: str = "mean", overlap_comms: bool = True) -> None:
+                 loss_reduction: str = "mean", overlap_comms: bool = True,
+                 group=None, mesh=None, pp_dim: str = "pp", dp_group=None,
+                 dp_dim: str | None = None,
+                 startup_timeout: float | datetime.timedelta | None = None) -> None:
         # Refuse before anything else: no process group, no traffic.
         check_certificate(plan, certificate, RENDEZVOUS)
         self.plan, self.certificate = plan, certificate
         self.chain = Chain.of(plan)
+        self._pp_group, self._dp_group = topology.groups_of(group, mesh, pp_dim, dp_group,
+                                                            dp_dim)
         self.rank = self._rank(rank)
         self.num_stages = plan.placement.num_stages
         self.last_stage = self.num_stages - 1
@@ -197,6 +211,7 @@ class PipelineExecutor:
         self.check_messages = check_messages
         self.overlap_comms = overlap_comms
         self.timeout_s = comm.timeout_seconds(timeout)
+        self.startup_s = comm.startup_seconds(startup_timeout)
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self.loss_reduction = loss_reduction
@@ -204,6 +219,7 @@ class PipelineExecutor:
         self.program = plan.programs[self.rank]
         self.stages = self._local_stages(stages)
         self.segments = self._local_segments(dict(segments or {}))
+        model_checks.check_model(plan, stages, dict(segments or {}))
         self.segment_loss_fns = self._sink_losses(dict(segment_loss_fns or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
@@ -217,7 +233,7 @@ class PipelineExecutor:
             for op in self.program for c in p2p_of(op)
             if type(c) is Send and c.payload.kind == GRAD and c.payload.leaves is not None}
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
-        self._connected = False
+        self._connected = self._failed = False
         self._groups: dict[tuple[int, ...], object] = {}
         self.store: dict = {}
         self.stored_peak = 0  # most stored activations held at once in the last run
@@ -226,6 +242,8 @@ class PipelineExecutor:
     # ------------------------------------------------------------ set-up checks
 
     def _rank(self, rank: int | None) -> int:
+        if rank is None and self._pp_group is not None:
+            rank = dist.get_rank(self._pp_group)
         if rank is None:
             if dist.is_initialized():
                 rank = dist.get_rank()
@@ -343,51 +361,80 @@ class PipelineExecutor:
         if self._connected:
             return
         check_certificate(self.plan, self.certificate, RENDEZVOUS)
-        _, world, device = comm.init_distributed(self.timeout_s)
+        _, _, device = comm.init_distributed(self.startup_s)
         self.device = self.device or device
-        if world != self.plan.num_ranks:
-            raise PipelineError(f"the plan has {self.plan.num_ranks} ranks but the process "
-                                f"group has {world}")
-        if dist.get_rank() != self.rank:
+        self.topology = topo = topology.resolve(self.plan.num_ranks, self._pp_group,
+                                                self._dp_group)
+        if topo.plan_rank != self.rank:
             raise PipelineError(f"executor built for rank {self.rank} runs as rank "
-                                f"{dist.get_rank()}")
-        self._handshake(world)
-        wanted = sorted({tuple(sorted(op.ranks)) for prog in self.plan.programs for op in prog
-                         if isinstance(op, Collective)})
-        for ranks in wanted:
-            self._groups[ranks] = (None if ranks == tuple(range(world))
-                                   else dist.new_group(list(ranks)))
-        self.messages = packed.Messages(self.rank, self.device, self.check_messages)
+                                f"{topo.plan_rank} of its pipeline group")
         global _WATCHDOG
         if _WATCHDOG is None:
-            _WATCHDOG = comm.Watchdog(self.rank, self.timeout_s)
-        _WATCHDOG.allow(self.timeout_s)
+            _WATCHDOG = comm.Watchdog(self.rank)
         self._watchdog = _WATCHDOG
+        self._handshake(topo.pp_group, len(topo.pp_ranks), "the plan digest handshake")
+        if topo.replicas > 1:
+            self._handshake(topo.dp_group, topo.replicas, "the replicas' plan handshake",
+                            same_rank=True)
+        self._run_groups(topo)
+        self.messages = packed.Messages(self.rank, self.device, self.check_messages)
         self._connected = True
+
+    def _run_groups(self, topo: topology.Topology) -> None:
+        """The groups posted on after start-up, all with the wait timeout: the pipeline's
+        (p2p, loss), each plan collective's members', the replicas'."""
+        self._pp = topology.run_group(topo.pp_ranks, self.timeout_s)
+        self._peer = [dist.get_group_rank(self._pp, g) for g in topo.pp_ranks]
+        wanted = sorted({tuple(sorted(op.ranks)) for op in self.program
+                         if isinstance(op, Collective)})
+        for ranks in wanted:
+            members = tuple(topo.pp_ranks[r] for r in ranks)
+            self._groups[ranks] = (self._pp if len(ranks) == len(topo.pp_ranks)
+                                   else topology.run_group(members, self.timeout_s))
+        self._dp = (topology.run_group(topo.dp_ranks, self.timeout_s)
+                    if topo.replicas > 1 else None)
 
     def close(self) -> None:
         """Leave the process group cleanly: wait until every rank is done (so no rank tears
-        down a connection a peer still uses), then destroy it. Without this, gloo's
-        threads may be torn down while still running at interpreter exit (SIGABRT)."""
+        down a connection a peer still uses), then, when the pipeline is the whole world
+        (no ``group=``/``mesh=``), destroy the process group. Without this, gloo's threads
+        may be torn down while still running at interpreter exit (SIGABRT). After a
+        ``PipelineError`` it does nothing: the process can exit as it is."""
         if not self._connected:
             return
         self._connected = False
+        if self._failed:  # a peer may be gone: no barrier; the process can simply exit
+            return
         if dist.is_initialized():
-            self._wait([dist.barrier(async_op=True)], "the closing barrier", "all ranks")
-            dist.destroy_process_group()
+            for group, who in ((self._pp, "its pipeline"), (self._dp, "its replicas")):
+                if group is not None:
+                    self._wait([dist.barrier(group=group, async_op=True)],
+                               "the closing barrier", who)
+            if self._pp_group is None and self._dp_group is None:
+                topology.forget_run_groups()
+                dist.destroy_process_group()
 
-    def _handshake(self, world: int) -> None:
-        mine = torch.tensor(list(bytes.fromhex(self.certificate.digest)), dtype=torch.uint8,
-                            device=self.device)
-        every = [torch.empty_like(mine) for _ in range(world)]
-        self._wait([dist.all_gather(every, mine, async_op=True)], "the plan digest handshake",
-                   "all ranks")
-        digests = [bytes(t.tolist()).hex() for t in every]
-        odd = [r for r, d in enumerate(digests) if d != digests[self.rank]]
+    def _handshake(self, group, size: int, what: str, same_rank: bool = False) -> None:
+        """All-gather ``(digest, plan rank)`` over ``group`` (start-up timeout): its ranks
+        must run one plan, and with ``same_rank`` (replicas) as the same plan rank."""
+        mine = torch.tensor([*bytes.fromhex(self.certificate.digest), self.rank],
+                            dtype=torch.uint8, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(size)]
+        self._wait([dist.all_gather(every, mine, group=group, async_op=True)], what,
+                   "its group", self.startup_s)
+        digests = [bytes(t[:-1].tolist()).hex() for t in every]
+        me = dist.get_rank(group) if group is not None else dist.get_rank()
+        odd = [r for r, d in enumerate(digests) if d != digests[me]]
         if odd:
             raise CertificateError(
-                f"rank {self.rank} runs plan {digests[self.rank][:16]}… but rank(s) "
-                f"{odd} run {digests[odd[0]][:16]}…: every rank must run the same certified plan")
+                f"rank {self.rank} runs plan {digests[me][:16]}… but rank(s) "
+                f"{odd} of its group run {digests[odd[0]][:16]}…: every rank must run the "
+                "same certified plan")
+        ranks = [int(t[-1]) for t in every]
+        if same_rank and len(set(ranks)) != 1:
+            raise PipelineError(f"rank {self.rank}: {what}: the data-parallel group's "
+                                f"ranks hold plan ranks {ranks}; each replica's copy of a "
+                                "rank must be the same plan rank")
 
     # ------------------------------------------------------------ a training step
 
@@ -410,7 +457,11 @@ class PipelineExecutor:
                                 "run): call eval(batch); step and run need a training plan")
         self._evaluating = False
         self._pass(batch)
-        return self._losses_out(broadcast_loss, return_losses)
+        try:
+            return self._losses_out(broadcast_loss, return_losses)
+        except PipelineError:
+            self._failed = True  # close() then skips its barrier
+            raise
 
     @torch.no_grad()
     def eval(self, batch: Batch) -> Evaluation | None:
@@ -440,27 +491,31 @@ class PipelineExecutor:
 
     def _losses_out(self, broadcast_loss: bool, return_losses: bool):
         """The batch loss (and the per-microbatch losses): the body's from the last
-        stage's rank, a sink's from the rank that ran it; summed over ranks when
-        ``broadcast_loss`` (or onto the last stage's rank when a sink is elsewhere)."""
+        stage's rank, a sink's from the rank that ran it; summed over the pipeline when
+        ``broadcast_loss`` (or onto the last stage's rank when a sink is elsewhere). With
+        replicas, the gradients and the loss are then summed over the data-parallel group
+        (the per-microbatch losses stay this replica's)."""
         m = len(self._mbs)
         holder = self.plan.placement.rank_of(self.last_stage)
         sinks = any(s.side == SINK for s in self.plan.cut.segments)
-        if not broadcast_loss and not sinks:
-            if self._loss is None:
-                return (None, None) if return_losses else None
-            losses = tuple(float(self._mb_losses[mb]) for mb in range(m))
-            return (float(self._loss), losses) if return_losses else float(self._loss)
         t = torch.zeros(m + 1, dtype=torch.float64, device=self.device)
         if self._loss is not None:
             t[0] = self._loss.double()
         for mb, value in self._mb_losses.items():
             t[mb + 1] = value.double()
-        if broadcast_loss:
-            work = dist.all_reduce(t, async_op=True)
+        if broadcast_loss or sinks:
+            if broadcast_loss:
+                work = dist.all_reduce(t, group=self._pp, async_op=True)
+            else:
+                work = dist.reduce(t, self.topology.pp_ranks[holder], group=self._pp,
+                                   async_op=True)
+            self._wait([work], "the loss reduction", "its pipeline")
+            has = broadcast_loss or self.rank == holder
         else:
-            work = dist.reduce(t, holder, async_op=True)
-        self._wait([work], "the loss reduction", "all ranks")
-        if not broadcast_loss and self.rank != holder:
+            has = self._loss is not None
+        if self._dp is not None:
+            t[0] = self._reduce_replicas(float(t[0]) if has else 0.0)
+        if not has:
             return (None, None) if return_losses else None
         values = t.tolist()
         return (values[0], tuple(values[1:])) if return_losses else values[0]
@@ -470,8 +525,12 @@ class PipelineExecutor:
         self.connect()
         m = self.plan.num_microbatches
         batch = batch.to(self.device)
-        self._mbs = batch.split(m)
         total = batch.rows()
+        if self.topology.replicas > 1:  # contiguous row blocks, by replica
+            batch = batch.split(self.topology.replicas)[self.topology.dp_rank]
+            if self._evaluating:  # eval: this replica's outputs and loss, over its rows
+                total = batch.rows()
+        self._mbs = batch.split(m)
         self._weights = [(_rows(mb) / total) if self.loss_reduction == "mean" else 1.0
                          for mb in self._mbs]
         self._loss = None
@@ -481,6 +540,13 @@ class PipelineExecutor:
         self._unread: list[_Pending] = []
         self._stored_refs: dict[int, int] = {}
         self._stored_live = self.stored_peak = 0
+        try:
+            self._run_plan()
+        except PipelineError:
+            self._failed = True  # close() then skips its barrier
+            raise
+
+    def _run_plan(self) -> None:
         for instr in self._instrs:
             self._execute(instr)
         for pending in self._unread:  # received but never read: still check them
@@ -489,6 +555,18 @@ class PipelineExecutor:
             self._finish(transfer)
         self._inflight, self._unread = collections.deque(), []
         self.store = {}
+
+    def _reduce_replicas(self, loss: float | None) -> float:
+        """Sum this rank's gradients and loss over its replicas (after the plan: every
+        p2p of it has completed, so this cannot interleave with the pipeline's)."""
+        params = self.parameters()
+        flat = topology.flatten_grads(params).to(self.device)
+        total = torch.tensor([loss or 0.0], dtype=torch.float64, device=self.device)
+        self._wait([dist.all_reduce(flat, group=self._dp, async_op=True),
+                    dist.all_reduce(total, group=self._dp, async_op=True)],
+                   "the data-parallel all-reduce", "its replicas")
+        topology.unflatten_grads(params, flat)
+        return float(total.item())
 
     def _execute(self, instr: _Instr) -> None:
         store, op = self.store, instr.op
@@ -753,12 +831,13 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------ communication
 
-    def _wait(self, works: list, where: str, peers: str) -> None:
+    def _wait(self, works: list, where: str, peers: str, timeout_s: float | None = None) -> None:
+        timeout_s = timeout_s or self.timeout_s
         watchdog = getattr(self, "_watchdog", None)
         if watchdog is not None:
-            watchdog.arm(f"{where} with {peers}")
+            watchdog.arm(f"{where} with {peers}", timeout_s)
         try:
-            comm.wait_all(works, self.timeout_s, self.rank, where, peers)
+            comm.wait_all(works, timeout_s, self.rank, where, peers)
         finally:
             if watchdog is not None:
                 watchdog.disarm()
@@ -784,7 +863,8 @@ class PipelineExecutor:
                 items.append((False, buf, peer))
                 recvs.append((token, buf, payload, peer))
         try:
-            works = comm.post_p2p(items)
+            works = comm.post_p2p([(s, buf, self._peer[peer]) for s, buf, peer in items],
+                                  self._pp)
         except Exception as err:
             raise PeerError(f"rank {self.rank}: {where}: posting to {peers} failed: "
                             f"{comm.backend_reason(err, self.timeout_s)}") from err
@@ -836,7 +916,8 @@ class PipelineExecutor:
         if op.kind == "broadcast":
             flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else \
                 torch.empty(0, device=self.device)
-            self._wait([dist.broadcast(flat, op.root, group=group, async_op=True)], where, peers)
+            root = self.topology.pp_ranks[op.root]
+            self._wait([dist.broadcast(flat, root, group=group, async_op=True)], where, peers)
             if self.rank != op.root:
                 with torch.no_grad():
                     offset = 0

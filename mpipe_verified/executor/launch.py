@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                          "else gloo)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds a communication op may wait before the ranks give up "
-                         "(MPIPE_TIMEOUT; default 30)")
+                         "(MPIPE_TIMEOUT; default 300; start-up has its own, "
+                         "MPIPE_STARTUP_TIMEOUT, default 1800)")
     ap.add_argument("-m", "--module", action="store_true",
                     help="SCRIPT names a module: run python -m SCRIPT (as torchrun -m)")
     ap.add_argument("script", metavar="SCRIPT", help="Python script (or, with -m, module) "
