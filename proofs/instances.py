@@ -50,7 +50,11 @@ def _witness(plan, prop: str, peak: Peak | None, exact: bool):
 
 def violation(schedule, prop: str, peak: Peak | None = None, exact: bool = True) -> str:
     """The kernel's formula "some ``prop`` obligation of ``lower(schedule)`` fails"."""
-    plan = lower(schedule)
+    return plan_violation(lower(schedule), prop, peak, exact)
+
+
+def plan_violation(plan, prop: str, peak: Peak | None = None, exact: bool = True) -> str:
+    """The kernel's formula "some ``prop`` obligation of ``plan`` fails"."""
     witness, limits = _witness(plan, prop, peak, exact)
     sizes = kernel.Sizes.of(plan, UNIT_MEMORY) if prop == "memory" else None
     return kernel.violation(plan, witness, prop, RENDEZVOUS, sizes, limits)

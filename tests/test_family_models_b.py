@@ -1,0 +1,110 @@
+"""The models behind the ZBV, DualPipeV and transpose family laws are the code's.
+
+- ZBV's word model (``proofs.family_zbv.model``) is, op for op, what ``derive`` returns
+  for every ``p <= 8, m <= 24``: the all-sizes laws reason about the package's programs.
+- The bounded laws' check (``proofs.instances``: the kernel's obligations over a lowered
+  plan) is not a formality: a broken plan, or a wrong stated peak, makes the formula
+  satisfiable, and Z3 says so.
+- The all-sizes ZBV peak law fails when the stated closed form is off by one somewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import z3
+
+from mpipe_verified import kernel
+from mpipe_verified.algebra.families import family
+from mpipe_verified.algebra.transpose import transpose_family
+from mpipe_verified.ir import Plan, Recv, Send
+from mpipe_verified.lower import lower
+from mpipe_verified.proofs import core, family_transpose, family_zbv, instances
+from mpipe_verified.semantics import peak_memory
+
+PROPS = ("completeness", "dependency", "matching", "deadlock", "memory")
+
+
+def _sat(formula: str) -> bool:
+    solver = z3.Solver()
+    solver.from_string(kernel.QUERY_DECLS + f"(assert {formula})")
+    answer = solver.check()
+    assert answer != z3.unknown
+    return answer == z3.sat
+
+
+def test_zbv_model_is_the_package_op_for_op():
+    for p in range(1, 9):
+        for m in range(1, 25):
+            assert family_zbv.model(p, m, 2) == family("zbv", p, m).derive().programs, (p, m)
+
+
+def _replace(plan: Plan, rank: int, program) -> Plan:
+    programs = list(plan.programs)
+    programs[rank] = tuple(program)
+    return Plan(plan.placement, plan.num_microbatches, tuple(programs), plan.cut)
+
+
+@pytest.fixture(scope="module")
+def zbv_plan() -> Plan:
+    return lower(family("zbv", 3, 5).derive())
+
+
+def test_a_sound_lowered_plan_has_no_violation(zbv_plan):
+    peak = lambda p, m, r: family_zbv.peak_of(p, m, r)  # noqa: E731
+    for prop in PROPS:
+        assert not _sat(instances.plan_violation(zbv_plan, prop, peak)), prop
+
+
+def test_a_dropped_op_breaks_completeness(zbv_plan):
+    prog = list(zbv_plan.programs[1])
+    compute = next(i for i, op in enumerate(prog) if not isinstance(op, (Send, Recv)))
+    del prog[compute]
+    assert _sat(instances.plan_violation(_replace(zbv_plan, 1, prog), "completeness"))
+
+
+def test_swapped_sends_break_matching_and_crossed_ends_deadlock(zbv_plan):
+    prog = list(zbv_plan.programs[0])
+    sends = [i for i, op in enumerate(prog) if isinstance(op, Send)]
+    a, b = next((i, j) for i in sends for j in sends if i < j and prog[i].peer == prog[j].peer)
+    prog[a], prog[b] = prog[b], prog[a]  # FIFO now pairs each with the other's receive
+    assert _sat(instances.plan_violation(_replace(zbv_plan, 0, prog), "matching"))
+    # rank 0 waits for its first gradient before sending the first activation
+    prog = list(zbv_plan.programs[0])
+    first_send = next(i for i, op in enumerate(prog) if isinstance(op, Send))
+    first_recv = next(i for i, op in enumerate(prog) if isinstance(op, Recv))
+    prog.insert(first_send, prog.pop(first_recv))
+    assert _sat(instances.plan_violation(_replace(zbv_plan, 0, prog), "deadlock"))
+
+
+def test_a_wrong_stated_peak_is_refuted(zbv_plan):
+    for off in (-1, 1):  # too low: some step exceeds it; too high: it is never reached
+        wrong = lambda p, m, r, off=off: family_zbv.peak_of(p, m, r) + off  # noqa: E731
+        assert _sat(instances.plan_violation(zbv_plan, "memory", wrong))
+    # as an upper bound, too high is fine and too low is not
+    assert not _sat(instances.plan_violation(
+        zbv_plan, "memory", lambda p, m, r: family_zbv.peak_of(p, m, r) + 1, exact=False))
+    assert _sat(instances.plan_violation(
+        zbv_plan, "memory", lambda p, m, r: family_zbv.peak_of(p, m, r) - 1, exact=False))
+
+
+@pytest.mark.parametrize("variant", family_transpose.VARIANTS, ids="-".join)
+def test_transpose_stated_peaks_beyond_the_bound(variant):
+    """Outside the law's bound (p = 5, m = 10) the stated peak still is the measured one
+    where the law says exact, and a bound elsewhere."""
+    body, mode, own = variant
+    stated, exact = family_transpose.peak(body, mode, own)
+    p, m = 5, 10
+    plan = lower(transpose_family(p, m, body=body, mode=mode, ownership=own).derive())
+    measured = [peak_memory(plan)[r][0] for r in range(p)]
+    claimed = [stated(p, m, r) for r in range(p)]
+    if exact:
+        assert measured == claimed
+    else:
+        assert all(x <= y for x, y in zip(measured, claimed))
+
+
+def test_the_zbv_peak_law_fails_for_a_wrong_closed_form(monkeypatch):
+    right = family_zbv.peak_of
+    monkeypatch.setattr(family_zbv, "peak_of",
+                        lambda p, m, r: family_zbv._min(right(p, m, r), 2 * p - 1))
+    assert core.check(family_zbv.zbv_peak_memory).status == core.FAILED
