@@ -24,15 +24,22 @@ tests/test_family_models_b.py.
 
 **All sizes.** Completeness is proven on the word for symbolic ``p, m, r`` and position
 ``k``: present positions and units are in bijection, with an explicit inverse (a unit's
-position). The unit-model peak, ``min(2p, m+1+r, 2m)`` on rank ``r``, is proven from
-closed-form counts of the present ``F`` and ``W`` letters before each position: the
-counts satisfy the level's recurrence (so they are the level), every step stays within
-the peak, and a closed-form position reaches it.
+position). Dependency: for ``M = max(m, 2p-1)`` the word for ``m`` is the word for ``M``
+without the letters naming a microbatch ``>= m`` (phases 1-6 coincide, 7 and 8 are
+prefixes), and on ``M``'s word the only letters that pop nothing are the ``F0`` of phase
+4's last ``p-1-r`` iterations, so "index among ``M``'s present letters, plus ``r``" is a
+closed-form clock; Z3 checks that it advances along every rank and that every input of
+every unit (``F``, ``I``, ``W`` of both chunks, across ranks and the V's turn on the last
+rank) finishes before its consumer starts (unit durations). The unit-model peak,
+``min(2p, m+1+r, 2m)`` on rank ``r``, is proven from closed-form counts of the present
+``F`` and ``W`` letters before each position: the counts satisfy the level's recurrence
+(so they are the level), every step stays within the peak, and a closed-form position
+reaches it.
 
-**Bounded.** Dependency, matching and deadlock are checked on the package's lowered
-plans for every ``p <= 8, m <= 24`` (``proofs.instances``): the lowering orders
-transfers by a data-flow timing with the standard durations, whose closed form over
-symbolic ``p, m`` (and so the lowered word) is not derived here.
+**Bounded.** Matching and deadlock are checked on the package's lowered plans for every
+``p <= 8, m <= 24`` (``proofs.instances``): the lowering orders transfers by a data-flow
+timing with the standard durations, whose closed form over symbolic ``p, m`` (and so the
+lowered word, with its sends and receives) is not derived here.
 """
 
 from __future__ import annotations
@@ -101,46 +108,68 @@ p, m, r, k, x = z3.Ints("p m r k x")
 SIZES = (p >= 1, m >= 1, 0 <= r, r < p)
 
 
-def _starts():
-    """Each phase's first position, and the word's length."""
-    out, at = [], z3.IntVal(0)
-    for n, body in phases(p, m, r):
-        out.append(at)
-        at = at + _max(n, 0) * len(body)
-    return out, at
+class Word:
+    """Rank ``r_``'s word for ``m_`` microbatches, over the symbolic ``p``: its phases,
+    each phase's first position and the length."""
+
+    def __init__(self, m_=m, r_=r) -> None:
+        self.m, self.r = m_, r_
+        self.phases = phases(p, m_, r_)
+        self.starts, at = [], z3.IntVal(0)
+        for n, body in self.phases:
+            self.starts.append(at)
+            at = at + _max(n, 0) * len(body)
+        self.length = at
+
+    def spans(self):
+        """``(n, body, start)`` of each phase."""
+        return [(n, body, s) for (n, body), s in zip(self.phases, self.starts)]
+
+    def letter(self, k_):
+        """``(kind, chunk, mb)`` of the letter at position ``k_`` (``0 <= k_ < length``)."""
+        kind, chunk, mb = z3.IntVal(-1), z3.IntVal(-1), z3.IntVal(-1)
+        for n, body, s in reversed(self.spans()):
+            b = len(body)
+            j, o = (k_ - s) / b, (k_ - s) % b
+            lk, lc, lm = z3.IntVal(KINDS[body[-1][0]]), z3.IntVal(body[-1][1]), body[-1][2] + j
+            for idx in reversed(range(b - 1)):
+                kd, c, base = body[idx]
+                lk = z3.If(o == idx, KINDS[kd], lk)
+                lc = z3.If(o == idx, c, lc)
+                lm = z3.If(o == idx, base + j, lm)
+            inside = z3.And(s <= k_, k_ < s + _max(n, 0) * b)
+            kind, chunk, mb = (z3.If(inside, lk, kind), z3.If(inside, lc, chunk),
+                               z3.If(inside, lm, mb))
+        return kind, chunk, mb
+
+    def position(self, kd: str, c: int, x_):
+        """The position of the letter naming ``kd c(x_)`` (the inverse of ``letter`` on
+        present letters)."""
+        pos = z3.IntVal(-1)
+        for n, body, s in reversed(self.spans()):
+            for o, (lk, lc, base) in enumerate(body):
+                if (lk, lc) == (kd, c):
+                    j = x_ - base
+                    pos = z3.If(z3.And(0 <= j, j < n), s + len(body) * j + o, pos)
+        return pos
+
+    def count(self, kd: str, k_):
+        """Present ``kd`` letters (either chunk) before position ``k_``."""
+        total = z3.IntVal(0)
+        for n, body, s in self.spans():
+            b = len(body)
+            for o, (lk, _, base) in enumerate(body):
+                if lk == kd:
+                    full = _max(0, _min(n, self.m - base))
+                    upto = (k_ - s - o + b - 1) / b  # iterations whose letter lies before k_
+                    part = _max(0, _min(_min(upto, n), self.m - base))
+                    total = total + z3.If(k_ <= s, 0, z3.If(k_ >= s + n * b, full, part))
+        return total
 
 
-STARTS, LENGTH = _starts()
-
-
-def word(k_):
-    """``(kind, chunk, mb)`` of the letter at position ``k_`` (``0 <= k_ < LENGTH``)."""
-    kind, chunk, mb = z3.IntVal(-1), z3.IntVal(-1), z3.IntVal(-1)
-    for (n, body), s in reversed(list(zip(phases(p, m, r), STARTS))):
-        b = len(body)
-        j, o = (k_ - s) / b, (k_ - s) % b
-        lk, lc, lm = z3.IntVal(KINDS[body[-1][0]]), z3.IntVal(body[-1][1]), body[-1][2] + j
-        for idx in reversed(range(len(body) - 1)):
-            kd, c, base = body[idx]
-            lk = z3.If(o == idx, KINDS[kd], lk)
-            lc = z3.If(o == idx, c, lc)
-            lm = z3.If(o == idx, base + j, lm)
-        inside = z3.And(s <= k_, k_ < s + _max(n, 0) * b)
-        kind, chunk, mb = (z3.If(inside, lk, kind), z3.If(inside, lc, chunk),
-                           z3.If(inside, lm, mb))
-    return kind, chunk, mb
-
-
-def position(kd: str, c: int, x_):
-    """The word position of ``kd c(x_)``: the phase whose letter names ``x_`` (the inverse
-    of ``word`` on present letters)."""
-    pos = z3.IntVal(-1)
-    for (n, body), s in reversed(list(zip(phases(p, m, r), STARTS))):
-        for o, (lk, lc, base) in enumerate(body):
-            if (lk, lc) == (kd, c):
-                j = x_ - base
-                pos = z3.If(z3.And(0 <= j, j < n), s + len(body) * j + o, pos)
-    return pos
+WORD = Word()
+STARTS, LENGTH = WORD.starts, WORD.length
+word, position = WORD.letter, WORD.position
 
 
 UNITS = [(kd, c) for kd in "FIW" for c in (0, 1)]
@@ -185,17 +214,7 @@ def position_of(kind, chunk, mb):
 
 
 def count(kd: str, k_):
-    """Present ``kd`` letters (either chunk) before position ``k_``."""
-    total = z3.IntVal(0)
-    for (n, body), s in zip(phases(p, m, r), STARTS):
-        b = len(body)
-        for o, (lk, _, base) in enumerate(body):
-            if lk == kd:
-                full = _max(0, _min(n, m - base))
-                upto = (k_ - s - o + b - 1) / b  # iterations whose letter lies before k_
-                part = _max(0, _min(_min(upto, n), m - base))
-                total = total + z3.If(k_ <= s, 0, z3.If(k_ >= s + n * b, full, part))
-    return total
+    return WORD.count(kd, k_)
 
 
 def level(k_):
@@ -252,6 +271,95 @@ def reach():
     return _min(2 * p - 1, 2 * (p - r) + 2 * m - 3)
 
 
+# ---------------------------------------------------------------- dependency
+
+BIG = _max(m, 2 * p - 1)  # M: for m < 2p-1 the program is M's restricted to mb < m
+
+
+def _skipped(w: Word, k_):
+    """Letters of ``w`` (built for ``M``) before ``k_`` that pop nothing there: the ``F0``
+    of phase 4's iterations ``j >= M - 2p + r + 1``, whose microbatch is ``>= M``."""
+    n4, _, s4 = w.spans()[3]
+    upto = _min((k_ - s4 + 5) / 6, n4)  # phase-4 F0 letters before k_
+    return _max(0, upto - (w.m - 2 * p + w.r + 1))
+
+
+def clock(w: Word, k_):
+    """The timing witness: rank ``r``'s letter ``k_`` of ``M``'s word starts at its index
+    among ``M``'s present letters plus ``r`` (unit durations)."""
+    return k_ - _skipped(w, k_) + w.r
+
+
+def _restriction():
+    """The word for ``m`` is the word for ``M`` with the letters naming a microbatch
+    ``>= m`` left out: phases 1-6 coincide and phases 7 and 8 are prefixes."""
+    wm, wM = WORD, Word(BIG, r)
+    t_m, t_M = wm.phases[6][0], wM.phases[6][0]
+    s8m, s7 = wm.starts[7], wm.starts[6]
+    shift = t_M - t_m
+    at = z3.If(k < s8m, k, k + shift)
+    yield Obligation("ZBV dependency: each letter of m's word is M's letter at the mapped "
+                     "position (identity, then phase 8 shifted)",
+                     z3.Implies(z3.And(0 <= k, k < wm.length), z3.And(
+                         shift >= 0, *[a == b for a, b in zip(wm.letter(k), wM.letter(at))])), SIZES)
+    _, _, mb = wM.letter(k)
+    gap = z3.Or(z3.And(s7 + t_m <= k, k < s7 + t_M), z3.And(wM.starts[7] + t_m <= k,
+                                                              k < wM.length))
+    yield Obligation("ZBV dependency: M's letters left out name a microbatch >= m",
+                     z3.Implies(gap, mb >= m), SIZES)
+
+
+def _sits(w: Word, label: str):
+    for kd, c in UNITS:
+        at = w.position(kd, c, x)
+        k2, c2, mb2 = w.letter(at)
+        yield Obligation(f"ZBV dependency: in M's word {label}, {kd}{c}(x) sits at its "
+                         f"position", z3.Implies(z3.And(0 <= x, x < m), z3.And(
+                             0 <= at, at < w.length, k2 == KINDS[kd], c2 == c, mb2 == x)),
+                         SIZES)
+
+
+def _edges():
+    """``(name, condition on r, consumer, producer)``: each input of each unit (§3.5),
+    a unit being ``(rank offset, kind, chunk)``."""
+    return (("F0(r) after F0(r-1)", r >= 1, (0, "F", 0), (-1, "F", 0)),
+            ("F1(r) after F1(r+1)", r + 1 < p, (0, "F", 1), (1, "F", 1)),
+            ("F1(p-1) after F0(p-1)", r == p - 1, (0, "F", 1), (0, "F", 0)),
+            ("I0(r) after F0(r)", True, (0, "I", 0), (0, "F", 0)),
+            ("I0(r) after I0(r+1)", r + 1 < p, (0, "I", 0), (1, "I", 0)),
+            ("I0(p-1) after I1(p-1)", r == p - 1, (0, "I", 0), (0, "I", 1)),
+            ("I1(r) after F1(r)", True, (0, "I", 1), (0, "F", 1)),
+            ("I1(r) after I1(r-1)", r >= 1, (0, "I", 1), (-1, "I", 1)),
+            ("W0(r) after I0(r)", True, (0, "W", 0), (0, "I", 0)),
+            ("W1(r) after I1(r)", True, (0, "W", 1), (0, "I", 1)))
+
+
+@law("zbv_dependency",
+     "ZBV: a data-flow timing exists (unit durations: every op after each of its inputs "
+     "finished, each rank in order): every op's inputs are on its rank before it runs",
+     all_sizes("every p >= 1, m >= 1, rank, position and microbatch; closed-form timing "
+               "witness over the word for M = max(m, 2p-1), of which m's word is the "
+               "restriction to microbatches < m; the word model, = the package's programs "
+               "for p <= 8, m <= 24 (tests/test_family_models_b.py)"),
+     family="zbv", property="dependency")
+def zbv_dependency():
+    yield from _restriction()
+    wM = Word(BIG, r)
+    _, _, mb = wM.letter(k)
+    yield Obligation("ZBV dependency: each rank's letters run in order (the clock never "
+                     "goes back and advances past every letter naming a microbatch < m)",
+                     z3.Implies(z3.And(0 <= k, k + 1 < wM.length),
+                                clock(wM, k + 1) >= clock(wM, k) + z3.If(mb < m, 1, 0)),
+                     SIZES)
+    yield from _sits(wM, "of rank r")
+    for name, cond, (_, kd, c), (dr, pk, pc) in _edges():
+        there = Word(BIG, r + dr)
+        start = clock(wM, wM.position(kd, c, x))
+        done = clock(there, there.position(pk, pc, x)) + 1
+        yield Obligation(f"ZBV dependency: {name} finished",
+                         z3.Implies(z3.And(0 <= x, x < m, cond), done <= start), SIZES)
+
+
 # ---------------------------------------------------------------- bounded, lowered
 
 
@@ -263,13 +371,6 @@ LOWERED = bounded(f"p <= {P_MAX}, m <= {M_MAX}; package-derived and lowered inst
                   "each checked by the verification kernel's obligations; all sizes needs "
                   "a closed form of the lowering's data-flow timing (standard durations), "
                   "which is not derived")
-
-
-@law("zbv_dependency",
-     "ZBV: in the lowered plan every op's inputs are on its rank before it runs",
-     LOWERED, weight=3, family="zbv", property="dependency")
-def zbv_dependency():
-    yield from instances.obligations("ZBV", _instances, P_MAX, "dependency")
 
 
 @law("zbv_matching",

@@ -5,7 +5,9 @@
 - The bounded laws' check (``proofs.instances``: the kernel's obligations over a lowered
   plan) is not a formality: a broken plan, or a wrong stated peak, makes the formula
   satisfiable, and Z3 says so.
-- The all-sizes ZBV peak law fails when the stated closed form is off by one somewhere.
+- The all-sizes ZBV peak law fails when the stated closed form is off by one somewhere,
+  and the inputs its dependency law checks are the shared semantics' (``needs`` and
+  ``produces``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import z3
 from mpipe_verified import kernel
 from mpipe_verified.algebra.families import family
 from mpipe_verified.algebra.transpose import transpose_family
-from mpipe_verified.ir import Plan, Recv, Send
+from mpipe_verified.ir import Compute, Plan, Recv, Send
 from mpipe_verified.lower import lower
 from mpipe_verified.proofs import core, family_transpose, family_zbv, instances
-from mpipe_verified.semantics import peak_memory
+from mpipe_verified.semantics import needs, peak_memory, produces
 
 PROPS = ("completeness", "dependency", "matching", "deadlock", "memory")
 
@@ -108,3 +110,25 @@ def test_the_zbv_peak_law_fails_for_a_wrong_closed_form(monkeypatch):
     monkeypatch.setattr(family_zbv, "peak_of",
                         lambda p, m, r: family_zbv._min(right(p, m, r), 2 * p - 1))
     assert core.check(family_zbv.zbv_peak_memory).status == core.FAILED
+
+
+def test_zbv_dependency_edges_are_the_semantics_inputs():
+    """The inputs the ZBV dependency law checks are exactly what ``semantics.needs``
+    asks of each unit and which unit ``semantics.produces`` it."""
+    kinds = {"F": "F", "I": "I", "W": "W"}
+    for p in range(1, 6):
+        units = {(kd, family_zbv.stage(p, r, c)) for r in range(p) for kd in kinds
+                 for c in (0, 1)}
+        for r in range(p):
+            at = [(family_zbv.p, z3.IntVal(p)), (family_zbv.r, z3.IntVal(r))]
+            for kd in kinds:
+                for c in (0, 1):
+                    s = family_zbv.stage(p, r, c)
+                    stated = {(pk, family_zbv.stage(p, r + dr, pc))
+                              for _, cond, (_, ck, cc), (dr, pk, pc) in family_zbv._edges()
+                              if (ck, cc) == (kd, c) and (cond is True or z3.is_true(
+                                  z3.simplify(z3.substitute(cond, *at))))}
+                    wanted = set(needs(Compute(kd, s, 0), 2 * p))
+                    makers = {(uk, us) for uk, us in units
+                              if wanted & set(produces(Compute(uk, us, 0)))}
+                    assert stated == makers, (p, r, kd, c)
