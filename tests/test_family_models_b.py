@@ -1,7 +1,9 @@
 """The models behind the ZBV, DualPipeV and transpose family laws are the code's.
 
 - ZBV's word model (``proofs.family_zbv.model``) is, op for op, what ``derive`` returns
-  for every ``p <= 8, m <= 24``: the all-sizes laws reason about the package's programs.
+  for every ``p <= 8, m <= 24``, and DualPipeV's (``proofs.family_dualpipev.model``) for
+  every ``p <= 8, 2p <= m <= 24``: the all-sizes laws reason about the package's
+  programs.
 - The bounded laws' check (``proofs.instances``: the kernel's obligations over a lowered
   plan) is not a formality: a broken plan, or a wrong stated peak, makes the formula
   satisfiable, and Z3 says so.
@@ -20,7 +22,8 @@ from mpipe_verified.algebra.families import family
 from mpipe_verified.algebra.transpose import transpose_family
 from mpipe_verified.ir import Compute, Plan, Recv, Send
 from mpipe_verified.lower import lower
-from mpipe_verified.proofs import core, family_transpose, family_zbv, instances
+from mpipe_verified.proofs import (core, family_dualpipev, family_transpose, family_zbv,
+                                   instances)
 from mpipe_verified.semantics import needs, peak_memory, produces
 
 PROPS = ("completeness", "dependency", "matching", "deadlock", "memory")
@@ -38,6 +41,13 @@ def test_zbv_model_is_the_package_op_for_op():
     for p in range(1, 9):
         for m in range(1, 25):
             assert family_zbv.model(p, m, 2) == family("zbv", p, m).derive().programs, (p, m)
+
+
+def test_dualpipev_model_is_the_package_op_for_op():
+    for p in range(1, 9):
+        for m in range(2 * p, 25):
+            assert (family_dualpipev.model(p, m, 2)
+                    == family("dualpipev", p, m).derive().programs), (p, m)
 
 
 def _replace(plan: Plan, rank: int, program) -> Plan:
