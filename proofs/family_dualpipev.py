@@ -28,15 +28,21 @@ the rest ``I`` and ``W``; chunk 1's in ``[a, 2a+S+h)`` a full ``B``, the rest ``
 ``W``.
 
 **All sizes.** Completeness (a bijection between the steps' members and the required
-units, with an explicit inverse) and the unit-model peak ``2p + 1`` on every rank (the
-closed-form level satisfies its recurrence, every step stays within the peak, a
-closed-form step reaches it) are proven on the model for symbolic ``p >= 1, m >= 2p``.
+units, with an explicit inverse), dependency (a closed-form clock, unit durations: rank
+``r``'s step ``k`` starts at ``k + r``, plus one tick for each of phase 4's iterations
+``1..r`` begun; Z3 checks it advances along every rank and that every input of every
+unit, across ranks, the V's turn and full or split backwards, finished before its step,
+so no member of an overlapped step needs another's output) and the unit-model peak
+``2p + 1`` on every rank (the closed-form level satisfies its recurrence, every step stays
+within the peak, the first overlapped step reaches it) are proven on the model for
+symbolic ``p >= 1, m >= 2p``.
 
-**Bounded.** Dependency, matching and deadlock are checked on the package's derived and
-lowered plans for every ``p <= P_MAX``, ``2p <= m <= M_MAX`` (``proofs.instances``: the
-verification kernel's obligations, one Z3 query per ``p``). All sizes is not proven:
-no closed-form timing witness for the overlapped steps was derived, and the lowering's
-order rests on a data-flow timing with no closed form here.
+**Bounded.** Matching and deadlock are checked on the package's derived and lowered
+plans for every ``p <= P_MAX``, ``2p <= m <= M_MAX`` (``proofs.instances``: the
+verification kernel's obligations, one Z3 query per ``p``). All sizes is not proven: the
+lowering's order rests on its data-flow timing with the standard durations (``B`` twice
+``F``), whose closed form (and so the lowered program, with its sends and receives) is
+not derived here.
 """
 
 from __future__ import annotations
@@ -323,12 +329,86 @@ def reach():
     return SPANS[3][2]
 
 
+# ---------------------------------------------------------------- dependency
+
+
+def clock(r_, k_):
+    """The timing witness (unit durations, an overlapped step included): rank ``r_``'s
+    step ``k_`` starts at ``k_ + r_``, plus one tick for each of phase 4's iterations
+    ``1..r_`` begun (the V's turn: the last chunk-1 forwards reach rank ``r_`` late)."""
+    a = p - 1 - r_
+    s4 = 2 * a + 2 * (r_ + 1) + 3 * a
+    late = (k_ - s4) / 2
+    return k_ + r_ + z3.If(k_ < s4, 0, z3.If(late > r_, r_, late))
+
+
+def _at(r_, kd: str, c: int, x_):
+    """Rank ``r_``'s step holding ``kd c(x_)`` (its grad-producing backward: ``B`` or
+    ``I``, whichever the model assigns, for ``kd == "grad"``)."""
+    here = _Rank(r_)
+    if kd != "grad":
+        return here.position(kd, c, x_)[0]
+    full = here.full(c, x_)
+    return z3.If(full, here.position("B", c, x_)[0], here.position("I", c, x_)[0])
+
+
+class _Rank:
+    """Positions on rank ``r_`` (the module's ``position`` is rank ``r``'s)."""
+
+    def __init__(self, r_) -> None:
+        self.sub = [(r, r_)]
+
+    def position(self, kd, c, x_):
+        return tuple(z3.substitute(e, *self.sub) for e in position(kd, c, x_))
+
+    def full(self, c, x_):
+        return z3.substitute(backward_is_full(p, m, r, c, x_), *self.sub)
+
+
+def _edges():
+    """``(name, condition on r, consumer kinds, chunk, producer)``: each input (§3.5) of
+    each unit of rank ``r``, the producer as ``(rank offset, kind, chunk)``; ``grad`` is
+    the neighbour stage's ``B`` or ``I``."""
+    back = ("B", "I")
+    return (("F0(r) after F0(r-1)", r >= 1, ("F",), 0, (-1, "F", 0)),
+            ("F1(r) after F1(r+1)", r + 1 < p, ("F",), 1, (1, "F", 1)),
+            ("F1(p-1) after F0(p-1)", r == p - 1, ("F",), 1, (0, "F", 0)),
+            ("B0/I0(r) after F0(r)", True, back, 0, (0, "F", 0)),
+            ("B0/I0(r) after the gradient of stage r+1", r + 1 < p, back, 0, (1, "grad", 0)),
+            ("B0/I0(p-1) after the gradient of stage p", r == p - 1, back, 0,
+             (0, "grad", 1)),
+            ("B1/I1(r) after F1(r)", True, back, 1, (0, "F", 1)),
+            ("B1/I1(r) after the gradient of stage 2p-r", r >= 1, back, 1, (-1, "grad", 1)),
+            ("W0(r) after I0(r)", True, ("W",), 0, (0, "I", 0)),
+            ("W1(r) after I1(r)", True, ("W",), 1, (0, "I", 1)))
+
+
+@law("dualpipev_dependency",
+     "DualPipeV: a data-flow timing exists (unit durations; an overlapped step's members "
+     "read their inputs before the step): every op's inputs are on its rank before it runs",
+     all_sizes(f"every p >= 1, m >= 2p, rank, step and microbatch; closed-form timing "
+               f"witness; positions as dualpipev_completeness proves them; {MODEL}"),
+     family="dualpipev", property="dependency")
+def dualpipev_dependency():
+    yield Obligation("DualPipeV dependency: each rank's steps run in order",
+                     z3.Implies(z3.And(0 <= k, k + 1 < LENGTH),
+                                clock(r, k + 1) >= clock(r, k) + 1), SIZES)
+    for name, cond, kinds, c, (dr, pk, pc) in _edges():
+        for kd in kinds:
+            need = required(z3.IntVal(KINDS[kd]), z3.IntVal(c), x)
+            start = clock(r, _at(r, kd, c, x))
+            done = clock(r + dr, _at(r + dr, pk, pc, x)) + 1
+            yield Obligation(f"DualPipeV dependency: {name} ({kd}) finished",
+                             z3.Implies(z3.And(0 <= x, x < m, need, cond), done <= start),
+                             SIZES)
+
+
 # ---------------------------------------------------------------- bounded, lowered
 
 SCOPE = bounded(f"p <= {P_MAX}, 2p <= m <= {M_MAX}; package-derived and lowered instances, "
                 "each checked by the verification kernel's obligations; all sizes needs a "
-                "closed-form timing witness for the overlapped steps and a closed form of "
-                "the lowering's data-flow timing, which are not derived")
+                "closed form of the lowering's data-flow timing (standard durations), which "
+                "is not derived")
 
 
 def _instances(pp: int):
@@ -343,10 +423,6 @@ def _law(name: str, prop: str, statement: str):
     return run
 
 
-dualpipev_dependency = _law(
-    "dualpipev_dependency", "dependency",
-    "in the lowered plan every op's inputs are on its rank before it runs (an overlapped "
-    "step's members read their inputs before the step)")
 dualpipev_matching = _law(
     "dualpipev_matching", "matching",
     "the lowered plan pairs every send with the receive of the same payload, FIFO per "

@@ -122,23 +122,43 @@ def test_the_zbv_peak_law_fails_for_a_wrong_closed_form(monkeypatch):
     assert core.check(family_zbv.zbv_peak_memory).status == core.FAILED
 
 
+def _holds(cond, p: int, r: int, module) -> bool:
+    at = [(module.p, z3.IntVal(p)), (module.r, z3.IntVal(r))]
+    return cond is True or z3.is_true(z3.simplify(z3.substitute(cond, *at)))
+
+
+def _makers(wanted, units) -> set:
+    return {(uk, us) for uk, us in units if wanted & set(produces(Compute(uk, us, 0)))}
+
+
 def test_zbv_dependency_edges_are_the_semantics_inputs():
     """The inputs the ZBV dependency law checks are exactly what ``semantics.needs``
     asks of each unit and which unit ``semantics.produces`` it."""
-    kinds = {"F": "F", "I": "I", "W": "W"}
+    stage = family_zbv.stage
     for p in range(1, 6):
-        units = {(kd, family_zbv.stage(p, r, c)) for r in range(p) for kd in kinds
-                 for c in (0, 1)}
+        units = {(kd, stage(p, r, c)) for r in range(p) for kd in "FIW" for c in (0, 1)}
         for r in range(p):
-            at = [(family_zbv.p, z3.IntVal(p)), (family_zbv.r, z3.IntVal(r))]
-            for kd in kinds:
+            for kd in "FIW":
                 for c in (0, 1):
-                    s = family_zbv.stage(p, r, c)
-                    stated = {(pk, family_zbv.stage(p, r + dr, pc))
+                    stated = {(pk, stage(p, r + dr, pc))
                               for _, cond, (_, ck, cc), (dr, pk, pc) in family_zbv._edges()
-                              if (ck, cc) == (kd, c) and (cond is True or z3.is_true(
-                                  z3.simplify(z3.substitute(cond, *at))))}
-                    wanted = set(needs(Compute(kd, s, 0), 2 * p))
-                    makers = {(uk, us) for uk, us in units
-                              if wanted & set(produces(Compute(uk, us, 0)))}
-                    assert stated == makers, (p, r, kd, c)
+                              if (ck, cc) == (kd, c) and _holds(cond, p, r, family_zbv)}
+                    wanted = set(needs(Compute(kd, stage(p, r, c), 0), 2 * p))
+                    assert stated == _makers(wanted, units), (p, r, kd, c)
+
+
+def test_dualpipev_dependency_edges_are_the_semantics_inputs():
+    """Likewise for DualPipeV, whose gradient comes from a ``B`` or an ``I``."""
+    stage = family_dualpipev.stage
+    for p in range(1, 6):
+        units = {(kd, stage(p, r, c)) for r in range(p) for kd in "FBIW" for c in (0, 1)}
+        for r in range(p):
+            for kd in "FBIW":
+                for c in (0, 1):
+                    stated = {(q, stage(p, r + dr, pc))
+                              for _, cond, kinds, cc, (dr, pk, pc) in family_dualpipev._edges()
+                              if kd in kinds and cc == c and _holds(cond, p, r,
+                                                                      family_dualpipev)
+                              for q in (("B", "I") if pk == "grad" else (pk,))}
+                    wanted = set(needs(Compute(kd, stage(p, r, c), 0), 2 * p))
+                    assert stated == _makers(wanted, units), (p, r, kd, c)
