@@ -56,7 +56,7 @@ from . import instances
 from .core import Obligation, all_sizes, bounded, law
 from .model import B, F, I, W
 
-P_MAX, M_MAX = 8, 24
+P_MAX, M_MAX = 10, 32
 KINDS = {"F": F, "B": B, "I": I, "W": W}
 QUEUED = "queued"  # a W letter whose unit is wq(base + j)
 

@@ -37,7 +37,7 @@ rank) finishes before its consumer starts (unit durations). The unit-model peak,
 reaches it.
 
 **Bounded.** Matching and deadlock are checked on the package's lowered plans for every
-``p <= 8, m <= 24`` (``proofs.instances``): the lowering orders transfers by a data-flow
+``p <= P_MAX, m <= M_MAX`` (``proofs.instances``): the lowering orders transfers by a data-flow
 timing with the standard durations, whose closed form over symbolic ``p, m`` (and so the
 lowered word, with its sends and receives) is not derived here.
 """
@@ -53,7 +53,7 @@ from . import instances
 from .core import Obligation, all_sizes, bounded, law
 from .model import F, I, W
 
-P_MAX, M_MAX = 8, 24
+P_MAX, M_MAX = 10, 32
 KINDS = {"F": F, "I": I, "W": W}
 
 
