@@ -37,9 +37,9 @@ rank) finishes before its consumer starts (unit durations). The unit-model peak,
 reaches it.
 
 **Bounded.** Matching and deadlock are checked on the package's lowered plans for every
-``p <= P_MAX, m <= M_MAX`` (``proofs.instances``): the lowering orders transfers by a data-flow
-timing with the standard durations, whose closed form over symbolic ``p, m`` (and so the
-lowered word, with its sends and receives) is not derived here.
+``p <= P_MAX, m <= M_MAX`` (``proofs.instances``): the lowering orders transfers by a
+data-flow timing with the standard durations, whose closed form over symbolic ``p, m``
+(and so the lowered word, with its sends and receives) is not derived here.
 """
 
 from __future__ import annotations
@@ -197,10 +197,6 @@ def zbv_completeness():
                          z3.Implies(z3.And(0 <= x, x < m), z3.And(
                              0 <= at, at < LENGTH, k2 == KINDS[kd], c2 == c, mb2 == x)),
                          SIZES)
-    yield Obligation("ZBV: chunk 0 and chunk 1 are distinct stages of rank r (V placement)",
-                     z3.And(stage(p, r, 0) != stage(p, r, 1),
-                            0 <= stage(p, r, 1), stage(p, r, 1) < 2 * p,
-                            2 * p - 1 - stage(p, r, 1) == r), SIZES)
 
 
 def position_of(kind, chunk, mb):
@@ -213,12 +209,8 @@ def position_of(kind, chunk, mb):
 # ---------------------------------------------------------------- memory
 
 
-def count(kd: str, k_):
-    return WORD.count(kd, k_)
-
-
 def level(k_):
-    return count("F", k_) - count("W", k_)
+    return WORD.count("F", k_) - WORD.count("W", k_)
 
 
 def peak_of(p_, m_, r_):
@@ -245,7 +237,7 @@ def zbv_peak_memory():
             alloc = z3.If(present, 1 if kd == "F" else 0, 0)
             steps = []
             for counted in "FW":
-                step = count(counted, at + 1) == count(counted, at) + z3.If(
+                step = WORD.count(counted, at + 1) == WORD.count(counted, at) + z3.If(
                     present, 1 if kd == counted else 0, 0)
                 steps.append(step)
                 yield Obligation(f"ZBV phase {i + 1} {kd}: the count of present {counted} "
@@ -300,8 +292,8 @@ def _restriction():
     at = z3.If(k < s8m, k, k + shift)
     yield Obligation("ZBV dependency: each letter of m's word is M's letter at the mapped "
                      "position (identity, then phase 8 shifted)",
-                     z3.Implies(z3.And(0 <= k, k < wm.length), z3.And(
-                         shift >= 0, *[a == b for a, b in zip(wm.letter(k), wM.letter(at))])), SIZES)
+                     z3.Implies(z3.And(0 <= k, k < wm.length), z3.And(shift >= 0, *[
+                         a == b for a, b in zip(wm.letter(k), wM.letter(at))])), SIZES)
     _, _, mb = wM.letter(k)
     gap = z3.Or(z3.And(s7 + t_m <= k, k < s7 + t_M), z3.And(wM.starts[7] + t_m <= k,
                                                               k < wM.length))

@@ -37,17 +37,20 @@ def _sat(formula: str) -> bool:
     return answer == z3.sat
 
 
-def test_zbv_model_is_the_package_op_for_op():
-    for p in range(1, 9):
-        for m in range(1, 25):
-            assert family_zbv.model(p, m, 2) == family("zbv", p, m).derive().programs, (p, m)
+def _v_shape(p: int) -> tuple[int, ...]:
+    """Stage ``s`` on rank ``s``, going down, then back up: the models' ``stage``."""
+    return tuple(min(s, 2 * p - 1 - s) for s in range(2 * p))
 
 
-def test_dualpipev_model_is_the_package_op_for_op():
+@pytest.mark.parametrize("name, module, first_m", [("zbv", family_zbv, lambda p: 1),
+                                                   ("dualpipev", family_dualpipev,
+                                                    lambda p: 2 * p)])
+def test_the_model_is_the_package_op_for_op(name, module, first_m):
     for p in range(1, 9):
-        for m in range(2 * p, 25):
-            assert (family_dualpipev.model(p, m, 2)
-                    == family("dualpipev", p, m).derive().programs), (p, m)
+        for m in range(first_m(p), 25):
+            derived = family(name, p, m).derive()
+            assert derived.placement.stage_to_rank == _v_shape(p)
+            assert module.model(p, m, 2) == derived.programs, (p, m)
 
 
 def _replace(plan: Plan, rank: int, program) -> Plan:
