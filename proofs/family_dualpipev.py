@@ -61,20 +61,13 @@ KINDS = {"F": F, "B": B, "I": I, "W": W}
 QUEUED = "queued"  # a W letter whose unit is wq(base + j)
 
 
-def _int(*xs) -> bool:
-    return all(isinstance(v, int) for v in xs)
-
-
 def _ite(c, a, b):
     return (a if c else b) if isinstance(c, bool) else z3.If(c, a, b)
 
 
 def _div2(n):
-    return n // 2 if _int(n) else n / 2
-
-
-def _mod2(n):
-    return n % 2 if _int(n) else n % 2
+    """``n // 2`` on ints and on Z3 terms (whose ``/`` is integer division)."""
+    return n // 2 if isinstance(n, int) else n / 2
 
 
 def _dims(p, m, r):
@@ -105,8 +98,8 @@ def queued(p, m, r, n):
     unchunked ``W`` pops)."""
     a, S, h, q = _dims(p, m, r)
     j = _div2(n)
-    pair_c = _ite(_mod2(n) == 0, 1, 0)
-    pair_mb = _ite(_mod2(n) == 0, 2 * a + S + h + j, S + a + h + j)
+    pair_c = _ite(n % 2 == 0, 1, 0)
+    pair_mb = _ite(n % 2 == 0, 2 * a + S + h + j, S + a + h + j)
     late = n >= 2 * q
     return _ite(late, 0, pair_c), _ite(late, m - p + r + 1 + n - 2 * q, pair_mb)
 
@@ -285,7 +278,12 @@ def level(k_):
     return count("F", k_) - count("B", k_) - count("W", k_)
 
 
-PEAK = 2 * p + 1
+def peak_of(p_, m_, r_):
+    """The unit-model peak on rank ``r_`` (ints or Z3 terms)."""
+    return 2 * p_ + 1
+
+
+PEAK = peak_of(p, m, r)
 
 
 @law("dualpipev_peak_memory",
