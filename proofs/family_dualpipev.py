@@ -364,7 +364,7 @@ class _Rank:
 
 
 def _edges():
-    """``(name, condition on r, consumer kinds, chunk, producer)``: each input (§3.5) of
+    """``(name, condition on r, consumer kinds, chunk, producer)``: each input (§2.5) of
     each unit of rank ``r``, the producer as ``(rank offset, kind, chunk)``; ``grad`` is
     the neighbour stage's ``B`` or ``I``."""
     back = ("B", "I")

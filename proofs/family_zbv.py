@@ -312,7 +312,7 @@ def _sits(w: Word, label: str):
 
 
 def _edges():
-    """``(name, condition on r, consumer, producer)``: each input of each unit (§3.5),
+    """``(name, condition on r, consumer, producer)``: each input of each unit (§2.5),
     a unit being ``(rank offset, kind, chunk)``."""
     return (("F0(r) after F0(r-1)", r >= 1, (0, "F", 0), (-1, "F", 0)),
             ("F1(r) after F1(r+1)", r + 1 < p, (0, "F", 1), (1, "F", 1)),
