@@ -8,6 +8,9 @@ from the plan alone); the untrusted fast passes (``verify.properties``) propose 
 numbers those obligations mention (producer positions, completion times under
 rendezvous, memory levels). A law's obligation for one ``p`` is the disjunction over all
 its instances, and Z3 refutes it: ``unsat`` proves the property for every instance.
+Such a law is exactly as strong as a VERIFIED of each instance, and rests on the same
+trusted base (the kernel, which computes each fact from the plan, e.g. a matched pair's
+payloads compared, and Z3, which checks the facts against their templates).
 
 Memory: the law states a closed-form peak per rank; the kernel's obligations then check
 the level chained step by step, every step within that peak and (``exact``) the peak
