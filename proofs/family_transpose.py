@@ -25,7 +25,7 @@ from mpipe_verified.algebra.transpose import transpose_family
 from . import instances
 from .core import Obligation, bounded, law
 
-P_MAX, M_MAX = 4, 8
+P_MAX, M_MAX = 5, 10
 MODES = ("recompute", "owner", "frozen", "none")
 OWNERSHIPS = ("inline", "full", "min")
 BODIES = ("1f1b", "interleaved-1f1b")
