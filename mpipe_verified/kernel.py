@@ -308,16 +308,24 @@ _TEMPLATES = {  # template -> SMT-LIB text of "the fact x holds"
 _REAL = frozenset({"level", "eqr", "ler"})
 
 
-def _query(runs) -> str:
-    """SMT-LIB: some run has a point ``(i, j)`` in range that violates its template."""
+QUERY_DECLS = "(declare-const i Int)(declare-const j Int)"
+
+
+def _violated(runs) -> str:
+    """SMT-LIB formula over ``i``, ``j``: some run has a point ``(i, j)`` in range that
+    violates its template."""
     parts = []
     for template, (a, ra, c, d, n) in runs:
         real = template in _REAL
         x = [_affine(*v, real) for v in zip(a, ra, d)]
         parts.append(f"(and (<= 0 i) (< i {c}) (<= 0 j) (< j {n}) "
                      f"(not {_TEMPLATES[template](x)}))")
-    return ("(declare-const i Int)(declare-const j Int)(assert (or false "
-            + " ".join(parts) + "))")
+    return "(or false " + " ".join(parts) + ")"
+
+
+def _query(runs) -> str:
+    """SMT-LIB: some run has a point ``(i, j)`` in range that violates its template."""
+    return QUERY_DECLS + f"(assert {_violated(runs)})"
 
 
 CHUNK = 512
@@ -785,6 +793,20 @@ def prove(plan: Plan, witness: Witness, comm_model: str = "rendezvous", sizes=No
         status, detail, runs = _discharge(facts, rlimit)
         out[name] = Verdict(status, detail, facts.count, runs)
     return out
+
+
+def violation(plan: Plan, witness: Witness, name: str, comm_model: str = "rendezvous",
+              sizes=None, limits=None) -> str:
+    """The whole query ``prove`` decides for property ``name``, as one SMT-LIB formula over
+    the integers declared by ``QUERY_DECLS``: satisfiable iff some obligation fails (a cut
+    that does not fit the plan: ``true``). For callers that combine many plans' queries
+    into one Z3 call (the bounded family laws)."""
+    rules = _Rules(plan)
+    if not rules.cut_ok():
+        return "true"
+    facts = _Facts()
+    _generate(name, plan, rules, facts, witness, comm_model, sizes, limits)
+    return _violated(_compress(facts))
 
 
 def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes=None,

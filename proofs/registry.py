@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import families, lowering, relabel, safety, sequences
+from . import (families, family_dualpipev, family_transpose, family_zbv, lowering, relabel,
+               safety, sequences)
 from .core import DEFAULT_TIMEOUT_MS, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -41,6 +42,22 @@ LAWS: tuple[Law, ...] = (
     families.interleaved_complete_dependency,
     families.zb_h1_invariants,
     families.zb_h2_invariants,
+    # family invariants: ZBV, DualPipeV, transpose (one law per property)
+    family_zbv.zbv_completeness,
+    family_zbv.zbv_dependency,
+    family_zbv.zbv_matching,
+    family_zbv.zbv_deadlock,
+    family_zbv.zbv_peak_memory,
+    family_dualpipev.dualpipev_completeness,
+    family_dualpipev.dualpipev_dependency,
+    family_dualpipev.dualpipev_matching,
+    family_dualpipev.dualpipev_deadlock,
+    family_dualpipev.dualpipev_peak_memory,
+    family_transpose.transpose_completeness,
+    family_transpose.transpose_dependency,
+    family_transpose.transpose_matching,
+    family_transpose.transpose_deadlock,
+    family_transpose.transpose_peak_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).

@@ -1,0 +1,431 @@
+"""DualPipeV (``algebra.families.DUALPIPEV``): V placement (chunk 0 is stage ``r``, chunk
+1 stage ``2p-1-r``, both on rank ``r``), ``m >= 2p``; the steady state overlaps a forward
+of one chunk with a backward of the other in one step.
+
+**The model.** With ``a = p-1-r``, ``S = m-2p+r+1``, ``h = (r+1)//2`` and ``q = r+1-h``,
+reading the pattern is reading nine phases of steps, each a body repeated ``n`` times;
+in iteration ``j`` a letter names ``kind chunk`` and a microbatch affine in ``j``
+(``<X Y>``: one overlapped step):
+
+    phase  n      body
+    1      2a     F0 j
+    2      r+1    F0 2a+j;  F1 j
+    3      a      I1 j;  W1 j;  F1 r+1+j
+    4      S      <F0 2p-r-1+j  B1 a+j>;  <F1 p+j  B0 j>
+    5      a      B1 a+S+j;  <F1 p+S+j  B0 S+j>
+    6      h      B1 2a+S+j;  B0 S+a+j
+    7      q      I1 2a+S+h+j;  I0 S+a+h+j
+    8      a      W  wq(j);  I0 m-p+r+1+j
+    9      2q     W  wq(a+j)
+
+Every letter pops (``m >= 2p``: no stream runs dry before its last letter). An unchunked
+``W`` pops the oldest queued weight gradient, so the ``n``-th ``W`` after phase 3 pops
+the ``n``-th ``I`` of phases 7-8: ``wq(n)`` is ``I1``/``I0`` of pair ``n//2`` of phase
+7 for ``n < 2q``, else the ``I0`` of phase 8's iteration ``n-2q``. That this is what
+``derive`` returns is checked op for op for every ``p <= 8``, ``2p <= m <= 24`` by
+tests/test_family_models_b.py. So chunk 0's microbatches ``< S+a+h`` get a full ``B``,
+the rest ``I`` and ``W``; chunk 1's in ``[a, 2a+S+h)`` a full ``B``, the rest ``I`` and
+``W``.
+
+**All sizes.** Completeness (a bijection between the steps' members and the required
+units, with an explicit inverse), dependency (a closed-form clock, unit durations: rank
+``r``'s step ``k`` starts at ``k + r``, plus one tick for each of phase 4's iterations
+``1..r`` begun; Z3 checks it advances along every rank and that every input of every
+unit, across ranks, the V's turn and full or split backwards, finished before its step,
+so no member of an overlapped step needs another's output) and the unit-model peak
+``2p + 1`` on every rank (the closed-form level satisfies its recurrence, every step stays
+within the peak, the first overlapped step reaches it) are proven on the model for
+symbolic ``p >= 1, m >= 2p``.
+
+**Bounded.** Matching and deadlock are checked on the package's derived and lowered
+plans for every ``p <= P_MAX``, ``2p <= m <= M_MAX`` (``proofs.instances``: the
+verification kernel's obligations, one Z3 query per ``p``). All sizes is not proven: the
+lowering's order rests on its data-flow timing with the standard durations (``B`` twice
+``F``), whose closed form (and so the lowered program, with its sends and receives) is
+not derived here.
+"""
+
+from __future__ import annotations
+
+import z3
+
+from mpipe_verified.algebra.families import family
+from mpipe_verified.ir import Compute, Overlap
+
+from . import instances
+from .core import Obligation, all_sizes, bounded, law
+from .model import B, F, I, W
+
+P_MAX, M_MAX = 10, 32
+KINDS = {"F": F, "B": B, "I": I, "W": W}
+QUEUED = "queued"  # a W letter whose unit is wq(base + j)
+
+
+def _ite(c, a, b):
+    return (a if c else b) if isinstance(c, bool) else z3.If(c, a, b)
+
+
+def _div2(n):
+    """``n // 2`` on ints and on Z3 terms (whose ``/`` is integer division)."""
+    return n // 2 if isinstance(n, int) else n / 2
+
+
+def _dims(p, m, r):
+    a, h = p - 1 - r, _div2(r + 1)
+    return a, m - 2 * p + r + 1, h, r + 1 - h
+
+
+def phases(p, m, r):
+    """``(n, steps)`` per phase; a step is a tuple of letters ``(kind, chunk, base)``
+    naming microbatch ``base + j`` in iteration ``j`` (``chunk`` ``QUEUED``: ``W`` of
+    ``wq(base + j)``). Works on ints and Z3 terms alike."""
+    a, S, h, q = _dims(p, m, r)
+    return (
+        (2 * a, ((("F", 0, 0),),)),
+        (r + 1, ((("F", 0, 2 * a),), (("F", 1, 0),))),
+        (a, ((("I", 1, 0),), (("W", 1, 0),), (("F", 1, r + 1),))),
+        (S, ((("F", 0, 2 * p - r - 1), ("B", 1, a)), (("F", 1, p), ("B", 0, 0)))),
+        (a, ((("B", 1, a + S),), (("F", 1, p + S), ("B", 0, S)))),
+        (h, ((("B", 1, 2 * a + S),), (("B", 0, S + a),))),
+        (q, ((("I", 1, 2 * a + S + h),), (("I", 0, S + a + h),))),
+        (a, ((("W", QUEUED, 0),), (("I", 0, m - p + r + 1),))),
+        (2 * q, ((("W", QUEUED, a),),)),
+    )
+
+
+def queued(p, m, r, n):
+    """``(chunk, mb)`` of the ``n``-th ``I`` of phases 7-8 (FIFO: what the ``n``-th
+    unchunked ``W`` pops)."""
+    a, S, h, q = _dims(p, m, r)
+    j = _div2(n)
+    pair_c = _ite(n % 2 == 0, 1, 0)
+    pair_mb = _ite(n % 2 == 0, 2 * a + S + h + j, S + a + h + j)
+    late = n >= 2 * q
+    return _ite(late, 0, pair_c), _ite(late, m - p + r + 1 + n - 2 * q, pair_mb)
+
+
+def unit(p, m, r, letter, j):
+    """``(kind, chunk, mb)`` a letter names in iteration ``j``."""
+    kd, c, base = letter
+    if c == QUEUED:
+        return (kd,) + tuple(queued(p, m, r, base + j))
+    return kd, c, base + j
+
+
+def stage(p, r, chunk):
+    return r if chunk == 0 else 2 * p - 1 - r
+
+
+def model(p: int, m: int, v: int | None = None):
+    """Per-rank programs of DualPipeV as the model reads them (``v`` is always 2)."""
+    out = []
+    for r in range(p):
+        prog = []
+        for n, body in phases(p, m, r):
+            for j in range(max(0, n)):
+                for step in body:
+                    ops = tuple(Compute(kd, stage(p, r, c), x)
+                                for kd, c, x in (unit(p, m, r, lt, j) for lt in step))
+                    prog.append(ops[0] if len(ops) == 1 else Overlap(ops))
+        out.append(tuple(prog))
+    return tuple(out)
+
+
+def backward_is_full(p, m, r, chunk, x):
+    """Whether microbatch ``x`` of ``chunk`` gets a full ``B`` (else ``I`` and ``W``)."""
+    a, S, h, _ = _dims(p, m, r)
+    if chunk == 0:
+        return x < S + a + h
+    return z3.And(a <= x, x < 2 * a + S + h)
+
+
+# ---------------------------------------------------------------- symbolic steps
+
+p, m, r, k, x = z3.Ints("p m r k x")
+SIZES = (p >= 1, m >= 2 * p, 0 <= r, r < p)
+PHASES = phases(p, m, r)
+
+
+def _spans():
+    out, at = [], z3.IntVal(0)
+    for n, body in PHASES:
+        out.append((n, body, at))
+        at = at + n * len(body)
+    return out, at
+
+
+SPANS, LENGTH = _spans()
+NONE = (z3.IntVal(-1), z3.IntVal(-1), z3.IntVal(-1))
+
+
+def member(k_, slot: int):
+    """``(kind, chunk, mb)`` of member ``slot`` of step ``k_`` (all -1: no such member)."""
+    out = NONE
+    for n, body, s in reversed(SPANS):
+        b = len(body)
+        j, o = (k_ - s) / b, (k_ - s) % b
+        here = NONE
+        for idx in reversed(range(b)):
+            step = body[idx]
+            if slot < len(step):
+                kd, c, mb = unit(p, m, r, step[slot], j)
+                got = (z3.IntVal(KINDS[kd]), c, mb)
+            else:
+                got = NONE
+            here = tuple(z3.If(o == idx, g, h) for g, h in zip(got, here))
+        inside = z3.And(s <= k_, k_ < s + n * b)
+        out = tuple(z3.If(inside, g, h) for g, h in zip(here, out))
+    return out
+
+
+def position(kd: str, c: int, x_):
+    """``(step, slot)`` of the member naming ``kd c(x_)``: the inverse of ``member``."""
+    a, S, h, q = _dims(p, m, r)
+    pos, slot = z3.IntVal(-1), z3.IntVal(-1)
+    for n, body, s in reversed(SPANS):
+        for o, step in enumerate(body):
+            for sl, (lk, lc, base) in enumerate(step):
+                if lk != kd:
+                    continue
+                if lc == QUEUED:  # invert wq: the W ordinal n, then its iteration
+                    if c == 1:
+                        jj = x_ - (2 * a + S + h)
+                        ok, nth = z3.And(0 <= jj, jj < q), 2 * jj
+                    else:
+                        jj, late = x_ - (S + a + h), x_ - (m - p + r + 1)
+                        ok = z3.Or(z3.And(0 <= jj, jj < q), z3.And(0 <= late, late < a))
+                        nth = z3.If(z3.And(0 <= jj, jj < q), 2 * jj + 1, 2 * q + late)
+                    j = nth - base
+                elif lc == c:
+                    j, ok = x_ - base, z3.BoolVal(True)
+                else:
+                    continue
+                found = z3.And(ok, 0 <= j, j < n)
+                pos = z3.If(found, s + len(body) * j + o, pos)
+                slot = z3.If(found, sl, slot)
+    return pos, slot
+
+
+def required(kind, chunk, mb):
+    full = z3.If(chunk == 0, backward_is_full(p, m, r, 0, mb),
+                 backward_is_full(p, m, r, 1, mb))
+    return z3.Or(kind == F, z3.And(kind == B, full), z3.And(z3.Or(kind == I, kind == W),
+                                                            z3.Not(full)))
+
+
+UNITS = [(kd, c) for kd in "FBIW" for c in (0, 1)]
+MODEL = ("the model, = the package's programs for p <= 8, 2p <= m <= 24 "
+         "(tests/test_family_models_b.py)")
+
+
+def position_of(kind, chunk, mb):
+    out = (z3.IntVal(-1), z3.IntVal(-1))
+    for kd, c in UNITS:
+        got = position(kd, c, mb)
+        hit = z3.And(kind == KINDS[kd], chunk == c)
+        out = tuple(z3.If(hit, g, h) for g, h in zip(got, out))
+    return out
+
+
+@law("dualpipev_completeness",
+     "DualPipeV: rank r runs, for each of its stages (r and 2p-1-r) and microbatch, F once "
+     "and either B once or I and W once each (as the model assigns), and nothing else",
+     all_sizes(f"every p >= 1, m >= 2p, rank r < p, step and member; {MODEL}"),
+     family="dualpipev", property="completeness")
+def dualpipev_completeness():
+    in_word = z3.And(0 <= k, k < LENGTH)
+    for sl in (0, 1):
+        kind, chunk, mb = member(k, sl)
+        back = position_of(kind, chunk, mb)
+        exists = kind != -1
+        yield Obligation(f"DualPipeV: member {sl} of a step, if any, is a required unit of "
+                         f"rank r found at that unit's position",
+                         z3.Implies(z3.And(in_word, exists), z3.And(
+                             z3.Or(chunk == 0, chunk == 1), 0 <= mb, mb < m,
+                             required(kind, chunk, mb), back[0] == k, back[1] == sl)),
+                         SIZES)
+    yield Obligation("DualPipeV: every step has a first member",
+                     z3.Implies(in_word, member(k, 0)[0] != -1), SIZES)
+    for kd, c in UNITS:
+        at, sl = position(kd, c, x)
+        got = [z3.And(*[g == w for g, w in zip(member(at, s_), (KINDS[kd], c, x))])
+               for s_ in (0, 1)]
+        need = required(z3.IntVal(KINDS[kd]), z3.IntVal(c), x)
+        yield Obligation(f"DualPipeV: each required {kd}{c}(r, x) sits at its position",
+                         z3.Implies(z3.And(0 <= x, x < m, need), z3.And(
+                             0 <= at, at < LENGTH, z3.Or(z3.And(sl == 0, got[0]),
+                                                         z3.And(sl == 1, got[1])))), SIZES)
+
+
+# ---------------------------------------------------------------- memory
+
+
+def count(kd: str, k_):
+    """Members of kind ``kd`` in the steps before ``k_``."""
+    total = z3.IntVal(0)
+    for n, body, s in SPANS:
+        b = len(body)
+        for o, step in enumerate(body):
+            hits = sum(1 for lt in step if lt[0] == kd)
+            if hits:
+                upto = (k_ - s - o + b - 1) / b
+                part = z3.If(upto < 0, 0, z3.If(upto > n, n, upto))
+                total = total + hits * z3.If(k_ <= s, 0, z3.If(k_ >= s + n * b, n, part))
+    return total
+
+
+def level(k_):
+    return count("F", k_) - count("B", k_) - count("W", k_)
+
+
+def peak_of(p_, m_, r_):
+    """The unit-model peak on rank ``r_`` (ints or Z3 terms)."""
+    return 2 * p_ + 1
+
+
+PEAK = peak_of(p, m, r)
+
+
+@law("dualpipev_peak_memory",
+     "DualPipeV: the peak of stored activations (unit model: F stores 1, B or W frees it) on "
+     "every rank is 2p + 1",
+     all_sizes(f"every p >= 1, m >= 2p, rank and step; closed-form counts proven to satisfy "
+               f"the level's recurrence; {MODEL}"),
+     family="dualpipev", property="memory")
+def dualpipev_peak_memory():
+    yield Obligation("DualPipeV: level(0) = 0", level(0) == 0, SIZES)
+    j = z3.Int("j")
+    for i, (n, body, s) in enumerate(SPANS):
+        for o, step in enumerate(body):
+            at = s + len(body) * j + o
+            case = (0 <= j, j < n) + SIZES
+            kinds = [lt[0] for lt in step]
+            steps = []
+            for counted in "FBW":
+                st = count(counted, at + 1) == count(counted, at) + kinds.count(counted)
+                steps.append(st)
+                yield Obligation(f"DualPipeV phase {i + 1} step {o}: the count of {counted} "
+                                 f"grows by the step's", st, case)
+            delta = kinds.count("F") - kinds.count("B") - kinds.count("W")
+            yield Obligation(f"DualPipeV phase {i + 1} step {o}: level(k+1) = level(k) + F "
+                             f"- B - W of the step", level(at + 1) == level(at) + delta, case,
+                             lemmas=tuple(steps))
+            yield Obligation(f"DualPipeV phase {i + 1} step {o}: the step's peak <= 2p + 1",
+                             level(at) + kinds.count("F") <= PEAK, case)
+    yield Obligation("DualPipeV: the phases cover the steps",
+                     z3.Implies(z3.And(0 <= k, k < LENGTH), z3.Or(*[
+                         z3.And(s <= k, k < s + n * len(body)) for n, body, s in SPANS])),
+                     SIZES)
+    at = reach()
+    yield Obligation("DualPipeV: the peak is reached",
+                     z3.And(0 <= at, at < LENGTH, member(at, 0)[0] == F,
+                            level(at) + 1 == PEAK), SIZES)
+
+
+def reach():
+    """The step that reaches the peak: the first overlapped one (phase 4's start)."""
+    return SPANS[3][2]
+
+
+# ---------------------------------------------------------------- dependency
+
+
+def clock(r_, k_):
+    """The timing witness (unit durations, an overlapped step included): rank ``r_``'s
+    step ``k_`` starts at ``k_ + r_``, plus one tick for each of phase 4's iterations
+    ``1..r_`` begun (the V's turn: the last chunk-1 forwards reach rank ``r_`` late)."""
+    a = p - 1 - r_
+    s4 = 2 * a + 2 * (r_ + 1) + 3 * a
+    late = (k_ - s4) / 2
+    return k_ + r_ + z3.If(k_ < s4, 0, z3.If(late > r_, r_, late))
+
+
+def _at(r_, kd: str, c: int, x_):
+    """Rank ``r_``'s step holding ``kd c(x_)`` (its grad-producing backward: ``B`` or
+    ``I``, whichever the model assigns, for ``kd == "grad"``)."""
+    here = _Rank(r_)
+    if kd != "grad":
+        return here.position(kd, c, x_)[0]
+    full = here.full(c, x_)
+    return z3.If(full, here.position("B", c, x_)[0], here.position("I", c, x_)[0])
+
+
+class _Rank:
+    """Positions on rank ``r_`` (the module's ``position`` is rank ``r``'s)."""
+
+    def __init__(self, r_) -> None:
+        self.sub = [(r, r_)]
+
+    def position(self, kd, c, x_):
+        return tuple(z3.substitute(e, *self.sub) for e in position(kd, c, x_))
+
+    def full(self, c, x_):
+        return z3.substitute(backward_is_full(p, m, r, c, x_), *self.sub)
+
+
+def _edges():
+    """``(name, condition on r, consumer kinds, chunk, producer)``: each input (§2.5) of
+    each unit of rank ``r``, the producer as ``(rank offset, kind, chunk)``; ``grad`` is
+    the neighbour stage's ``B`` or ``I``."""
+    back = ("B", "I")
+    return (("F0(r) after F0(r-1)", r >= 1, ("F",), 0, (-1, "F", 0)),
+            ("F1(r) after F1(r+1)", r + 1 < p, ("F",), 1, (1, "F", 1)),
+            ("F1(p-1) after F0(p-1)", r == p - 1, ("F",), 1, (0, "F", 0)),
+            ("B0/I0(r) after F0(r)", True, back, 0, (0, "F", 0)),
+            ("B0/I0(r) after the gradient of stage r+1", r + 1 < p, back, 0, (1, "grad", 0)),
+            ("B0/I0(p-1) after the gradient of stage p", r == p - 1, back, 0,
+             (0, "grad", 1)),
+            ("B1/I1(r) after F1(r)", True, back, 1, (0, "F", 1)),
+            ("B1/I1(r) after the gradient of stage 2p-r", r >= 1, back, 1, (-1, "grad", 1)),
+            ("W0(r) after I0(r)", True, ("W",), 0, (0, "I", 0)),
+            ("W1(r) after I1(r)", True, ("W",), 1, (0, "I", 1)))
+
+
+@law("dualpipev_dependency",
+     "DualPipeV: a data-flow timing exists (unit durations; an overlapped step's members "
+     "read their inputs before the step): every op's inputs are on its rank before it runs",
+     all_sizes(f"every p >= 1, m >= 2p, rank, step and microbatch; closed-form timing "
+               f"witness; positions as dualpipev_completeness proves them; {MODEL}"),
+     family="dualpipev", property="dependency")
+def dualpipev_dependency():
+    yield Obligation("DualPipeV dependency: each rank's steps run in order",
+                     z3.Implies(z3.And(0 <= k, k + 1 < LENGTH),
+                                clock(r, k + 1) >= clock(r, k) + 1), SIZES)
+    for name, cond, kinds, c, (dr, pk, pc) in _edges():
+        for kd in kinds:
+            need = required(z3.IntVal(KINDS[kd]), z3.IntVal(c), x)
+            start = clock(r, _at(r, kd, c, x))
+            done = clock(r + dr, _at(r + dr, pk, pc, x)) + 1
+            yield Obligation(f"DualPipeV dependency: {name} ({kd}) finished",
+                             z3.Implies(z3.And(0 <= x, x < m, need, cond), done <= start),
+                             SIZES)
+
+
+# ---------------------------------------------------------------- bounded, lowered
+
+SCOPE = bounded(f"p <= {P_MAX}, 2p <= m <= {M_MAX}; package-derived and lowered instances, "
+                "each checked by the verification kernel's obligations; all sizes needs a "
+                "closed form of the lowering's data-flow timing (standard durations), which "
+                "is not derived")
+
+
+def _instances(pp: int):
+    return (family("dualpipev", pp, mm).derive() for mm in range(2 * pp, M_MAX + 1))
+
+
+def _law(name: str, prop: str, statement: str):
+    @law(name, f"DualPipeV: {statement}", SCOPE, weight=3, family="dualpipev",
+         property=prop)
+    def run():
+        yield from instances.obligations("DualPipeV", _instances, P_MAX, prop)
+    return run
+
+
+dualpipev_matching = _law(
+    "dualpipev_matching", "matching",
+    "the lowered plan pairs every send with the receive of the same payload, FIFO per "
+    "channel, none left over")
+dualpipev_deadlock = _law(
+    "dualpipev_deadlock", "deadlock",
+    "the lowered plan runs to completion under rendezvous (a completion-time witness "
+    "checked by Z3)")

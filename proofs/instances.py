@@ -1,0 +1,75 @@
+"""Bounded family laws over package-derived, lowered instances.
+
+Each instance is a term the package derives for one size, **lowered by the package**
+(``lower``), so the lowering step is part of what is checked, never assumed. For one of
+the five properties the verification kernel states every obligation of that plan as one
+SMT-LIB formula (``kernel.violation``: satisfiable iff some obligation fails, generated
+from the plan alone); the untrusted fast passes (``verify.properties``) propose only the
+numbers those obligations mention (producer positions, completion times under
+rendezvous, memory levels). A law's obligation for one ``p`` is the disjunction over all
+its instances, and Z3 refutes it: ``unsat`` proves the property for every instance.
+Such a law is exactly as strong as a VERIFIED of each instance, and rests on the same
+trusted base (the kernel, which computes each fact from the plan, e.g. a matched pair's
+payloads compared, and Z3, which checks the facts against their templates).
+
+Memory: the law states a closed-form peak per rank; the kernel's obligations then check
+the level chained step by step, every step within that peak and (``exact``) the peak
+reached, so a wrong formula fails the law. With ``exact=False`` the formula is an upper
+bound (the kernel's memory-limit obligation).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from mpipe_verified import kernel
+from mpipe_verified.lower import lower
+from mpipe_verified.semantics import RENDEZVOUS, UNIT_MEMORY
+from mpipe_verified.verify import properties
+
+from .core import Obligation
+
+NO_WITNESS = kernel.Witness(None, None, None, None, None)
+Peak = Callable[[int, int, int], int]  # (p, m, rank) -> the stated peak
+
+
+def _witness(plan, prop: str, peak: Peak | None, exact: bool):
+    """``(witness, limits)`` for ``prop``: the passes' numbers, the stated peak in place
+    of the measured one when ``exact`` (else the stated peak as the limit)."""
+    if prop == "dependency":
+        return kernel.Witness(None, properties.dependency(plan)[1], None, None, None), None
+    if prop == "deadlock":
+        finish = properties.deadlock(plan, RENDEZVOUS)[1]
+        return kernel.Witness(finish, None, None, None, None), None
+    if prop == "memory":
+        stated = tuple(peak(plan.num_ranks, plan.num_microbatches, r)
+                       for r in range(plan.num_ranks))
+        hint = properties.memory(plan, UNIT_MEMORY, None)[1]
+        levels, measured, at = hint
+        witness = kernel.Witness(None, None, levels, stated if exact else measured, at)
+        return witness, (None if exact else stated)
+    return NO_WITNESS, None
+
+
+def violation(schedule, prop: str, peak: Peak | None = None, exact: bool = True) -> str:
+    """The kernel's formula "some ``prop`` obligation of ``lower(schedule)`` fails"."""
+    return plan_violation(lower(schedule), prop, peak, exact)
+
+
+def plan_violation(plan, prop: str, peak: Peak | None = None, exact: bool = True) -> str:
+    """The kernel's formula "some ``prop`` obligation of ``plan`` fails"."""
+    witness, limits = _witness(plan, prop, peak, exact)
+    sizes = kernel.Sizes.of(plan, UNIT_MEMORY) if prop == "memory" else None
+    return kernel.violation(plan, witness, prop, RENDEZVOUS, sizes, limits)
+
+
+def obligations(label: str, instances: Callable[[int], Iterable], p_max: int, prop: str,
+                peak: Peak | None = None, exact: bool = True):
+    """One obligation per ``p <= p_max``: no ``prop`` obligation fails on any schedule of
+    ``instances(p)``. Every instance's formula speaks of the same two integers
+    (``QUERY_DECLS``) and of nothing else, so the disjunction is satisfiable iff some
+    instance's formula is."""
+    for pp in range(1, p_max + 1):
+        parts = [violation(s, prop, peak, exact) for s in instances(pp)]
+        yield Obligation(f"{label} p={pp}: {prop} of every instance",
+                         smt=(kernel.QUERY_DECLS, "(not (or false " + " ".join(parts) + "))"))
