@@ -32,6 +32,7 @@ from mpipe_verified.ir import Compute
 from .core import Obligation, all_sizes, bounded, law
 from .lowered import deadlock_obligations, matching_obligations
 from .model import B, F, I, W
+from .shape import div, ite, mn
 
 P_MAX, M_MAX = 8, 16
 BOUND = f"p <= {P_MAX}, m <= {M_MAX}"
@@ -41,21 +42,21 @@ SIZES = (p >= 1, m >= 1, 0 <= r, r < p)
 
 
 def _min(a, b):
-    return z3.If(a < b, a, b)
+    return mn(a, b)
 
 
-def warmup(r_=r):
-    return _min(p - 1 - r_, m)
+def warmup(r_=r, p_=p, m_=m):
+    return mn(p_ - 1 - r_, m_)
 
 
-def one_f_one_b_op(k_, r_=r):
-    """``(kind, mb)`` of rank ``r_``'s op ``k_`` in 1F1B."""
-    w = warmup(r_)
+def one_f_one_b_op(k_, r_=r, p_=p, m_=m):
+    """``(kind, mb)`` of rank ``r_``'s op ``k_`` in 1F1B (Z3 terms or Python integers)."""
+    w = warmup(r_, p_, m_)
     j = k_ - w
-    steady_kind = z3.If(j % 2 == 0, F, B)
-    steady_mb = z3.If(j % 2 == 0, w + j / 2, (j - 1) / 2)
-    kind = z3.If(k_ < w, F, z3.If(k_ < 2 * m - w, steady_kind, B))
-    mb = z3.If(k_ < w, k_, z3.If(k_ < 2 * m - w, steady_mb, k_ - m))
+    steady_kind = ite(j % 2 == 0, F, B)
+    steady_mb = ite(j % 2 == 0, w + div(j, 2), div(j - 1, 2))
+    kind = ite(k_ < w, F, ite(k_ < 2 * m_ - w, steady_kind, B))
+    mb = ite(k_ < w, k_, ite(k_ < 2 * m_ - w, steady_mb, k_ - m_))
     return kind, mb
 
 
@@ -67,8 +68,8 @@ def one_f_one_b_pos(kind, x_, r_=r):
     return pos_f if kind == F else pos_b
 
 
-def gpipe_op(k_, r_=r):
-    return z3.If(k_ < m, F, B), z3.If(k_ < m, k_, k_ - m)
+def gpipe_op(k_, r_=r, p_=p, m_=m):
+    return ite(k_ < m_, F, B), ite(k_ < m_, k_, k_ - m_)
 
 
 def gpipe_pos(kind, x_, r_=r):

@@ -147,10 +147,11 @@ def _decls(split: bool) -> str:
 
 
 def family_obligations(name: str, prop: str, p_max: int, m_max: int, chunks=(None,),
-                       peak: Peak | None = None):
-    """One obligation per ``p <= p_max``: every ``m <= m_max`` (and chunk count) at once,
-    with the goals of ``prop`` (``GOALS``; matching and deadlock use the dependency goals:
-    the lowered plan's guarantees need only that the timing reaches every op)."""
+                       peak: Peak | None = None, only=None):
+    """One obligation per ``p <= p_max``: every ``m <= m_max`` (and chunk count; those
+    ``only(p, m, v)`` accepts, when given) at once, with the goals of ``prop`` (``GOALS``;
+    matching and deadlock use the dependency goals: the lowered plan's guarantees need
+    only that the timing reaches every op)."""
     kinds = GOALS.get(prop, GOALS["dependency"])
     split = name.startswith("zb")
     for pp in range(1, p_max + 1):
@@ -158,10 +159,14 @@ def family_obligations(name: str, prop: str, p_max: int, m_max: int, chunks=(Non
         tag = 0
         for mm in range(1, m_max + 1):
             for v in chunks:
+                if only is not None and not only(pp, mm, v):
+                    continue
                 sched = family(name, pp, mm, v).derive()
                 rank_peak = None if peak is None else (
                     lambda r, pp=pp, mm=mm, v=v: peak(pp, mm, v, r))
                 _instance(tag, sched, split, facts, goals, kinds, rank_peak)
                 tag += 1
+        if not tag:
+            continue
         yield Obligation(f"{name} p={pp}: every m <= {m_max}",
                          smt=("".join(facts), "(and " + " ".join(goals) + ")"))

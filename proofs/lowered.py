@@ -73,8 +73,25 @@ def _channel_lemma(prefix: str):
 def matching_obligations(prefix: str = "lowering: "):
     """The channel lemma, and FIFO pairing from it: the k-th send and the k-th receive are
     one transfer event (so one payload), and the counts are equal."""
+    return lowering_obligations(("matching",), prefix)
+
+
+def deadlock_obligations(prefix: str = "lowering: "):
+    """``fin = event`` meets the verifier's deadlock rule on every rank pair."""
+    return lowering_obligations(("deadlock",), prefix)
+
+
+def lowering_obligations(which=("matching", "deadlock"), prefix: str = "lowering: "):
+    """The shared lemmas once, then the matching and/or deadlock parts."""
     yield from sorted_filter_kit(prefix)
     yield from _channel_lemma(prefix)
+    if "matching" in which:
+        yield from _matching(prefix)
+    if "deadlock" in which:
+        yield from _deadlock(prefix)
+
+
+def _matching(prefix: str):
     e, ea, eb, ta, tb, chan, hyps, ex = _setup()
     flt = filter_fn()
     payload = z3.Function("payload", IntS, IntS)
@@ -88,10 +105,7 @@ def matching_obligations(prefix: str = "lowering: "):
                      hyps, lemmas=(sa == sb,), example=ex)
 
 
-def deadlock_obligations(prefix: str = "lowering: "):
-    """``fin = event`` meets the verifier's deadlock rule on every rank pair."""
-    yield from sorted_filter_kit(prefix)
-    yield from _channel_lemma(prefix)
+def _deadlock(prefix: str):
     e, ea, eb, ta, tb, chan, hyps, ex = _setup()
     srt, allgt = sorted_fn(), allgt_fn()
     s, y, t = z3.Const("s", IntSeq), z3.Int("y"), z3.Const("t", IntSeq)

@@ -49,6 +49,7 @@ LAWS: tuple[Law, ...] = (
     family_interleaved.interleaved_memory,
     family_interleaved.interleaved_matching,
     family_interleaved.interleaved_deadlock,
+    family_interleaved.interleaved_short_last_round,
     family_zb.zb_h1_completeness,
     family_zb.zb_h1_dependency,
     family_zb.zb_h1_memory,
