@@ -32,10 +32,12 @@ def family_argv(name, p, m, v=None):
             *(["--chunks", str(v)] if v else [])]
 
 
-@pytest.mark.parametrize("name, p, m", [("1f1b", 4, 8), ("1f1b", 5, 3), ("gpipe", 3, 4)])
-def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m):
-    code, proof = check(capsys, *family_argv(name, p, m))
-    expanded_code, expanded = check(capsys, *family_argv(name, p, m), "--expand")
+@pytest.mark.parametrize("name, p, m, v", [("1f1b", 4, 8, None), ("1f1b", 5, 3, None),
+                                           ("gpipe", 3, 4, None),
+                                           ("interleaved-1f1b", 4, 6, 3)])
+def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m, v):
+    code, proof = check(capsys, *family_argv(name, p, m, v))
+    expanded_code, expanded = check(capsys, *family_argv(name, p, m, v), "--expand")
     assert code == expanded_code == 0
     assert proof["proof"]["kind"] == "parametric" and expanded["proof"] == {"kind": "instance"}
     laws = {registry.BY_NAME[n].property: n for n in proof["proof"]["laws"]}
@@ -67,10 +69,24 @@ def test_memory_limit_against_the_proven_peak(capsys):
 
 
 def test_cells_without_all_sizes_laws_are_checked_op_by_op(capsys):
-    code, doc = check(capsys, *family_argv("interleaved-1f1b", 4, 8, 2))
+    # m >= p with a last round shorter than p (10 = 4 + 4 + 2 on 3 ranks): bounded only
+    code, doc = check(capsys, *family_argv("interleaved-1f1b", 3, 10, 2))
+    assert code == 0 and doc["proof"] == {"kind": "instance"}
+    code, doc = check(capsys, *family_argv("zb-h1", 4, 8))
     assert code == 0 and doc["proof"] == {"kind": "instance"}
     code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--comm-model", "eager")
     assert code == 0 and doc["proof"] == {"kind": "instance"}
+
+
+def test_interleaved_at_1024_ranks_is_answered_by_its_laws():
+    proc = subprocess.run([str(SCRIPT), "check", *family_argv("interleaved-1f1b", 1024, 4096, 2),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["proof"]["kind"] == "parametric"
+    assert [registry.BY_NAME[n].family for n in doc["proof"]["laws"]] == ["interleaved-1f1b"] * 5
+    g = 1024  # 4 rounds of 1024: rank r's warmup is g + 2 (p - 1 - r), its peak one more
+    assert doc["peak_memory"]["0"] == g + 2 * 1023 + 1 and doc["peak_memory"]["1023"] == g + 1
 
 
 def test_the_text_report_names_the_laws(capsys):
