@@ -116,10 +116,12 @@ def _deadlock(prefix: str):
                                    u[i_] < u[i_ + 1])
     nil = empty(IntSeq)
     yield Obligation(f"{prefix}a sorted list increases: base", inc(nil, i))
+    rest = z3.SubSeq(t, 1, z3.Length(t) - 1)
+    split = z3.Implies(z3.Length(t) > 0, t == cons(t[0], rest))
+    yield Obligation(f"{prefix}a non-empty list is its head and its rest", split)
     head_below = z3.Implies(z3.And(allgt(y, t), z3.Length(t) > 0), y < t[0])
     yield Obligation(f"{prefix}allgt bounds the first element", head_below,
-                     lemmas=(u_allgt(y, t[0], z3.SubSeq(t, 1, z3.Length(t) - 1)),
-                             t == cons(t[0], z3.SubSeq(t, 1, z3.Length(t) - 1))))
+                     lemmas=(u_allgt(y, t[0], rest), split))
     shift = z3.And((cons(y, t))[i] == z3.If(i == 0, y, t[i - 1]),
                    (cons(y, t))[i + 1] == t[i])
     yield Obligation(f"{prefix}positions of y::t", z3.Implies(
