@@ -193,7 +193,7 @@ def test_export_then_check_gives_the_specs_verdict_and_digest(tmp_path, capsys, 
     extra = ["--compute-only"] if compute_only else []
     assert _run(capsys, "export", *source, "--to", "plan-json", "-o", str(out), *extra) \
         == (0, "", "")
-    code, text, _ = _run(capsys, "check", *source, "--json")
+    code, text, _ = _run(capsys, "check", *source, "--json", "--expand")
     want = json.loads(text)
     code2, text2, err2 = _run(capsys, "check", str(out), "--json")
     got = json.loads(text2)

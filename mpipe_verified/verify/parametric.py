@@ -3,9 +3,10 @@
 A family instance ``(family, params)`` is *covered* when, for each of the five properties,
 the registry has a law about that family whose scope is all sizes and holds ``params``
 (``Law.proves``), and the memory law states its per-rank peak (``Law.peak``). Then
-``prove`` proves those laws now (each in a fresh process; nothing is cached, so a law
-that no longer holds never yields VERIFIED) and compares the memory limit with the
-proven peak at ``params``: the answer costs the laws' time, whatever the instance's size.
+``prove`` proves those laws now (their distinct obligations, in freshly started
+interpreters; nothing is cached, so a law that no longer holds never yields VERIFIED) and
+compares the memory limit with the proven peak at ``params``: the answer costs the laws'
+time, whatever the instance's size.
 Anything else (a bounded cell, a law that is not proved, a peak over the limit, the eager
 model) is left to the ordinary instance check, which also finds the counterexamples.
 
@@ -15,7 +16,7 @@ model) is left to the ordinary instance check, which also finds the counterexamp
 
 A parametric certificate names the family, the parameters and the laws; its digest is
 the SHA-256 of that claim. It certifies exactly the plan those parameters derive
-(``derived_plan``): ``matches`` compares a plan with it.
+(``derived_plan``): ``mismatch`` says why a plan is not that one.
 """
 
 from __future__ import annotations
