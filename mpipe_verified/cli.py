@@ -716,7 +716,7 @@ def render_parametric(report: Report, name: str) -> str:
     lines.append(f"  {stats['obligations']} obligations proven by Z3 now in "
                  f"{stats['seconds']:.2f}s")
     peaks = ", ".join(f"{r}: {p:g}" for r, p in sorted(report.peak_memory.items()))
-    lines.append(f"  peak memory per rank (the memory law's formula): {peaks}")
+    lines.append(f"  peak memory per rank: {peaks} (the memory law's formula)")
     lines.append(f"  certificate: parametric sha256 {report.certificate.digest}")
     return "\n".join(lines)
 
