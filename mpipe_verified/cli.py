@@ -59,7 +59,7 @@ from .progress import Progress
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
 from .show import figures, render_grid
-from .verify import Report, verify, verify_loaded
+from .verify import Report, parametric, verify, verify_loaded
 
 PROG = "mpipe-verify"
 FORMATS = ("auto", "spec", "torch-csv", "plan-json")
@@ -442,6 +442,10 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print no report: the exit code tells (bad input still names the "
                         "file on stderr)")
+    p.add_argument("--expand", action="store_true",
+                   help="check a family instance op by op even when the family's laws "
+                        "prove it for every size (by default those laws answer, in time "
+                        "independent of the size)")
     g = p.add_argument_group(
         "declared sizes, with --microbatches M (a CSV carries none: a dropped stage row "
         "or last microbatch reads as a smaller schedule); missing work is a completeness "
@@ -581,6 +585,9 @@ def _check_one(args: argparse.Namespace, progress: Progress
     """Verify one input; returns its SARIF/JUnit record, JSON object and text report."""
     spec = None
     progress.phase(f"{display_name(args)}: reading")
+    quick = _parametric_family(args, progress)
+    if quick is not None:
+        return quick
     if _is_big_csv(args):  # each process loads its own copy (verify_loaded)
         name = args.target
         progress.phase(f"{name}: verifying on two cores with Z3")
@@ -596,6 +603,9 @@ def _check_one(args: argparse.Namespace, progress: Progress
         limit = model.limit
         if not as_written:
             progress.phase(f"{name}: lowering")
+        quick = _parametric_spec(args, spec, target, name, limit, progress)
+        if quick is not None:
+            return quick
         plan = as_plan(target, model.duration)  # ordered for the spec's own costs
         progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3")
         report = verify(plan, limit, args.comm_model, model.memory, rlimit=args.solver_rlimit)
@@ -619,6 +629,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     doc["peak_memory"] = figures(report.peak_memory)
     doc["source"] = name
     doc["lowered"] = not as_written
+    doc["proof"] = {"kind": parametric.INSTANCE}
     passes = None
     if args.comm_model == RENDEZVOUS and any(v.property == "deadlock"
                                              for v in report.violations):
@@ -628,6 +639,92 @@ def _check_one(args: argparse.Namespace, progress: Progress
     return (sarif.Checked(name, report, kind, text), doc,
             render_report(report, name, as_written, passes,
                           json_paths=kind == sarif.PLAN_JSON))
+
+
+def family_params(args: argparse.Namespace, term) -> dict:
+    """``--family``'s parameters as the laws read them (``verify.parametric``)."""
+    body = args.family if args.family != TRANSPOSE else (args.body or "1f1b")
+    chunks = (args.chunks or 2) if body == "interleaved-1f1b" else None
+    params = {"pp": args.pp, "microbatches": args.microbatches, "chunks": chunks}
+    if args.family == TRANSPOSE:
+        params.update(body=body, side=term.side, mode=term.mode, ownership=term.ownership)
+    return params
+
+
+def _parametric_family(args: argparse.Namespace, progress: Progress):
+    """``check --family`` answered by the family's laws (``verify.parametric``), or None
+    for the ordinary check: ``--expand``, a picture, ``--solver-rlimit`` (a cap on the
+    instance's queries), an encoder cost, the eager model, or an instance the laws do not
+    cover."""
+    if (args.family is None or args.expand or args.svg is not None
+            or args.solver_rlimit is not None or getattr(args, "encoder_cost", None) is not None):
+        return None
+    check_target_options(args, None)
+    missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
+    if missing:
+        return None  # load_target says what is missing
+    name = display_name(args)
+    try:
+        params = family_params(args, family_term(args))
+    except ParameterError:
+        return None  # load_target reports it
+    return _answer(args, args.family, params, args.memory_limit, name, progress)
+
+
+def _parametric_spec(args, spec, target, name: str, limit, progress: Progress):
+    """A spec whose expression is a standard family term with no cost model, answered by
+    the family's laws like ``--family`` (None otherwise)."""
+    if (spec is None or spec.cost is not None or args.expand or args.svg is not None
+            or args.solver_rlimit is not None or not isinstance(target, Schedule)):
+        return None
+    term = spec.term
+    for fam in FAMILIES:
+        chunks = getattr(term, "chunks", None) if fam == "interleaved-1f1b" else None
+        try:
+            same = family(fam, getattr(term, "ranks", 0), getattr(term, "microbatches", 0),
+                          chunks) == term
+        except (ParameterError, TypeError):
+            same = False
+        if same:
+            params = {"pp": term.ranks, "microbatches": term.microbatches, "chunks": chunks}
+            return _answer(args, fam, params, limit, name, progress)
+    return None
+
+
+def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress):
+    """The parametric report's SARIF record, JSON object and text, or None."""
+    progress.phase(f"{name}: proving the {fam} laws with Z3")
+    report = parametric.prove(fam, params, limit, args.comm_model)
+    if report is None:
+        return None
+    claim = report.certificate.parametric
+    if args.certificate_out is not None:
+        cert = {"format": parametric.FORMAT, **report.certificate.to_json()}
+        write_output(args.certificate_out, json.dumps(cert, separators=(",", ":")) + "\n")
+    doc = report.to_json()
+    doc["peak_memory"] = figures(report.peak_memory)
+    doc["source"] = name
+    doc["lowered"] = True
+    doc["proof"] = {"kind": parametric.PARAMETRIC, "laws": list(claim.laws),
+                    "family": fam, "params": claim.mapping}
+    return sarif.Checked(name, report, sarif.FAMILY), doc, render_parametric(report, name)
+
+
+def render_parametric(report: Report, name: str) -> str:
+    """The text report of a parametric proof: the law proving each property."""
+    claim, stats = report.certificate.parametric, report.stats
+    shown = ", ".join(f"{k}={v}" for k, v in claim.params if v is not None)
+    lines = [f"{name}: {report.status.upper()} ({stats['ranks']} ranks, "
+             f"{stats['comm_model']}, lowered by mpipe; proven for every size by the "
+             f"{claim.family} laws, at {shown})"]
+    for prop, info in stats["properties"].items():
+        lines.append(f"  {prop:<13} {info['status']:<9} law {info['law']} ({info['scope']})")
+    lines.append(f"  {stats['obligations']} obligations proven by Z3 now in "
+                 f"{stats['seconds']:.2f}s")
+    peaks = ", ".join(f"{r}: {p:g}" for r, p in sorted(report.peak_memory.items()))
+    lines.append(f"  peak memory per rank: {peaks} (the memory law's formula)")
+    lines.append(f"  certificate: parametric sha256 {report.certificate.digest}")
+    return "\n".join(lines)
 
 
 def passes_under(plan: Plan, limit, memory: MemoryModel, rlimit: int | None) -> list[str]:
@@ -899,6 +996,8 @@ def run_recheck(args: argparse.Namespace) -> int:
                      CERTIFICATE)
     if not isinstance(data, dict):
         raise InputError(f"a JSON object at the top; {CERTIFICATE}", args.certificate)
+    if data.get("format") == parametric.FORMAT:
+        return _recheck_parametric(args, plan, data)
     limits = (None if args.memory_limit is None
               else (args.memory_limit,) * plan.num_ranks)
     proven, reasons = kernel.recheck(plan, data, args.solver_rlimit, args.comm_model, limits)
@@ -915,6 +1014,28 @@ def run_recheck(args: argparse.Namespace) -> int:
                    f"{under['comm_model']} model, memory limit per rank {shown}, memory "
                    f"sizes: {under['memory_sizes']}"
                    if proven else "NOT ESTABLISHED")
+        print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
+    return 0 if proven else 3
+
+
+def _recheck_parametric(args: argparse.Namespace, plan: Plan, data: dict) -> int:
+    """A certificate from a parametric proof: ``plan`` must be the one its parameters
+    derive, and its laws must prove now (``verify.parametric.recheck``)."""
+    proven, reasons = parametric.recheck(plan, data)
+    limit = data.get("memory_limit")
+    if proven and args.comm_model is not None and data.get("comm_model") != args.comm_model:
+        proven, reasons = False, [f"certificate is for the {data.get('comm_model')} model"]
+    if proven and args.memory_limit is not None and (
+            limit is None or any(x > args.memory_limit for x in limit)):
+        proven, reasons = False, [f"certificate does not prove the limit {args.memory_limit:g}"]
+    if args.json:
+        print(json.dumps({"source": args.plan, "certificate": args.certificate,
+                          "proven": proven, "reasons": reasons, "kind": parametric.PARAMETRIC,
+                          "comm_model": data.get("comm_model"),
+                          "memory_limit": data.get("memory_limit")}, indent=2))
+    else:
+        verdict = ("PROVEN (all five properties, by the family's laws)" if proven
+                   else "NOT ESTABLISHED")
         print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
     return 0 if proven else 3
 

@@ -2,7 +2,7 @@
 ``mpipe_verified.algebra.terms``); installed as ``mpipe_verified.proofs``.
 
 Each law (``core.Law``) states one claim over a symbolic model of per-rank sequences
-(``model``), names its scope (``all sizes`` or ``bounded (...)``) and is proven by Z3
+(``model``), names its scope (``all sizes ...`` or ``bounded: ...``) and is proven by Z3
 refuting the negation of each of its obligations (``core``). Groups: ``sequences``
 (``seq``, ``par``, empty term, ``split_bw``/``merge_bw``), ``relabel`` (microbatch
 relabelling), ``lowering`` (``lower`` over ``par``, work conservation), ``safety``

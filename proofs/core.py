@@ -37,7 +37,7 @@ import multiprocessing.connection  # noqa: F401 - mp.connection.wait
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import z3
 
@@ -49,9 +49,13 @@ DEFAULT_TIMEOUT_MS = 20_000
 VACUITY_TIMEOUT_MS = 1_000
 
 
+BOUNDED = "bounded:"
+
+
 def bounded(description: str) -> str:
-    """Scope text of a bounded law, e.g. ``bounded (p <= 8, m <= 16)``."""
-    return f"bounded ({description})"
+    """Scope text of a bounded law: ``bounded:`` and the bound, e.g. ``bounded: p <= 8,
+    m <= 16; package-derived instances``."""
+    return f"{BOUNDED} {description}"
 
 
 def all_sizes(how: str = "") -> str:
@@ -106,12 +110,32 @@ class Law:
     weight: int = 1  # rough cost: heavier laws are started first by ``run_all``
     family: str | None = None  # a family invariant: the family it is about ...
     property: str | None = None  # ... and which of PROPERTIES it proves
+    # Machine-readable scope of a family invariant, over the family's parameters (a
+    # mapping with "pp", "microbatches", "chunks" and, for transpose, its options):
+    # ``covers(params)`` says whether the law proves that instance (None: every valid
+    # instance when the scope is all sizes, none when it is bounded); a memory law's
+    # ``peak(params)`` is the proven per-rank unit-model peak (a tuple, rank order).
+    covers: Callable[[Mapping[str, object]], bool] | None = field(default=None, repr=False)
+    peak: Callable[[Mapping[str, object]], tuple[int, ...]] | None = field(default=None,
+                                                                           repr=False)
 
     def __post_init__(self) -> None:
         if (self.family is None) != (self.property is None):
             raise ValueError(f"law {self.name}: family and property go together")
         if self.property is not None and self.property not in PROPERTIES:
             raise ValueError(f"law {self.name}: unknown property {self.property!r}")
+        if not (self.scope.startswith(ALL_SIZES) or self.scope.startswith(BOUNDED)):
+            raise ValueError(f"law {self.name}: scope must start with {ALL_SIZES!r} or "
+                             f"{BOUNDED!r}, got {self.scope!r}")
+
+    def for_all_sizes(self) -> bool:
+        return self.scope.startswith(ALL_SIZES)
+
+    def proves(self, params: Mapping[str, object]) -> bool:
+        """Whether this law's scope holds the family instance ``params``."""
+        if self.covers is not None:
+            return bool(self.covers(params))
+        return self.for_all_sizes()
 
     def result(self, status: str, seconds: float, detail: str = "",
                obligations: int = 0) -> "LawResult":
@@ -126,11 +150,11 @@ class Law:
 
 
 def law(name: str, statement: str, scope: str, weight: int = 1, family: str | None = None,
-        property: str | None = None) -> Callable[[Callable], Law]:
+        property: str | None = None, covers=None, peak=None) -> Callable[[Callable], Law]:
     """Decorator: turn ``def f() -> Iterable[Obligation]`` into a ``Law``."""
     def wrap(fn: Callable[[], Iterable[Obligation]]) -> Law:
         return Law(name, statement, scope, fn, weight=weight, family=family,
-                   property=property)
+                   property=property, covers=covers, peak=peak)
     return wrap
 
 

@@ -175,8 +175,19 @@ def sorted_filter_kit(prefix: str = ""):
     # K6: the corollary used by the laws
     yield Obligation(f"{prefix}the p-events of a sorted list, sorted, are its filter",
                      sorted_filter_lemma(p, z3.Const("e", IntSeq), z3.Const("ea", IntSeq)),
-                     lemmas=(z3.ForAll([p, s], k2(s)), z3.ForAll([v, p, s], k3(s)),
-                             z3.ForAll([s, s2], k5(s, s2))))
+                     lemmas=filter_lemmas())
+
+
+def filter_lemmas():
+    """K2, K3 and K5 of ``sorted_filter_kit``, universally quantified (proven there):
+    filter keeps sortedness, the members of a filter, and a strictly sorted list is
+    determined by its members."""
+    srt, mem, flt = sorted_fn(), mem_fn(), filter_fn()
+    s, t, s2, t2, x, y, v, p, q = _vars()
+    same = z3.ForAll([v], mem(v, s) == mem(v, s2))
+    return (z3.ForAll([p, s], z3.Implies(srt(s), srt(flt(p, s)))),
+            z3.ForAll([v, p, s], mem(v, flt(p, s)) == z3.And(mem(v, s), p[v])),
+            z3.ForAll([s, s2], z3.Implies(z3.And(srt(s), srt(s2), same), s == s2)))
 
 
 def sorted_filter_lemma(p, e, ea):

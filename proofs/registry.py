@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import (families, family_dualpipev, family_transpose, family_zbv, lowering, relabel,
-               safety, sequences)
+from . import (families, family_dualpipev, family_interleaved, family_transpose, family_zb,
+               family_zbv, lowering, relabel, safety, sequences)
 from .core import DEFAULT_TIMEOUT_MS, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -33,15 +33,34 @@ LAWS: tuple[Law, ...] = (
     # safety composition
     safety.par_deadlock_free,
     safety.seq_deadlock_free,
-    # family invariants
+    # family invariants: one law per (family, property)
+    families.gpipe_completeness,
+    families.gpipe_dependency,
+    families.gpipe_memory,
+    families.gpipe_matching,
+    families.gpipe_deadlock,
     families.one_f_one_b_completeness,
     families.one_f_one_b_dependency,
     families.one_f_one_b_peak_memory,
-    families.gpipe_invariants,
+    families.one_f_one_b_matching,
+    families.one_f_one_b_deadlock,
     families.closed_forms_match_package,
-    families.interleaved_complete_dependency,
-    families.zb_h1_invariants,
-    families.zb_h2_invariants,
+    family_interleaved.interleaved_completeness,
+    family_interleaved.interleaved_dependency,
+    family_interleaved.interleaved_memory,
+    family_interleaved.interleaved_matching,
+    family_interleaved.interleaved_deadlock,
+    family_interleaved.interleaved_short_last_round,
+    family_zb.zb_h1_completeness,
+    family_zb.zb_h1_dependency,
+    family_zb.zb_h1_memory,
+    family_zb.zb_h1_matching,
+    family_zb.zb_h1_deadlock,
+    family_zb.zb_h2_completeness,
+    family_zb.zb_h2_dependency,
+    family_zb.zb_h2_memory,
+    family_zb.zb_h2_matching,
+    family_zb.zb_h2_deadlock,
     # family invariants: ZBV, DualPipeV, transpose (one law per property)
     family_zbv.zbv_completeness,
     family_zbv.zbv_dependency,

@@ -82,7 +82,7 @@ def assert_schema(doc: dict, ranks: int) -> None:
 
 
 def test_json_schema_verified(capsys):
-    code, doc = check_json(capsys, *family_argv("1f1b", 4, 8))
+    code, doc = check_json(capsys, *family_argv("1f1b", 4, 8), "--expand")
     assert code == 0
     assert_schema(doc, 4)
     assert doc["verified"] is True and doc["violations"] == []

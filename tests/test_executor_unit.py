@@ -177,6 +177,35 @@ def test_tampered_or_uncertified_plans_are_refused_before_any_communication(no_t
     assert no_traffic == []
 
 
+def test_a_parametric_certificate_runs_only_the_plan_its_parameters_derive(no_traffic):
+    """A certificate from the 1F1B laws (``check --family 1f1b`` at pp=2, m=2) names the
+    laws and the parameters: the executor takes it for the plan those parameters derive
+    (with the payload shapes it runs with) and refuses any other plan of the same size."""
+    from mpipe_verified.verify import parametric
+    params = {"pp": 2, "microbatches": 2, "chunks": None}
+    cert = parametric.prove("1f1b", params).certificate
+    assert cert.parametric.laws == ("1f1b_completeness", "1f1b_dependency", "1f1b_matching",
+                                    "1f1b_deadlock", "1f1b_peak_memory")
+    torch.manual_seed(0)
+    stages = split_sequential(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), 2)
+    fn = infer_payload_shapes(stages, Batch(body=torch.randn(4, 4), target=torch.randn(4, 4)),
+                              2)
+
+    def executor(name):
+        plan = with_payload_shapes(lower(family(name, 2, 2).derive()), fn)
+        return PipelineExecutor(plan, cert, stages=stages, loss_fn=nn.functional.mse_loss,
+                                rank=0)
+    executor("1f1b")  # accepted, still before any communication
+    for other in ("gpipe", "zb-h1"):
+        with pytest.raises(CertificateError, match="not the one 1f1b derives"):
+            executor(other)
+    plan = with_payload_shapes(lower(family("1f1b", 2, 2).derive()), fn)
+    with pytest.raises(CertificateError, match="not the one 1f1b derives"):
+        PipelineExecutor(swap_first_two_ops(plan, rank=0), cert, stages=stages,
+                         loss_fn=nn.functional.mse_loss, rank=0)
+    assert no_traffic == []
+
+
 def test_certify_refuses_a_plan_the_verifier_rejects():
     plan, _, _, _ = shaped_plan()
     broken = attrs.evolve(plan, programs=(plan.programs[0][:-1], plan.programs[1]))

@@ -202,7 +202,7 @@ def test_export_then_check_gives_the_specs_verdict_and_digest(tmp_path, capsys, 
     extra = ["--compute-only"] if compute_only else []
     assert _run(capsys, "export", *source, "--to", "plan-json", "-o", str(out), *extra) \
         == (0, "", "")
-    code, text, _ = _run(capsys, "check", *source, "--json")
+    code, text, _ = _run(capsys, "check", *source, "--json", "--expand")
     want = json.loads(text)
     code2, text2, err2 = _run(capsys, "check", str(out), "--json")
     got = json.loads(text2)
@@ -239,8 +239,8 @@ def test_a_plan_without_comm_ops_is_lowered_like_a_compute_only_csv(tmp_path, ca
     code, text, _ = _run(capsys, "check", str(path), "--json")
     doc = json.loads(text)
     assert code == 0 and doc["lowered"] is True
-    assert main(["check", "--family", "1f1b", "--pp", "2", "--microbatches", "3", "--json"]) \
-        == 0
+    assert main(["check", "--family", "1f1b", "--pp", "2", "--microbatches", "3", "--json",
+                 "--expand"]) == 0
     assert json.loads(capsys.readouterr().out)["certificate"] == doc["certificate"]
 
 

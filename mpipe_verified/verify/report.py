@@ -8,6 +8,7 @@ import attrs
 
 from .. import kernel
 from ..ir import Plan
+from .parametric import Parametric, mismatch
 
 PROPERTIES = kernel.PROPERTIES  # the five, in report order
 VERIFIER_VERSION = "mpipe-verify/2"  # /2: verdicts from the kernel, required collectives
@@ -39,23 +40,33 @@ def plan_digest(plan: Plan) -> str:
 @attrs.frozen
 class Certificate:
     """What was proven about which plan: recheckable in linear time by recomputing the
-    plan's digest (``check_certificate``)."""
+    plan's digest (``check_certificate``). A certificate from a parametric proof
+    (``parametric``: family, parameters, laws; ``verify.parametric``) has the claim's
+    digest instead, and certifies the one plan those parameters derive."""
 
     digest: str
     properties: tuple[str, ...]
     memory_limit: tuple[float, ...] | None
     comm_model: str
     version: str = VERIFIER_VERSION
+    parametric: "Parametric | None" = None
 
     def to_json(self) -> dict:
-        return attrs.asdict(self, value_serializer=lambda _, __, v: list(v) if isinstance(v, tuple) else v)
+        out = {"digest": self.digest, "properties": list(self.properties),
+               "memory_limit": None if self.memory_limit is None else list(self.memory_limit),
+               "comm_model": self.comm_model, "version": self.version}
+        if self.parametric is not None:
+            out["parametric"] = self.parametric.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "Certificate":
         limit = data.get("memory_limit")
+        claim = data.get("parametric")
         return cls(str(data["digest"]), tuple(data["properties"]),
                    None if limit is None else tuple(float(x) for x in limit),
-                   str(data["comm_model"]), str(data.get("version", "")))
+                   str(data["comm_model"]), str(data.get("version", "")),
+                   None if claim is None else Parametric.from_json(claim))
 
 
 class CertificateError(Exception):
@@ -76,6 +87,13 @@ def check_certificate(plan: Plan, certificate: Certificate | None,
     if certificate.comm_model != comm_model:
         raise CertificateError(f"certificate is for the {certificate.comm_model} model, "
                                f"not {comm_model}")
+    if certificate.parametric is not None:
+        claim = certificate.parametric
+        why = None if certificate.digest == claim.digest() else "its digest is not its claim's"
+        why = why or mismatch(plan, claim)
+        if why is not None:
+            raise CertificateError(f"parametric certificate refused: {why}")
+        return
     digest = plan_digest(plan)
     if digest != certificate.digest:
         raise CertificateError(f"plan digest {digest[:16]}… does not match the certificate's "

@@ -1,0 +1,72 @@
+"""``mpipe-verify check --family``: answered by the family's laws (the default) against
+the op-by-op check of the same instance (``--expand``), side by side, as ratios.
+
+Run:  python benchmarks/parametric_check.py [--family interleaved-1f1b] [--chunks 2]
+                                             [--sizes 8 16 32 64] [--big 1024]
+
+For each ``p`` in ``--sizes`` (``m = 4p``) both commands run as whole processes,
+alternating, and the table gives the wall time of each (median of ``--repeat``) and
+``laws / op-by-op``. Then the laws alone at ``p = --big`` (``m = 4p``), where the op-by-op
+check is out of reach, to show the time does not grow with the instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
+
+
+def run(argv: list[str]) -> tuple[float, dict]:
+    started = time.perf_counter()
+    proc = subprocess.run([str(SCRIPT), "check", *argv, "--json"], capture_output=True,
+                          text=True, check=False)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"check {' '.join(argv)} exited {proc.returncode}: {proc.stderr}")
+    return seconds, json.loads(proc.stdout)
+
+
+def instance(family: str, p: int, chunks: int | None) -> list[str]:
+    argv = ["--family", family, "--pp", str(p), "--microbatches", str(4 * p)]
+    return argv + (["--chunks", str(chunks)] if chunks else [])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="interleaved-1f1b")
+    ap.add_argument("--chunks", type=int, default=2)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64])
+    ap.add_argument("--big", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    chunks = args.chunks if args.family == "interleaved-1f1b" else None
+    print("| p | m | ops | laws (s) | op by op (s) | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for p in args.sizes:
+        argv = instance(args.family, p, chunks)
+        laws, expand, ops = [], [], 0
+        for _ in range(args.repeat):
+            t, doc = run(argv)
+            assert doc["proof"]["kind"] == "parametric", doc["proof"]
+            laws.append(t)
+            t, doc = run(argv + ["--expand"])
+            expand.append(t)
+            ops = doc["stats"]["ops"]
+        a, b = statistics.median(laws), statistics.median(expand)
+        print(f"| {p} | {4 * p} | {ops:,} | {a:.2f} | {b:.2f} | {a / b:.2f} |")
+    t, doc = run(instance(args.family, args.big, chunks))
+    assert doc["proof"]["kind"] == "parametric", doc["proof"]
+    print(f"\nlaws at p = {args.big}, m = {4 * args.big}: {t:.2f} s "
+          f"({doc['stats']['obligations']} obligations, {doc['stats']['seconds']:.2f} s "
+          f"proving them)")
+
+
+if __name__ == "__main__":
+    main()

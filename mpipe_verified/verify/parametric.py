@@ -1,0 +1,249 @@
+"""Instance checks answered by a family's proven laws (``proofs/``, the family invariants).
+
+A family instance ``(family, params)`` is *covered* when, for each of the five properties,
+the registry has a law about that family whose scope is all sizes and holds ``params``
+(``Law.proves``), and the memory law states its per-rank peak (``Law.peak``). Then
+``prove`` proves those laws now (their distinct obligations, in freshly started
+interpreters; nothing is cached, so a law that no longer holds never yields VERIFIED) and
+compares the memory limit with the proven peak at ``params``: the answer costs the laws'
+time, whatever the instance's size.
+Anything else (a bounded cell, a law that is not proved, a peak over the limit, the eager
+model) is left to the ordinary instance check, which also finds the counterexamples.
+
+``params`` is the family's parameters as a mapping: ``pp``, ``microbatches``, ``chunks``
+(None where the family fixes them) and, for ``transpose``, ``body``, ``mode``,
+``ownership`` and ``side``.
+
+A parametric certificate names the family, the parameters and the laws; its digest is
+the SHA-256 of that claim. It certifies exactly the plan those parameters derive
+(``derived_plan``): ``mismatch`` says why a plan is not that one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Mapping, Sequence
+
+import attrs
+
+from ..ir import Group, Plan, Recv, Send
+from ..semantics import RENDEZVOUS
+
+PARAMETRIC, INSTANCE = "parametric", "instance"
+FORMAT = "mpipe-parametric-certificate"
+
+
+@attrs.frozen
+class Parametric:
+    """The claim of a parametric proof: ``laws`` prove the five properties of ``family``
+    at ``params`` (sorted ``(key, value)`` pairs)."""
+
+    family: str
+    params: tuple[tuple[str, object], ...]
+    laws: tuple[str, ...]
+
+    @classmethod
+    def of(cls, family: str, params: Mapping[str, object], laws: Sequence[str]) -> "Parametric":
+        return cls(family, tuple(sorted(params.items())), tuple(laws))
+
+    @property
+    def mapping(self) -> dict[str, object]:
+        return dict(self.params)
+
+    def digest(self) -> str:
+        text = json.dumps({"family": self.family, "params": self.mapping,
+                           "laws": list(self.laws)}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"family": self.family, "params": self.mapping, "laws": list(self.laws)}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Parametric":
+        params = data["params"]
+        if not isinstance(params, dict) or not isinstance(data["laws"], list):
+            raise ValueError("params must be an object and laws a list")
+        return cls.of(str(data["family"]), params, [str(x) for x in data["laws"]])
+
+
+def needed_laws(family: str, params: Mapping[str, object]):
+    """The family's laws that cover ``params``, one per property in the verifier's order,
+    or None when some property has no all-sizes law holding ``params`` or the memory law
+    states no peak."""
+    from ..proofs import registry
+    from ..proofs.core import PROPERTIES
+    chosen = []
+    for prop in PROPERTIES:
+        found = [law for law in registry.LAWS if law.family == family
+                 and law.property == prop and law.for_all_sizes() and law.proves(params)]
+        if not found:
+            return None
+        chosen.append(found[0])
+    if chosen[-1].peak is None:
+        return None
+    return chosen
+
+
+def _limits(limit, ranks: int) -> tuple[float, ...] | None:
+    if limit is None:
+        return None
+    return tuple(limit) if isinstance(limit, tuple) else (float(limit),) * ranks
+
+
+def prove(family: str, params: Mapping[str, object], limit=None,
+          comm_model: str = RENDEZVOUS):
+    """A verified ``Report`` from the family's laws, proven now, or None (see the module
+    docstring for when)."""
+    from .report import PROPERTIES, Certificate, Report
+    laws = needed_laws(family, params) if comm_model == RENDEZVOUS else None
+    if laws is None:
+        return None
+    started = time.perf_counter()
+    ranks = int(params["pp"])
+    peaks = tuple(laws[-1].peak(params))
+    limits = _limits(limit, ranks)
+    if limits is not None and any(pk > lim for pk, lim in zip(peaks, limits)):
+        return None  # the instance check finds and reports the overrun
+    proved, count = prove_laws(family, params)
+    if not proved:
+        return None
+    claim = Parametric.of(family, params, [law.name for law in laws])
+    stats = {"ranks": ranks, "comm_model": comm_model,
+             "properties": {law.property: {"status": "proved", "law": law.name,
+                                           "scope": law.scope} for law in laws},
+             "obligations": count, "seconds": round(time.perf_counter() - started, 4)}
+    certificate = Certificate(claim.digest(), PROPERTIES, limits, comm_model,
+                              parametric=claim)
+    return Report("verified", (), dict(enumerate(peaks)), stats, certificate)
+
+
+def _key(ob) -> tuple:
+    """Equal for obligations stated alike (Z3 shares structurally equal terms)."""
+    ids = lambda terms: tuple(t.get_id() for t in terms)
+    return (ob.name, None if ob.goal is None else ob.goal.get_id(), ids(ob.hypotheses),
+            ids(ob.lemmas), ob.smt)
+
+
+def prove_laws(family: str, params: Mapping[str, object], jobs: int = 2) -> tuple[bool, int]:
+    """Prove every obligation of the family's laws at ``params`` (``needed_laws``) now,
+    each distinct one once (the five share their stream, shape and lowering lemmas),
+    split over ``jobs`` freshly started interpreters, so no verdict depends on what Z3
+    did before in this process: ``(all proved, obligations)``. A law is proved when all of
+    its obligations are, and each is among these."""
+    import multiprocessing as mp
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        parts = pool.starmap(_prove_part, [(family, dict(params), i, jobs)
+                                           for i in range(jobs)])
+    return all(ok for ok, _ in parts), parts[0][1]
+
+
+def _obligations(family: str, params: Mapping[str, object]) -> list:
+    unique: dict = {}
+    for law in needed_laws(family, params) or ():
+        for ob in law.obligations():
+            unique.setdefault(_key(ob), ob)
+    return list(unique.values())
+
+
+def _prove_part(family: str, params: dict, index: int, jobs: int) -> tuple[bool, int]:
+    """In a fresh interpreter: prove every ``jobs``-th distinct obligation from ``index``."""
+    from ..proofs.core import ALL_SIZES, PROVED, Law, check
+    obligations = _obligations(family, params)
+    part = obligations[index::jobs]
+    result = check(Law(f"{family} part {index}", "", ALL_SIZES, lambda: part))
+    return result.status == PROVED and bool(obligations), len(obligations)
+
+
+def derived_plan(claim: Parametric) -> Plan:
+    """The lowered plan the claim's parameters derive (``lower`` of the family's term)."""
+    from ..algebra.families import family
+    from ..algebra.transpose import TRANSPOSE, transpose_family
+    from ..lower import lower
+    p = claim.mapping
+    if claim.family == TRANSPOSE:
+        term = transpose_family(p["pp"], p["microbatches"], p.get("chunks"), body=p["body"],
+                                side=p["side"], mode=p["mode"], ownership=p["ownership"])
+    else:
+        term = family(claim.family, p["pp"], p["microbatches"], p.get("chunks"))
+    return lower(term.derive())
+
+
+def mismatch(plan: Plan, claim: Parametric) -> str | None:
+    """Why ``claim`` does not certify ``plan`` (None when it does): its laws must be the
+    ones that cover its parameters now, and ``plan`` the plan they derive."""
+    from ..errors import ParameterError
+    from .report import plan_digest
+    p = claim.mapping
+    if (p.get("pp"), p.get("microbatches")) != (plan.num_ranks, plan.num_microbatches):
+        return (f"the plan has {plan.num_ranks} ranks and {plan.num_microbatches} "
+                f"microbatches, the certificate's parameters pp={p.get('pp')} and "
+                f"microbatches={p.get('microbatches')}")
+    try:
+        laws = needed_laws(claim.family, claim.mapping)
+        derived = derived_plan(claim)
+    except (KeyError, TypeError, ValueError, ParameterError) as e:
+        return f"the parametric certificate's parameters do not derive a plan: {e}"
+    if laws is None or tuple(law.name for law in laws) != claim.laws:
+        return (f"the laws {', '.join(claim.laws)} are not the ones that prove "
+                f"{claim.family} at these parameters")
+    bare, why = _without_annotations(plan)
+    if why is not None:
+        return why
+    if plan_digest(derived) != plan_digest(bare):
+        return (f"the plan is not the one {claim.family} derives at "
+                + ", ".join(f"{k}={v}" for k, v in claim.params if v is not None))
+    return None
+
+
+def _without_annotations(plan: Plan) -> tuple[Plan, str | None]:
+    """``plan`` with its payloads' shapes and dtypes (the executor's annotations) removed,
+    and why not when a payload is annotated two ways (its two ends must agree)."""
+    seen: dict = {}
+    conflict: list = []
+
+    def bare(payload):
+        key = attrs.evolve(payload, shape=None, dtype=None)
+        if seen.setdefault(key, (payload.shape, payload.dtype)) != (payload.shape,
+                                                                   payload.dtype):
+            conflict.append(key)
+        return key
+
+    def one(op):
+        if isinstance(op, Send):
+            return Send(op.dst, bare(op.payload))
+        if isinstance(op, Recv):
+            return Recv(op.src, bare(op.payload))
+        if isinstance(op, Group):
+            return Group(tuple(one(c) for c in op.ops))
+        return op
+    programs = tuple(tuple(one(op) for op in prog) for prog in plan.programs)
+    if conflict:
+        return plan, f"payload {conflict[0]} carries two different shapes or dtypes"
+    return attrs.evolve(plan, programs=programs), None
+
+
+def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
+    """``mpipe-verify recheck`` of a parametric certificate: it must certify ``plan``
+    (``check_certificate``) and its laws must prove now. ``(proven, reasons)``."""
+    from .report import Certificate, CertificateError, check_certificate
+    try:
+        certificate = Certificate.from_json(dict(data))
+    except (KeyError, TypeError, ValueError) as e:
+        return False, [f"malformed parametric certificate: {e!r}"]
+    if certificate.parametric is None:
+        return False, ["the certificate names no parametric claim"]
+    try:
+        check_certificate(plan, certificate, certificate.comm_model)
+    except CertificateError as e:
+        return False, [str(e)]
+    claim = certificate.parametric
+    laws = needed_laws(claim.family, claim.mapping)
+    if not prove_laws(claim.family, claim.mapping)[0]:
+        return False, [f"the laws {', '.join(claim.laws)} do not all prove now"]
+    limits = certificate.memory_limit
+    peaks = laws[-1].peak(claim.mapping)
+    if limits is not None and any(pk > lim for pk, lim in zip(peaks, limits)):
+        return False, ["the proven peak exceeds the certificate's memory limit"]
+    return True, [f"proven by {', '.join(claim.laws)}"]

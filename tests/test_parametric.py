@@ -1,0 +1,147 @@
+"""``check --family`` answered by the family's proven laws (``verify.parametric``): the
+answer agrees with the op-by-op check, does not grow with the instance, compares the
+memory limit with the proven peak, and its certificate certifies only the plan its
+parameters derive."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import attrs
+import pytest
+
+from mpipe_verified.algebra.families import family
+from mpipe_verified.cli import main
+from mpipe_verified.lower import lower
+from mpipe_verified.proofs import registry
+from mpipe_verified.verify import CertificateError, check_certificate, parametric
+
+SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
+
+
+def check(capsys, *argv):
+    code = main(["check", *argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def family_argv(name, p, m, v=None):
+    return ["--family", name, "--pp", str(p), "--microbatches", str(m),
+            *(["--chunks", str(v)] if v else [])]
+
+
+@pytest.mark.parametrize("name, p, m, v", [("1f1b", 4, 8, None), ("1f1b", 5, 3, None),
+                                           ("gpipe", 3, 4, None),
+                                           ("interleaved-1f1b", 4, 6, 3)])
+def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m, v):
+    code, proof = check(capsys, *family_argv(name, p, m, v))
+    expanded_code, expanded = check(capsys, *family_argv(name, p, m, v), "--expand")
+    assert code == expanded_code == 0
+    assert proof["proof"]["kind"] == "parametric" and expanded["proof"] == {"kind": "instance"}
+    laws = {registry.BY_NAME[n].property: n for n in proof["proof"]["laws"]}
+    assert set(laws) == {"completeness", "dependency", "matching", "deadlock", "memory"}
+    assert all(registry.BY_NAME[n].family == name for n in laws.values())
+    assert {k: info["law"] for k, info in proof["stats"]["properties"].items()} == laws
+    assert proof["peak_memory"] == expanded["peak_memory"]  # the formula = the verifier's
+
+
+def test_time_does_not_grow_with_the_instance():
+    """100,000 ranks and 10^7 microbatches: ~10^12 ops, which no op-by-op check could
+    lower within the timeout; the laws answer."""
+    proc = subprocess.run([str(SCRIPT), "check", *family_argv("1f1b", 100_000, 10_000_000),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verified"] and doc["proof"]["kind"] == "parametric"
+    assert doc["peak_memory"]["0"] == 100_000 and doc["peak_memory"]["99999"] == 1
+
+
+def test_memory_limit_against_the_proven_peak(capsys):
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--memory-limit", "4")
+    assert code == 0 and doc["proof"]["kind"] == "parametric"
+    assert doc["certificate"]["memory_limit"] == [4.0] * 4
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--memory-limit", "3")
+    assert code == 1 and doc["proof"] == {"kind": "instance"}  # the op-by-op counterexample
+    assert [v["property"] for v in doc["violations"]] == ["memory"]
+    assert doc["violations"][0]["ranks"] == [0]
+
+
+def test_cells_without_all_sizes_laws_are_checked_op_by_op(capsys):
+    # m >= p with a last round shorter than p (10 = 4 + 4 + 2 on 3 ranks): bounded only
+    code, doc = check(capsys, *family_argv("interleaved-1f1b", 3, 10, 2))
+    assert code == 0 and doc["proof"] == {"kind": "instance"}
+    code, doc = check(capsys, *family_argv("zb-h1", 4, 8))
+    assert code == 0 and doc["proof"] == {"kind": "instance"}
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--comm-model", "eager")
+    assert code == 0 and doc["proof"] == {"kind": "instance"}
+
+
+def test_interleaved_at_1024_ranks_is_answered_by_its_laws():
+    proc = subprocess.run([str(SCRIPT), "check", *family_argv("interleaved-1f1b", 1024, 4096, 2),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["proof"]["kind"] == "parametric"
+    assert [registry.BY_NAME[n].family for n in doc["proof"]["laws"]] == ["interleaved-1f1b"] * 5
+    g = 1024  # 4 rounds of 1024: rank r's warmup is g + 2 (p - 1 - r), its peak one more
+    assert doc["peak_memory"]["0"] == g + 2 * 1023 + 1 and doc["peak_memory"]["1023"] == g + 1
+
+
+def test_the_text_report_names_the_laws(capsys):
+    assert main(["check", *family_argv("gpipe", 2, 3)]) == 0
+    out = capsys.readouterr().out
+    for prop in ("completeness", "dependency", "matching", "deadlock", "memory"):
+        law = next(x for x in registry.LAWS if x.family == "gpipe" and x.property == prop)
+        assert f"  {prop:<13} proved    law {law.name} (" in out
+    assert "certificate: parametric sha256 " in out
+
+
+def test_a_spec_naming_a_family_is_answered_by_its_laws(capsys, tmp_path):
+    spec = tmp_path / "f.toml"
+    spec.write_text('[schedule]\nexpression = "one_f_one_b(4, 6)"\n')
+    code, doc = check(capsys, str(spec))
+    assert code == 0 and doc["proof"]["kind"] == "parametric"
+    assert doc["proof"]["params"] == {"pp": 4, "microbatches": 6, "chunks": None}
+    costly = tmp_path / "c.toml"
+    costly.write_text('[schedule]\nexpression = "one_f_one_b(4, 6)"\n[cost]\nF = 1\nB = 3\n')
+    code, doc = check(capsys, str(costly))
+    assert code == 0 and doc["proof"] == {"kind": "instance"}  # costs reorder the plan
+
+
+def _certificate(name="1f1b", p=3, m=5):
+    return parametric.prove(name, {"pp": p, "microbatches": m, "chunks": None}).certificate
+
+
+def test_a_parametric_certificate_is_refused_for_a_plan_its_parameters_do_not_derive():
+    cert = _certificate()
+    check_certificate(lower(family("1f1b", 3, 5).derive()), cert)
+    others = {"another family, same sizes": lower(family("gpipe", 3, 5).derive()),
+              "other sizes": lower(family("1f1b", 3, 6).derive())}
+    plan = lower(family("1f1b", 3, 5).derive())
+    prog = list(plan.programs[1])
+    prog[0], prog[1] = prog[1], prog[0]
+    others["two ops swapped"] = attrs.evolve(plan, programs=(plan.programs[0], tuple(prog),
+                                                            plan.programs[2]))
+    for what, other in others.items():
+        with pytest.raises(CertificateError, match="parametric certificate refused"):
+            check_certificate(other, cert)
+    forged = attrs.evolve(cert, parametric=attrs.evolve(cert.parametric, laws=(
+        "1f1b_completeness",) * 5))
+    with pytest.raises(CertificateError, match="refused"):
+        check_certificate(plan, forged)  # its digest is not its claim's
+    with pytest.raises(CertificateError, match="not the ones"):
+        check_certificate(plan, attrs.evolve(forged, digest=forged.parametric.digest()))
+
+
+def test_recheck_of_a_parametric_certificate(tmp_path, capsys):
+    cert, good, bad = (str(tmp_path / n) for n in ("c.json", "good.json", "bad.json"))
+    assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", cert, "-q"]) == 0
+    assert main(["export", *family_argv("1f1b", 3, 5), "--to", "plan-json", "-o", good]) == 0
+    assert main(["export", *family_argv("gpipe", 3, 5), "--to", "plan-json", "-o", bad]) == 0
+    capsys.readouterr()
+    assert main(["recheck", good, cert]) == 0
+    assert "PROVEN" in capsys.readouterr().out
+    assert main(["recheck", bad, cert]) == 3
+    assert "not the one 1f1b derives" in capsys.readouterr().out
