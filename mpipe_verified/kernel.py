@@ -44,6 +44,7 @@ counterexample the same way, from the plan alone.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import defaultdict
 from fractions import Fraction
 
@@ -214,6 +215,24 @@ class _Facts:
         if self.where is not None:
             self.where.append((at, template, values))
 
+    def extend(self, template: str, cls, columns: list, classes=None, at=None) -> None:
+        """One fact per row of the equal-length ``columns`` (``_column`` arrays), in class
+        ``(cls, classes[j])`` (one int per row) or ``cls``, about the place ``at``."""
+        if not len(columns[0]):
+            return
+        keys = np.zeros(len(columns[0]), np.int64) if classes is None else classes
+        order = np.argsort(keys, kind="stable")
+        cuts = np.flatnonzero(np.diff(keys[order])) + 1
+        for part in np.split(order, cuts):
+            rows = [c[part] for c in columns]
+            lane = (np.column_stack(rows) if all(c.dtype == np.int64 for c in rows)
+                    else list(zip(*(c.tolist() for c in rows))))
+            key = cls if classes is None else (cls, int(keys[part[0]]))
+            self.lanes[(template, key, len(self.lanes))] = lane  # a lane of its own
+            if self.where is not None:
+                self.where += [(at, template, tuple(x)) for x in (
+                    lane.tolist() if isinstance(lane, np.ndarray) else lane)]
+
     def flag(self, cls, ok: bool, at=None) -> None:
         self.add("one", cls, int(bool(ok)), at=at)
 
@@ -222,34 +241,54 @@ class _Facts:
         return sum(map(len, self.lanes.values()))
 
 
+def _column(values, bound: int = None) -> np.ndarray:
+    """Exact numbers as an array: int64 when every value is an int of magnitude below
+    ``bound`` (default ``BOUND``), else Python's own numbers (objects)."""
+    values = list(values)
+    if all(type(v) is int for v in values):
+        try:
+            x = np.array(values, dtype=np.int64)
+        except OverflowError:
+            x = None
+        limit = BOUND if bound is None else bound
+        if x is not None and (not len(x) or (-limit < x.min() and x.max() < limit)):
+            return x
+    x = np.empty(len(values), dtype=object)
+    x[:] = values
+    return x
+
+
 BOUND = 1 << 62
 
 
-def _runs(facts: list, integral: bool = True) -> list:
+def _runs(facts, integral: bool = True) -> list:
     """Exact compression, greedy from the left: a run takes the next fact and every
     following one while the difference stays that of its first two, as ``(first fact,
-    difference, length)``; every fact lies in exactly one run. Facts of an ``integral``
-    template hold only ints (the kernel's counts and positions, and the witness's ints,
-    checked by ``Witness``): their differences are found in 64-bit arrays (magnitudes
-    below ``BOUND``, so no difference overflows), the runs are read off the blocks of
-    equal differences; anything else is scanned in Python's exact arithmetic."""
-    if not facts:
+    difference, length)``; every fact lies in exactly one run. ``facts``: tuples, or an
+    int64 array of one fact per row. Facts of an ``integral`` template hold only ints
+    (the kernel's counts and positions, and the witness's ints, checked by ``Witness``):
+    their differences are found in 64-bit arrays (magnitudes below ``BOUND``, so no
+    difference overflows), the runs are read off the blocks of equal differences;
+    anything else is scanned in Python's exact arithmetic."""
+    if not len(facts):
         return []
-    try:
-        x = np.array(facts, dtype=np.int64) if integral and len(facts) > 2 else None
-    except OverflowError:
-        x = None
+    x = facts if isinstance(facts, np.ndarray) else None
+    if x is None and integral and len(facts) > 2:
+        try:
+            x = np.array(facts, dtype=np.int64)
+        except OverflowError:
+            pass
     if x is None or not (-BOUND < x.min() and x.max() < BOUND):
-        return _runs_exact(facts)
+        return _runs_exact(facts if x is not facts else [tuple(r) for r in x.tolist()])
     d = np.diff(x, axis=0)
     starts = np.flatnonzero(np.concatenate(([True], (d[1:] != d[:-1]).any(axis=1))))
     runs, k, n = [], 0, len(facts)
-    for end in np.append(starts[1:], len(d)) - 1:  # last diff of each block
+    for end in (np.append(starts[1:], len(d)) - 1).tolist():  # last diff of each block
         if k <= end:  # the run from fact k takes the block's rest and the fact after it
-            runs.append((facts[k], tuple(map(int, d[k])), int(end) - k + 2))
-            k = int(end) + 2
+            runs.append((tuple(x[k].tolist()), tuple(d[k].tolist()), end - k + 2))
+            k = end + 2
     if k == n - 1:
-        runs.append((facts[k], (0,) * len(facts[k]), 1))
+        runs.append((tuple(x[k].tolist()), (0,) * x.shape[1], 1))
     return runs
 
 
@@ -329,7 +368,7 @@ def _compress(facts: _Facts) -> list:
     difference and length, whose first facts again change by a constant step. Exact, as
     each level is: every fact is exactly one point."""
     same: dict = defaultdict(list)
-    for (t, _), lane in facts.lanes.items():
+    for (t, *_), lane in facts.lanes.items():
         for a, d, n in _runs(lane, t not in _REAL):
             same[(t, d, n)].append(a)
     return [(t, (a, ra, c, d, n)) for (t, d, n), starts in same.items()
@@ -561,35 +600,64 @@ def _required_collectives(plan: Plan, rules: _Rules, facts: _Facts) -> None:
 
 
 def _dependency(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness) -> None:
+    """Input ``k`` of the rank's inputs (each op's, in sorted order) was made at the
+    witness position ``q``: an op there produces it, and ``0 <= q < index``."""
     if witness.producers is None or len(witness.producers) != rules.p:
         facts.flag("witness", False, at=("witness",))
         return
     for rank, prog in enumerate(plan.programs):
-        given, k, n = witness.producers[rank], 0, len(prog)
+        given, n, sigs = witness.producers[rank], len(prog), {}
+        made, at, cls = [], [], []
         for index, op in enumerate(prog):
+            sig = sigs.setdefault(_sig(op), len(sigs)) * 8
             for token in sorted(rules.needs(op, rank)):
-                q = given[k] if k < len(given) else -1
-                k += 1
-                made = 0 <= q < n and token in rules.produces(prog[q])
-                facts.add("before", (rank, _sig(op), token[0]), int(made), q, index,
-                          at=("input", rank, index))
-        facts.add("eq", "listed", k, len(given), at=("witness",))
+                q = given[len(at)] if len(at) < len(given) else -1
+                made.append(0 <= q < n and token in rules.produces(prog[q]))
+                at.append(index)
+                cls.append(sig + _KINDS[token[0]])
+        q = _column(given[:len(at)] + (-1,) * (len(at) - len(given)))
+        facts.extend("before", rank, [_column(map(int, made)), q, _column(at)], _column(cls))
+        facts.add("eq", "listed", len(at), len(given), at=("witness",))
 
 
+_KINDS = {k: n for n, k in enumerate(("out", "stored", "input", "grad", "wdone",
+                                      "wgrad_ready", "params"))}
+
+
+def _per_plan(read):
+    """``read(plan)``, remembered for the plan it last read (a plan is immutable; it is
+    recognised by identity, and not kept alive). Callers never change the answer."""
+    last: list = [lambda: None, None]
+
+    def cached(plan: Plan):
+        if last[0]() is not plan:
+            last[:] = [weakref.ref(plan), read(plan)]
+        return last[1]
+    return cached
+
+
+@_per_plan
 def _channels(plan: Plan) -> dict:
     """FIFO pairing by counting: ``(src, dst) -> (sends, receives)``, each a list of
     ``(rank, index, op)`` in program order; the k-th send pairs with the k-th receive."""
     out: dict = defaultdict(lambda: ([], []))
     for rank, prog in enumerate(plan.programs):
         for index, op in enumerate(prog):
-            for c in _members(op):
-                if type(c) is Send:
-                    out[(rank, c.dst)][0].append((rank, index, c))
-                elif type(c) is Recv:
-                    out[(c.src, rank)][1].append((rank, index, c))
+            kind = type(op)
+            if kind is Send:
+                out[(rank, op.dst)][0].append((rank, index, op))
+            elif kind is Recv:
+                out[(op.src, rank)][1].append((rank, index, op))
+            elif kind is Group:
+                for c in op.ops:
+                    if type(c) is Send:
+                        out[(rank, c.dst)][0].append((rank, index, c))
+                    elif type(c) is Recv:
+                        out[(c.src, rank)][1].append((rank, index, c))
     return out
 
 
+@_per_plan
 def _calls(plan: Plan) -> dict:
     """Collective instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th
     call over that member set on each rank."""
@@ -624,6 +692,7 @@ def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
 _COMM = (Send, Recv, Group, Collective)
 
 
+@_per_plan
 def _comm_steps(plan: Plan) -> list:
     """Per rank, the positions of its comm steps (the only ops that can block)."""
     return [[i for i, op in enumerate(prog) if type(op) in _COMM] for prog in plan.programs]
@@ -636,34 +705,42 @@ def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
     if times is None or [len(t) for t in times] != [len(s) for s in steps]:
         facts.flag("witness", False, at=("witness",))
         return
-    nth = [{i: k for k, i in enumerate(s)} for s in steps]  # position -> its comm index
-
-    def fin(rank: int, index: int):
-        return times[rank][nth[rank][index]]
-
-    def post(rank: int, index: int):  # when the comm step before it completed
-        k = nth[rank][index]
-        return times[rank][k - 1] if k else 0
-
+    fins = [_column(t) for t in times]
+    if any(f.dtype != np.int64 for f in fins):  # a time beyond BOUND: refused
+        facts.flag("witness", False, at=("witness",))
+        return
+    posts = [np.concatenate(([0], f[:-1]))[:len(f)] for f in fins]  # the step before's
+    fin = np.concatenate([np.zeros(0, np.int64)] + fins)
+    post = np.concatenate([np.zeros(0, np.int64)] + posts).astype(np.int64)
+    base = np.cumsum([0] + [len(prog) for prog in plan.programs]).tolist()
+    nth = np.full(base[-1], -1, np.int64)  # a position of the plan -> its comm step
+    sigs: dict = {}
+    first = 0
     for rank, positions in enumerate(steps):
+        nth[np.array(positions, np.int64) + base[rank]] = np.arange(first, first + len(positions))
+        first += len(positions)
         prog = plan.programs[rank]
-        for index in positions:
-            facts.add("le", (rank, _sig(prog[index])), post(rank, index), fin(rank, index))
+        kinds = np.array([sigs.setdefault(type(prog[i]), len(sigs)) for i in positions], np.int64)
+        facts.extend("le", rank, [posts[rank], fins[rank]], kinds)
+
+    def comm(ends) -> np.ndarray:  # the comm steps of ``(rank, index, op)`` ends
+        return nth[np.array([base[r] + i for r, i, _ in ends], np.int64)]
+
     for key, (sends, recvs) in sorted(_channels(plan).items()):
         for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            for k, (rank, index, _) in enumerate(ends if blocks else ()):
-                if k >= len(others):  # no partner: it waits forever
-                    facts.add("lt", "partner", k, len(others), at=("stuck", rank, index))
-                    continue
-                other = others[k]
-                facts.add("lt", ("meet", key, ends is sends), post(other[0], other[1]),
-                          fin(rank, index))
+            if not blocks:
+                continue
+            k = min(len(ends), len(others))
+            facts.extend("lt", ("meet", key, ends is sends),
+                         [post[comm(others[:k])], fin[comm(ends[:k])]])
+            for j, (rank, index, _) in enumerate(ends[k:], k):  # no partner: waits forever
+                facts.add("lt", "partner", j, len(others), at=("stuck", rank, index))
     for (group, _), where in _calls(plan).items():
         facts.add("eq", "callers", sum(r in where for r in group), len(group))
-        meet = max(post(r, i) for r, (i, _) in where.items())
+        meet = max(int(post[nth[base[r] + i]]) for r, (i, _) in where.items())
         for r, (i, _) in where.items():
             facts.flag("member", r in group)  # a non-member's call never completes
-            facts.add("lt", ("collective", r), meet, fin(r, i))
+            facts.add("lt", ("collective", r), meet, int(fin[nth[base[r] + i]]))
 
 
 def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "Sizes",
@@ -678,50 +755,62 @@ def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "
     for rank, prog in enumerate(plan.programs):
         levels, peak, at = witness.levels[rank], witness.peaks[rank], witness.peak_at[rank]
         static = sizes.static[rank] if rank < len(sizes.static) else 0
-        k, top, fits = 0, None, bool(levels)
-        for index, (alloc, freed) in enumerate(_steps(prog, rank, rules, sizes) if fits else ()):
-            if index == at:
-                top = levels[k] + alloc
-            if alloc or freed:
-                if k + 1 >= len(levels):
-                    fits = False
-                    break
-                facts.add("level", (rank, _sig(prog[index])), levels[k], alloc, freed,
-                          levels[k + 1], peak)
-                k += 1
-        if not fits or k + 1 != len(levels) or (at != -1 and top is None):
+        alloc, freed = _moves(prog, rank, rules, sizes)
+        moving = np.flatnonzero((alloc != 0) | (freed != 0))
+        if not levels or len(levels) != len(moving) + 1 or not -1 <= at < len(prog):
             facts.flag("witness", False, at=("witness",))
             continue
+        level = _column(levels)
+        sigs: dict = {}
+        kinds = np.array([sigs.setdefault(_sig(prog[i]), len(sigs)) for i in moving.tolist()],
+                         np.int64)
+        facts.extend("level", rank, [level[:-1], alloc[moving], freed[moving], level[1:],
+                                     _column([peak] * len(moving))], kinds)
+        top = static if at == -1 else levels[np.searchsorted(moving, at)] + alloc.tolist()[at]
         facts.add("eqr", "static", levels[0], static)
-        facts.add("ler", "final", levels[k], peak)
-        facts.add("eqr", "peak", static if at == -1 else top, peak)
+        facts.add("ler", "final", levels[-1], peak)
+        facts.add("eqr", "peak", top, peak)
         if limits is not None:
             facts.add("ler", "limit", peak, _exact(limits[rank]), at=("peak", rank))
 
 
-def _steps(prog, rank: int, rules: _Rules, sizes: "Sizes"):
-    """Per step ``(allocated, freed)``: a forward (or recompute) that stores allocates its
-    activation, freed by its ``B`` or ``W``; a receive allocates its buffer, freed by the
-    compute op that consumes what it carried. Allocations count before frees."""
-    live: dict = {}
-    for op in prog:
-        alloc, frees = 0, []
-        if type(op) in (Compute, Overlap, Recv, Group):
-            for c in _computes(op):
-                key = ("stored", c.segment, c.stage, c.mb)
-                if c.kind in ("F", "R") and rules.stores(c, rank):
-                    live[key] = sizes.stored.get((c.segment, c.stage), 1)
-                    alloc += live[key]
-                elif c.kind in ("B", "W"):
-                    frees.append(key)
-                frees += [("buffer", t) for t in rules.needs(c, rank) if t[0] in _TRANSFER]
-            for c in _members(op):
-                if type(c) is Recv:
-                    size = sizes.buffer.get(c.payload, 0)
-                    if size:
-                        live[("buffer", _carried(c.payload))] = size
-                        alloc += size
-        yield alloc, sum(live.pop(key) for key in frees if key in live)
+def _moves(prog, rank: int, rules: _Rules, sizes: "Sizes") -> tuple:
+    """Per step, the exact ``(allocated, freed)``: a forward (or recompute) that stores
+    allocates its activation, freed by its ``B`` or ``W``; a receive allocates its
+    buffer, freed by the compute op that consumes what it carried. Allocations count
+    before frees; a free releases what the latest allocation of its key left, if that
+    allocation has not been freed yet."""
+    ids, key, step, free, size = {}, [], [], [], []
+
+    def event(k, index: int, is_free: int, amount=0) -> None:
+        key.append(ids.setdefault(k, len(ids)))
+        step.append(index)
+        free.append(is_free)
+        size.append(amount)
+
+    for index, op in enumerate(prog):
+        for c in _computes(op):
+            k = ("stored", c.segment, c.stage, c.mb)
+            if c.kind in ("F", "R") and rules.stores(c, rank):
+                event(k, index, 0, sizes.stored.get((c.segment, c.stage), 1))
+            elif c.kind in ("B", "W"):
+                event(k, index, 1)
+            for t in rules.needs(c, rank):
+                if t[0] in _TRANSFER:
+                    event(("buffer", t), index, 1)
+        for c in _members(op) if type(op) in (Recv, Group) else ():
+            if type(c) is Recv and sizes.buffer.get(c.payload, 0):
+                event(("buffer", _carried(c.payload)), index, 0, sizes.buffer[c.payload])
+    amount = _column(size, 1 << 32)
+    alloc, freed = (np.zeros(len(prog), amount.dtype) for _ in "af")
+    k, st, fr = (np.array(v, np.int64) for v in (key, step, free))
+    order = np.lexsort((fr, st, k))  # by key, then step, allocations first
+    k, st, fr, amount = k[order], st[order], fr[order], amount[order]
+    live = np.zeros(len(k), bool)  # a free right after an allocation of its key
+    live[1:] = (k[1:] == k[:-1]) & (fr[:-1] == 0) & (fr[1:] == 1)
+    np.add.at(alloc, st[fr == 0], amount[fr == 0])
+    np.add.at(freed, st[live], amount[np.flatnonzero(live) - 1])
+    return alloc, freed
 
 
 # ---------------------------------------------------------------- verdicts
@@ -844,13 +933,10 @@ def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
     n = len(plan.programs[_place(plan, rank)])
     if limits is None or not (0 <= index < n or index == -1 == n - 1):
         return []  # a step of the program, or -1 for the static part of an empty one
-    level = sizes.static[rank] if rank < len(sizes.static) else 0
-    top = level
-    for k, (alloc, freed) in enumerate(_steps(plan.programs[rank], rank, rules, sizes)):
-        if k == index:
-            top = level + alloc
-            break
-        level += alloc - freed
+    top = sizes.static[rank] if rank < len(sizes.static) else 0
+    if index != -1:
+        alloc, freed = (x.tolist() for x in _moves(plan.programs[rank], rank, rules, sizes))
+        top += sum(alloc[:index]) - sum(freed[:index]) + alloc[index]
     return [("ler", (top, _exact(limits[rank])))]
 
 

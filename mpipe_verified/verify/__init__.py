@@ -68,9 +68,10 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
                   ) -> tuple[Plan, Report]:
     """``verify(load())`` on two cores: fork *before* loading, so each process builds its
     own copy of the plan (forking after would make both processes copy every page they
-    touch), then this process decides completeness, dependency and memory while the
-    child decides matching and deadlock. ``load`` must be deterministic and picklable (e.g. a
-    ``functools.partial`` of a module-level function). Same verdicts as ``verify``. A
+    touch), then this process decides completeness and memory while the child decides
+    dependency, matching and deadlock (the halves take about equal time). ``load`` must
+    be deterministic and picklable (e.g. a ``functools.partial`` of a module-level
+    function). Same verdicts as ``verify``. A
     per-rank ``memory_limit`` of the wrong length is refused (``ValueError``) once the
     plan is loaded, after the child finished."""
     _check_model(comm_model)
@@ -91,8 +92,7 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
         local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
         # while the child works: the digest a certificate would need
         digest = plan_digest(plan) if all(
-            local[name][0] == "proved" for name in ("completeness", "dependency",
-                                                    "memory")) else None
+            local[name][0] == "proved" for name in ("completeness", "memory")) else None
         return plan, _report(plan, _merged(local, future.result()), limits, comm_model,
                              clock, digest)
 
@@ -141,13 +141,11 @@ def _witness(hints: dict) -> kernel.Witness:
 
 
 def _local_properties(plan, limits, memory_model, comm_model, rlimit) -> dict:
-    """Completeness, dependency and memory (the half that needs no pairing or run).
+    """Completeness and memory (the half that needs no pairing, run or producers).
     ``limits``: one memory bound per rank or None (``properties.memory_limits``)."""
     sizes = kernel.Sizes.of(plan, memory_model)
     judge = _Judge(plan, comm_model, sizes, limits, rlimit)
-    out = {name: judge(name, lambda run=run: run(plan))
-           for name, run in (("completeness", properties.completeness),
-                             ("dependency", properties.dependency))}
+    out = {"completeness": judge("completeness", lambda: properties.completeness(plan))}
     mem = {}
 
     def memory():
@@ -158,10 +156,13 @@ def _local_properties(plan, limits, memory_model, comm_model, rlimit) -> dict:
 
 
 def _comm_properties(plan, comm_model, rlimit) -> dict:
-    """Matching and deadlock, over one pairing of the plan's sends and receives."""
-    pairing, collectives = pair_p2p(plan), pair_collectives(plan)
+    """Dependency, then matching and deadlock over one pairing of the plan's sends and
+    receives."""
     judge = _Judge(plan, comm_model, None, None, rlimit)
-    out = {"matching": judge("matching", lambda: properties.matching(plan, pairing,
+    dependency = judge("dependency", lambda: properties.dependency(plan))
+    pairing, collectives = pair_p2p(plan), pair_collectives(plan)
+    out = {"dependency": dependency,
+           "matching": judge("matching", lambda: properties.matching(plan, pairing,
                                                                       collectives)),
            "deadlock": judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
                                                                       collectives))}
