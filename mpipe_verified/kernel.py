@@ -216,8 +216,9 @@ class _Facts:
             self.where.append((at, template, values))
 
     def extend(self, template: str, cls, columns: list, classes=None, at=None) -> None:
-        """One fact per row of the equal-length ``columns`` (``_column`` arrays), in class
-        ``(cls, classes[j])`` (one int per row) or ``cls``, about the place ``at``."""
+        """One fact per row ``j`` of the equal-length ``columns`` (``_column`` arrays), in
+        class ``(cls, classes[j])`` (one int per row) or ``cls``, about the place ``at``
+        (or ``at(j)``)."""
         if not len(columns[0]):
             return
         keys = np.zeros(len(columns[0]), np.int64) if classes is None else classes
@@ -229,9 +230,9 @@ class _Facts:
                     else list(zip(*(c.tolist() for c in rows))))
             key = cls if classes is None else (cls, int(keys[part[0]]))
             self.lanes[(template, key, len(self.lanes))] = lane  # a lane of its own
-            if self.where is not None:
-                self.where += [(at, template, tuple(x)) for x in (
-                    lane.tolist() if isinstance(lane, np.ndarray) else lane)]
+            if self.where is not None:  # ``at``: a place, or the place of row j
+                self.where += [(at(j) if callable(at) else at, template, tuple(x)) for j, x in
+                               zip(part.tolist(), np.asarray(lane).tolist())]
 
     def flag(self, cls, ok: bool, at=None) -> None:
         self.add("one", cls, int(bool(ok)), at=at)
@@ -456,12 +457,15 @@ class Sizes:
         """Sizes from a memory model with ``stored(stage, segment)``, ``received(payload)``
         (a receive buffer) and ``static_of(rank)``, for every key the plan mentions."""
         stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in _units(plan)}
-        buffer = {}
+        buffer, exact = {}, {}  # exact: (type, size) -> the size exactly (sizes repeat)
         for prog in plan.programs:
             for op in prog:
-                for c in _members(op):
+                for c in op.ops if type(op) is Group else (op,) if type(op) is Recv else ():
                     if type(c) is Recv and c.payload not in buffer:
-                        buffer[c.payload] = _exact(model.received(c.payload))
+                        v = model.received(c.payload)
+                        if (type(v), v) not in exact:
+                            exact[(type(v), v)] = _exact(v)
+                        buffer[c.payload] = exact[(type(v), v)]
         return cls(stored, {p: v for p, v in buffer.items() if v},
                    tuple(_exact(model.static_of(r)) for r in range(plan.num_ranks)))
 
@@ -552,29 +556,34 @@ def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
     if len(units) * m > work:  # fewer ops than required forwards: never enumerate m
         facts.add("le", "work", len(units) * m, work, at=("work",))
         return
-    unit_set, counts = set(units), {}
+    unit_of, cells = {u: k for k, u in enumerate(units)}, []
     for rank, prog in enumerate(plan.programs):
         for index, op in enumerate(prog):
             for c in _computes(op):
-                key = (c.segment, c.stage, c.mb)
-                if (c.segment, c.stage) not in unit_set or c.mb >= m:
+                u = unit_of.get((c.segment, c.stage))
+                if u is None or c.mb >= m:
                     facts.flag("stray", False, at=("stray", rank, index))
-                    continue
-                row = counts.setdefault(key, [0] * 6)
-                row["FBIWR".index(c.kind) if rules.owner(c) == rank else 5] += 1
-    for seg, s in units:
+                    continue  # else count it: F, B, I, W, R on its owner, or misplaced
+                cells.append((u * m + c.mb) * 6 + (
+                    "FBIWR".index(c.kind) if rules.owner(c) == rank else 5))
+    counts = np.bincount(np.array(cells, np.int64), minlength=len(units) * m * 6)
+    one, zero = np.ones(m, np.int64), np.zeros(m, np.int64)
+    for (seg, s), per_mb in zip(units, counts.reshape(len(units), m, 6)):
         segw = rules.segs.get(seg) if seg else None
-        for mb in range(m):
-            f, b, i, w, r, wrong = counts.get((seg, s, mb), (0,) * 6)
-            at = ("unit", seg, s, mb)
-            facts.add("eq", (seg, s, "F"), f, 1, at=at)
-            facts.add("eq", (seg, s, "misplaced"), wrong, 0, at=at)
-            facts.add("eq", (seg, s, "R"), r, int(rules.recompute_due(segw, mb)), at=at)
-            if segw is None or segw.backward_rank is not None:  # one B, or one I and one W
-                facts.add("eq", (seg, s, "B|I"), b + i, 1, at=at)
-                facts.add("eq", (seg, s, "I=W"), i, w, at=at)
-            else:
-                facts.add("eq", (seg, s, "frozen"), b + i + w, 0, at=at)
+        f, b, i, w, r, wrong = per_mb.T
+
+        def at(mb: int, seg=seg, s=s) -> tuple:
+            return ("unit", seg, s, mb)
+        due = zero if segw is None else _column(
+            [int(rules.recompute_due(segw, mb)) for mb in range(m)])
+        facts.extend("eq", (seg, s, "F"), [f, one], at=at)
+        facts.extend("eq", (seg, s, "misplaced"), [wrong, zero], at=at)
+        facts.extend("eq", (seg, s, "R"), [r, due], at=at)
+        if segw is None or segw.backward_rank is not None:  # one B, or one I and one W
+            facts.extend("eq", (seg, s, "B|I"), [b + i, one], at=at)
+            facts.extend("eq", (seg, s, "I=W"), [i, w], at=at)
+        else:
+            facts.extend("eq", (seg, s, "frozen"), [b + i + w, zero], at=at)
     _required_collectives(plan, rules, facts)
 
 
