@@ -575,7 +575,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     """Verify one input; returns its SARIF/JUnit record, JSON object and text report."""
     spec = None
     progress.phase(f"{display_name(args)}: reading")
-    if _is_big_csv(args):  # each process loads its own copy (verify_loaded)
+    if _is_big_csv(args):  # loaded once, then verified on two cores (verify_loaded)
         name = args.target
         progress.phase(f"{name}: verifying on two cores with Z3")
         load = PlanOf(args)

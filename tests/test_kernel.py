@@ -133,8 +133,8 @@ def _deferred_receives(name, p, m):
 ])
 @pytest.mark.parametrize("rlimit", [None, 1])
 def test_two_process_verdicts_equal_one_process(make, rlimit):
-    """verify_loaded (this process decides completeness, dependency and memory, the child
-    matching and deadlock) reaches the same verdicts as verify."""
+    """verify_loaded (this process decides completeness and memory, the forked child
+    dependency, matching and deadlock) reaches the same verdicts as verify."""
     one = verify(make(), rlimit=rlimit)
     _, two = verify_loaded(make, rlimit=rlimit)
     assert two.status == one.status
@@ -143,6 +143,26 @@ def test_two_process_verdicts_equal_one_process(make, rlimit):
         {k: v["status"] for k, v in one.stats["properties"].items()}
     assert (two.certificate is None) == (one.certificate is None)
     assert two.witness == one.witness
+
+
+def _raise_value_error(text):
+    raise ValueError(text)
+
+
+def test_the_forked_half_hands_back_its_answer_its_error_or_its_death():
+    """``verify_loaded``'s child: its answer comes back, an exception it raises is raised
+    in this process, and a child that dies without answering is an error, never a hang
+    or a verdict."""
+    import os
+    from mpipe_verified.verify import _forked
+    with _forked(lambda a, b: {"sum": a + b}, 2, 3) as answer:
+        assert answer() == {"sum": 5}
+    with _forked(_raise_value_error, "from the child") as answer:
+        with pytest.raises(ValueError, match="from the child"):
+            answer()
+    with _forked(os._exit, 7) as answer:
+        with pytest.raises(RuntimeError, match="exit code 7"):
+            answer()
 
 
 def test_the_kernel_imports_only_the_ir():

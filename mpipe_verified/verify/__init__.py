@@ -17,7 +17,6 @@ import multiprocessing as mp
 import numbers
 import time
 from typing import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 
 from .. import kernel
 from ..ir import Plan
@@ -66,14 +65,13 @@ def collector_paused() -> Iterator[None]:
 def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str = RENDEZVOUS,
                   memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None
                   ) -> tuple[Plan, Report]:
-    """``verify(load())`` on two cores: fork *before* loading, so each process builds its
-    own copy of the plan (forking after would make both processes copy every page they
-    touch), then this process decides completeness and memory while the child decides
-    dependency, matching and deadlock (the halves take about equal time). ``load`` must
-    be deterministic and picklable (e.g. a ``functools.partial`` of a module-level
-    function). Same verdicts as ``verify``. A
-    per-rank ``memory_limit`` of the wrong length is refused (``ValueError``) once the
-    plan is loaded, after the child finished."""
+    """``verify(load())`` on two cores: load once, then fork, so the child inherits the
+    plan instead of reading it again (it copies only the pages whose reference counts
+    it touches, which costs less than reading); this process decides completeness and
+    memory while the child decides dependency, matching and deadlock (the halves take
+    about equal time). ``load`` must be deterministic (e.g. a ``functools.partial`` of a
+    module-level function). Same verdicts as ``verify``. A per-rank ``memory_limit`` of
+    the wrong length is refused (``ValueError``) once the plan is loaded."""
     _check_model(comm_model)
     if memory_limit is not None:  # its values now, its length once the plan is loaded
         if not isinstance(memory_limit, numbers.Real):
@@ -81,24 +79,57 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
         properties.memory_limits(memory_limit, len(memory_limit)
                                  if isinstance(memory_limit, tuple) else 1)
     clock = time.perf_counter()
-    if "fork" not in mp.get_all_start_methods():
-        with collector_paused():
-            plan = load()
-        return plan, verify(plan, memory_limit, comm_model, memory_model, rlimit)
-    with collector_paused(), ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as pool:
-        future = pool.submit(_load_then_comm, load, comm_model, rlimit)
+    with collector_paused():
         plan = load()
         limits = properties.memory_limits(memory_limit, plan.num_ranks)
-        local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
-        # while the child works: the digest a certificate would need
-        digest = plan_digest(plan) if all(
-            local[name][0] == "proved" for name in ("completeness", "memory")) else None
-        return plan, _report(plan, _merged(local, future.result()), limits, comm_model,
-                             clock, digest)
+        if "fork" not in mp.get_all_start_methods():
+            return plan, verify(plan, memory_limit, comm_model, memory_model, rlimit)
+        with _forked(_comm_properties, plan, comm_model, rlimit) as comm:
+            local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
+            # while the child works: the digest a certificate would need
+            digest = plan_digest(plan) if all(
+                local[name][0] == "proved" for name in ("completeness", "memory")) else None
+            return plan, _report(plan, _merged(local, comm()), limits, comm_model, clock,
+                                 digest)
 
 
-def _load_then_comm(load, comm_model, rlimit) -> dict:
-    return _comm_properties(load(), comm_model, rlimit)
+@contextlib.contextmanager
+def _forked(run: Callable, *args) -> Iterator[Callable[[], dict]]:
+    """``run(*args)`` in a forked child (which inherits ``args``: nothing is pickled on
+    the way in); yields a function that waits for its answer (its exception is raised
+    here). The child is gone when the block ends."""
+    context = mp.get_context("fork")
+    answer, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_answer, args=(sender, run, args), daemon=True)
+    child.start()
+    sender.close()
+
+    def result() -> dict:
+        try:
+            ok, value = answer.recv()
+        except EOFError:
+            child.join()
+            raise RuntimeError(f"the verifier's child process died (exit code "
+                               f"{child.exitcode})") from None
+        if not ok:
+            raise value
+        return value
+    try:
+        yield result
+    finally:  # answered, or this process failed first: then the child is not needed
+        answer.close()
+        if child.is_alive():
+            child.terminate()
+        child.join()
+
+
+def _answer(sender, run: Callable, args: tuple) -> None:
+    try:
+        sender.send((True, run(*args)))
+    except BaseException as error:  # handed to the parent, raised there
+        sender.send((False, error))
+    finally:
+        sender.close()
 
 
 def _check_model(comm_model: str) -> None:
