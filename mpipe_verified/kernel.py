@@ -217,19 +217,14 @@ class _Facts:
 
     def extend(self, template: str, cls, columns: list, classes=None, at=None) -> None:
         """One fact per row ``j`` of the equal-length ``columns`` (``_column`` arrays), in
-        class ``(cls, classes[j])`` (one int per row) or ``cls``, about the place ``at``
-        (or ``at(j)``)."""
-        if not len(columns[0]):
-            return
+        class ``(cls, classes[j])`` (one int per row), about the place ``at`` (or ``at(j)``)."""
         keys = np.zeros(len(columns[0]), np.int64) if classes is None else classes
         order = np.argsort(keys, kind="stable")
-        cuts = np.flatnonzero(np.diff(keys[order])) + 1
-        for part in np.split(order, cuts):
+        for part in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1) if len(keys) else ():
             rows = [c[part] for c in columns]
             lane = (np.column_stack(rows) if all(c.dtype == np.int64 for c in rows)
                     else list(zip(*(c.tolist() for c in rows))))
-            key = cls if classes is None else (cls, int(keys[part[0]]))
-            self.lanes[(template, key, len(self.lanes))] = lane  # a lane of its own
+            self.lanes[(template, cls, int(keys[part[0]]), len(self.lanes))] = lane
             if self.where is not None:  # ``at``: a place, or the place of row j
                 self.where += [(at(j) if callable(at) else at, template, tuple(x)) for j, x in
                                zip(part.tolist(), np.asarray(lane).tolist())]
@@ -242,45 +237,28 @@ class _Facts:
         return sum(map(len, self.lanes.values()))
 
 
-def _column(values, bound: int = None) -> np.ndarray:
-    """Exact numbers as an array: int64 when every value is an int of magnitude below
-    ``bound`` (default ``BOUND``), else Python's own numbers (objects)."""
-    values = list(values)
-    if all(type(v) is int for v in values):
-        try:
-            x = np.array(values, dtype=np.int64)
-        except OverflowError:
-            x = None
-        limit = BOUND if bound is None else bound
-        if x is not None and (not len(x) or (-limit < x.min() and x.max() < limit)):
-            return x
-    x = np.empty(len(values), dtype=object)
-    x[:] = values
-    return x
-
-
 BOUND = 1 << 62
 
 
-def _runs(facts, integral: bool = True) -> list:
+def _column(values, bound: int = BOUND) -> np.ndarray:
+    """Exact numbers as an array: int64 when every value is an int of magnitude below
+    ``bound``, else Python's own numbers (objects)."""
+    values = list(values)
+    exact = all(type(v) is int and -bound < v < bound for v in values)
+    return np.array(values, np.int64 if exact else object)
+
+
+def _runs(facts) -> list:
     """Exact compression, greedy from the left: a run takes the next fact and every
     following one while the difference stays that of its first two, as ``(first fact,
-    difference, length)``; every fact lies in exactly one run. ``facts``: tuples, or an
-    int64 array of one fact per row. Facts of an ``integral`` template hold only ints
-    (the kernel's counts and positions, and the witness's ints, checked by ``Witness``):
-    their differences are found in 64-bit arrays (magnitudes below ``BOUND``, so no
-    difference overflows), the runs are read off the blocks of equal differences;
-    anything else is scanned in Python's exact arithmetic."""
+    difference, length)``; every fact lies in exactly one run. ``facts``: an int64 array
+    of one fact per row (magnitudes below ``BOUND``: no difference overflows), or tuples,
+    read as such an array if they allow it, else as Python's exact numbers."""
     if not len(facts):
         return []
-    x = facts if isinstance(facts, np.ndarray) else None
-    if x is None and integral and len(facts) > 2:
-        try:
-            x = np.array(facts, dtype=np.int64)
-        except OverflowError:
-            pass
-    if x is None or not (-BOUND < x.min() and x.max() < BOUND):
-        return _runs_exact(facts if x is not facts else [tuple(r) for r in x.tolist()])
+    x = facts if isinstance(facts, np.ndarray) else np.array(facts, dtype=object)
+    if x.dtype == object and all(type(v) is int and -BOUND < v < BOUND for v in x.flat):
+        x = x.astype(np.int64)
     d = np.diff(x, axis=0)
     starts = np.flatnonzero(np.concatenate(([True], (d[1:] != d[:-1]).any(axis=1))))
     runs, k, n = [], 0, len(facts)
@@ -290,23 +268,6 @@ def _runs(facts, integral: bool = True) -> list:
             k = end + 2
     if k == n - 1:
         runs.append((tuple(x[k].tolist()), (0,) * x.shape[1], 1))
-    return runs
-
-
-def _runs_exact(facts: list) -> list:
-    runs, k = [], 0
-    while k < len(facts):
-        a = facts[k]
-        if k + 1 == len(facts):
-            runs.append((a, (0,) * len(a), 1))
-            break
-        d = tuple(y - x for x, y in zip(a, facts[k + 1]))
-        n = 2
-        while k + n < len(facts) and all(
-                y - x == dd for x, y, dd in zip(facts[k + n - 1], facts[k + n], d)):
-            n += 1
-        runs.append((a, d, n))
-        k += n
     return runs
 
 
@@ -370,10 +331,10 @@ def _compress(facts: _Facts) -> list:
     each level is: every fact is exactly one point."""
     same: dict = defaultdict(list)
     for (t, *_), lane in facts.lanes.items():
-        for a, d, n in _runs(lane, t not in _REAL):
+        for a, d, n in _runs(lane):
             same[(t, d, n)].append(a)
     return [(t, (a, ra, c, d, n)) for (t, d, n), starts in same.items()
-            for a, ra, c in _runs(starts, t not in _REAL)]
+            for a, ra, c in _runs(starts)]
 
 
 def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
@@ -457,15 +418,12 @@ class Sizes:
         """Sizes from a memory model with ``stored(stage, segment)``, ``received(payload)``
         (a receive buffer) and ``static_of(rank)``, for every key the plan mentions."""
         stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in _units(plan)}
-        buffer, exact = {}, {}  # exact: (type, size) -> the size exactly (sizes repeat)
+        buffer = {}
         for prog in plan.programs:
             for op in prog:
                 for c in op.ops if type(op) is Group else (op,) if type(op) is Recv else ():
                     if type(c) is Recv and c.payload not in buffer:
-                        v = model.received(c.payload)
-                        if (type(v), v) not in exact:
-                            exact[(type(v), v)] = _exact(v)
-                        buffer[c.payload] = exact[(type(v), v)]
+                        buffer[c.payload] = _exact(model.received(c.payload))
         return cls(stored, {p: v for p, v in buffer.items() if v},
                    tuple(_exact(model.static_of(r)) for r in range(plan.num_ranks)))
 
@@ -513,6 +471,8 @@ def _exact(x):
         raise ValueError("a size must be a number")
     if isinstance(x, int):
         return x
+    if isinstance(x, float) and x.is_integer():  # the common case, without a Fraction
+        return int(x)
     if isinstance(x, str):
         if len(x) > 64 or "e" in x.lower():
             raise ValueError(f"not a short exact number: {x[:20]!r}")
@@ -572,18 +532,13 @@ def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
         segw = rules.segs.get(seg) if seg else None
         f, b, i, w, r, wrong = per_mb.T
 
-        def at(mb: int, seg=seg, s=s) -> tuple:
-            return ("unit", seg, s, mb)
         due = zero if segw is None else _column(
-            [int(rules.recompute_due(segw, mb)) for mb in range(m)])
-        facts.extend("eq", (seg, s, "F"), [f, one], at=at)
-        facts.extend("eq", (seg, s, "misplaced"), [wrong, zero], at=at)
-        facts.extend("eq", (seg, s, "R"), [r, due], at=at)
-        if segw is None or segw.backward_rank is not None:  # one B, or one I and one W
-            facts.extend("eq", (seg, s, "B|I"), [b + i, one], at=at)
-            facts.extend("eq", (seg, s, "I=W"), [i, w], at=at)
-        else:
-            facts.extend("eq", (seg, s, "frozen"), [b + i + w, zero], at=at)
+            int(rules.recompute_due(segw, mb)) for mb in range(m))
+        checks = [("F", f, one), ("misplaced", wrong, zero), ("R", r, due)] + (
+            [("B|I", b + i, one), ("I=W", i, w)]  # one B, or one I and one W
+            if segw is None or segw.backward_rank is not None else [("frozen", b + i + w, zero)])
+        for name, have, want in checks:
+            facts.extend("eq", (seg, s, name), [have, want], at=lambda mb: ("unit", seg, s, mb))
     _required_collectives(plan, rules, facts)
 
 
@@ -615,22 +570,17 @@ def _dependency(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness) -> N
         facts.flag("witness", False, at=("witness",))
         return
     for rank, prog in enumerate(plan.programs):
-        given, n, sigs = witness.producers[rank], len(prog), {}
-        made, at, cls = [], [], []
+        given, n, sigs, made, at, cls = witness.producers[rank], len(prog), {}, [], [], []
         for index, op in enumerate(prog):
-            sig = sigs.setdefault(_sig(op), len(sigs)) * 8
+            sig = sigs.setdefault(_sig(op), len(sigs)) * 128  # class: op kind, input kind
             for token in sorted(rules.needs(op, rank)):
                 q = given[len(at)] if len(at) < len(given) else -1
                 made.append(0 <= q < n and token in rules.produces(prog[q]))
                 at.append(index)
-                cls.append(sig + _KINDS[token[0]])
+                cls.append(sig + ord(token[0][0]))
         q = _column(given[:len(at)] + (-1,) * (len(at) - len(given)))
         facts.extend("before", rank, [_column(map(int, made)), q, _column(at)], _column(cls))
         facts.add("eq", "listed", len(at), len(given), at=("witness",))
-
-
-_KINDS = {k: n for n, k in enumerate(("out", "stored", "input", "grad", "wdone",
-                                      "wgrad_ready", "params"))}
 
 
 def _per_plan(read):
@@ -652,17 +602,11 @@ def _channels(plan: Plan) -> dict:
     out: dict = defaultdict(lambda: ([], []))
     for rank, prog in enumerate(plan.programs):
         for index, op in enumerate(prog):
-            kind = type(op)
-            if kind is Send:
-                out[(rank, op.dst)][0].append((rank, index, op))
-            elif kind is Recv:
-                out[(op.src, rank)][1].append((rank, index, op))
-            elif kind is Group:
-                for c in op.ops:
-                    if type(c) is Send:
-                        out[(rank, c.dst)][0].append((rank, index, c))
-                    elif type(c) is Recv:
-                        out[(c.src, rank)][1].append((rank, index, c))
+            for c in op.ops if type(op) is Group else (op,):
+                if type(c) is Send:
+                    out[(rank, c.dst)][0].append((rank, index, c))
+                elif type(c) is Recv:
+                    out[(c.src, rank)][1].append((rank, index, c))
     return out
 
 
@@ -698,50 +642,32 @@ def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
                   at=("call", min(where), where[min(where)][0]))
 
 
-_COMM = (Send, Recv, Group, Collective)
-
-
-@_per_plan
-def _comm_steps(plan: Plan) -> list:
-    """Per rank, the positions of its comm steps (the only ops that can block)."""
-    return [[i for i, op in enumerate(prog) if type(op) in _COMM] for prog in plan.programs]
+_COMM = (Send, Recv, Group, Collective)  # the only ops that can block
 
 
 def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
               eager: bool = False) -> None:
-    steps = _comm_steps(plan)
-    times = witness.finish
-    if times is None or [len(t) for t in times] != [len(s) for s in steps]:
+    steps = [[i for i, op in enumerate(prog) if type(op) in _COMM] for prog in plan.programs]
+    fins = [_column(t) for t in witness.finish or ()]  # a time beyond BOUND is refused
+    if witness.finish is None or [len(f) for f in fins] != [len(s) for s in steps] or any(
+            f.dtype != np.int64 for f in fins):
         facts.flag("witness", False, at=("witness",))
         return
-    fins = [_column(t) for t in times]
-    if any(f.dtype != np.int64 for f in fins):  # a time beyond BOUND: refused
-        facts.flag("witness", False, at=("witness",))
-        return
-    posts = [np.concatenate(([0], f[:-1]))[:len(f)] for f in fins]  # the step before's
-    fin = np.concatenate([np.zeros(0, np.int64)] + fins)
-    post = np.concatenate([np.zeros(0, np.int64)] + posts).astype(np.int64)
+    posts = [np.r_[0, f][:len(f)] for f in fins]  # when the comm step before completed
+    fin, post = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (fins, posts))
     base = np.cumsum([0] + [len(prog) for prog in plan.programs]).tolist()
     nth = np.full(base[-1], -1, np.int64)  # a position of the plan -> its comm step
+    nth[_column(base[r] + i for r, s in enumerate(steps) for i in s)] = np.arange(len(fin))
     sigs: dict = {}
-    first = 0
     for rank, positions in enumerate(steps):
-        nth[np.array(positions, np.int64) + base[rank]] = np.arange(first, first + len(positions))
-        first += len(positions)
-        prog = plan.programs[rank]
-        kinds = np.array([sigs.setdefault(type(prog[i]), len(sigs)) for i in positions], np.int64)
+        kinds = _column(sigs.setdefault(type(plan.programs[rank][i]), len(sigs))
+                        for i in positions)
         facts.extend("le", rank, [posts[rank], fins[rank]], kinds)
-
-    def comm(ends) -> np.ndarray:  # the comm steps of ``(rank, index, op)`` ends
-        return nth[np.array([base[r] + i for r, i, _ in ends], np.int64)]
-
     for key, (sends, recvs) in sorted(_channels(plan).items()):
-        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            if not blocks:
-                continue
-            k = min(len(ends), len(others))
-            facts.extend("lt", ("meet", key, ends is sends),
-                         [post[comm(others[:k])], fin[comm(ends[:k])]])
+        for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
+            k = min(len(ends), len(others))  # the comm steps of the first k pairs:
+            other, end = (nth[_column(base[r] + i for r, i, _ in e[:k])] for e in (others, ends))
+            facts.extend("lt", ("meet", key, ends is sends), [post[other], fin[end]])
             for j, (rank, index, _) in enumerate(ends[k:], k):  # no partner: waits forever
                 facts.add("lt", "partner", j, len(others), at=("stuck", rank, index))
     for (group, _), where in _calls(plan).items():
@@ -769,10 +695,8 @@ def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "
         if not levels or len(levels) != len(moving) + 1 or not -1 <= at < len(prog):
             facts.flag("witness", False, at=("witness",))
             continue
-        level = _column(levels)
-        sigs: dict = {}
-        kinds = np.array([sigs.setdefault(_sig(prog[i]), len(sigs)) for i in moving.tolist()],
-                         np.int64)
+        level, sigs = _column(levels), {}
+        kinds = _column(sigs.setdefault(_sig(prog[i]), len(sigs)) for i in moving.tolist())
         facts.extend("level", rank, [level[:-1], alloc[moving], freed[moving], level[1:],
                                      _column([peak] * len(moving))], kinds)
         top = static if at == -1 else levels[np.searchsorted(moving, at)] + alloc.tolist()[at]
@@ -787,32 +711,25 @@ def _moves(prog, rank: int, rules: _Rules, sizes: "Sizes") -> tuple:
     """Per step, the exact ``(allocated, freed)``: a forward (or recompute) that stores
     allocates its activation, freed by its ``B`` or ``W``; a receive allocates its
     buffer, freed by the compute op that consumes what it carried. Allocations count
-    before frees; a free releases what the latest allocation of its key left, if that
-    allocation has not been freed yet."""
-    ids, key, step, free, size = {}, [], [], [], []
-
-    def event(k, index: int, is_free: int, amount=0) -> None:
-        key.append(ids.setdefault(k, len(ids)))
-        step.append(index)
-        free.append(is_free)
-        size.append(amount)
-
+    before frees; a free releases its key's latest allocation, unless already freed."""
+    ids, events = {}, []  # (key, step, 1 for a free, amount)
     for index, op in enumerate(prog):
         for c in _computes(op):
             k = ("stored", c.segment, c.stage, c.mb)
             if c.kind in ("F", "R") and rules.stores(c, rank):
-                event(k, index, 0, sizes.stored.get((c.segment, c.stage), 1))
+                events.append((k, index, 0, sizes.stored.get((c.segment, c.stage), 1)))
             elif c.kind in ("B", "W"):
-                event(k, index, 1)
-            for t in rules.needs(c, rank):
-                if t[0] in _TRANSFER:
-                    event(("buffer", t), index, 1)
+                events.append((k, index, 1, 0))
+            events += [(("buffer", t), index, 1, 0) for t in rules.needs(c, rank)
+                       if t[0] in _TRANSFER]
         for c in _members(op) if type(op) in (Recv, Group) else ():
             if type(c) is Recv and sizes.buffer.get(c.payload, 0):
-                event(("buffer", _carried(c.payload)), index, 0, sizes.buffer[c.payload])
-    amount = _column(size, 1 << 32)
+                events.append((("buffer", _carried(c.payload)), index, 0,
+                               sizes.buffer[c.payload]))
+    keys, step, free, amount = zip(*events) if events else ((),) * 4
+    k = _column(ids.setdefault(x, len(ids)) for x in keys)
+    st, fr, amount = _column(step), _column(free), _column(amount, 1 << 32)
     alloc, freed = (np.zeros(len(prog), amount.dtype) for _ in "af")
-    k, st, fr = (np.array(v, np.int64) for v in (key, step, free))
     order = np.lexsort((fr, st, k))  # by key, then step, allocations first
     k, st, fr, amount = k[order], st[order], fr[order], amount[order]
     live = np.zeros(len(k), bool)  # a free right after an allocation of its key
@@ -987,8 +904,8 @@ def _waits(plan: Plan, eager: bool) -> dict:
     call, the other members' calls and the fact "callers = members" of its instance."""
     out: dict = defaultdict(list)
     for sends, recvs in _channels(plan).values():
-        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            for k, (rank, index, _) in enumerate(ends if blocks else ()):
+        for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
+            for k, (rank, index, _) in enumerate(ends):
                 out[(rank, index)].append((others[k][:2] if k < len(others) else None,
                                            ("lt", (k, len(others)))))
     for (group, _), where in _calls(plan).items():

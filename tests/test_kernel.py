@@ -6,6 +6,7 @@ from collections import Counter
 from fractions import Fraction
 
 import attrs
+import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
@@ -20,11 +21,18 @@ BIG = st.sampled_from([kernel.BOUND - 1, kernel.BOUND, 1 << 63, 1 << 70])
 
 @given(st.lists(st.tuples(st.integers(-3, 3) | BIG, st.integers(-3, 3) | BIG.map(lambda x: -x)),
                 max_size=30), st.booleans())
-def test_runs_cover_exactly_the_facts(facts, integral):
+def test_runs_cover_exactly_the_facts(facts, as_array):
     """Every fact lies in exactly one run, and every run point is a fact (in 64-bit
-    arrays and in Python's exact arithmetic, whatever the magnitudes)."""
+    arrays and in Python's exact arithmetic, whatever the magnitudes; given as tuples or
+    as the kernel's columns)."""
+    if as_array and facts:
+        columns = [kernel._column(column) for column in zip(*facts)]
+        given = (np.column_stack(columns) if all(c.dtype == np.int64 for c in columns)
+                 else facts)
+    else:
+        given = facts
     points = Counter(tuple(a_ + d_ * j for a_, d_ in zip(a, d))
-                     for a, d, n in kernel._runs(facts, integral) for j in range(n))
+                     for a, d, n in kernel._runs(given) for j in range(n))
     assert points == Counter(facts)
 
 
