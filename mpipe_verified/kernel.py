@@ -244,8 +244,14 @@ def _column(values, bound: int = BOUND) -> np.ndarray:
     """Exact numbers as an array: int64 when every value is an int of magnitude below
     ``bound``, else Python's own numbers (objects)."""
     values = list(values)
-    exact = all(type(v) is int and -bound < v < bound for v in values)
-    return np.array(values, np.int64 if exact else object)
+    if set(map(type, values)) <= {int}:
+        try:
+            x = np.array(values, np.int64)
+            if not len(x) or (-bound < x.min() and x.max() < bound):
+                return x
+        except OverflowError:  # beyond 64 bits
+            pass
+    return np.array(values, object)
 
 
 def _runs(facts) -> list:
@@ -257,8 +263,7 @@ def _runs(facts) -> list:
     if not len(facts):
         return []
     x = facts if isinstance(facts, np.ndarray) else np.array(facts, dtype=object)
-    if x.dtype == object and all(type(v) is int and -BOUND < v < BOUND for v in x.flat):
-        x = x.astype(np.int64)
+    x = _column(x.flat).reshape(x.shape) if x.dtype == object else x
     d = np.diff(x, axis=0)
     starts = np.flatnonzero(np.concatenate(([True], (d[1:] != d[:-1]).any(axis=1))))
     runs, k, n = [], 0, len(facts)

@@ -26,7 +26,7 @@ from . import properties
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
-__all__ = ["verify", "verify_loaded", "Report", "Violation", "Certificate", "CertificateError",
+__all__ = ["verify", "verify_loaded", "verify_split", "Report", "Violation", "Certificate", "CertificateError",
            "check_certificate", "plan_digest", "PROPERTIES"]
 
 
@@ -65,32 +65,31 @@ def collector_paused() -> Iterator[None]:
 def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str = RENDEZVOUS,
                   memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None
                   ) -> tuple[Plan, Report]:
-    """``verify(load())`` on two cores: load once, then fork, so the child inherits the
-    plan instead of reading it again (it copies only the pages whose reference counts
-    it touches, which costs less than reading); this process decides completeness and
-    memory while the child decides dependency, matching and deadlock (the halves take
-    about equal time). ``load`` must be deterministic (e.g. a ``functools.partial`` of a
-    module-level function). Same verdicts as ``verify``. A per-rank ``memory_limit`` of
-    the wrong length is refused (``ValueError``) once the plan is loaded."""
+    """``(plan, verify_split(plan, ...))`` for ``plan = load()``, loaded with the
+    collector paused."""
     _check_model(comm_model)
-    if memory_limit is not None:  # its values now, its length once the plan is loaded
-        if not isinstance(memory_limit, numbers.Real):
-            memory_limit = tuple(memory_limit)
-        properties.memory_limits(memory_limit, len(memory_limit)
-                                 if isinstance(memory_limit, tuple) else 1)
-    clock = time.perf_counter()
     with collector_paused():
         plan = load()
-        limits = properties.memory_limits(memory_limit, plan.num_ranks)
-        if "fork" not in mp.get_all_start_methods():
-            return plan, verify(plan, memory_limit, comm_model, memory_model, rlimit)
-        with _forked(_comm_properties, plan, comm_model, rlimit) as comm:
-            local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
-            # while the child works: the digest a certificate would need
-            digest = plan_digest(plan) if all(
-                local[name][0] == "proved" for name in ("completeness", "memory")) else None
-            return plan, _report(plan, _merged(local, comm()), limits, comm_model, clock,
-                                 digest)
+        return plan, verify_split(plan, memory_limit, comm_model, memory_model, rlimit)
+
+
+def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
+                 memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
+    """``verify(plan, ...)`` on two cores: a forked child inherits the plan (nothing is
+    pickled; it copies only the pages whose reference counts it touches) and decides
+    dependency, matching and deadlock while this process decides completeness and memory
+    (the halves take about equal time). Same verdicts as ``verify``."""
+    _check_model(comm_model)
+    if "fork" not in mp.get_all_start_methods():
+        return verify(plan, memory_limit, comm_model, memory_model, rlimit)
+    limits = properties.memory_limits(memory_limit, plan.num_ranks)
+    clock = time.perf_counter()
+    with collector_paused(), _forked(_comm_properties, plan, comm_model, rlimit) as comm:
+        local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
+        # while the child works: the digest a certificate would need
+        digest = plan_digest(plan) if all(
+            local[name][0] == "proved" for name in ("completeness", "memory")) else None
+        return _report(plan, _merged(local, comm()), limits, comm_model, clock, digest)
 
 
 @contextlib.contextmanager
