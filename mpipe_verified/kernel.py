@@ -257,9 +257,9 @@ def _column(values, bound: int = BOUND) -> np.ndarray:
 def _runs(facts) -> list:
     """Exact compression, greedy from the left: a run takes the next fact and every
     following one while the difference stays that of its first two, as ``(first fact,
-    difference, length)``; every fact lies in exactly one run. ``facts``: an int64 array
-    of one fact per row (magnitudes below ``BOUND``: no difference overflows), or tuples,
-    read as such an array if they allow it, else as Python's exact numbers."""
+    difference, length)``; every fact lies in exactly one run. ``facts``: one per row of
+    an int64 array (magnitudes below ``BOUND``: no difference overflows), or tuples, read
+    as such an array if they allow it, else as Python's exact numbers."""
     if not len(facts):
         return []
     x = facts if isinstance(facts, np.ndarray) else np.array(facts, dtype=object)
@@ -588,54 +588,38 @@ def _dependency(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness) -> N
         facts.add("eq", "listed", len(at), len(given), at=("witness",))
 
 
-def _per_plan(read):
-    """``read(plan)``, remembered for the plan it last read (a plan is immutable; it is
-    recognised by identity, and not kept alive). Callers never change the answer."""
-    last: list = [lambda: None, None]
-
-    def cached(plan: Plan):
-        if last[0]() is not plan:
-            last[:] = [weakref.ref(plan), read(plan)]
-        return last[1]
-    return cached
+_READ: list = [lambda: None, None]  # the plan _comms read last (not kept alive), its answer
 
 
-@_per_plan
-def _channels(plan: Plan) -> dict:
-    """FIFO pairing by counting: ``(src, dst) -> (sends, receives)``, each a list of
-    ``(rank, index, op)`` in program order; the k-th send pairs with the k-th receive."""
-    out: dict = defaultdict(lambda: ([], []))
-    for rank, prog in enumerate(plan.programs):
-        for index, op in enumerate(prog):
-            for c in op.ops if type(op) is Group else (op,):
-                if type(c) is Send:
-                    out[(rank, c.dst)][0].append((rank, index, c))
-                elif type(c) is Recv:
-                    out[(c.src, rank)][1].append((rank, index, c))
-    return out
-
-
-@_per_plan
-def _calls(plan: Plan) -> dict:
-    """Collective instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th
-    call over that member set on each rank."""
-    out: dict = defaultdict(dict)
-    seen: dict = defaultdict(int)
+def _comms(plan: Plan) -> tuple:
+    """FIFO pairing by counting: ``(src, dst) -> (sends, receives)``, each ``(rank, index,
+    op)`` in program order (the k-th send pairs with the k-th receive); collective
+    instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th call over that
+    member set on each rank. Read once per (immutable) plan; callers never change it."""
+    if _READ[0]() is plan:
+        return _READ[1]
+    channels, calls, seen = defaultdict(lambda: ([], [])), defaultdict(dict), defaultdict(int)
     for rank, prog in enumerate(plan.programs):
         for index, op in enumerate(prog):
             if type(op) is Collective:
                 group = tuple(sorted(set(op.ranks)))
-                out[(group, seen[(group, rank)])][rank] = (index, op)
+                calls[(group, seen[(group, rank)])][rank] = (index, op)
                 seen[(group, rank)] += 1
-    return out
+            for c in op.ops if type(op) is Group else (op,):
+                if type(c) is Send:
+                    channels[(rank, c.dst)][0].append((rank, index, c))
+                elif type(c) is Recv:
+                    channels[(c.src, rank)][1].append((rank, index, c))
+    _READ[:] = [weakref.ref(plan), (channels, calls)]
+    return channels, calls
 
 
 def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
-    for key, (sends, recvs) in sorted(_channels(plan).items()):
+    for key, (sends, recvs) in sorted(_comms(plan)[0].items()):
         facts.add("eq", "count", len(sends), len(recvs), at=("channel",) + key)
         for s, r in zip(sends, recvs):
             facts.flag("payload", s[2].payload == r[2].payload, at=("channel",) + key)
-    for (group, _), where in _calls(plan).items():
+    for (group, _), where in _comms(plan)[1].items():
         ref = where[min(where)][1]
         for rank, (index, op) in where.items():
             members, at = op.ranks, ("call", rank, index)
@@ -660,22 +644,21 @@ def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
         return
     posts = [np.r_[0, f][:len(f)] for f in fins]  # when the comm step before completed
     fin, post = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (fins, posts))
-    base = np.cumsum([0] + [len(prog) for prog in plan.programs]).tolist()
+    base, sigs = np.cumsum([0] + [len(prog) for prog in plan.programs]).tolist(), {}
     nth = np.full(base[-1], -1, np.int64)  # a position of the plan -> its comm step
     nth[_column(base[r] + i for r, s in enumerate(steps) for i in s)] = np.arange(len(fin))
-    sigs: dict = {}
     for rank, positions in enumerate(steps):
         kinds = _column(sigs.setdefault(type(plan.programs[rank][i]), len(sigs))
                         for i in positions)
         facts.extend("le", rank, [posts[rank], fins[rank]], kinds)
-    for key, (sends, recvs) in sorted(_channels(plan).items()):
+    for key, (sends, recvs) in sorted(_comms(plan)[0].items()):
         for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
             k = min(len(ends), len(others))  # the comm steps of the first k pairs:
             other, end = (nth[_column(base[r] + i for r, i, _ in e[:k])] for e in (others, ends))
             facts.extend("lt", ("meet", key, ends is sends), [post[other], fin[end]])
             for j, (rank, index, _) in enumerate(ends[k:], k):  # no partner: waits forever
                 facts.add("lt", "partner", j, len(others), at=("stuck", rank, index))
-    for (group, _), where in _calls(plan).items():
+    for (group, _), where in _comms(plan)[1].items():
         facts.add("eq", "callers", sum(r in where for r in group), len(group))
         meet = max(int(post[nth[base[r] + i]]) for r, (i, _) in where.items())
         for r, (i, _) in where.items():
@@ -908,12 +891,12 @@ def _waits(plan: Plan, eager: bool) -> dict:
     other side has only ``count <= k`` ends) and the fact ``k < count``; per collective
     call, the other members' calls and the fact "callers = members" of its instance."""
     out: dict = defaultdict(list)
-    for sends, recvs in _channels(plan).values():
+    for sends, recvs in _comms(plan)[0].values():
         for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
             for k, (rank, index, _) in enumerate(ends):
                 out[(rank, index)].append((others[k][:2] if k < len(others) else None,
                                            ("lt", (k, len(others)))))
-    for (group, _), where in _calls(plan).items():
+    for (group, _), where in _comms(plan)[1].items():
         fact = ("eq", (sum(r in where for r in group), len(group)))
         for rank, (index, _) in where.items():
             out[(rank, index)] += [((r, i), fact) for r, (i, _) in where.items()
