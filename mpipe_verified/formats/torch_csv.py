@@ -287,16 +287,36 @@ def _plain_lines(text: str) -> list[str] | None:
 
 
 def _fill_comms(programs: list[list], comms: list[list], placement: Placement) -> bool:
-    """Build each row's SEND/RECV cells in place, one payload object per transfer;
-    ``False`` if a cell's peer stage does not exist."""
+    """Build each row's SEND/RECV cells in place, one payload object per transfer (as
+    ``_p2p`` builds them, with each ``(kind, stage)``'s peer found once); ``False`` if a
+    cell's peer stage does not exist."""
     payloads: dict[tuple, Payload] = {}
+    routes: dict[tuple, tuple | None] = {}  # (kind, stage) -> (op type, peer, kind, stage)
     for ops, pending in zip(programs, comms):
         for c, kind, stage, mb in pending:
-            op = _p2p(kind, stage, mb, placement, payloads)
-            if op is None:
+            route = routes.get((kind, stage), False)
+            if route is False:
+                route = routes[(kind, stage)] = _route(kind, stage, placement)
+            if route is None:
                 return False
-            ops[c] = op
+            make, rank, payload_kind, payload_stage = route
+            key = (payload_kind, payload_stage, mb)
+            payload = payloads.get(key)
+            if payload is None:
+                payload = payloads[key] = Payload(*key)
+            ops[c] = make(rank, payload)
     return True
+
+
+def _route(kind: str, stage: int, placement: Placement) -> tuple | None:
+    """What ``_p2p`` builds for a ``kind`` cell on ``stage``: ``(Send or Recv, peer rank,
+    payload kind, payload stage)``; ``None`` if the peer stage does not exist."""
+    offset, payload_kind, is_send = _PEER[kind]
+    peer = stage + offset
+    if not 0 <= peer < placement.num_stages:
+        return None
+    return (Send if is_send else Recv, placement.stage_to_rank[peer], payload_kind,
+            stage if is_send else peer)
 
 
 # ---------------------------------------------------------------- pass 1: cells
