@@ -642,7 +642,8 @@ def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
             f.dtype != np.int64 for f in fins):
         facts.flag("witness", False, at=("witness",))
         return
-    posts = [np.r_[0, f][:len(f)] for f in fins]  # when the comm step before completed
+    posts = [np.r_[0, f][:len(f)] for f in fins]  # post: the fin of the comm step before
+    # the facts hold the gaps fin - post (exact: both below BOUND), far more regular
     fin, post = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (fins, posts))
     base, sigs = np.cumsum([0] + [len(prog) for prog in plan.programs]).tolist(), {}
     nth = np.full(base[-1], -1, np.int64)  # a position of the plan -> its comm step
@@ -650,12 +651,12 @@ def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
     for rank, positions in enumerate(steps):
         kinds = _column(sigs.setdefault(type(plan.programs[rank][i]), len(sigs))
                         for i in positions)
-        facts.extend("le", rank, [posts[rank], fins[rank]], kinds)
+        facts.extend("le", rank, [0 * fins[rank], fins[rank] - posts[rank]], kinds)
     for key, (sends, recvs) in sorted(_comms(plan)[0].items()):
         for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
             k = min(len(ends), len(others))  # the comm steps of the first k pairs:
             other, end = (nth[_column(base[r] + i for r, i, _ in e[:k])] for e in (others, ends))
-            facts.extend("lt", ("meet", key, ends is sends), [post[other], fin[end]])
+            facts.extend("lt", ("meet", key, ends is sends), [0 * end, fin[end] - post[other]])
             for j, (rank, index, _) in enumerate(ends[k:], k):  # no partner: waits forever
                 facts.add("lt", "partner", j, len(others), at=("stuck", rank, index))
     for (group, _), where in _comms(plan)[1].items():
@@ -700,7 +701,7 @@ def _moves(prog, rank: int, rules: _Rules, sizes: "Sizes") -> tuple:
     allocates its activation, freed by its ``B`` or ``W``; a receive allocates its
     buffer, freed by the compute op that consumes what it carried. Allocations count
     before frees; a free releases its key's latest allocation, unless already freed."""
-    ids, events = {}, []  # (key, step, 1 for a free, amount)
+    ids, events = {}, []  # events: (key, step, 1 for a free, amount)
     for index, op in enumerate(prog):
         for c in _computes(op):
             k = ("stored", c.segment, c.stage, c.mb)
