@@ -15,6 +15,7 @@ import contextlib
 import gc
 import multiprocessing as mp
 import numbers
+import sys
 import time
 from typing import Callable, Iterator
 
@@ -98,6 +99,8 @@ def _forked(run: Callable, *args) -> Iterator[Callable[[], dict]]:
     the way in); yields a function that waits for its answer (its exception is raised
     here). The child is gone when the block ends."""
     context = mp.get_context("fork")
+    for stream in (sys.stdout, sys.stderr):  # else the child would write their buffers too
+        stream.flush()
     answer, sender = context.Pipe(duplex=False)
     child = context.Process(target=_answer, args=(sender, run, args), daemon=True)
     child.start()
