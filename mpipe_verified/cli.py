@@ -59,7 +59,7 @@ from .progress import Progress
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
 from .show import figures, render_grid
-from .verify import Report, parametric, verify, verify_loaded
+from .verify import Report, parametric, verify, verify_split
 
 PROG = "mpipe-verify"
 FORMATS = ("auto", "spec", "torch-csv", "plan-json")
@@ -476,7 +476,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_check)
 
 
-TWO_PROCESS_BYTES = 1 << 20  # inputs this big are verified on two cores (verify_loaded)
+TWO_PROCESS_OPS = 50_000  # plans this big are verified on two cores (verify_split)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -588,27 +588,21 @@ def _check_one(args: argparse.Namespace, progress: Progress
     quick = _parametric_family(args, progress)
     if quick is not None:
         return quick
-    if _is_big_csv(args):  # each process loads its own copy (verify_loaded)
-        name = args.target
-        progress.phase(f"{name}: verifying on two cores with Z3")
-        load = PlanOf(args)
-        plan, report = verify_loaded(load, args.memory_limit, args.comm_model, UNIT_MEMORY,
-                                     rlimit=args.solver_rlimit)
-        as_written = not load.lowered  # this process loaded it too
-        limit = args.memory_limit
-    else:
-        target, spec, name = load_target(args)
-        as_written = isinstance(target, Plan)
-        model = model_of(spec, args.memory_limit)
-        limit = model.limit
-        if not as_written:
-            progress.phase(f"{name}: lowering")
-        quick = _parametric_spec(args, spec, target, name, limit, progress)
-        if quick is not None:
-            return quick
-        plan = as_plan(target, model.duration)  # ordered for the spec's own costs
-        progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3")
-        report = verify(plan, limit, args.comm_model, model.memory, rlimit=args.solver_rlimit)
+    target, spec, name = load_target(args)
+    as_written = isinstance(target, Plan)
+    model = model_of(spec, args.memory_limit)
+    limit = model.limit
+    if not as_written:
+        progress.phase(f"{name}: lowering")
+    quick = _parametric_spec(args, spec, target, name, limit, progress)
+    if quick is not None:
+        return quick
+    plan = as_plan(target, model.duration)  # ordered for the spec's own costs
+    two = plan.num_ops >= TWO_PROCESS_OPS
+    progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3"
+                   + (" on two cores" if two else ""))
+    report = (verify_split if two else verify)(plan, limit, args.comm_model, model.memory,
+                                               rlimit=args.solver_rlimit)
     if args.svg is not None:
         progress.phase(f"{name}: drawing")
         props = sorted({v.property for v in report.violations})
@@ -750,29 +744,6 @@ def _input_kind(args: argparse.Namespace, is_spec: bool, as_written: bool = True
     if is_plan_json(args.target, args.format):
         return sarif.PLAN_JSON if as_written else sarif.PLAN_JSON_LOWERED
     return sarif.TORCH_CSV if as_written else sarif.TORCH_CSV_LOWERED
-
-
-def _is_big_csv(args: argparse.Namespace) -> bool:
-    """A torch CSV large enough that two cores pay off (specs are never this big)."""
-    if args.family is not None or args.target is None or not os.path.isfile(args.target):
-        return False
-    return (format_of(args.target, args.format) == "torch-csv"
-            and os.path.getsize(args.target) >= TWO_PROCESS_BYTES)
-
-
-class PlanOf:
-    """Loads the plan ``check`` judges (a torch CSV with comm cells as written, anything
-    else lowered by ``lower``) for ``verify_loaded``: picklable, and it remembers whether
-    it lowered (``lowered``, set once called)."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.lowered: bool | None = None
-
-    def __call__(self) -> Plan:
-        target, _, _ = load_target(self.args)
-        self.lowered = isinstance(target, Schedule)
-        return as_plan(target)
 
 
 def render_report(report: Report, name: str, as_written: bool,
@@ -1182,6 +1153,6 @@ def _fail(message: str) -> int:
     return 2
 
 
-if __name__ == "__main__":  # python -m: run the module's own copy, so that what the
-    from mpipe_verified.cli import console_main as _main  # two-core path pickles
-    sys.exit(_main())  # (PlanOf) names mpipe_verified.cli, not __main__
+if __name__ == "__main__":  # python -m: run the module's own copy (the package's
+    from mpipe_verified.cli import console_main as _main  # one module, not __main__)
+    sys.exit(_main())

@@ -45,6 +45,7 @@ counterexample the same way, from the plan alone.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import defaultdict
 from fractions import Fraction
 
@@ -221,6 +222,20 @@ class _Facts:
         if self.where is not None:
             self.where.append((at, template, values))
 
+    def extend(self, template: str, cls, columns: list, classes=None, at=None) -> None:
+        """One fact per row ``j`` of the equal-length ``columns`` (``_column`` arrays), in
+        class ``(cls, classes[j])`` (one int per row), about the place ``at`` (or ``at(j)``)."""
+        keys = np.zeros(len(columns[0]), np.int64) if classes is None else classes
+        order = np.argsort(keys, kind="stable")
+        for part in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1) if len(keys) else ():
+            rows = [c[part] for c in columns]
+            lane = (np.column_stack(rows) if all(c.dtype == np.int64 for c in rows)
+                    else list(zip(*(c.tolist() for c in rows))))
+            self.lanes[(template, cls, int(keys[part[0]]), len(self.lanes))] = lane
+            if self.where is not None:  # ``at``: a place, or the place of row j
+                self.where += [(at(j) if callable(at) else at, template, tuple(x)) for j, x in
+                               zip(part.tolist(), np.asarray(lane).tolist())]
+
     def flag(self, cls, ok: bool, at=None) -> None:
         self.add("one", cls, int(bool(ok)), at=at)
 
@@ -232,48 +247,39 @@ class _Facts:
 BOUND = 1 << 62
 
 
-def _runs(facts: list, integral: bool = True) -> list:
+def _column(values, bound: int = BOUND) -> np.ndarray:
+    """Exact numbers as an array: int64 when every value is an int of magnitude below
+    ``bound``, else Python's own numbers (objects)."""
+    values = list(values)
+    if set(map(type, values)) <= {int}:
+        try:
+            x = np.array(values, np.int64)
+            if not len(x) or (-bound < x.min() and x.max() < bound):
+                return x
+        except OverflowError:  # beyond 64 bits
+            pass
+    return np.array(values, object)
+
+
+def _runs(facts) -> list:
     """Exact compression, greedy from the left: a run takes the next fact and every
     following one while the difference stays that of its first two, as ``(first fact,
-    difference, length)``; every fact lies in exactly one run. Facts of an ``integral``
-    template hold only ints (the kernel's counts and positions, and the witness's ints,
-    checked by ``Witness``): their differences are found in 64-bit arrays (magnitudes
-    below ``BOUND``, so no difference overflows), the runs are read off the blocks of
-    equal differences; anything else is scanned in Python's exact arithmetic."""
-    if not facts:
+    difference, length)``; every fact lies in exactly one run. ``facts``: one per row of
+    an int64 array (magnitudes below ``BOUND``: no difference overflows), or tuples, read
+    as such an array if they allow it, else as Python's exact numbers."""
+    if not len(facts):
         return []
-    try:
-        x = np.array(facts, dtype=np.int64) if integral and len(facts) > 2 else None
-    except OverflowError:
-        x = None
-    if x is None or not (-BOUND < x.min() and x.max() < BOUND):
-        return _runs_exact(facts)
+    x = facts if isinstance(facts, np.ndarray) else np.array(facts, dtype=object)
+    x = _column(x.flat).reshape(x.shape) if x.dtype == object else x
     d = np.diff(x, axis=0)
     starts = np.flatnonzero(np.concatenate(([True], (d[1:] != d[:-1]).any(axis=1))))
     runs, k, n = [], 0, len(facts)
-    for end in np.append(starts[1:], len(d)) - 1:  # last diff of each block
+    for end in (np.append(starts[1:], len(d)) - 1).tolist():  # last diff of each block
         if k <= end:  # the run from fact k takes the block's rest and the fact after it
-            runs.append((facts[k], tuple(map(int, d[k])), int(end) - k + 2))
-            k = int(end) + 2
+            runs.append((tuple(x[k].tolist()), tuple(d[k].tolist()), end - k + 2))
+            k = end + 2
     if k == n - 1:
-        runs.append((facts[k], (0,) * len(facts[k]), 1))
-    return runs
-
-
-def _runs_exact(facts: list) -> list:
-    runs, k = [], 0
-    while k < len(facts):
-        a = facts[k]
-        if k + 1 == len(facts):
-            runs.append((a, (0,) * len(a), 1))
-            break
-        d = tuple(y - x for x, y in zip(a, facts[k + 1]))
-        n = 2
-        while k + n < len(facts) and all(
-                y - x == dd for x, y, dd in zip(facts[k + n - 1], facts[k + n], d)):
-            n += 1
-        runs.append((a, d, n))
-        k += n
+        runs.append((tuple(x[k].tolist()), (0,) * x.shape[1], 1))
     return runs
 
 
@@ -344,11 +350,11 @@ def _compress(facts: _Facts) -> list:
     difference and length, whose first facts again change by a constant step. Exact, as
     each level is: every fact is exactly one point."""
     same: dict = defaultdict(list)
-    for (t, _), lane in facts.lanes.items():
-        for a, d, n in _runs(lane, t not in _REAL):
+    for (t, *_), lane in facts.lanes.items():
+        for a, d, n in _runs(lane):
             same[(t, d, n)].append(a)
     return [(t, (a, ra, c, d, n)) for (t, d, n), starts in same.items()
-            for a, ra, c in _runs(starts, t not in _REAL)]
+            for a, ra, c in _runs(starts)]
 
 
 def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
@@ -435,7 +441,7 @@ class Sizes:
         buffer = {}
         for prog in plan.programs:
             for op in prog:
-                for c in _members(op):
+                for c in op.ops if type(op) is Group else (op,) if type(op) is Recv else ():
                     if type(c) is Recv and c.payload not in buffer:
                         buffer[c.payload] = _exact(model.received(c.payload))
         return cls(stored, {p: v for p, v in buffer.items() if v},
@@ -496,6 +502,8 @@ def _exact(x):
         raise ValueError("a size must be a number")
     if isinstance(x, int):
         return x
+    if isinstance(x, float) and x.is_integer():  # the common case, without a Fraction
+        return int(x)
     if isinstance(x, str):
         if len(x) > 64 or "e" in x.lower():
             raise ValueError(f"not a short exact number: {x[:20]!r}")
@@ -539,29 +547,30 @@ def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
     if len(units) * m > work:  # fewer ops than required forwards: never enumerate m
         facts.add("le", "work", len(units) * m, work, at=("work",))
         return
-    unit_set, counts = set(units), {}
+    unit_of, cells = {u: k for k, u in enumerate(units)}, []
     for rank, prog in enumerate(plan.programs):
         for index, op in enumerate(prog):
             for c in _computes(op):
-                key = (c.segment, c.stage, c.mb)
-                if (c.segment, c.stage) not in unit_set or c.mb >= m:
+                u = unit_of.get((c.segment, c.stage))
+                if u is None or c.mb >= m:
                     facts.flag("stray", False, at=("stray", rank, index))
-                    continue
-                row = counts.setdefault(key, [0] * 6)
-                row["FBIWR".index(c.kind) if rules.owner(c) == rank else 5] += 1
-    for seg, s in units:
+                    continue  # else count it: F, B, I, W, R on its owner, or misplaced
+                cells.append((u * m + c.mb) * 6 + (
+                    "FBIWR".index(c.kind) if rules.owner(c) == rank else 5))
+    counts = np.bincount(np.array(cells, np.int64), minlength=len(units) * m * 6)
+    one, zero = np.ones(m, np.int64), np.zeros(m, np.int64)
+    for (seg, s), per_mb in zip(units, counts.reshape(len(units), m, 6)):
         segw = rules.segs.get(seg) if seg else None
-        for mb in range(m):
-            f, b, i, w, r, wrong = counts.get((seg, s, mb), (0,) * 6)
-            at = ("unit", seg, s, mb)
-            facts.add("eq", (seg, s, "F"), f, 1, at=at)
-            facts.add("eq", (seg, s, "misplaced"), wrong, 0, at=at)
-            facts.add("eq", (seg, s, "R"), r, int(rules.recompute_due(segw, mb)), at=at)
-            if rules.backward_due(segw):  # one B, or one I and one W
-                facts.add("eq", (seg, s, "B|I"), b + i, 1, at=at)
-                facts.add("eq", (seg, s, "I=W"), i, w, at=at)
-            else:  # frozen, or a forward-only plan
-                facts.add("eq", (seg, s, "no backward"), b + i + w, 0, at=at)
+        f, b, i, w, r, wrong = per_mb.T
+
+        due = zero if segw is None else _column(
+            int(rules.recompute_due(segw, mb)) for mb in range(m))
+        checks = [("F", f, one), ("misplaced", wrong, zero), ("R", r, due)] + (
+            [("B|I", b + i, one), ("I=W", i, w)]  # one B, or one I and one W
+            if rules.backward_due(segw)
+            else [("no backward", b + i + w, zero)])  # frozen, or a forward-only plan
+        for name, have, want in checks:
+            facts.extend("eq", (seg, s, name), [have, want], at=lambda mb: ("unit", seg, s, mb))
     _required_collectives(plan, rules, facts)
 
 
@@ -587,55 +596,57 @@ def _required_collectives(plan: Plan, rules: _Rules, facts: _Facts) -> None:
 
 
 def _dependency(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness) -> None:
+    """Input ``k`` of the rank's inputs (each op's, in sorted order) was made at the
+    witness position ``q``: an op there produces it, and ``0 <= q < index``."""
     if witness.producers is None or len(witness.producers) != rules.p:
         facts.flag("witness", False, at=("witness",))
         return
     for rank, prog in enumerate(plan.programs):
-        given, k, n = witness.producers[rank], 0, len(prog)
+        given, n, sigs, made, at, cls = witness.producers[rank], len(prog), {}, [], [], []
         for index, op in enumerate(prog):
+            sig = sigs.setdefault(_sig(op), len(sigs)) * 128  # class: op kind, input kind
             for token in sorted(rules.needs(op, rank)):
-                q = given[k] if k < len(given) else -1
-                k += 1
-                made = 0 <= q < n and token in rules.produces(prog[q])
-                facts.add("before", (rank, _sig(op), token[0]), int(made), q, index,
-                          at=("input", rank, index))
-        facts.add("eq", "listed", k, len(given), at=("witness",))
+                q = given[len(at)] if len(at) < len(given) else -1
+                made.append(0 <= q < n and token in rules.produces(prog[q]))
+                at.append(index)
+                cls.append(sig + ord(token[0][0]))
+        q = _column(given[:len(at)] + (-1,) * (len(at) - len(given)))
+        facts.extend("before", rank, [_column(map(int, made)), q, _column(at)], _column(cls))
+        facts.add("eq", "listed", len(at), len(given), at=("witness",))
 
 
-def _channels(plan: Plan) -> dict:
-    """FIFO pairing by counting: ``(src, dst) -> (sends, receives)``, each a list of
-    ``(rank, index, op)`` in program order; the k-th send pairs with the k-th receive."""
-    out: dict = defaultdict(lambda: ([], []))
-    for rank, prog in enumerate(plan.programs):
-        for index, op in enumerate(prog):
-            for c in _members(op):
-                if type(c) is Send:
-                    out[(rank, c.dst)][0].append((rank, index, c))
-                elif type(c) is Recv:
-                    out[(c.src, rank)][1].append((rank, index, c))
-    return out
+_READ: list = [lambda: None, None]  # the plan _comms read last (not kept alive), its answer
 
 
-def _calls(plan: Plan) -> dict:
-    """Collective instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th
-    call over that member set on each rank."""
-    out: dict = defaultdict(dict)
-    seen: dict = defaultdict(int)
+def _comms(plan: Plan) -> tuple:
+    """FIFO pairing by counting: ``(src, dst) -> (sends, receives)``, each ``(rank, index,
+    op)`` in program order (the k-th send pairs with the k-th receive); collective
+    instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th call over that
+    member set on each rank. Read once per (immutable) plan; callers never change it."""
+    if _READ[0]() is plan:
+        return _READ[1]
+    channels, calls, seen = defaultdict(lambda: ([], [])), defaultdict(dict), defaultdict(int)
     for rank, prog in enumerate(plan.programs):
         for index, op in enumerate(prog):
             if type(op) is Collective:
                 group = tuple(sorted(set(op.ranks)))
-                out[(group, seen[(group, rank)])][rank] = (index, op)
+                calls[(group, seen[(group, rank)])][rank] = (index, op)
                 seen[(group, rank)] += 1
-    return out
+            for c in op.ops if type(op) is Group else (op,):
+                if type(c) is Send:
+                    channels[(rank, c.dst)][0].append((rank, index, c))
+                elif type(c) is Recv:
+                    channels[(c.src, rank)][1].append((rank, index, c))
+    _READ[:] = [weakref.ref(plan), (channels, calls)]
+    return channels, calls
 
 
 def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
-    for key, (sends, recvs) in sorted(_channels(plan).items()):
+    for key, (sends, recvs) in sorted(_comms(plan)[0].items()):
         facts.add("eq", "count", len(sends), len(recvs), at=("channel",) + key)
         for s, r in zip(sends, recvs):
             facts.flag("payload", s[2].payload == r[2].payload, at=("channel",) + key)
-    for (group, _), where in _calls(plan).items():
+    for (group, _), where in _comms(plan)[1].items():
         ref = where[min(where)][1]
         for rank, (index, op) in where.items():
             members, at = op.ranks, ("call", rank, index)
@@ -647,49 +658,40 @@ def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
                   at=("call", min(where), where[min(where)][0]))
 
 
-_COMM = (Send, Recv, Group, Collective)
-
-
-def _comm_steps(plan: Plan) -> list:
-    """Per rank, the positions of its comm steps (the only ops that can block)."""
-    return [[i for i, op in enumerate(prog) if type(op) in _COMM] for prog in plan.programs]
+_COMM = (Send, Recv, Group, Collective)  # the only ops that can block
 
 
 def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
               eager: bool = False) -> None:
-    steps = _comm_steps(plan)
-    times = witness.finish
-    if times is None or [len(t) for t in times] != [len(s) for s in steps]:
+    steps = [[i for i, op in enumerate(prog) if type(op) in _COMM] for prog in plan.programs]
+    fins = [_column(t) for t in witness.finish or ()]  # a time beyond BOUND is refused
+    if witness.finish is None or [len(f) for f in fins] != [len(s) for s in steps] or any(
+            f.dtype != np.int64 for f in fins):
         facts.flag("witness", False, at=("witness",))
         return
-    nth = [{i: k for k, i in enumerate(s)} for s in steps]  # position -> its comm index
-
-    def fin(rank: int, index: int):
-        return times[rank][nth[rank][index]]
-
-    def post(rank: int, index: int):  # when the comm step before it completed
-        k = nth[rank][index]
-        return times[rank][k - 1] if k else 0
-
+    posts = [np.r_[0, f][:len(f)] for f in fins]  # post: the fin of the comm step before
+    # the facts hold the gaps fin - post (exact: both below BOUND), far more regular
+    fin, post = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (fins, posts))
+    base, sigs = np.cumsum([0] + [len(prog) for prog in plan.programs]).tolist(), {}
+    nth = np.full(base[-1], -1, np.int64)  # a position of the plan -> its comm step
+    nth[_column(base[r] + i for r, s in enumerate(steps) for i in s)] = np.arange(len(fin))
     for rank, positions in enumerate(steps):
-        prog = plan.programs[rank]
-        for index in positions:
-            facts.add("le", (rank, _sig(prog[index])), post(rank, index), fin(rank, index))
-    for key, (sends, recvs) in sorted(_channels(plan).items()):
-        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            for k, (rank, index, _) in enumerate(ends if blocks else ()):
-                if k >= len(others):  # no partner: it waits forever
-                    facts.add("lt", "partner", k, len(others), at=("stuck", rank, index))
-                    continue
-                other = others[k]
-                facts.add("lt", ("meet", key, ends is sends), post(other[0], other[1]),
-                          fin(rank, index))
-    for (group, _), where in _calls(plan).items():
+        kinds = _column(sigs.setdefault(type(plan.programs[rank][i]), len(sigs))
+                        for i in positions)
+        facts.extend("le", rank, [0 * fins[rank], fins[rank] - posts[rank]], kinds)
+    for key, (sends, recvs) in sorted(_comms(plan)[0].items()):
+        for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
+            k = min(len(ends), len(others))  # the comm steps of the first k pairs:
+            other, end = (nth[_column(base[r] + i for r, i, _ in e[:k])] for e in (others, ends))
+            facts.extend("lt", ("meet", key, ends is sends), [0 * end, fin[end] - post[other]])
+            for j, (rank, index, _) in enumerate(ends[k:], k):  # no partner: waits forever
+                facts.add("lt", "partner", j, len(others), at=("stuck", rank, index))
+    for (group, _), where in _comms(plan)[1].items():
         facts.add("eq", "callers", sum(r in where for r in group), len(group))
-        meet = max(post(r, i) for r, (i, _) in where.items())
+        meet = max(int(post[nth[base[r] + i]]) for r, (i, _) in where.items())
         for r, (i, _) in where.items():
             facts.flag("member", r in group)  # a non-member's call never completes
-            facts.add("lt", ("collective", r), meet, fin(r, i))
+            facts.add("lt", ("collective", r), meet, int(fin[nth[base[r] + i]]))
 
 
 def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "Sizes",
@@ -704,50 +706,53 @@ def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "
     for rank, prog in enumerate(plan.programs):
         levels, peak, at = witness.levels[rank], witness.peaks[rank], witness.peak_at[rank]
         static = sizes.static[rank] if rank < len(sizes.static) else 0
-        k, top, fits = 0, None, bool(levels)
-        for index, (alloc, freed) in enumerate(_steps(prog, rank, rules, sizes) if fits else ()):
-            if index == at:
-                top = levels[k] + alloc
-            if alloc or freed:
-                if k + 1 >= len(levels):
-                    fits = False
-                    break
-                facts.add("level", (rank, _sig(prog[index])), levels[k], alloc, freed,
-                          levels[k + 1], peak)
-                k += 1
-        if not fits or k + 1 != len(levels) or (at != -1 and top is None):
+        alloc, freed = _moves(prog, rank, rules, sizes)
+        moving = np.flatnonzero((alloc != 0) | (freed != 0))
+        if not levels or len(levels) != len(moving) + 1 or not -1 <= at < len(prog):
             facts.flag("witness", False, at=("witness",))
             continue
+        level, sigs = _column(levels), {}
+        kinds = _column(sigs.setdefault(_sig(prog[i]), len(sigs)) for i in moving.tolist())
+        facts.extend("level", rank, [level[:-1], alloc[moving], freed[moving], level[1:],
+                                     _column([peak] * len(moving))], kinds)
+        top = static if at == -1 else levels[np.searchsorted(moving, at)] + alloc.tolist()[at]
         facts.add("eqr", "static", levels[0], static)
-        facts.add("ler", "final", levels[k], peak)
-        facts.add("eqr", "peak", static if at == -1 else top, peak)
+        facts.add("ler", "final", levels[-1], peak)
+        facts.add("eqr", "peak", top, peak)
         if limits is not None:
             facts.add("ler", "limit", peak, _exact(limits[rank]), at=("peak", rank))
 
 
-def _steps(prog, rank: int, rules: _Rules, sizes: "Sizes"):
-    """Per step ``(allocated, freed)``: a forward (or recompute) that stores allocates its
-    activation, freed by its ``B`` or ``W``; a receive allocates its buffer, freed by the
-    compute op that consumes what it carried. Allocations count before frees."""
-    live: dict = {}
-    for op in prog:
-        alloc, frees = 0, []
-        if type(op) in (Compute, Overlap, Recv, Group):
-            for c in _computes(op):
-                key = ("stored", c.segment, c.stage, c.mb)
-                if c.kind in ("F", "R") and rules.stores(c, rank):
-                    live[key] = sizes.stored.get((c.segment, c.stage), 1)
-                    alloc += live[key]
-                elif c.kind in ("B", "W"):
-                    frees.append(key)
-                frees += [("buffer", t) for t in rules.needs(c, rank) if t[0] in _TRANSFER]
-            for c in _members(op):
-                if type(c) is Recv:
-                    size = sizes.buffer.get(c.payload, 0)
-                    if size:
-                        live[("buffer", _carried(c.payload))] = size
-                        alloc += size
-        yield alloc, sum(live.pop(key) for key in frees if key in live)
+def _moves(prog, rank: int, rules: _Rules, sizes: "Sizes") -> tuple:
+    """Per step, the exact ``(allocated, freed)``: a forward (or recompute) that stores
+    allocates its activation, freed by its ``B`` or ``W``; a receive allocates its
+    buffer, freed by the compute op that consumes what it carried. Allocations count
+    before frees; a free releases its key's latest allocation, unless already freed."""
+    ids, events = {}, []  # events: (key, step, 1 for a free, amount)
+    for index, op in enumerate(prog):
+        for c in _computes(op):
+            k = ("stored", c.segment, c.stage, c.mb)
+            if c.kind in ("F", "R") and rules.stores(c, rank):
+                events.append((k, index, 0, sizes.stored.get((c.segment, c.stage), 1)))
+            elif c.kind in ("B", "W"):
+                events.append((k, index, 1, 0))
+            events += [(("buffer", t), index, 1, 0) for t in rules.needs(c, rank)
+                       if t[0] in _TRANSFER]
+        for c in _members(op) if type(op) in (Recv, Group) else ():
+            if type(c) is Recv and sizes.buffer.get(c.payload, 0):
+                events.append((("buffer", _carried(c.payload)), index, 0,
+                               sizes.buffer[c.payload]))
+    keys, step, free, amount = zip(*events) if events else ((),) * 4
+    k = _column(ids.setdefault(x, len(ids)) for x in keys)
+    st, fr, amount = _column(step), _column(free), _column(amount, 1 << 32)
+    alloc, freed = (np.zeros(len(prog), amount.dtype) for _ in "af")
+    order = np.lexsort((fr, st, k))  # by key, then step, allocations first
+    k, st, fr, amount = k[order], st[order], fr[order], amount[order]
+    live = np.zeros(len(k), bool)  # a free right after an allocation of its key
+    live[1:] = (k[1:] == k[:-1]) & (fr[:-1] == 0) & (fr[1:] == 1)
+    np.add.at(alloc, st[fr == 0], amount[fr == 0])
+    np.add.at(freed, st[live], amount[np.flatnonzero(live) - 1])
+    return alloc, freed
 
 
 # ---------------------------------------------------------------- verdicts
@@ -884,13 +889,10 @@ def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
     n = len(plan.programs[_place(plan, rank)])
     if limits is None or not (0 <= index < n or index == -1 == n - 1):
         return []  # a step of the program, or -1 for the static part of an empty one
-    level = sizes.static[rank] if rank < len(sizes.static) else 0
-    top = level
-    for k, (alloc, freed) in enumerate(_steps(plan.programs[rank], rank, rules, sizes)):
-        if k == index:
-            top = level + alloc
-            break
-        level += alloc - freed
+    top = sizes.static[rank] if rank < len(sizes.static) else 0
+    if index != -1:
+        alloc, freed = (x.tolist() for x in _moves(plan.programs[rank], rank, rules, sizes))
+        top += sum(alloc[:index]) - sum(freed[:index]) + alloc[index]
     return [("ler", (top, _exact(limits[rank])))]
 
 
@@ -931,12 +933,12 @@ def _waits(plan: Plan, eager: bool) -> dict:
     other side has only ``count <= k`` ends) and the fact ``k < count``; per collective
     call, the other members' calls and the fact "callers = members" of its instance."""
     out: dict = defaultdict(list)
-    for sends, recvs in _channels(plan).values():
-        for ends, others, blocks in ((sends, recvs, not eager), (recvs, sends, True)):
-            for k, (rank, index, _) in enumerate(ends if blocks else ()):
+    for sends, recvs in _comms(plan)[0].values():
+        for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
+            for k, (rank, index, _) in enumerate(ends):
                 out[(rank, index)].append((others[k][:2] if k < len(others) else None,
                                            ("lt", (k, len(others)))))
-    for (group, _), where in _calls(plan).items():
+    for (group, _), where in _comms(plan)[1].items():
         fact = ("eq", (sum(r in where for r in group), len(group)))
         for rank, (index, _) in where.items():
             out[(rank, index)] += [((r, i), fact) for r, (i, _) in where.items()

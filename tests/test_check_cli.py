@@ -279,13 +279,18 @@ def test_render_report_of_a_lowered_plan_says_so():
     assert "certificate: sha256 " + verify(lowered("gpipe", 2, 2)).certificate.digest in verified
 
 
-def test_big_csv_two_process_path_says_whether_it_lowered(capsys, tmp_path, monkeypatch):
-    """Inputs over ``TWO_PROCESS_BYTES`` are verified on two cores; the report still says
-    whether the file was checked as written (comm cells) or lowered (compute only)."""
+def test_big_plan_two_process_path_says_whether_it_lowered(capsys, tmp_path, monkeypatch):
+    """Plans of ``TWO_PROCESS_OPS`` ops or more are verified on two cores; the report
+    still says whether the file was checked as written (comm cells) or lowered (compute
+    only), and a family goes the same way."""
     from mpipe_verified import cli
     from mpipe_verified.ir import Schedule, computes_of
+    from mpipe_verified.verify import verify_split
 
-    monkeypatch.setattr(cli, "TWO_PROCESS_BYTES", 0)
+    monkeypatch.setattr(cli, "TWO_PROCESS_OPS", 0)
+    split = []  # the plans verify_split judged
+    monkeypatch.setattr(cli, "verify_split",
+                        lambda plan, *a, **k: split.append(plan) or verify_split(plan, *a, **k))
     plan = lowered("1f1b", 2, 4)
     compute = Schedule(plan.placement, plan.num_microbatches,
                        tuple(tuple(op for op in prog if computes_of(op))
@@ -297,6 +302,9 @@ def test_big_csv_two_process_path_says_whether_it_lowered(capsys, tmp_path, monk
         assert code == 0 and doc["verified"] and doc["lowered"] is not as_written, name
         code, out, _ = check(capsys, str(path))
         assert code == 0 and ("lowered by mpipe" in out) is not as_written, name
+    code, doc = check_json(capsys, *family_argv("1f1b", 2, 4), "--expand")  # op by op
+    assert code == 0 and doc["verified"] and doc["lowered"] is True
+    assert len(split) == 5 and split[-1].num_ops == doc["stats"]["ops"]
 
 
 def test_text_report_counts_findings_past_the_cap(tmp_path, capsys):
@@ -358,13 +366,14 @@ def test_declared_sizes_below_the_file_are_bad_input(capsys, tmp_path, argv, nee
 
 
 def test_python_dash_m_checks_a_big_csv_on_two_cores(tmp_path):
-    """``python -m mpipe_verified.cli`` runs the module's own copy, so the two-core path
-    (over ``TWO_PROCESS_BYTES``) pickles a loader that the child can name."""
-    from mpipe_verified.cli import TWO_PROCESS_BYTES
+    """``python -m mpipe_verified.cli`` runs the module's own copy; a plan of
+    ``TWO_PROCESS_OPS`` ops or more is verified there on two cores all the same."""
+    from mpipe_verified.cli import TWO_PROCESS_OPS
     path = tmp_path / "big.csv"
     assert main(["export", *family_argv("1f1b", 8, 2600), "--to", "torch-csv",
                  "-o", str(path)]) == 0
-    assert path.stat().st_size >= TWO_PROCESS_BYTES
+    assert sum(bool(c) for row in path.read_text().splitlines()
+               for c in row.split(",")) >= TWO_PROCESS_OPS
     proc = subprocess.run([sys.executable, "-m", "mpipe_verified.cli", "check", str(path),
                            "--json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]

@@ -6,6 +6,7 @@ from collections import Counter
 from fractions import Fraction
 
 import attrs
+import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
@@ -20,11 +21,18 @@ BIG = st.sampled_from([kernel.BOUND - 1, kernel.BOUND, 1 << 63, 1 << 70])
 
 @given(st.lists(st.tuples(st.integers(-3, 3) | BIG, st.integers(-3, 3) | BIG.map(lambda x: -x)),
                 max_size=30), st.booleans())
-def test_runs_cover_exactly_the_facts(facts, integral):
+def test_runs_cover_exactly_the_facts(facts, as_array):
     """Every fact lies in exactly one run, and every run point is a fact (in 64-bit
-    arrays and in Python's exact arithmetic, whatever the magnitudes)."""
+    arrays and in Python's exact arithmetic, whatever the magnitudes; given as tuples or
+    as the kernel's columns)."""
+    if as_array and facts:
+        columns = [kernel._column(column) for column in zip(*facts)]
+        given = (np.column_stack(columns) if all(c.dtype == np.int64 for c in columns)
+                 else facts)
+    else:
+        given = facts
     points = Counter(tuple(a_ + d_ * j for a_, d_ in zip(a, d))
-                     for a, d, n in kernel._runs(facts, integral) for j in range(n))
+                     for a, d, n in kernel._runs(given) for j in range(n))
     assert points == Counter(facts)
 
 
@@ -133,8 +141,8 @@ def _deferred_receives(name, p, m):
 ])
 @pytest.mark.parametrize("rlimit", [None, 1])
 def test_two_process_verdicts_equal_one_process(make, rlimit):
-    """verify_loaded (this process decides completeness, dependency and memory, the child
-    matching and deadlock) reaches the same verdicts as verify."""
+    """verify_loaded (this process decides completeness and memory, the forked child
+    dependency, matching and deadlock) reaches the same verdicts as verify."""
     one = verify(make(), rlimit=rlimit)
     _, two = verify_loaded(make, rlimit=rlimit)
     assert two.status == one.status
@@ -143,6 +151,26 @@ def test_two_process_verdicts_equal_one_process(make, rlimit):
         {k: v["status"] for k, v in one.stats["properties"].items()}
     assert (two.certificate is None) == (one.certificate is None)
     assert two.witness == one.witness
+
+
+def _raise_value_error(text):
+    raise ValueError(text)
+
+
+def test_the_forked_half_hands_back_its_answer_its_error_or_its_death():
+    """``verify_loaded``'s child: its answer comes back, an exception it raises is raised
+    in this process, and a child that dies without answering is an error, never a hang
+    or a verdict."""
+    import os
+    from mpipe_verified.verify import _forked
+    with _forked(lambda a, b: {"sum": a + b}, 2, 3) as answer:
+        assert answer() == {"sum": 5}
+    with _forked(_raise_value_error, "from the child") as answer:
+        with pytest.raises(ValueError, match="from the child"):
+            answer()
+    with _forked(os._exit, 7) as answer:
+        with pytest.raises(RuntimeError, match="exit code 7"):
+            answer()
 
 
 def test_the_kernel_imports_only_the_ir():

@@ -287,12 +287,16 @@ def _plain_lines(text: str) -> list[str] | None:
 
 
 def _fill_comms(programs: list[list], comms: list[list], placement: Placement) -> bool:
-    """Build each row's SEND/RECV cells in place, one payload object per transfer;
-    ``False`` if a cell's peer stage does not exist."""
+    """Build each row's SEND/RECV cells in place, one payload object per transfer (each
+    ``(kind, stage)``'s route found once); ``False`` if a cell's peer stage does not
+    exist."""
     payloads: dict[tuple, Payload] = {}
+    routes: dict[tuple, tuple | None] = {}
     for ops, pending in zip(programs, comms):
         for c, kind, stage, mb in pending:
-            op = _p2p(kind, stage, mb, placement, payloads)
+            if (kind, stage) not in routes:
+                routes[(kind, stage)] = _route(kind, stage, placement)
+            op = _p2p(routes[(kind, stage)], mb, payloads)
             if op is None:
                 return False
             ops[c] = op
@@ -421,7 +425,7 @@ def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
     if kind in _COMPUTE_KINDS:
         return Compute(kind, stage, mb)
     if kind in _PEER:
-        op = _p2p(kind, stage, mb, placement, payloads)
+        op = _p2p(_route(kind, stage, placement), mb, payloads)
         if op is None:
             side, other = ("last", "next") if _PEER[kind][0] > 0 else ("first", "previous")
             raise InputError(f"{stage}{kind}{mb}: stage {stage} is the {side} of stages 0.."
@@ -435,20 +439,28 @@ def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
     return Marker(stage, kind, mb)
 
 
-def _p2p(kind: str, stage: int, mb: int, placement: Placement,
-         payloads: dict[tuple, Payload]) -> Send | Recv | None:
-    """The ``SEND_*``/``RECV_*`` op of a cell on ``stage``'s rank (``None`` if the peer
-    stage does not exist); both ends of a transfer share one ``Payload`` in ``payloads``."""
+def _route(kind: str, stage: int, placement: Placement) -> tuple | None:
+    """Where a ``SEND_*``/``RECV_*`` cell on ``stage``'s rank goes: ``(Send or Recv, peer
+    rank, payload kind, payload stage)``; ``None`` if the peer stage does not exist."""
     offset, payload_kind, is_send = _PEER[kind]
     peer = stage + offset
     if not 0 <= peer < placement.num_stages:
         return None
-    key = (payload_kind, stage if is_send else peer, mb)
+    return (Send if is_send else Recv, placement.stage_to_rank[peer], payload_kind,
+            stage if is_send else peer)
+
+
+def _p2p(route: tuple | None, mb: int, payloads: dict[tuple, Payload]) -> Send | Recv | None:
+    """The op of a cell with ``route`` (``_route``) and microbatch ``mb`` (``None`` for no
+    route); both ends of a transfer share one ``Payload`` in ``payloads``."""
+    if route is None:
+        return None
+    make, rank, payload_kind, payload_stage = route
+    key = (payload_kind, payload_stage, mb)
     payload = payloads.get(key)
     if payload is None:
         payload = payloads[key] = Payload(*key)
-    rank = placement.stage_to_rank[peer]
-    return Send(rank, payload) if is_send else Recv(rank, payload)
+    return make(rank, payload)
 
 
 # ------------------------------------------------------------------- writing

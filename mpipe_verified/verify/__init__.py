@@ -15,9 +15,9 @@ import contextlib
 import gc
 import multiprocessing as mp
 import numbers
+import sys
 import time
 from typing import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 
 from .. import kernel
 from ..ir import Plan
@@ -27,7 +27,7 @@ from . import properties
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
-__all__ = ["verify", "verify_loaded", "Report", "Violation", "Certificate", "CertificateError",
+__all__ = ["verify", "verify_loaded", "verify_split", "Report", "Violation", "Certificate", "CertificateError",
            "check_certificate", "plan_digest", "PROPERTIES"]
 
 
@@ -66,39 +66,72 @@ def collector_paused() -> Iterator[None]:
 def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str = RENDEZVOUS,
                   memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None
                   ) -> tuple[Plan, Report]:
-    """``verify(load())`` on two cores: fork *before* loading, so each process builds its
-    own copy of the plan (forking after would make both processes copy every page they
-    touch), then this process decides completeness, dependency and memory while the
-    child decides matching and deadlock. ``load`` must be deterministic and picklable (e.g. a
-    ``functools.partial`` of a module-level function). Same verdicts as ``verify``. A
-    per-rank ``memory_limit`` of the wrong length is refused (``ValueError``) once the
-    plan is loaded, after the child finished."""
+    """``(plan, verify_split(plan, ...))`` for ``plan = load()``, loaded with the
+    collector paused."""
     _check_model(comm_model)
-    if memory_limit is not None:  # its values now, its length once the plan is loaded
-        if not isinstance(memory_limit, numbers.Real):
-            memory_limit = tuple(memory_limit)
-        properties.memory_limits(memory_limit, len(memory_limit)
-                                 if isinstance(memory_limit, tuple) else 1)
-    clock = time.perf_counter()
-    if "fork" not in mp.get_all_start_methods():
-        with collector_paused():
-            plan = load()
-        return plan, verify(plan, memory_limit, comm_model, memory_model, rlimit)
-    with collector_paused(), ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as pool:
-        future = pool.submit(_load_then_comm, load, comm_model, rlimit)
+    with collector_paused():
         plan = load()
-        limits = properties.memory_limits(memory_limit, plan.num_ranks)
+        return plan, verify_split(plan, memory_limit, comm_model, memory_model, rlimit)
+
+
+def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
+                 memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
+    """``verify(plan, ...)`` on two cores: a forked child inherits the plan (nothing is
+    pickled; it copies only the pages whose reference counts it touches) and decides
+    dependency, matching and deadlock while this process decides completeness and memory
+    (the halves take about equal time). Same verdicts as ``verify``."""
+    _check_model(comm_model)
+    if "fork" not in mp.get_all_start_methods():
+        return verify(plan, memory_limit, comm_model, memory_model, rlimit)
+    limits = properties.memory_limits(memory_limit, plan.num_ranks)
+    clock = time.perf_counter()
+    with collector_paused(), _forked(_comm_properties, plan, comm_model, rlimit) as comm:
         local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
         # while the child works: the digest a certificate would need
         digest = plan_digest(plan) if all(
-            local[name][0] == "proved" for name in ("completeness", "dependency",
-                                                    "memory")) else None
-        return plan, _report(plan, _merged(local, future.result()), limits, comm_model,
-                             clock, digest)
+            local[name][0] == "proved" for name in ("completeness", "memory")) else None
+        return _report(plan, _merged(local, comm()), limits, comm_model, clock, digest)
 
 
-def _load_then_comm(load, comm_model, rlimit) -> dict:
-    return _comm_properties(load(), comm_model, rlimit)
+@contextlib.contextmanager
+def _forked(run: Callable, *args) -> Iterator[Callable[[], dict]]:
+    """``run(*args)`` in a forked child (which inherits ``args``: nothing is pickled on
+    the way in); yields a function that waits for its answer (its exception is raised
+    here). The child is gone when the block ends."""
+    context = mp.get_context("fork")
+    for stream in (sys.stdout, sys.stderr):  # else the child would write their buffers too
+        stream.flush()
+    answer, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_answer, args=(sender, run, args), daemon=True)
+    child.start()
+    sender.close()
+
+    def result() -> dict:
+        try:
+            ok, value = answer.recv()
+        except EOFError:
+            child.join()
+            raise RuntimeError(f"the verifier's child process died (exit code "
+                               f"{child.exitcode})") from None
+        if not ok:
+            raise value
+        return value
+    try:
+        yield result
+    finally:  # answered, or this process failed first: then the child is not needed
+        answer.close()
+        if child.is_alive():
+            child.terminate()
+        child.join()
+
+
+def _answer(sender, run: Callable, args: tuple) -> None:
+    try:
+        sender.send((True, run(*args)))
+    except BaseException as error:  # handed to the parent, raised there
+        sender.send((False, error))
+    finally:
+        sender.close()
 
 
 def _check_model(comm_model: str) -> None:
@@ -141,13 +174,11 @@ def _witness(hints: dict) -> kernel.Witness:
 
 
 def _local_properties(plan, limits, memory_model, comm_model, rlimit) -> dict:
-    """Completeness, dependency and memory (the half that needs no pairing or run).
+    """Completeness and memory (the half that needs no pairing, run or producers).
     ``limits``: one memory bound per rank or None (``properties.memory_limits``)."""
     sizes = kernel.Sizes.of(plan, memory_model)
     judge = _Judge(plan, comm_model, sizes, limits, rlimit)
-    out = {name: judge(name, lambda run=run: run(plan))
-           for name, run in (("completeness", properties.completeness),
-                             ("dependency", properties.dependency))}
+    out = {"completeness": judge("completeness", lambda: properties.completeness(plan))}
     mem = {}
 
     def memory():
@@ -158,10 +189,13 @@ def _local_properties(plan, limits, memory_model, comm_model, rlimit) -> dict:
 
 
 def _comm_properties(plan, comm_model, rlimit) -> dict:
-    """Matching and deadlock, over one pairing of the plan's sends and receives."""
-    pairing, collectives = pair_p2p(plan), pair_collectives(plan)
+    """Dependency, then matching and deadlock over one pairing of the plan's sends and
+    receives."""
     judge = _Judge(plan, comm_model, None, None, rlimit)
-    out = {"matching": judge("matching", lambda: properties.matching(plan, pairing,
+    dependency = judge("dependency", lambda: properties.dependency(plan))
+    pairing, collectives = pair_p2p(plan), pair_collectives(plan)
+    out = {"dependency": dependency,
+           "matching": judge("matching", lambda: properties.matching(plan, pairing,
                                                                       collectives)),
            "deadlock": judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
                                                                       collectives))}
