@@ -37,6 +37,7 @@ import attrs
 
 from .algebra import families, terms
 from .algebra.transpose import SOURCE, Transpose
+from .algebra.transpose import OPTIMAL_LIMIT
 from .comparison import on_body, time_spec
 from .errors import ParameterError
 from .formats.spec import Spec
@@ -148,9 +149,15 @@ def candidates(spec: Spec) -> Iterator[Candidate]:
             yield Candidate(label, name, plain, None, body)
             continue
         for mode in _modes(term):
-            for ownership in ("inline", "full", "min", "cost"):
+            for ownership in _ownerships(s):
                 yield Candidate(f"{label} {mode}/{ownership}", name, plain, ownership, body,
                                 (("mode", mode), ("ownership", ownership)))
+
+
+def _ownerships(s: Schedule) -> tuple[str, ...]:
+    """Every ownership; ``optimal`` (Z3's ``Optimize``) up to its size limit."""
+    small = s.num_ranks * s.num_microbatches <= OPTIMAL_LIMIT
+    return ("inline", "full", "min", "cost") + (("optimal",) if small else ())
 
 
 def _time(model: Spec, c: Candidate, order: int, body: Derived | None) -> Tried | None:

@@ -16,7 +16,12 @@ segment's ops into the owners' programs:
   given the idle time left on each rank (per-microbatch ``costs``; ties go to the least
   loaded rank). The greedy is kept only if the operator's own estimate of the woven
   schedule (``_estimate``) does not finish later than round-robin's; otherwise the
-  result is the round-robin one.
+  result is the round-robin one;
+- ``optimal``: the owners as an optimisation problem of their own, solved by Z3's
+  ``Optimize`` (``_Weaver._optimal_owners``: each forward within its owner's idle time
+  before its deadline, or after its release for a sink, minimising the largest overflow,
+  then the total; ties go to the home rank, then the lowest); up to ``OPTIMAL_LIMIT``
+  ranks x microbatches. The positions then follow the placement rules below.
 
 Placement. The operator times the body with its own estimate of the costs
 (``body_forward`` per forward, ``body_backward`` per backward, half of it per ``I``/``W``;
@@ -74,7 +79,8 @@ from ..semantics import GRADS, PARAMS, collective_tag, schedule_times
 from ..sim import CostModel, SegmentCost
 
 MODES = ("recompute", "owner", "frozen", "none")
-OWNERSHIPS = ("inline", "full", "min", "cost")
+OWNERSHIPS = ("inline", "full", "min", "cost", "optimal")
+OPTIMAL_LIMIT = 1024  # ranks x microbatches up to which Z3's Optimize chooses the owners
 SIDES = (SOURCE, SINK)
 
 
@@ -382,6 +388,7 @@ class _Weaver:
         # (rank, position) -> [(where, estimated start, sequence, op)], see ``_insert``
         self.inserted: dict[tuple[int, int], list[tuple[int, float, float, Op]]] = {}
         self._seq = 0
+        self._optimal: list[int] | None = None
 
     def _start_of(self, timing, c: Compute) -> float:
         r, i = self.position[c]
@@ -414,6 +421,10 @@ class _Weaver:
 
     def _fixed_owner(self, mb: int) -> int | None:
         own = self.ownership
+        if own == "optimal":
+            if self._optimal is None:
+                self._optimal = self._optimal_owners()
+            return self._optimal[mb]
         if own == "inline":
             return self.home
         if own == "full":
@@ -424,6 +435,69 @@ class _Weaver:
             rr = {x: j % self.p for j, x in enumerate(chosen)}
             return rr.get(mb, self.home)
         return None  # cost-aware: chosen by place()
+
+    def _optimal_owners(self) -> list[int]:
+        """Owners as an optimisation problem of their own (Z3's ``Optimize``). Each
+        microbatch's segment forward goes to one rank. A source's forward must end before
+        the body's first forward of that microbatch starts (its deadline), a sink's starts
+        once the body's last forward of it has finished (its release); on every rank, the
+        forwards due by each deadline (released from each release on) must fit in that
+        rank's idle time before it (after it) in the body's own timeline, plus the rank's
+        overflow. Minimised in turn: the largest overflow (the delay the placement adds),
+        then the total. Z3 gives those optimal values; the owners are then fixed
+        microbatch by microbatch, in order, to the first rank (home first) that still
+        admits an assignment reaching both, so they are the same on every run. The weaver
+        then puts each forward in its owner's latest (a sink's: earliest) gap that holds
+        it."""
+        import z3
+        _need(self.p * self.m <= OPTIMAL_LIMIT,
+              f"ownership 'optimal' takes up to {OPTIMAL_LIMIT} ranks x microbatches, "
+              f"got {self.p} x {self.m}")
+        source = self.t.side == SOURCE
+        order = self.order if source else list(reversed(self.order))
+        x = [[z3.Bool(f"x_{mb}_{r}") for r in range(self.p)] for mb in range(self.m)]
+        over = [z3.Real(f"over_{r}") for r in range(self.p)]
+        rules = [z3.PbEq([(v, 1) for v in row], 1) for row in x]
+        for r, rk in enumerate(self.ranks):
+            load = z3.RealVal(0)
+            rules.append(over[r] >= 0)
+            for mb in order:  # by deadline (a sink: latest release first)
+                load = load + z3.If(x[mb][r], z3.RealVal(str(self.seg.forward(mb))), 0)
+                idle = self._idle(rk, self._when(mb, source), before=source)
+                rules.append(load <= z3.RealVal(str(idle)) + over[r])
+        bounds = []
+        for objective in (z3.Real("top"), z3.Sum(over)):
+            opt = z3.Optimize()
+            opt.add(*rules, *bounds, *[z3.Real("top") >= o for o in over])
+            goal = opt.minimize(objective)
+            _need(opt.check() == z3.sat, "ownership 'optimal': Z3 found no assignment")
+            bounds.append(objective <= goal.value())
+        solver = z3.Solver()
+        solver.add(*rules, *bounds, *[z3.Real("top") >= o for o in over])
+        owners = [self.home] * self.m
+        for mb in order:
+            for r in [self.home] + [r for r in range(self.p) if r != self.home]:
+                if solver.check(x[mb][r]) == z3.sat:
+                    solver.add(x[mb][r])
+                    owners[mb] = r
+                    break
+        return owners
+
+    def _when(self, mb: int, source: bool) -> float:
+        """A source forward's deadline (the body's first forward of ``mb`` starts), a
+        sink's release (the body's last forward of ``mb`` ends), in the body's times."""
+        r, i = self.position[Compute(FORWARD, 0 if source else self.last, mb)]
+        return (self.ranks[r].start0 if source else self.ranks[r].finish0)[i]
+
+    def _idle(self, rk: "_Rank", t: float, before: bool) -> float:
+        """Idle time of ``rk`` in the body's own timeline before ``t`` (else after it, up
+        to the horizon)."""
+        total = 0.0
+        for a, b, _ in rk.gaps:
+            b = min(b, self.horizon) if not before else b
+            lo, hi = (a, min(b, t)) if before else (max(a, t), b)
+            total += max(0.0, hi - lo)
+        return total
 
     def place(self) -> tuple[int, ...]:
         owners = [self.home] * self.m

@@ -18,7 +18,7 @@ A spec has one required table and optional ones::
     segment = "vision"        # the cut segment's name
     side = "source"           # "source" (an encoder) or "sink" (a generator)
     mode = "owner"            # "recompute" | "owner" | "frozen" | "none"
-    ownership = "cost"        # "inline" | "full" | "min" | "cost"
+    ownership = "cost"        # "inline" | "full" | "min" | "cost" | "optimal"
     costs = [1.2, 0.4, 2.4]   # the segment's forward cost: one number or one per microbatch
 
     [cost]                    # optional; defaults F=1, B=2, I=1, W=1, R=1, activation=1
