@@ -43,6 +43,8 @@ import z3
 
 PROVED, FAILED, UNKNOWN = "proved", "failed", "unknown"
 ALL_SIZES = "all sizes"
+# What a family invariant proves: the verifier's five properties.
+PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 DEFAULT_TIMEOUT_MS = 20_000
 VACUITY_TIMEOUT_MS = 1_000
 
@@ -81,11 +83,16 @@ class LawResult:
     seconds: float
     detail: str = ""
     obligations: int = 0
+    family: str | None = None
+    property: str | None = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "scope": self.scope,
-                "seconds": round(self.seconds, 3), "statement": self.statement,
-                "obligations": self.obligations, "detail": self.detail}
+        out = {"name": self.name, "status": self.status, "scope": self.scope,
+               "seconds": round(self.seconds, 3), "statement": self.statement,
+               "obligations": self.obligations, "detail": self.detail}
+        if self.family is not None:
+            out["family"], out["property"] = self.family, self.property
+        return out
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,19 @@ class Law:
     scope: str
     build: Callable[[], Iterable[Obligation]] = field(repr=False)
     weight: int = 1  # rough cost: heavier laws are started first by ``run_all``
+    family: str | None = None  # a family invariant: the family it is about ...
+    property: str | None = None  # ... and which of PROPERTIES it proves
+
+    def __post_init__(self) -> None:
+        if (self.family is None) != (self.property is None):
+            raise ValueError(f"law {self.name}: family and property go together")
+        if self.property is not None and self.property not in PROPERTIES:
+            raise ValueError(f"law {self.name}: unknown property {self.property!r}")
+
+    def result(self, status: str, seconds: float, detail: str = "",
+               obligations: int = 0) -> "LawResult":
+        return LawResult(self.name, self.statement, self.scope, status, seconds, detail,
+                         obligations, self.family, self.property)
 
     def __call__(self, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LawResult:
         return check(self, timeout_ms)
@@ -105,10 +125,12 @@ class Law:
         return list(self.build())
 
 
-def law(name: str, statement: str, scope: str, weight: int = 1) -> Callable[[Callable], Law]:
+def law(name: str, statement: str, scope: str, weight: int = 1, family: str | None = None,
+        property: str | None = None) -> Callable[[Callable], Law]:
     """Decorator: turn ``def f() -> Iterable[Obligation]`` into a ``Law``."""
     def wrap(fn: Callable[[], Iterable[Obligation]]) -> Law:
-        return Law(name, statement, scope, fn, weight=weight)
+        return Law(name, statement, scope, fn, weight=weight, family=family,
+                   property=property)
     return wrap
 
 
@@ -195,8 +217,7 @@ def check(law: Law, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LawResult:
     try:
         obligations = law.obligations()
     except Exception as e:  # a law that cannot even be stated is not proved
-        return LawResult(law.name, law.statement, law.scope, UNKNOWN,
-                         time.perf_counter() - started, f"could not build: {e!r}")
+        return law.result(UNKNOWN, time.perf_counter() - started, f"could not build: {e!r}")
     unchecked = []
     for ob in obligations:
         count += 1
@@ -217,8 +238,7 @@ def check(law: Law, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LawResult:
     if unchecked and status == PROVED:
         details.append("hypotheses not shown satisfiable within "
                        f"{VACUITY_TIMEOUT_MS} ms: {', '.join(unchecked)}")
-    return LawResult(law.name, law.statement, law.scope, status,
-                     time.perf_counter() - started, "; ".join(details), count)
+    return law.result(status, time.perf_counter() - started, "; ".join(details), count)
 
 
 _PENDING: list[Law] = []  # the laws of the current ``run_all``, read by forked workers
@@ -229,8 +249,7 @@ def _worker(index: int, timeout_ms: int, conn) -> None:
     try:
         result = check(law, timeout_ms)
     except BaseException as e:  # noqa: BLE001 - a crashed law decides nothing
-        result = LawResult(law.name, law.statement, law.scope, UNKNOWN, 0.0,
-                           f"worker failed: {e!r}")
+        result = law.result(UNKNOWN, 0.0, f"worker failed: {e!r}")
     conn.send(result)
     conn.close()
 
@@ -264,9 +283,7 @@ def run_all(laws: Sequence[Law], timeout_ms: int = DEFAULT_TIMEOUT_MS,
                 try:
                     results[i] = reader.recv()
                 except EOFError:  # the worker died without an answer
-                    law = laws[i]
-                    results[i] = LawResult(law.name, law.statement, law.scope, UNKNOWN, 0.0,
-                                           "worker died without an answer")
+                    results[i] = laws[i].result(UNKNOWN, 0.0, "worker died without an answer")
                 reader.close()
                 proc.join()
     finally:

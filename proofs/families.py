@@ -182,7 +182,8 @@ ALL = all_sizes(f"every p >= 1, m >= 1, rank r < p and position or microbatch; {
 
 @law("1f1b_completeness",
      "1F1B: rank r runs F(r, x) and B(r, x) exactly once for every microbatch x, and "
-     "nothing else (closed form F^{p-1-r} (F B)*)", ALL)
+     "nothing else (closed form F^{p-1-r} (F B)*)", ALL, family="1f1b",
+     property="completeness")
 def one_f_one_b_completeness():
     yield from _complete(one_f_one_b_op, one_f_one_b_pos, "1F1B")
 
@@ -190,7 +191,8 @@ def one_f_one_b_completeness():
 @law("1f1b_dependency",
      "1F1B: B(r, x) comes after F(r, x) on rank r, and a data-flow timing exists (F(r,x) "
      "after F(r-1,x), B(r,x) after B(r+1,x), each rank in order): the schedule runs",
-     all_sizes(f"every p >= 1, m >= 1, rank, position; closed-form timing witness; {CLOSED}"))
+     all_sizes(f"every p >= 1, m >= 1, rank, position; closed-form timing witness; {CLOSED}"),
+     family="1f1b", property="dependency")
 def one_f_one_b_dependency():
     yield from _order(one_f_one_b_pos, "1F1B")
     yield from _dataflow(one_f_one_b_op, _one_f_one_b_tf, _one_f_one_b_tb, "1F1B")
@@ -199,7 +201,7 @@ def one_f_one_b_dependency():
 @law("1f1b_peak_memory",
      "1F1B: the peak of stored activations (unit model) on rank r is min(p - r, m)",
      all_sizes(f"every p >= 1, m >= 1, rank; induction on the position for the level; "
-               f"{CLOSED}"))
+               f"{CLOSED}"), family="1f1b", property="memory")
 def one_f_one_b_peak_memory():
     peak = _Peak(lambda r_: _min(p - r_, m), "min(p - r, m)")
     yield from _peak(one_f_one_b_op, _one_f_one_b_nf, _one_f_one_b_nb, peak,
