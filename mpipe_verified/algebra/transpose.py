@@ -17,11 +17,10 @@ segment's ops into the owners' programs:
   loaded rank). The greedy is kept only if the operator's own estimate of the woven
   schedule (``_estimate``) does not finish later than round-robin's; otherwise the
   result is the round-robin one;
-- ``optimal``: the owners as an optimisation problem of their own, solved by Z3's
-  ``Optimize`` (``_Weaver._optimal_owners``: each forward within its owner's idle time
-  before its deadline, or after its release for a sink, minimising the largest overflow,
-  then the total; ties go to the home rank, then the lowest); up to ``OPTIMAL_LIMIT``
-  ranks x microbatches. The positions then follow the placement rules below.
+- ``given``: the owners listed in ``owners`` (one rank per microbatch), e.g. the
+  solution of the placement problem (``placement_problem``, solved by
+  ``algebra.placement.solve`` with Z3's ``Optimize``; ``mpipe-verify tune`` writes its
+  winner this way). The positions then follow the placement rules below.
 
 Placement. The operator times the body with its own estimate of the costs
 (``body_forward`` per forward, ``body_backward`` per backward, half of it per ``I``/``W``;
@@ -77,10 +76,10 @@ from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collec
                   Compute, Cut, Op, Schedule, SegmentWork, computes_of)
 from ..semantics import GRADS, PARAMS, collective_tag, schedule_times
 from ..sim import CostModel, SegmentCost
+from .placement import HOME, MOVED, Problem, Work
 
 MODES = ("recompute", "owner", "frozen", "none")
-OWNERSHIPS = ("inline", "full", "min", "cost", "optimal")
-OPTIMAL_LIMIT = 1024  # ranks x microbatches up to which Z3's Optimize chooses the owners
+OWNERSHIPS = ("inline", "full", "min", "cost", "given")
 SIDES = (SOURCE, SINK)
 
 
@@ -89,6 +88,16 @@ def _floats(values) -> tuple[float, ...]:
         return tuple(float(x) for x in values)
     except (TypeError, ValueError):
         raise ParameterError(f"segment costs must be numbers, got {values!r}") from None
+
+
+def _ints(values) -> tuple[int, ...]:
+    try:
+        out = tuple(values)
+    except TypeError:
+        raise ParameterError(f"owners must be a list of ranks, got {values!r}") from None
+    _need(all(isinstance(x, int) and not isinstance(x, bool) for x in out),
+          f"owners must be a list of ranks, got {values!r}")
+    return out
 
 
 def _float(value) -> float:
@@ -109,6 +118,8 @@ class Transpose:
     costs: tuple[float, ...] = attrs.field(default=(), converter=_floats)
     body_forward: float = attrs.field(default=1.0, converter=_float)
     body_backward: float = attrs.field(default=2.0, converter=_float)
+    # ownership "given": each microbatch's owner rank
+    owners: tuple[int, ...] = attrs.field(default=(), converter=_ints)
 
     def __attrs_post_init__(self) -> None:
         _need(self.side in SIDES, f"transpose side must be one of {SIDES}, got {self.side!r}")
@@ -125,22 +136,44 @@ class Transpose:
               "segment costs must be finite numbers >= 0")
         _need(all(math.isfinite(c) and c > 0 for c in (self.body_forward, self.body_backward)),
               "body_forward and body_backward must be positive numbers")
+        _need((self.ownership == "given") == bool(self.owners),
+              "ownership 'given' takes owners (one rank per microbatch), and owners "
+              "go with ownership 'given' only")
 
     def derive(self) -> Schedule:
-        body = self.body.derive()
-        _need(not body.cut.segments, "transpose applies to a body without a cut")
-        p, m = body.num_ranks, body.num_microbatches
-        _need(not self.costs or len(self.costs) == m,
-              f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")
+        body, home = self._body()
         cost = self.estimate_cost()
-        home = 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
         timing = schedule_times(body.programs, body.placement, cost.duration)
         schedule = self._weave(body, timing, cost, home, self.ownership)
+        p = body.num_ranks
         if self.ownership == "cost" and p > 1:  # keep the greedy only where it pays
             round_robin = self._weave(body, timing, cost, home, "full")
             if self._estimate(round_robin, cost) < self._estimate(schedule, cost) - _EPS:
                 schedule = round_robin
         return schedule
+
+    def _body(self) -> tuple[Schedule, int]:
+        """The body's schedule (checked against this term) and the segment's home rank."""
+        body = self.body.derive()
+        _need(not body.cut.segments, "transpose applies to a body without a cut")
+        p, m = body.num_ranks, body.num_microbatches
+        _need(not self.costs or len(self.costs) == m,
+              f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")
+        _need(not self.owners or (len(self.owners) == m
+                                  and all(0 <= r < p for r in self.owners)),
+              f"owners needs one rank in 0..{p - 1} per microbatch ({m}), "
+              f"got {list(self.owners)}")
+        return body, 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
+
+    def placement_problem(self, cost: CostModel | None = None) -> Problem:
+        """The choice of owners as an optimisation problem of its own (see
+        ``algebra.placement``), in the body's timeline under ``cost`` (a spec's model;
+        default: this term's own estimate), shifted and with deadlines and releases as
+        the placement rules below take them."""
+        body, home = self._body()
+        cost = cost or self.estimate_cost()
+        timing = schedule_times(body.programs, body.placement, cost.duration)
+        return _Weaver(self, body, timing, cost, home, self.ownership).problem()
 
     def estimate_cost(self) -> CostModel:
         """The operator's own cost model (also a spec's default for this term): a body
@@ -206,7 +239,8 @@ class Transpose:
         if (self.body_forward, self.body_backward) != (1.0, 2.0):
             extra += f", body_forward={self.body_forward}, body_backward={self.body_backward}"
         return (f"transpose({self.body}, segment={self.segment!r}, side={self.side!r}, "
-                f"mode={self.mode!r}, ownership={self.ownership!r}{extra})")
+                f"mode={self.mode!r}, ownership={self.ownership!r}{extra}"
+                + (f", owners={list(self.owners)})" if self.owners else ")"))
 
 
 # ---------------------------------------------------------------- placement
@@ -388,7 +422,6 @@ class _Weaver:
         # (rank, position) -> [(where, estimated start, sequence, op)], see ``_insert``
         self.inserted: dict[tuple[int, int], list[tuple[int, float, float, Op]]] = {}
         self._seq = 0
-        self._optimal: list[int] | None = None
 
     def _start_of(self, timing, c: Compute) -> float:
         r, i = self.position[c]
@@ -421,10 +454,8 @@ class _Weaver:
 
     def _fixed_owner(self, mb: int) -> int | None:
         own = self.ownership
-        if own == "optimal":
-            if self._optimal is None:
-                self._optimal = self._optimal_owners()
-            return self._optimal[mb]
+        if own == "given":
+            return self.t.owners[mb]
         if own == "inline":
             return self.home
         if own == "full":
@@ -436,68 +467,35 @@ class _Weaver:
             return rr.get(mb, self.home)
         return None  # cost-aware: chosen by place()
 
-    def _optimal_owners(self) -> list[int]:
-        """Owners as an optimisation problem of their own (Z3's ``Optimize``). Each
-        microbatch's segment forward goes to one rank. A source's forward must end before
-        the body's first forward of that microbatch starts (its deadline), a sink's starts
-        once the body's last forward of it has finished (its release); on every rank, the
-        forwards due by each deadline (released from each release on) must fit in that
-        rank's idle time before it (after it) in the body's own timeline, plus the rank's
-        overflow. Minimised in turn: the largest overflow (the delay the placement adds),
-        then the total. Z3 gives those optimal values; the owners are then fixed
-        microbatch by microbatch, in order, to the first rank (home first) that still
-        admits an assignment reaching both, so they are the same on every run. The weaver
-        then puts each forward in its owner's latest (a sink's: earliest) gap that holds
-        it."""
-        import z3
-        _need(self.p * self.m <= OPTIMAL_LIMIT,
-              f"ownership 'optimal' takes up to {OPTIMAL_LIMIT} ranks x microbatches, "
-              f"got {self.p} x {self.m}")
-        source = self.t.side == SOURCE
-        order = self.order if source else list(reversed(self.order))
-        x = [[z3.Bool(f"x_{mb}_{r}") for r in range(self.p)] for mb in range(self.m)]
-        over = [z3.Real(f"over_{r}") for r in range(self.p)]
-        rules = [z3.PbEq([(v, 1) for v in row], 1) for row in x]
-        for r, rk in enumerate(self.ranks):
-            load = z3.RealVal(0)
-            rules.append(over[r] >= 0)
-            for mb in order:  # by deadline (a sink: latest release first)
-                load = load + z3.If(x[mb][r], z3.RealVal(str(self.seg.forward(mb))), 0)
-                idle = self._idle(rk, self._when(mb, source), before=source)
-                rules.append(load <= z3.RealVal(str(idle)) + over[r])
-        bounds = []
-        for objective in (z3.Real("top"), z3.Sum(over)):
-            opt = z3.Optimize()
-            opt.add(*rules, *bounds, *[z3.Real("top") >= o for o in over])
-            goal = opt.minimize(objective)
-            _need(opt.check() == z3.sat, "ownership 'optimal': Z3 found no assignment")
-            bounds.append(objective <= goal.value())
-        solver = z3.Solver()
-        solver.add(*rules, *bounds, *[z3.Real("top") >= o for o in over])
-        owners = [self.home] * self.m
-        for mb in order:
-            for r in [self.home] + [r for r in range(self.p) if r != self.home]:
-                if solver.check(x[mb][r]) == z3.sat:
-                    solver.add(x[mb][r])
-                    owners[mb] = r
-                    break
-        return owners
-
-    def _when(self, mb: int, source: bool) -> float:
-        """A source forward's deadline (the body's first forward of ``mb`` starts), a
-        sink's release (the body's last forward of ``mb`` ends), in the body's times."""
-        r, i = self.position[Compute(FORWARD, 0 if source else self.last, mb)]
-        return (self.ranks[r].start0 if source else self.ranks[r].finish0)[i]
-
-    def _idle(self, rk: "_Rank", t: float, before: bool) -> float:
-        """Idle time of ``rk`` in the body's own timeline before ``t`` (else after it, up
-        to the horizon)."""
-        total = 0.0
-        for a, b, _ in rk.gaps:
-            b = min(b, self.horizon) if not before else b
-            lo, hi = (a, min(b, t)) if before else (max(a, t), b)
-            total += max(0.0, hi - lo)
-        return total
+    def problem(self) -> Problem:
+        """The owner choice as a ``placement.Problem`` (see ``Transpose.placement_problem``):
+        each rank's idle time in the body's (shifted) timeline up to the horizon; a source
+        forward due when the body's first forward of its microbatch starts, an owner-mode
+        backward released when the body's first-stage backward of it ends (a recompute
+        mode's central backward likewise, on the home rank, and its recompute due when
+        that backward starts, on the home rank when another rank owns the forward); a
+        sink's work released when the body's last forward of it ends."""
+        seg, work = self.seg, []
+        for mb in range(self.m):
+            if self.t.side == SOURCE:
+                r, i = self.position[Compute(FORWARD, 0, mb)]
+                work.append(Work(mb, seg.forward(mb), True, self.ranks[r].start0[i]))
+                grad = self.position[self._grad_op(mb)]
+                begun, done = (self.ranks[grad[0]].start0[grad[1]],
+                               self.ranks[grad[0]].finish0[grad[1]])
+                if self.t.mode == "owner":
+                    work.append(Work(mb, seg.backward(mb), False, done))
+                elif self.t.mode == "recompute":
+                    work.append(Work(mb, seg.recompute(mb), True, begun, MOVED))
+                    work.append(Work(mb, seg.backward(mb), False, done, HOME))
+            else:
+                r, i = self.position[Compute(FORWARD, self.last, mb)]
+                c = seg.forward(mb) + (seg.backward(mb) if self.t.trainable else 0.0)
+                work.append(Work(mb, c, False, self.ranks[r].finish0[i]))
+        h = self.horizon
+        idle = tuple(tuple((a, min(b, h)) for a, b, _ in rk.gaps if min(b, h) > a)
+                     for rk in self.ranks)
+        return Problem(self.p, self.m, self.home, idle, h, tuple(work))
 
     def place(self) -> tuple[int, ...]:
         owners = [self.home] * self.m
@@ -665,7 +663,7 @@ def transpose_family(pp: int, microbatches: int, chunks: int | None = None,
                      body: str = "1f1b", segment: str = "vision", side: str = SOURCE,
                      mode: str | None = None, ownership: str = "cost",
                      costs=(), body_forward: float = 1.0,
-                     body_backward: float = 2.0) -> Transpose:
+                     body_backward: float = 2.0, owners=()) -> Transpose:
     """The ``transpose`` family (``--family transpose``, ``[schedule] family =
     "transpose"``): ``body`` (a family name; ``chunks`` for interleaved-1f1b) with one
     segment transposed. ``mode`` defaults to ``recompute`` for a source and ``owner`` for
@@ -677,4 +675,4 @@ def transpose_family(pp: int, microbatches: int, chunks: int | None = None,
     if isinstance(costs, (int, float)) and not isinstance(costs, bool):
         costs = (float(costs),) * microbatches
     return Transpose(term, segment, side, mode, ownership, tuple(costs), body_forward,
-                     body_backward)
+                     body_backward, tuple(owners))
