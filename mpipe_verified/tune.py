@@ -46,7 +46,7 @@ from typing import Callable, Iterator
 import attrs
 
 from .algebra import families, placement, terms
-from .algebra.transpose import SOURCE, Transpose
+from .algebra.transpose import GIVEN, OWNERSHIPS, SOURCE, Transpose
 from .comparison import on_body, time_spec
 from .errors import ParameterError
 from .formats.spec import Spec
@@ -56,7 +56,7 @@ from .sim import SimulationError
 
 CHUNKS = (2, 3, 4)
 LAGS = ("1", "2", "r")
-HEURISTICS = ("inline", "full", "min", "cost")  # the ownerships every candidate is tried with
+HEURISTICS = OWNERSHIPS  # the ownership rules every candidate is tried with
 REFINE = 3  # (body, mode) groups whose placement is solved with Z3's Optimize
 
 
@@ -237,8 +237,8 @@ def refine(spec: Spec, tried, left: Callable[[], float | None], cache: dict
             order += 1
             mode = dict(t.candidate.changes)["mode"]
             c = attrs.evolve(t.candidate, label=f"{group}/{solution.status}",
-                             ownership="given", changes=(
-                                 ("mode", mode), ("ownership", "given"),
+                             ownership=GIVEN, changes=(
+                                 ("mode", mode), ("ownership", GIVEN),
                                  ("owners", solution.owners)))
             found = _time(spec, c, order, body)
         yield Placement(group, solution, found)

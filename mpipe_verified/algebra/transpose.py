@@ -79,7 +79,8 @@ from ..sim import CostModel, SegmentCost
 from .placement import HOME, MOVED, Problem, Work
 
 MODES = ("recompute", "owner", "frozen", "none")
-OWNERSHIPS = ("inline", "full", "min", "cost", "given")
+OWNERSHIPS = ("inline", "full", "min", "cost")  # the rules; or GIVEN with owners listed
+GIVEN = "given"
 SIDES = (SOURCE, SINK)
 
 
@@ -124,8 +125,9 @@ class Transpose:
     def __attrs_post_init__(self) -> None:
         _need(self.side in SIDES, f"transpose side must be one of {SIDES}, got {self.side!r}")
         _need(self.mode in MODES, f"transpose mode must be one of {MODES}, got {self.mode!r}")
-        _need(self.ownership in OWNERSHIPS,
-              f"transpose ownership must be one of {OWNERSHIPS}, got {self.ownership!r}")
+        _need(self.ownership in OWNERSHIPS + (GIVEN,),
+              f"transpose ownership must be one of {OWNERSHIPS + (GIVEN,)}, "
+              f"got {self.ownership!r}")
         _need(isinstance(self.segment, str) and bool(self.segment)
               and self.segment.isidentifier(),
               f"segment name must be an identifier, got {self.segment!r}")
@@ -136,7 +138,7 @@ class Transpose:
               "segment costs must be finite numbers >= 0")
         _need(all(math.isfinite(c) and c > 0 for c in (self.body_forward, self.body_backward)),
               "body_forward and body_backward must be positive numbers")
-        _need((self.ownership == "given") == bool(self.owners),
+        _need((self.ownership == GIVEN) == bool(self.owners),
               "ownership 'given' takes owners (one rank per microbatch), and owners "
               "go with ownership 'given' only")
 
@@ -454,7 +456,7 @@ class _Weaver:
 
     def _fixed_owner(self, mb: int) -> int | None:
         own = self.ownership
-        if own == "given":
+        if own == GIVEN:
             return self.t.owners[mb]
         if own == "inline":
             return self.home

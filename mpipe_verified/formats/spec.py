@@ -79,7 +79,7 @@ import tomllib
 
 from ..algebra import families, terms
 from ..declared import declare
-from ..algebra.transpose import (MODES, OWNERSHIPS, SIDES, TRANSPOSE, Transpose,
+from ..algebra.transpose import (GIVEN, MODES, OWNERSHIPS, SIDES, TRANSPOSE, Transpose,
                                  transpose_family)
 from ..errors import InputError, ParameterError
 from . import files
@@ -483,7 +483,7 @@ class _Builder:
         m = args["microbatches"]
         opts: dict[str, Any] = {}
         choices = {"body": tuple(families.FAMILIES), "side": SIDES, "mode": MODES,
-                   "ownership": OWNERSHIPS}
+                   "ownership": OWNERSHIPS + (GIVEN,)}
         for key in ("body", "segment", "side", "mode", "ownership"):
             if key not in table:
                 continue
