@@ -12,7 +12,7 @@ forward). ``where`` says whose work it is: ``owner`` (the microbatch's owner), `
 (the home rank's, only when the owner is another rank: a recompute) or ``home`` (the
 home rank's whatever the owner: a central backward).
 
-The model (``_rows``, one statement for the solver and for ``overflow``): per rank ``r``,
+The model (``_chains``, one statement for the solver and for ``overflow``): per rank ``r``,
 
 - for every due time ``D``: the due work on ``r`` with ``time <= D`` fits in ``r``'s idle
   time in ``[0, D]`` plus ``over[r]``;
