@@ -5,10 +5,13 @@ Run:  python benchmarks/tune.py               (8 and 64 ranks, trainable; ~10 mi
       python benchmarks/tune.py --quick       (8 ranks only, trainable and frozen)
       python benchmarks/tune.py --derive-only (derive growth only)
 
-1. For each example: the whole search (``tune.tune``, budget-free) and its wall time;
+1. For each example: the whole search (``tune.tune``, budget-free, its placement phase
+   included) and its wall time;
    the shipped plan's makespan (the spec as written), the tuned plan's and the baseline's
    (the fastest plain family with the encoder inline that fits), all on the spec's one
-   model, and the speedups as ratios of those makespans (from one run).
+   model, and the speedups as ratios of those makespans (from one run); the best
+   candidate without the placement phase (a heuristic ownership) beside the best with
+   it, and each placement solve (Z3's status, its objective, the plan's makespan, time).
 2. ``Transpose.derive`` process time (min of 3) at p = 64, 128, 256 with m = 128
    (interleaved 1F1B body, 2 chunks, owner mode, cost ownership): the ops double with
    each doubling of p, so linear time means a ratio of 2. Measured with Python's cyclic
@@ -45,6 +48,18 @@ def search(name: str) -> None:
           f"{result.best.status}) | {own.makespan / best.makespan:.3f}x "
           f"| {base.makespan:,.1f} ({base.candidate.label}) "
           f"| {base.makespan / best.makespan:.3f}x |", flush=True)
+    heuristic = min((t for t in result.tried if t.fits and t.candidate.ownership != "given"),
+                    key=lambda t: (t.makespan, t.order))
+    print(f"  best without the placement phase: {heuristic.makespan:,.1f} "
+          f"({heuristic.candidate.label}); with it {best.makespan:,.1f}: "
+          f"{heuristic.makespan / best.makespan:.4f}x", flush=True)
+    for p in result.placements:
+        s = p.solution
+        print(f"  placement of {p.group}: {s.status}, "
+              + ("no assignment" if s.owners is None else
+                 f"largest overflow {float(s.top):.1f}, makespan "
+                 + ("-" if p.tried is None else f"{p.tried.makespan:,.1f}"))
+              + f" ({s.seconds:.1f} s)", flush=True)
     print("  Pareto front: " + "; ".join(
         f"{t.candidate.label} {t.makespan:,.1f} ms / {t.peak:.1f} GB"
         + ("" if t.fits else " (over the limit)") for t in result.pareto), flush=True)

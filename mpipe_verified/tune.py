@@ -23,9 +23,19 @@ The *baseline* is the fastest plain family with the segment inline that fits (th
 family for a spec without a cut), verified the same way. The Pareto table holds every
 candidate tried that no other beats on both makespan and peak memory.
 
-``budget`` (seconds) stops the search between candidates; the spec's own term is always
-tried, and the winner and baseline are verified after the search. Without a budget the
-result depends only on the spec (the order and the ranking are fixed).
+Then the *placement* phase (``refine``): for the ``REFINE`` fastest (body, mode) groups
+of transpose candidates that fit, the owner of each microbatch's encoder work is solved as
+an optimisation problem of its own (``Transpose.placement_problem``, solved with Z3's
+``Optimize`` by ``algebra.placement.solve``, cached by the problem) and the owners are
+tried as one more candidate (``ownership="given"``, labelled ``optimal`` when Z3 proved
+its optimum, ``bounded`` when its resource limit stopped it first), timed like the others.
+It is ranked with them, so it wins only if its simulated makespan is lower; a solve that
+stops without an assignment adds nothing (the heuristic ownerships stand).
+
+``budget`` (seconds) stops the search between candidates (and bounds each solve); the
+spec's own term is always tried, and the winner and baseline are verified after the
+search. Without a budget the result depends only on the spec (the order and the ranking
+are fixed, and each solve is bounded by Z3's deterministic resource limit).
 """
 
 from __future__ import annotations
@@ -35,8 +45,8 @@ from typing import Callable, Iterator
 
 import attrs
 
-from .algebra import families, terms
-from .algebra.transpose import SOURCE, Transpose
+from .algebra import families, placement, terms
+from .algebra.transpose import GIVEN, OWNERSHIPS, SOURCE, Transpose
 from .comparison import on_body, time_spec
 from .errors import ParameterError
 from .formats.spec import Spec
@@ -46,6 +56,8 @@ from .sim import SimulationError
 
 CHUNKS = (2, 3, 4)
 LAGS = ("1", "2", "r")
+HEURISTICS = OWNERSHIPS  # the ownership rules every candidate is tried with
+REFINE = 3  # (body, mode) groups whose placement is solved with Z3's Optimize
 
 
 @attrs.frozen
@@ -59,7 +71,8 @@ class Candidate:
     plain: bool  # a family as derived (no defer_w)
     ownership: str | None  # None without a cut
     body: object = None
-    changes: tuple[tuple[str, str], ...] = ()
+    changes: tuple[tuple[str, object], ...] = ()
+    group: str = ""  # a transpose's body label and mode: candidates that share a body
 
     def on(self, model: Spec) -> Spec:
         if self.body is None:
@@ -89,14 +102,25 @@ class Verified:
 
 
 @attrs.frozen
+class Placement:
+    """One solve of the placement phase: the group, Z3's solution and the candidate it
+    gave (None when the solve stopped without an assignment or it does not derive)."""
+
+    group: str
+    solution: placement.Solution
+    tried: Tried | None
+
+
+@attrs.frozen
 class Result:
     best: Verified | None
     baseline: Verified | None
     tried: tuple[Tried, ...]
     pareto: tuple[Tried, ...]
-    total: int  # candidates in the space (tried or not)
+    total: int  # candidates in the space (tried or not), the placement phase's included
     complete: bool  # every candidate was tried (the budget did not stop the search)
     seconds: float
+    placements: tuple[Placement, ...] = ()
 
 
 @attrs.frozen
@@ -148,9 +172,9 @@ def candidates(spec: Spec) -> Iterator[Candidate]:
             yield Candidate(label, name, plain, None, body)
             continue
         for mode in _modes(term):
-            for ownership in ("inline", "full", "min", "cost"):
+            for ownership in HEURISTICS:
                 yield Candidate(f"{label} {mode}/{ownership}", name, plain, ownership, body,
-                                (("mode", mode), ("ownership", ownership)))
+                                (("mode", mode), ("ownership", ownership)), f"{label} {mode}")
 
 
 def _time(model: Spec, c: Candidate, order: int, body: Derived | None) -> Tried | None:
@@ -188,9 +212,42 @@ def pareto(tried) -> tuple[Tried, ...]:
     return tuple(out)
 
 
+def refine(spec: Spec, tried, left: Callable[[], float | None], cache: dict
+           ) -> Iterator[Placement]:
+    """The placement phase (see the module docstring): for the ``REFINE`` fastest groups
+    of ``tried`` that fit, the owners solved with Z3's ``Optimize``, within ``left()``
+    seconds (None: no wall-clock limit), timed as one more candidate each."""
+    best: dict[str, Tried] = {}
+    for t in sorted(tried, key=lambda t: (t.makespan, t.order)):
+        if t.fits and t.candidate.group and t.candidate.ownership in HEURISTICS:
+            best.setdefault(t.candidate.group, t)
+    order = max((t.order for t in tried), default=0)
+    for group, t in list(best.items())[:REFINE]:
+        seconds = left()
+        if seconds is not None and seconds <= 0:
+            return
+        body = Derived(t.candidate.body, t.candidate.body.derive())
+        model = attrs.evolve(t.candidate, body=body).on(spec)
+        problem = model.term.placement_problem(model.cost)
+        if problem not in cache:
+            cache[problem] = placement.solve(problem, timeout=seconds)
+        solution = cache[problem]
+        found = None
+        if solution.owners is not None:
+            order += 1
+            mode = dict(t.candidate.changes)["mode"]
+            c = attrs.evolve(t.candidate, label=f"{group}/{solution.status}",
+                             ownership=GIVEN, changes=(
+                                 ("mode", mode), ("ownership", GIVEN),
+                                 ("owners", solution.owners)))
+            found = _time(spec, c, order, body)
+        yield Placement(group, solution, found)
+
+
 def tune(spec: Spec, budget: float | None = None,
          progress: Callable[[int, Tried | None], None] = lambda n, best: None) -> Result:
-    """Search ``spec``'s schedule space (see the module docstring)."""
+    """Search ``spec``'s schedule space, then solve the placement of its best transpose
+    candidates (see the module docstring)."""
     start = time.monotonic()
     space = list(candidates(spec))
     tried: list[Tried] = []
@@ -209,12 +266,23 @@ def tune(spec: Spec, budget: float | None = None,
             if t.fits and (best is None or t.makespan < best.makespan):
                 best = t
         progress(order + 1, best)
+    def left() -> float | None:
+        return None if budget is None else budget - (time.monotonic() - start)
+    placements = []
+    for found in refine(spec, tried, left, {}):
+        placements.append(found)
+        if found.tried is not None:
+            tried.append(found.tried)
+            if found.tried.fits and (best is None or found.tried.makespan < best.makespan):
+                best = found.tried
+        progress(len(tried), best)
     ranked = sorted(tried, key=lambda t: (t.makespan, t.order))
     winner = _verified(spec, ranked)
     baseline = _verified(spec, ranked, lambda t: t.candidate.plain and (
         t.candidate.ownership in (None, "inline")))
-    return Result(winner, baseline, tuple(tried), pareto(tried), len(space), complete,
-                  time.monotonic() - start)
+    return Result(winner, baseline, tuple(tried), pareto(tried),
+                  len(space) + len(placements), complete,
+                  time.monotonic() - start, tuple(placements))
 
 
 def _entry(t: Tried) -> dict:
@@ -231,11 +299,20 @@ def document(result: Result, source: str) -> dict:
         return {"schedule": v.tried.candidate.label, "makespan": figure(v.tried.makespan),
                 "peak_memory": figure(v.tried.peak), "status": v.status,
                 "expression": v.tried.expression}
+    def solved(p: Placement) -> dict:
+        s = p.solution
+        return {"group": p.group, "status": s.status,
+                "largest_overflow": None if s.top is None else figure(float(s.top)),
+                "total_overflow": None if s.total is None else figure(float(s.total)),
+                "owners": None if s.owners is None else list(s.owners),
+                "makespan": None if p.tried is None else figure(p.tried.makespan),
+                "seconds": round(s.seconds, 3)}
     doc = {"source": source, "best": verified(result.best),
            "pareto": [_entry(t) for t in result.pareto],
            "baseline": verified(result.baseline), "tried": len(result.tried),
            "candidates": result.total, "complete": result.complete,
-           "seconds": round(result.seconds, 3)}
+           "seconds": round(result.seconds, 3),
+           "placements": [solved(p) for p in result.placements]}
     if result.best and result.baseline:
         doc["baseline"]["speedup"] = round(result.baseline.tried.makespan
                                            / result.best.tried.makespan, 6)
@@ -258,6 +335,12 @@ def render(doc: dict) -> str:
         speed = f", {base['speedup']:.3f}x faster" if "speedup" in base else ""
         lines.append(f"baseline (the fastest plain family that fits, any segment inline): "
                      f"{base['schedule']}: makespan {base['makespan']:.6g}{speed}")
+    for p in doc["placements"]:
+        got = "no assignment" if p["owners"] is None else (
+            f"largest overflow {p['largest_overflow']:.6g}, makespan "
+            + ("-" if p["makespan"] is None else f"{p['makespan']:.6g}"))
+        lines.append(f"placement (Z3 Optimize) of {p['group']}: {p['status']}, {got} "
+                     f"({p['seconds']:.1f} s)")
     lines.append("Pareto front (step time against peak memory):")
     lines.append(f"  {'schedule':<40} {'makespan':>10}  {'peak memory':>11}  {'fits':>4}")
     for e in doc["pareto"]:

@@ -20,7 +20,11 @@ body's first stage receives their outputs in that order), then the sinks.
   given the idle time left on each rank (per-microbatch ``costs``; ties go to the least
   loaded rank). The greedy is kept only if the operator's own estimate of the woven
   schedule (``_estimate``) does not finish later than round-robin's; otherwise the
-  result is the round-robin one.
+  result is the round-robin one;
+- ``given``: the owners listed in ``owners`` (one rank per microbatch), e.g. the
+  solution of the placement problem (``placement_problem``, solved by
+  ``algebra.placement.solve`` with Z3's ``Optimize``; ``mpipe-verify tune`` writes its
+  winner this way). The positions then follow the placement rules below.
 
 Placement. The operator times the body with its own estimate of the costs
 (``body_forward`` per forward, ``body_backward`` per backward, half of it per ``I``/``W``;
@@ -76,9 +80,11 @@ from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collec
                   Compute, Cut, Op, Schedule, SegmentWork, computes_of)
 from ..semantics import GRADS, PARAMS, collective_tag, schedule_times
 from ..sim import CostModel, SegmentCost
+from .placement import HOME, MOVED, Problem, Work
 
 MODES = ("recompute", "owner", "frozen", "none")
-OWNERSHIPS = ("inline", "full", "min", "cost")
+OWNERSHIPS = ("inline", "full", "min", "cost")  # the rules; or GIVEN with owners listed
+GIVEN = "given"
 SIDES = (SOURCE, SINK)
 
 
@@ -87,6 +93,16 @@ def _floats(values) -> tuple[float, ...]:
         return tuple(float(x) for x in values)
     except (TypeError, ValueError):
         raise ParameterError(f"segment costs must be numbers, got {values!r}") from None
+
+
+def _ints(values) -> tuple[int, ...]:
+    try:
+        out = tuple(values)
+    except TypeError:
+        raise ParameterError(f"owners must be a list of ranks, got {values!r}") from None
+    _need(all(isinstance(x, int) and not isinstance(x, bool) for x in out),
+          f"owners must be a list of ranks, got {values!r}")
+    return out
 
 
 def _float(value) -> float:
@@ -107,12 +123,15 @@ class Transpose:
     costs: tuple[float, ...] = attrs.field(default=(), converter=_floats)
     body_forward: float = attrs.field(default=1.0, converter=_float)
     body_backward: float = attrs.field(default=2.0, converter=_float)
+    # ownership "given": each microbatch's owner rank
+    owners: tuple[int, ...] = attrs.field(default=(), converter=_ints)
 
     def __attrs_post_init__(self) -> None:
         _need(self.side in SIDES, f"transpose side must be one of {SIDES}, got {self.side!r}")
         _need(self.mode in MODES, f"transpose mode must be one of {MODES}, got {self.mode!r}")
-        _need(self.ownership in OWNERSHIPS,
-              f"transpose ownership must be one of {OWNERSHIPS}, got {self.ownership!r}")
+        _need(self.ownership in OWNERSHIPS + (GIVEN,),
+              f"transpose ownership must be one of {OWNERSHIPS + (GIVEN,)}, "
+              f"got {self.ownership!r}")
         _need(isinstance(self.segment, str) and bool(self.segment)
               and self.segment.isidentifier(),
               f"segment name must be an identifier, got {self.segment!r}")
@@ -123,8 +142,24 @@ class Transpose:
               "segment costs must be finite numbers >= 0")
         _need(all(math.isfinite(c) and c > 0 for c in (self.body_forward, self.body_backward)),
               "body_forward and body_backward must be positive numbers")
+        _need((self.ownership == GIVEN) == bool(self.owners),
+              "ownership 'given' takes owners (one rank per microbatch), and owners "
+              "go with ownership 'given' only")
 
     def derive(self) -> Schedule:
+        body, home = self._body()
+        cost = self.estimate_cost()
+        timing = schedule_times(body.programs, body.placement, cost.duration, cut=body.cut)
+        schedule = self._weave(body, timing, cost, home, self.ownership)
+        p = body.num_ranks
+        if self.ownership == "cost" and p > 1:  # keep the greedy only where it pays
+            round_robin = self._weave(body, timing, cost, home, "full")
+            if self._estimate(round_robin, cost) < self._estimate(schedule, cost) - _EPS:
+                schedule = round_robin
+        return schedule
+
+    def _body(self) -> tuple[Schedule, int]:
+        """The body's schedule (checked against this term) and the segment's home rank."""
         body = self.body.derive()
         _need(body.cut.get(self.segment) is None,
               f"segment {self.segment!r} is already cut from the body (name each "
@@ -134,15 +169,21 @@ class Transpose:
         p, m = body.num_ranks, body.num_microbatches
         _need(not self.costs or len(self.costs) == m,
               f"costs needs one entry per microbatch ({m}), got {len(self.costs)}")
-        cost = self.estimate_cost()
-        home = 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
+        _need(not self.owners or (len(self.owners) == m
+                                  and all(0 <= r < p for r in self.owners)),
+              f"owners needs one rank in 0..{p - 1} per microbatch ({m}), "
+              f"got {list(self.owners)}")
+        return body, 0 if self.side == SOURCE else body.placement.stage_to_rank[-1]
+
+    def placement_problem(self, cost: CostModel | None = None) -> Problem:
+        """The choice of owners as an optimisation problem of its own (see
+        ``algebra.placement``), in the body's timeline under ``cost`` (a spec's model;
+        default: this term's own estimate), shifted and with deadlines and releases as
+        the placement rules below take them."""
+        body, home = self._body()
+        cost = cost or self.estimate_cost()
         timing = schedule_times(body.programs, body.placement, cost.duration, cut=body.cut)
-        schedule = self._weave(body, timing, cost, home, self.ownership)
-        if self.ownership == "cost" and p > 1:  # keep the greedy only where it pays
-            round_robin = self._weave(body, timing, cost, home, "full")
-            if self._estimate(round_robin, cost) < self._estimate(schedule, cost) - _EPS:
-                schedule = round_robin
-        return schedule
+        return _Weaver(self, body, timing, cost, home, self.ownership).problem()
 
     def estimate_cost(self) -> CostModel:
         """The operator's own cost model (also a spec's default for this term): a body
@@ -209,7 +250,8 @@ class Transpose:
         if (self.body_forward, self.body_backward) != (1.0, 2.0):
             extra += f", body_forward={self.body_forward}, body_backward={self.body_backward}"
         return (f"transpose({self.body}, segment={self.segment!r}, side={self.side!r}, "
-                f"mode={self.mode!r}, ownership={self.ownership!r}{extra})")
+                f"mode={self.mode!r}, ownership={self.ownership!r}{extra}"
+                + (f", owners={list(self.owners)})" if self.owners else ")"))
 
 
 # ---------------------------------------------------------------- placement
@@ -425,6 +467,8 @@ class _Weaver:
 
     def _fixed_owner(self, mb: int) -> int | None:
         own = self.ownership
+        if own == GIVEN:
+            return self.t.owners[mb]
         if own == "inline":
             return self.home
         if own == "full":
@@ -435,6 +479,36 @@ class _Weaver:
             rr = {x: j % self.p for j, x in enumerate(chosen)}
             return rr.get(mb, self.home)
         return None  # cost-aware: chosen by place()
+
+    def problem(self) -> Problem:
+        """The owner choice as a ``placement.Problem`` (see ``Transpose.placement_problem``):
+        each rank's idle time in the body's (shifted) timeline up to the horizon; a source
+        forward due when the body's first forward of its microbatch starts, an owner-mode
+        backward released when the body's first-stage backward of it ends (a recompute
+        mode's central backward likewise, on the home rank, and its recompute due when
+        that backward starts, on the home rank when another rank owns the forward); a
+        sink's work released when the body's last forward of it ends."""
+        seg, work = self.seg, []
+        for mb in range(self.m):
+            if self.t.side == SOURCE:
+                r, i = self.position[Compute(FORWARD, 0, mb)]
+                work.append(Work(mb, seg.forward(mb), True, self.ranks[r].start0[i]))
+                grad = self.position[self._grad_op(mb)]
+                begun, done = (self.ranks[grad[0]].start0[grad[1]],
+                               self.ranks[grad[0]].finish0[grad[1]])
+                if self.t.mode == "owner":
+                    work.append(Work(mb, seg.backward(mb), False, done))
+                elif self.t.mode == "recompute":
+                    work.append(Work(mb, seg.recompute(mb), True, begun, MOVED))
+                    work.append(Work(mb, seg.backward(mb), False, done, HOME))
+            else:
+                r, i = self.position[Compute(FORWARD, self.last, mb)]
+                c = seg.forward(mb) + (seg.backward(mb) if self.t.trainable else 0.0)
+                work.append(Work(mb, c, False, self.ranks[r].finish0[i]))
+        h = self.horizon
+        idle = tuple(tuple((a, min(b, h)) for a, b, _ in rk.gaps if min(b, h) > a)
+                     for rk in self.ranks)
+        return Problem(self.p, self.m, self.home, idle, h, tuple(work))
 
     def place(self) -> tuple[int, ...]:
         owners = [self.home] * self.m
@@ -602,7 +676,7 @@ def transpose_family(pp: int, microbatches: int, chunks: int | None = None,
                      body: str = "1f1b", segment: str = "vision", side: str = SOURCE,
                      mode: str | None = None, ownership: str = "cost",
                      costs=(), body_forward: float = 1.0,
-                     body_backward: float = 2.0) -> Transpose:
+                     body_backward: float = 2.0, owners=()) -> Transpose:
     """The ``transpose`` family (``--family transpose``, ``[schedule] family =
     "transpose"``): ``body`` (a family name; ``chunks`` for interleaved-1f1b) with one
     segment transposed. ``mode`` defaults to ``recompute`` for a source and ``owner`` for
@@ -614,4 +688,4 @@ def transpose_family(pp: int, microbatches: int, chunks: int | None = None,
     if isinstance(costs, (int, float)) and not isinstance(costs, bool):
         costs = (float(costs),) * microbatches
     return Transpose(term, segment, side, mode, ownership, tuple(costs), body_forward,
-                     body_backward)
+                     body_backward, tuple(owners))

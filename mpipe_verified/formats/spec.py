@@ -18,7 +18,8 @@ A spec has one required table and optional ones::
     segment = "vision"        # the cut segment's name
     side = "source"           # "source" (an encoder) or "sink" (a generator)
     mode = "owner"            # "recompute" | "owner" | "frozen" | "none"
-    ownership = "cost"        # "inline" | "full" | "min" | "cost"
+    ownership = "cost"        # "inline" | "full" | "min" | "cost" | "given"
+    # owners = [0, 3, 1]      # ownership "given" only: each microbatch's owner rank
     costs = [1.2, 0.4, 2.4]   # the segment's forward cost: one number or one per microbatch
 
     [cost]                    # optional; defaults F=1, B=2, I=1, W=1, R=1, activation=1
@@ -78,7 +79,7 @@ import tomllib
 
 from ..algebra import families, terms
 from ..declared import declare
-from ..algebra.transpose import (MODES, OWNERSHIPS, SIDES, TRANSPOSE, Transpose,
+from ..algebra.transpose import (GIVEN, MODES, OWNERSHIPS, SIDES, TRANSPOSE, Transpose,
                                  transpose_family)
 from ..errors import InputError, ParameterError
 from . import files
@@ -176,7 +177,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
     "transpose": (Transpose, (("body", _TERM, _REQUIRED), ("segment", _STR, "vision"),
                                ("side", _STR, "source"), ("mode", _STR, "recompute"),
                                ("ownership", _STR, "cost"), ("costs", _NUMS, ()),
-                               ("body_forward", _NUM, 1.0), ("body_backward", _NUM, 2.0))),
+                               ("body_forward", _NUM, 1.0), ("body_backward", _NUM, 2.0),
+                               ("owners", _INTS, ()))),
 }
 
 
@@ -293,7 +295,7 @@ TABLES: dict[str, tuple[str, ...]] = {
     "schedule": ("family", "pp", "microbatches", "chunks", "expression", "stages", "ranks"),
     "cost": ("F", "B", "I", "W", "activation", "R", "segments"),
     "memory": ("limit", "static"),
-    "transpose": ("body", "segment", "side", "mode", "ownership", "costs"),
+    "transpose": ("body", "segment", "side", "mode", "ownership", "costs", "owners"),
     "comm": ("latency", "bandwidth", "activation_bytes", "segment_output_bytes",
              "segment_input_bytes", "parameter_bytes", "collective_latency"),
 }
@@ -482,7 +484,7 @@ class _Builder:
         m = args["microbatches"]
         opts: dict[str, Any] = {}
         choices = {"body": tuple(families.FAMILIES), "side": SIDES, "mode": MODES,
-                   "ownership": OWNERSHIPS}
+                   "ownership": OWNERSHIPS + (GIVEN,)}
         for key in ("body", "segment", "side", "mode", "ownership"):
             if key not in table:
                 continue
@@ -504,6 +506,12 @@ class _Builder:
         elif "F" in seg_table:
             opts["costs"] = self.numbers(f"cost.segments.{segment}", "F", seg_table["F"], m,
                                          "microbatch", False)
+        if "owners" in table:
+            v = table["owners"]
+            if type(v) is not list or not all(type(x) is int for x in v):
+                raise self.error(f"transpose.owners must be a list of ranks (one per "
+                                 f"microbatch), got {_describe(v)}", "transpose", "owners")
+            opts["owners"] = tuple(v)
         cost_table = data.get("cost", {})
         for key, name in ((FORWARD, "body_forward"), (BACKWARD, "body_backward")):
             if key in cost_table:
@@ -512,7 +520,8 @@ class _Builder:
         try:
             return transpose_family(args["pp"], m, args.get("chunks"), **opts)
         except ParameterError as e:
-            key = next((k for k in ("body", "mode", "side", "ownership", "costs", "segment")
+            key = next((k for k in ("body", "mode", "side", "owners", "ownership", "costs",
+                                    "segment")
                         if k in str(e) and k in table), None)
             if key is not None:
                 raise self.error(str(e), "transpose", key) from None
