@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Union
+from typing import Callable, Union
 
 import attrs
 
@@ -260,6 +260,23 @@ def p2p_of(op: Op) -> tuple[P2P, ...]:
     if isinstance(op, Group):
         return op.ops
     return ()
+
+
+def map_payloads(plan: "Plan", fn: Callable[[Payload], Payload]) -> "Plan":
+    """A copy of ``plan`` whose every ``SEND``/``RECV`` payload (in groups too) is
+    ``fn(payload)``; every other op is kept as it is."""
+
+    def one(op):
+        if isinstance(op, Send):
+            return Send(op.dst, fn(op.payload))
+        if isinstance(op, Recv):
+            return Recv(op.src, fn(op.payload))
+        if isinstance(op, Group):
+            return Group(tuple(one(c) for c in op.ops))
+        return op
+
+    return attrs.evolve(plan, programs=tuple(tuple(one(op) for op in prog)
+                                             for prog in plan.programs))
 
 
 @attrs.frozen

@@ -30,7 +30,7 @@ from mpipe_verified.executor.comm import (Messages, ShippedInput, check_outgoing
                                           rng_state, set_rng_state)
 from mpipe_verified.executor import split_backward  # noqa: E402
 from mpipe_verified.executor import NotVerifiedError  # noqa: E402
-from mpipe_verified.ir import Payload, Recv, Send  # noqa: E402
+from mpipe_verified.ir import Payload, Recv, Send, p2p_of  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
@@ -177,6 +177,24 @@ def test_tampered_or_uncertified_plans_are_refused_before_any_communication(no_t
     assert no_traffic == []
 
 
+class _DictOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {"h": self.fc(x), "pos": torch.arange(x.shape[0])}
+
+
+class _DictIn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, d):
+        return self.fc(d["h"]) + d["pos"][:, None]
+
+
 def test_a_parametric_certificate_runs_only_the_plan_its_parameters_derive(no_traffic):
     """A certificate from the 1F1B laws (``check --family 1f1b`` at pp=2, m=2) names the
     laws and the parameters: the executor takes it for the plan those parameters derive
@@ -196,6 +214,15 @@ def test_a_parametric_certificate_runs_only_the_plan_its_parameters_derive(no_tr
         return PipelineExecutor(plan, cert, stages=stages, loss_fn=nn.functional.mse_loss,
                                 rank=0)
     executor("1f1b")  # accepted, still before any communication
+    # stages passing a structure (a dict with an int64 leaf): payloads carry leaves
+    dict_stages = [_DictOut(), _DictIn()]
+    leaves = infer_payload_shapes(dict_stages, Batch(body=torch.randn(4, 4),
+                                                     target=torch.randn(4, 4)), 2)
+    structured = with_payload_shapes(lower(family("1f1b", 2, 2).derive()), leaves)
+    assert any(c.payload.leaves for prog in structured.programs for op in prog
+               for c in p2p_of(op))
+    PipelineExecutor(structured, cert, stages=dict_stages, loss_fn=nn.functional.mse_loss,
+                     rank=0)  # accepted: the layout is the executor's annotation
     for other in ("gpipe", "zb-h1"):
         with pytest.raises(CertificateError, match="not the one 1f1b derives"):
             executor(other)

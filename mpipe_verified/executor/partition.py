@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..ir import ACT, GRAD, INPUT, Group, Leaf, Payload, Plan, Recv, Send
+from ..ir import ACT, GRAD, INPUT, Leaf, Payload, Plan, map_payloads
 from . import tree
 from .batch import Batch
 from .comm import dtype_name
@@ -112,17 +112,7 @@ def with_payload_shapes(plan: Plan, fn: Callable[[Payload], tuple | None]) -> Pl
                 cache[key] = attrs.evolve(key, shape=tuple(int(d) for d in shape), dtype=name)
         return cache[key]
 
-    def one(op):
-        if isinstance(op, Send):
-            return Send(op.dst, annotate(op.payload))
-        if isinstance(op, Recv):
-            return Recv(op.src, annotate(op.payload))
-        if isinstance(op, Group):
-            return Group(tuple(one(c) for c in op.ops))
-        return op
-
-    programs = tuple(tuple(one(op) for op in prog) for prog in plan.programs)
-    return attrs.evolve(plan, programs=programs)
+    return map_payloads(plan, annotate)
 
 
 def _to_meta(value):

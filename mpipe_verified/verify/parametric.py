@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 import attrs
 
-from ..ir import Group, Plan, Recv, Send
+from ..ir import Plan, map_payloads
 from ..semantics import RENDEZVOUS
 
 PARAMETRIC, INSTANCE = "parametric", "instance"
@@ -198,30 +198,23 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
 
 
 def _without_annotations(plan: Plan) -> tuple[Plan, str | None]:
-    """``plan`` with its payloads' shapes and dtypes (the executor's annotations) removed,
-    and why not when a payload is annotated two ways (its two ends must agree)."""
+    """``plan`` with its payloads' shapes, dtypes and leaves (the executor's annotations)
+    removed, and why not when a payload is annotated two ways (its two ends must
+    agree)."""
     seen: dict = {}
     conflict: list = []
 
     def bare(payload):
-        key = attrs.evolve(payload, shape=None, dtype=None)
-        if seen.setdefault(key, (payload.shape, payload.dtype)) != (payload.shape,
-                                                                   payload.dtype):
+        key = attrs.evolve(payload, shape=None, dtype=None, leaves=None)
+        layout = (payload.shape, payload.dtype, payload.leaves)
+        if seen.setdefault(key, layout) != layout:
             conflict.append(key)
         return key
 
-    def one(op):
-        if isinstance(op, Send):
-            return Send(op.dst, bare(op.payload))
-        if isinstance(op, Recv):
-            return Recv(op.src, bare(op.payload))
-        if isinstance(op, Group):
-            return Group(tuple(one(c) for c in op.ops))
-        return op
-    programs = tuple(tuple(one(op) for op in prog) for prog in plan.programs)
+    bare_plan = map_payloads(plan, bare)
     if conflict:
         return plan, f"payload {conflict[0]} carries two different shapes or dtypes"
-    return attrs.evolve(plan, programs=programs), None
+    return bare_plan, None
 
 
 def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
