@@ -213,13 +213,11 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
 # ---------------------------------------------------------------- checking
 
 
-def reference_grads(schedule: str, pp: int, microbatches: int, rows: int, mode: str,
-                    layers: int, dim: int, seed: int,
+def reference_grads(num_stages: int, rows: int, mode: str, layers: int, dim: int, seed: int,
                     audio_mode: str | None = None) -> dict[str, torch.Tensor]:
     """Every trainable parameter's gradient of one single-process, full-batch run of the
-    freshly built model (``vision.NAME``, ``audio.NAME``, ``body.NAME``)."""
-    term = build_term(schedule, pp, microbatches, mode, audio_mode=audio_mode)
-    num_stages = term.derive().placement.num_stages
+    freshly built model (``vision.NAME``, ``audio.NAME``, ``body.NAME``) with the plan's
+    ``num_stages``."""
     vision, body = build_model(max(layers, num_stages - 2), dim, seed=seed)
     encoders = {"vision": vision}
     if audio_mode is not None:
@@ -322,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             for v in report.violations[:5]:
                 print(f"  {v.property}: {v.message}", file=sys.stderr)
         return 1
-    want = (reference_grads(args.schedule, pp, m, rows, args.mode, args.layers, args.dim,
-                            args.seed, audio_mode) if args.check_grads else None)
+    want = (reference_grads(plan.placement.num_stages, rows, args.mode, args.layers,
+                            args.dim, args.seed, audio_mode) if args.check_grads else None)
     try:
         groups = {}
         if args.dp > 1:

@@ -667,9 +667,14 @@ def _parametric_family(args: argparse.Namespace, progress: Progress):
 
 def _parametric_spec(args, spec, target, name: str, limit, progress: Progress):
     """A spec whose expression is a standard family term with no cost model, answered by
-    the family's laws like ``--family`` (None otherwise)."""
+    the family's laws like ``--family`` (None otherwise). Declared sizes (``--stages``,
+    ``--microbatches``, ``--ranks``) make ``target`` another schedule than the term's:
+    it is then checked op by op."""
+    declared = any(getattr(args, o, None) is not None
+                   for o in ("stages", "microbatches", "ranks"))
     if (spec is None or spec.cost is not None or args.expand or args.svg is not None
-            or args.solver_rlimit is not None or not isinstance(target, Schedule)):
+            or args.solver_rlimit is not None or not isinstance(target, Schedule)
+            or declared):
         return None
     term = spec.term
     for fam in FAMILIES:

@@ -110,6 +110,17 @@ def test_a_spec_naming_a_family_is_answered_by_its_laws(capsys, tmp_path):
     assert code == 0 and doc["proof"] == {"kind": "instance"}  # costs reorder the plan
 
 
+def test_declared_sizes_on_a_family_spec_are_checked_op_by_op(capsys, tmp_path):
+    """Declared sizes make the checked schedule another than the spec's term: the laws of
+    the term must not answer for it (a spec of 6 microbatches declared as 9 is
+    incomplete)."""
+    spec = tmp_path / "f.toml"
+    spec.write_text('[schedule]\nexpression = "one_f_one_b(4, 6)"\n')
+    code, doc = check(capsys, str(spec), "--microbatches", "9")
+    assert code == 1 and doc["proof"] == {"kind": "instance"}
+    assert not doc["verified"]
+
+
 def _certificate(name="1f1b", p=3, m=5):
     return parametric.prove(name, {"pp": p, "microbatches": m, "chunks": None}).certificate
 

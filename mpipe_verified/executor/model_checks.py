@@ -12,6 +12,8 @@ silently wrong.
 - An FSDP2 (``fully_shard``) module: its all-gathers and reduce-scatters are collectives
   the plan does not contain, and its parameter swapping leaves the executor's backward
   without gradients (docs/executor.md, "FSDP2").
+- A sink segment recomputed off its forward's rank (a plan-json file can say so; the
+  algebra never derives it): only a source's raw input is shipped for a recompute.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Mapping
 
 from torch import nn
 
-from ..ir import Plan
+from ..ir import SINK, Plan
 from .errors import PipelineError
 
 
@@ -30,6 +32,10 @@ def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
     any of the models above."""
     for seg in plan.cut.segments:
         _check_frozen(seg, segments.get(seg.name))
+        if seg.side == SINK and any(map(seg.needs_recompute, range(plan.num_microbatches))):
+            raise PipelineError(f"segment {seg.name!r} is a sink recomputed off its forward's "
+                                "rank: the executor ships only a source's raw input; certify "
+                                "the sink in owner or frozen mode")
     _check_ties(plan, stages, segments)
 
 
