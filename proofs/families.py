@@ -32,7 +32,8 @@ from mpipe_verified.ir import Compute
 from .core import Obligation, all_sizes, bounded, law
 from .lowered import deadlock_obligations, matching_obligations
 from .model import B, F, I, W
-from .shape import div, ite, mn
+from . import shape
+from .shape import ite, mn
 
 P_MAX, M_MAX = 8, 16
 BOUND = f"p <= {P_MAX}, m <= {M_MAX}"
@@ -41,31 +42,20 @@ p, m, r, k, x = z3.Ints("p m r k x")
 SIZES = (p >= 1, m >= 1, 0 <= r, r < p)
 
 
-def _min(a, b):
-    return mn(a, b)
-
-
 def warmup(r_=r, p_=p, m_=m):
     return mn(p_ - 1 - r_, m_)
 
 
 def one_f_one_b_op(k_, r_=r, p_=p, m_=m):
-    """``(kind, mb)`` of rank ``r_``'s op ``k_`` in 1F1B (Z3 terms or Python integers)."""
-    w = warmup(r_, p_, m_)
-    j = k_ - w
-    steady_kind = ite(j % 2 == 0, F, B)
-    steady_mb = ite(j % 2 == 0, w + div(j, 2), div(j - 1, 2))
-    kind = ite(k_ < w, F, ite(k_ < 2 * m_ - w, steady_kind, B))
-    mb = ite(k_ < w, k_, ite(k_ < 2 * m_ - w, steady_mb, k_ - m_))
-    return kind, mb
+    """``(kind, mb)`` of rank ``r_``'s op ``k_`` in 1F1B (Z3 terms or Python integers):
+    the shape ``F^w (F B)*`` over ``m`` microbatches, ``w`` the warmup."""
+    return shape.op(k_, warmup(r_, p_, m_), m_)
 
 
 def one_f_one_b_pos(kind, x_, r_=r):
     """Position of ``kind(x_)`` on rank ``r_`` (the inverse of ``one_f_one_b_op``)."""
     w = warmup(r_)
-    pos_f = z3.If(x_ < w, x_, w + 2 * (x_ - w))
-    pos_b = z3.If(x_ < m - w, w + 2 * x_ + 1, m + x_)
-    return pos_f if kind == F else pos_b
+    return shape.pos_f(x_, w, m) if kind == F else shape.pos_b(x_, w, m)
 
 
 def gpipe_op(k_, r_=r, p_=p, m_=m):
@@ -217,9 +207,9 @@ def one_f_one_b_dependency():
                f"{CLOSED}"), family="1f1b", property="memory",
      peak=_peaks(lambda p_, m_, r_: min(p_ - r_, m_)))
 def one_f_one_b_peak_memory():
-    peak = _Peak(lambda r_: _min(p - r_, m), "min(p - r, m)")
+    peak = _Peak(lambda r_: mn(p - r_, m), "min(p - r, m)")
     yield from _peak(one_f_one_b_op, _one_f_one_b_nf, _one_f_one_b_nb, peak,
-                     _min(warmup(), m - 1), "1F1B")
+                     mn(warmup(), m - 1), "1F1B")
 
 
 @law("1f1b_matching",
@@ -275,7 +265,7 @@ def gpipe_dependency():
                f"{CLOSED}"), family="gpipe", property="memory",
      peak=_peaks(lambda p_, m_, r_: m_))
 def gpipe_memory():
-    yield from _peak(gpipe_op, lambda k_: _min(k_, m), lambda k_: z3.If(k_ <= m, 0, k_ - m),
+    yield from _peak(gpipe_op, lambda k_: mn(k_, m), lambda k_: z3.If(k_ <= m, 0, k_ - m),
                      _Peak(lambda r_: m, "m"), m - 1, "GPipe")
 
 
