@@ -435,15 +435,17 @@ class Sizes:
 
     @classmethod
     def of(cls, plan: Plan, model) -> "Sizes":
-        """Sizes from a memory model with ``stored(stage, segment)``, ``received(payload)``
-        (a receive buffer) and ``static_of(rank)``, for every key the plan mentions."""
+        """Sizes from a memory model with ``stored(stage, segment)``, ``buffer(payload)``,
+        ``rng_state`` and ``static_of(rank)``, for every key the plan mentions: a receive
+        buffer holds its payload, and a shipped raw input also the RNG state it ran with."""
         stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in _units(plan)}
         buffer = {}
         for prog in plan.programs:
             for op in prog:
-                for c in op.ops if type(op) is Group else (op,) if type(op) is Recv else ():
+                for c in _members(op):
                     if type(c) is Recv and c.payload not in buffer:
-                        buffer[c.payload] = _exact(model.received(c.payload))
+                        rng = model.rng_state if c.payload.kind == "input" else 0
+                        buffer[c.payload] = _exact(model.buffer(c.payload) + rng)
         return cls(stored, {p: v for p, v in buffer.items() if v},
                    tuple(_exact(model.static_of(r)) for r in range(plan.num_ranks)))
 
@@ -632,7 +634,7 @@ def _comms(plan: Plan) -> tuple:
                 group = tuple(sorted(set(op.ranks)))
                 calls[(group, seen[(group, rank)])][rank] = (index, op)
                 seen[(group, rank)] += 1
-            for c in op.ops if type(op) is Group else (op,):
+            for c in _members(op):
                 if type(c) is Send:
                     channels[(rank, c.dst)][0].append((rank, index, c))
                 elif type(c) is Recv:
@@ -738,7 +740,7 @@ def _moves(prog, rank: int, rules: _Rules, sizes: "Sizes") -> tuple:
                 events.append((k, index, 1, 0))
             events += [(("buffer", t), index, 1, 0) for t in rules.needs(c, rank)
                        if t[0] in _TRANSFER]
-        for c in _members(op) if type(op) in (Recv, Group) else ():
+        for c in _members(op):
             if type(c) is Recv and sizes.buffer.get(c.payload, 0):
                 events.append((("buffer", _carried(c.payload)), index, 0,
                                sizes.buffer[c.payload]))
