@@ -121,6 +121,15 @@ def test_declared_sizes_on_a_family_spec_are_checked_op_by_op(capsys, tmp_path):
     assert not doc["verified"]
 
 
+def test_a_per_rank_limit_of_the_wrong_length_is_never_answered_by_the_laws():
+    """A per-rank memory limit must cover every rank: two limits for four ranks would
+    leave ranks 2 and 3 unchecked, so the laws do not answer (the instance check refuses
+    it with its own message)."""
+    params = {"pp": 4, "microbatches": 8, "chunks": None}
+    assert parametric.prove("1f1b", params, (4, 4)) is None
+    assert parametric.prove("1f1b", params, (4, 3, 2, 1)) is not None  # the proven peaks
+
+
 def _certificate(name="1f1b", p=3, m=5):
     return parametric.prove(name, {"pp": p, "microbatches": m, "chunks": None}).certificate
 

@@ -81,29 +81,31 @@ def needed_laws(family: str, params: Mapping[str, object]):
         if not found:
             return None
         chosen.append(found[0])
-    if chosen[-1].peak is None:
+    if _memory_law(chosen).peak is None:
         return None
     return chosen
 
 
-def _limits(limit, ranks: int) -> tuple[float, ...] | None:
-    if limit is None:
-        return None
-    return tuple(limit) if isinstance(limit, tuple) else (float(limit),) * ranks
+def _memory_law(laws):
+    return next(law for law in laws if law.property == "memory")
 
 
 def prove(family: str, params: Mapping[str, object], limit=None,
           comm_model: str = RENDEZVOUS):
     """A verified ``Report`` from the family's laws, proven now, or None (see the module
     docstring for when)."""
+    from .properties import memory_limits
     from .report import PROPERTIES, Certificate, Report
     laws = needed_laws(family, params) if comm_model == RENDEZVOUS else None
     if laws is None:
         return None
     started = time.perf_counter()
     ranks = int(params["pp"])
-    peaks = tuple(laws[-1].peak(params))
-    limits = _limits(limit, ranks)
+    peaks = tuple(_memory_law(laws).peak(params))
+    try:
+        limits = memory_limits(limit, ranks)
+    except ValueError:
+        return None  # the instance check refuses the limit with its own message
     if limits is not None and any(pk > lim for pk, lim in zip(peaks, limits)):
         return None  # the instance check finds and reports the overrun
     proved, count = prove_laws(family, params)
@@ -233,10 +235,11 @@ def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
         return False, [str(e)]
     claim = certificate.parametric
     laws = needed_laws(claim.family, claim.mapping)
-    if not prove_laws(claim.family, claim.mapping)[0]:
+    if laws is None or not prove_laws(claim.family, claim.mapping)[0]:
         return False, [f"the laws {', '.join(claim.laws)} do not all prove now"]
     limits = certificate.memory_limit
-    peaks = laws[-1].peak(claim.mapping)
-    if limits is not None and any(pk > lim for pk, lim in zip(peaks, limits)):
+    peaks = tuple(_memory_law(laws).peak(claim.mapping))
+    if limits is not None and (len(limits) != len(peaks)
+                               or any(pk > lim for pk, lim in zip(peaks, limits))):
         return False, ["the proven peak exceeds the certificate's memory limit"]
     return True, [f"proven by {', '.join(claim.laws)}"]
