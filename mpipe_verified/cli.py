@@ -628,7 +628,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     if args.comm_model == RENDEZVOUS and any(v.property == "deadlock"
                                              for v in report.violations):
         progress.phase(f"{name}: verifying under the eager model")
-        passes = passes_under(plan, limit, model_of(spec).memory, args.solver_rlimit)
+        passes = passes_under(plan, limit, model.memory, args.solver_rlimit)
         doc["passes_under"] = passes
     return (sarif.Checked(name, report, kind, text), doc,
             render_report(report, name, as_written, passes,
