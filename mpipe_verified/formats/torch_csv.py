@@ -31,7 +31,7 @@ import attrs
 
 from ..errors import InputError
 from ..ir import (ACT, GRAD, MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload,
-                  Placement, Plan, Recv, Schedule, Send)
+                  Placement, Plan, Recv, Schedule, Send, computes_of)
 from .files import MAX_BYTES, read_text
 from .output import write_output
 
@@ -161,8 +161,8 @@ def _with_markers(program: tuple[Op, ...], m: int) -> tuple[Op, ...]:
     backwards: dict[int, int] = {}
     last: dict[int, int] = {}  # stage -> index of the step doing its m-th B/W
     for index, op in enumerate(program):
-        for c in (op.ops if type(op) is Overlap else (op,)):
-            if type(c) is Compute and c.kind in ("B", "W"):
+        for c in computes_of(op):
+            if c.kind in ("B", "W"):
                 backwards[c.stage] = backwards.get(c.stage, 0) + 1
                 if backwards[c.stage] == m:
                     last[c.stage] = index
@@ -189,11 +189,7 @@ def _with_markers(program: tuple[Op, ...], m: int) -> tuple[Op, ...]:
 
 
 def _compute_stages(op: Op) -> tuple[int, ...]:
-    if type(op) is Compute:
-        return (op.stage,)
-    if type(op) is Overlap:
-        return tuple(dict.fromkeys(c.stage for c in op.ops))
-    return ()
+    return tuple(dict.fromkeys(c.stage for c in computes_of(op)))
 
 
 def _next_stages(steps: list[tuple[int, ...]]) -> list[int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing as mp
-import numbers
 import sys
 import time
 from typing import Callable, Iterator
