@@ -51,13 +51,14 @@ def _rows(value) -> int:
     return 0
 
 
-def _move(value, device):
+def to_device(value, device):
+    """``value`` with every tensor in it (tuples, lists, mappings) moved to ``device``."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, (tuple, list)):
-        return type(value)(_move(x, device) for x in value)
+        return type(value)(to_device(x, device) for x in value)
     if isinstance(value, Mapping):
-        return {k: _move(v, device) for k, v in value.items()}
+        return {k: to_device(v, device) for k, v in value.items()}
     return value
 
 
@@ -88,6 +89,6 @@ class Batch:
                       kwargs[i]) for i in range(m)]
 
     def to(self, device) -> "Batch":
-        return Batch(_move(self.body, device), _move(self.target, device),
-                     {k: _move(v, device) for k, v in self.segments.items()},
-                     _move(dict(self.kwargs), device))
+        return Batch(to_device(self.body, device), to_device(self.target, device),
+                     {k: to_device(v, device) for k, v in self.segments.items()},
+                     to_device(dict(self.kwargs), device))

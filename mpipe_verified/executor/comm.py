@@ -16,7 +16,7 @@ stage, microbatch) shows in the trailer. ``check_messages=False`` sends bare ten
 A shipped raw input (an ``input`` payload: what a recompute on another rank re-runs the
 segment's forward from) travels with the RNG state that forward ran with
 (``ShippedInput``): its message is the tensor's bytes, padded to 8, then the RNG state's
-bytes (``rng_state_bytes``: the CPU generator's state, then the current CUDA device's when
+bytes (8-byte aligned: the CPU generator's state, then the current CUDA device's when
 the rank runs on CUDA), then the trailer (none with ``check_messages=False``).
 
 Fail fast. Two timeouts: start-up (``startup_seconds``: ``MPIPE_STARTUP_TIMEOUT``,
@@ -150,11 +150,6 @@ def set_rng_state(state: tuple[torch.Tensor, ...], device: torch.device | None) 
     torch.set_rng_state(state[0])
     if len(state) > 1:
         torch.cuda.set_rng_state(state[1], device)
-
-
-def rng_state_bytes(device: torch.device | None) -> int:
-    """Bytes of ``rng_state(device)`` (fixed per generator kind; 8-byte aligned)."""
-    return _pad8(sum(t.numel() for t in rng_state(device)))
 
 
 def check_outgoing(tensor, payload: Payload, rank: int, where: str) -> torch.Tensor:

@@ -72,8 +72,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD,
-                  Collective, Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
+from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE,
+                  WEIGHT_GRAD, Collective, Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send)
 from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
@@ -174,9 +174,9 @@ class PipelineExecutor:
     (a mean over the microbatch's rows when ``loss_reduction="mean"``).
     ``segment_loss_fns``: each sink segment's loss, ``fn(sink_output, target)`` with the
     target ``batch.segments[name]`` (a sink is detached: its loss trains the sink only;
-    weighted like the body's). ``optimizer``: a callable ``params -> torch.optim.Optimizer`` over ``self.parameters()`` (used by
-    ``step``). ``check_messages``: send a self-describing trailer with every message
-    (see ``comm``). ``timeout``: seconds every wait may take (default ``MPIPE_TIMEOUT`` or
+    weighted like the body's). ``optimizer``: a callable ``params ->
+    torch.optim.Optimizer`` over ``self.parameters()`` (used by ``step``).
+    ``check_messages``: send a self-describing trailer with every message (see ``comm``). ``timeout``: seconds every wait may take (default ``MPIPE_TIMEOUT`` or
     300); ``startup_timeout``: joining the process group and the handshake (default
     ``MPIPE_STARTUP_TIMEOUT`` or torch.distributed's 30 min). ``group``, or ``mesh`` and
     ``pp_dim``: the pipeline's process group (default: the world, which must then have
@@ -556,12 +556,12 @@ class PipelineExecutor:
         self._inflight, self._unread = collections.deque(), []
         self.store = {}
 
-    def _reduce_replicas(self, loss: float | None) -> float:
+    def _reduce_replicas(self, loss: float) -> float:
         """Sum this rank's gradients and loss over its replicas (after the plan: every
         p2p of it has completed, so this cannot interleave with the pipeline's)."""
         params = self.parameters()
         flat = topology.flatten_grads(params).to(self.device)
-        total = torch.tensor([loss or 0.0], dtype=torch.float64, device=self.device)
+        total = torch.tensor([loss], dtype=torch.float64, device=self.device)
         self._wait([dist.all_reduce(flat, group=self._dp, async_op=True),
                     dist.all_reduce(total, group=self._dp, async_op=True)],
                    "the data-parallel all-reduce", "its replicas")
@@ -690,7 +690,7 @@ class PipelineExecutor:
         produced = {out_token: y.detach() if type(y) is torch.Tensor
                     else tree.detach(y, keep_flag=True)}
         if graph:
-            at_cut = not seg and s == 0 and bool(self.chain.cut.segments)
+            at_cut = not seg and s == 0 and any(x.side == SOURCE for x in self.chain.cut.segments)
             produced[stored] = _Saved(tuple(leaves), out, self._params[id(module)],
                                       tuple(parts), at_cut)
         for t, value in zip(raw_token, shipped):

@@ -33,7 +33,7 @@ from torch.func import functional_call
 
 from ..ir import ACT, GRAD, INPUT, Leaf, Payload, Plan, map_payloads
 from . import tree
-from .batch import Batch
+from .batch import Batch, to_device
 from .comm import dtype_name
 
 
@@ -115,16 +115,6 @@ def with_payload_shapes(plan: Plan, fn: Callable[[Payload], tuple | None]) -> Pl
     return map_payloads(plan, annotate)
 
 
-def _to_meta(value):
-    if isinstance(value, torch.Tensor):
-        return value.to("meta")
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_meta(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_meta(v) for k, v in value.items()}
-    return value
-
-
 def _call(module: nn.Module, args: tuple, kwargs: dict, meta: bool):
     """``module(*args, **kwargs)`` with gradients on (to see which outputs require one),
     the result detached (its graph dropped, the flags kept)."""
@@ -135,8 +125,8 @@ def _call(module: nn.Module, args: tuple, kwargs: dict, meta: bool):
                  for name, t in module.named_parameters()}
         state.update({name: torch.empty_like(t, device="meta")
                       for name, t in module.named_buffers()})
-        return tree.detach(functional_call(module, state, _to_meta(tuple(args)),
-                                           _to_meta(dict(kwargs))), keep_flag=True)
+        return tree.detach(functional_call(module, state, to_device(tuple(args), "meta"),
+                                           to_device(dict(kwargs), "meta")), keep_flag=True)
 
 
 def infer_payload_shapes(stages: Sequence[nn.Module], batch: Batch, num_microbatches: int,
