@@ -176,8 +176,9 @@ class PipelineExecutor:
     target ``batch.segments[name]`` (a sink is detached: its loss trains the sink only;
     weighted like the body's). ``optimizer``: a callable ``params ->
     torch.optim.Optimizer`` over ``self.parameters()`` (used by ``step``).
-    ``check_messages``: send a self-describing trailer with every message (see ``comm``). ``timeout``: seconds every wait may take (default ``MPIPE_TIMEOUT`` or
-    300); ``startup_timeout``: joining the process group and the handshake (default
+    ``check_messages``: send a self-describing trailer with every message (see ``comm``).
+    ``timeout``: seconds every wait may take (default ``MPIPE_TIMEOUT`` or 300);
+    ``startup_timeout``: joining the process group and the handshake (default
     ``MPIPE_STARTUP_TIMEOUT`` or torch.distributed's 30 min). ``group``, or ``mesh`` and
     ``pp_dim``: the pipeline's process group (default: the world, which must then have
     the plan's ranks); ``dp_group`` or ``dp_dim``: its data-parallel group.
