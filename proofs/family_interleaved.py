@@ -29,18 +29,19 @@ along each rank's order, so the data-flow graph is acyclic: the timing reaches e
 when the last round is shorter than ``p`` (``m >= p``, ``h < p``): rank 0 must idle there,
 and no closed-form timing with those idle steps is proven. Those instances are covered
 for ``p <= 8, m <= 16``, chunks 2 and 3, by the bounded law
-``interleaved_1f1b_short_last_round`` (package-derived ground instances,
-``proofs.ground``).
+``interleaved_1f1b_short_last_round`` (package-derived and lowered instances checked by
+the verification kernel's obligations, ``proofs.instances``).
 """
 
 from __future__ import annotations
 
 import z3
 
-from . import shape
+from mpipe_verified.algebra.families import family
+
+from . import instances, shape
 from .core import Obligation, all_sizes, bounded, law
-from .ground import family_obligations
-from .lowered import deadlock_obligations, lowering_obligations, matching_obligations
+from .lowered import deadlock_obligations, matching_obligations
 from .model import B, F
 
 NAME = "interleaved-1f1b"
@@ -308,12 +309,16 @@ interleaved_deadlock = _cell(
 
 
 @law("interleaved_1f1b_short_last_round",
-     "interleaved 1F1B with m >= p and a last round shorter than p: the data-flow timing "
-     "(the package's) respects every input, so the schedule runs, and its lowered plan "
-     "matches and runs to completion under rendezvous (proofs.lowered)",
+     "interleaved 1F1B with m >= p and a last round shorter than p: every op's inputs "
+     "are made before it (the package's data-flow timing), and its lowered plan matches "
+     "and runs to completion under rendezvous",
      bounded(f"p <= {P_MAX}, m <= {M_MAX}, chunks 2, 3, the instances with m >= p and a "
-             f"last round shorter than p; package-derived"), weight=4)
+             f"last round shorter than p; package-derived and lowered, each checked by the "
+             f"verification kernel's obligations"), weight=4)
 def interleaved_short_last_round():
-    yield from lowering_obligations()
-    yield from family_obligations(NAME, "dependency", P_MAX, M_MAX, CHUNKS,
-                                  only=lambda pp, mm, vv: not regular(pp, mm))
+    def short(pp):
+        return [family(NAME, pp, mm, v).derive() for mm in range(1, M_MAX + 1)
+                for v in CHUNKS if not regular(pp, mm)]
+    for prop in ("dependency", "matching", "deadlock"):
+        yield from instances.obligations("interleaved 1F1B, short last round", short,
+                                         P_MAX, prop)

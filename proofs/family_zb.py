@@ -1,6 +1,6 @@
-"""ZB-H1 and ZB-H2 invariants, bounded (``proofs.ground``): every ``p <= 8, m <= 16`` on
-package-derived instances; matching and deadlock of the lowered plan by
-``proofs.lowered`` (all sizes) once the bounded data-flow timing reaches every op.
+"""ZB-H1 and ZB-H2 invariants, bounded (``proofs.instances``): every ``p <= 8, m <= 16``
+on package-derived and lowered instances, each property stated by the verification
+kernel's own obligations.
 
 Not all sizes: no closed form of these patterns is proven. Their phases (``(F I)^r``,
 ``(F I W)*``, ...) stop early in different orders when ``m`` is small against ``p`` and
@@ -10,13 +10,15 @@ data-flow timing for it a separate derivation that is not done yet.
 
 from __future__ import annotations
 
+from mpipe_verified.algebra.families import family
+
+from . import instances
 from .core import bounded, law
-from .ground import family_obligations
-from .lowered import deadlock_obligations, matching_obligations
 
 P_MAX, M_MAX = 8, 16
-SCOPE = bounded(f"p <= {P_MAX}, m <= {M_MAX}; package-derived instances (no closed form "
-                "of the phases that stop early for small m)")
+SCOPE = bounded(f"p <= {P_MAX}, m <= {M_MAX}; package-derived and lowered instances, each "
+                "checked by the verification kernel's obligations (no closed form of the "
+                "phases that stop early for small m)")
 
 
 def covers(params) -> bool:
@@ -31,27 +33,30 @@ def _cells(name: str, title: str, weight: int):
     prefix = name.replace("-", "_")
     peak, peak_text = PEAKS[name]
 
-    def ground(prop, pk=None):
-        return family_obligations(name, prop, P_MAX, M_MAX, peak=pk)
+    def checked(prop, pk=None):
+        def sizes(pp):
+            return [family(name, pp, mm).derive() for mm in range(1, M_MAX + 1)]
+        stated = None if pk is None else (lambda pp, mm, r: pk(pp, mm, None, r))
+        return instances.obligations(title, sizes, P_MAX, prop, stated)
 
     def cell(prop, statement, obligations, **extra):
         return law(f"{prefix}_{prop}", f"{title}: {statement}", SCOPE, weight=weight,
                    family=name, property=prop, covers=covers, **extra)(obligations)
     return (
         cell("completeness", "F, I and W once each per stage and microbatch, on the rank "
-             "owning the stage, and nothing else", lambda: ground("completeness")),
+             "owning the stage, and nothing else", lambda: checked("completeness")),
         cell("dependency", "a data-flow timing (the package's) respects every input and "
-             "each rank's order: the schedule runs", lambda: ground("dependency")),
+             "each rank's order: the schedule runs", lambda: checked("dependency")),
         cell("memory", f"the unit-model peak on every rank is exactly {peak_text}",
-             lambda: ground("memory", peak),
+             lambda: checked("memory", peak),
              peak=lambda params: tuple(peak(params["pp"], params["microbatches"], None, r)
                                        for r in range(params["pp"]))),
         cell("matching", "the lowered plan pairs each send with its receive (FIFO per rank "
              "pair, equal counts and payloads)",
-             lambda: [*matching_obligations(), *ground("matching")]),
+             lambda: checked("matching")),
         cell("deadlock", "the lowered plan runs to completion under rendezvous "
              "(completion-time witness: each op's place in lowering's event order)",
-             lambda: [*deadlock_obligations(), *ground("deadlock")]),
+             lambda: checked("deadlock")),
     )
 
 
