@@ -188,6 +188,20 @@ def prepare(schedule: str, pp: int, microbatches: int, rows: int, mode: str = "r
     return plan, encoders["vision"], stages, full
 
 
+def build_models(num_stages: int, mode: str, layers: int, dim: int, seed: int,
+                 audio_mode: str | None = None) -> tuple[dict[str, nn.Module], nn.Module]:
+    """``(encoders by segment name in cut order, full body)`` for a plan of
+    ``num_stages`` stages, a frozen mode's encoder frozen (the same weights every call)."""
+    vision, full = build_model(max(layers, num_stages - 2), dim, seed=seed)
+    encoders = {"vision": vision}
+    if audio_mode is not None:
+        encoders["audio"] = build_audio(dim, seed)
+    for name, how in (("vision", mode), ("audio", audio_mode)):
+        if how == "frozen":
+            encoders[name].requires_grad_(False)
+    return encoders, full
+
+
 def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
                      mode: str = "recompute", ownership: str = "full", body: str = "1f1b",
                      layers: int = 6, dim: int = 32, seed: int = 0,
@@ -197,13 +211,7 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
     term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode)
     plan = lower(term.derive())
     num_stages = plan.placement.num_stages
-    encoder, full = build_model(max(layers, num_stages - 2), dim, seed=seed)
-    encoders = {"vision": encoder}
-    if audio_mode is not None:
-        encoders["audio"] = build_audio(dim, seed)
-    for name, how in (("vision", mode), ("audio", audio_mode)):
-        if how == "frozen":
-            encoders[name].requires_grad_(False)
+    encoders, full = build_models(num_stages, mode, layers, dim, seed, audio_mode)
     stages = split_sequential(full, num_stages)
     batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
     shapes = infer_payload_shapes(stages, batch, microbatches, encoders)
@@ -218,13 +226,7 @@ def reference_grads(num_stages: int, rows: int, mode: str, layers: int, dim: int
     """Every trainable parameter's gradient of one single-process, full-batch run of the
     freshly built model (``vision.NAME``, ``audio.NAME``, ``body.NAME``) with the plan's
     ``num_stages``."""
-    vision, body = build_model(max(layers, num_stages - 2), dim, seed=seed)
-    encoders = {"vision": vision}
-    if audio_mode is not None:
-        encoders["audio"] = build_audio(dim, seed)
-    for name, how in (("vision", mode), ("audio", audio_mode)):
-        if how == "frozen":
-            encoders[name].requires_grad_(False)
+    encoders, body = build_models(num_stages, mode, layers, dim, seed, audio_mode)
     batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
     x = body[0](*(e(batch.segments[n]) for n, e in encoders.items()), batch.body)
     for layer in list(body)[1:]:
