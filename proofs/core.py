@@ -41,10 +41,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import z3
 
+from mpipe_verified import kernel
+
 PROVED, FAILED, UNKNOWN = "proved", "failed", "unknown"
 ALL_SIZES = "all sizes"
 # What a family invariant proves: the verifier's five properties.
-PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
+PROPERTIES = kernel.PROPERTIES
 DEFAULT_TIMEOUT_MS = 20_000
 VACUITY_TIMEOUT_MS = 1_000
 

@@ -26,7 +26,7 @@ from mpipe_verified.proofs import (core, family_dualpipev, family_transpose, fam
                                    instances)
 from mpipe_verified.semantics import needs, peak_memory, produces
 
-PROPS = ("completeness", "dependency", "matching", "deadlock", "memory")
+PROPS = kernel.PROPERTIES
 
 
 def _sat(formula: str) -> bool:
