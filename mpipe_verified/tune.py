@@ -263,8 +263,7 @@ def tune(spec: Spec, budget: float | None = None,
         t = _time(spec, c, order, body if c.body is not None else None)
         if t is not None:
             tried.append(t)
-            if t.fits and (best is None or t.makespan < best.makespan):
-                best = t
+            best = _better(best, t)
         progress(order + 1, best)
     def left() -> float | None:
         return None if budget is None else budget - (time.monotonic() - start)
@@ -273,8 +272,7 @@ def tune(spec: Spec, budget: float | None = None,
         placements.append(found)
         if found.tried is not None:
             tried.append(found.tried)
-            if found.tried.fits and (best is None or found.tried.makespan < best.makespan):
-                best = found.tried
+            best = _better(best, found.tried)
         progress(len(tried), best)
     ranked = sorted(tried, key=lambda t: (t.makespan, t.order))
     winner = _verified(spec, ranked)
@@ -283,6 +281,11 @@ def tune(spec: Spec, budget: float | None = None,
     return Result(winner, baseline, tuple(tried), pareto(tried),
                   len(space) + len(placements), complete,
                   time.monotonic() - start, tuple(placements))
+
+
+def _better(best: Tried | None, t: Tried) -> Tried | None:
+    """The faster of ``best`` and ``t`` among those that fit (``best`` on a tie)."""
+    return t if t.fits and (best is None or t.makespan < best.makespan) else best
 
 
 def _entry(t: Tried) -> dict:
