@@ -50,8 +50,8 @@ MODES = ("recompute", "owner", "frozen", "none")
 TRAINABLE = ("recompute", "owner")
 BODY, SEG = 0, 1  # an op of rank 0: the body's stage 0, or the segment
 
-p, m, r, k, x = families.p, families.m, families.r, families.k, families.x
-t = z3.Int("t")  # 1 in the trainable modes, 0 in frozen and none
+p, m, k, x = families.p, families.m, families.k, families.x  # t (1 trainable, 0 not) is
+# a Python integer: each t is its own linear obligation
 SIZES0 = (p >= 1, m >= 1)
 EXAMPLE = ((p, z3.IntVal(3)), (m, z3.IntVal(4)), (k, z3.IntVal(0)), (x, z3.IntVal(0)))
 
