@@ -3,6 +3,9 @@ the op-by-op check of the same instance (``--expand``), side by side, as ratios.
 
 Run:  python benchmarks/parametric_check.py [--family interleaved-1f1b] [--chunks 2]
                                              [--sizes 8 16 32 64] [--big 1024]
+                                             [--ownership inline] [--mode recompute]
+
+(``--ownership`` and ``--mode`` go with ``--family transpose``.)
 
 For each ``p`` in ``--sizes`` (``m = 4p``) both commands run as whole processes,
 alternating, and the table gives the wall time of each (median of ``--repeat``) and
@@ -33,9 +36,9 @@ def run(argv: list[str]) -> tuple[float, dict]:
     return seconds, json.loads(proc.stdout)
 
 
-def instance(family: str, p: int, chunks: int | None) -> list[str]:
+def instance(family: str, p: int, chunks: int | None, options=()) -> list[str]:
     argv = ["--family", family, "--pp", str(p), "--microbatches", str(4 * p)]
-    return argv + (["--chunks", str(chunks)] if chunks else [])
+    return argv + (["--chunks", str(chunks)] if chunks else []) + list(options)
 
 
 def main() -> None:
@@ -45,12 +48,16 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--big", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ownership", help="with --family transpose")
+    ap.add_argument("--mode", help="with --family transpose")
     args = ap.parse_args()
     chunks = args.chunks if args.family == "interleaved-1f1b" else None
+    options = [x for name in ("ownership", "mode") if getattr(args, name)
+               for x in (f"--{name}", getattr(args, name))]
     print("| p | m | ops | laws (s) | op by op (s) | ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for p in args.sizes:
-        argv = instance(args.family, p, chunks)
+        argv = instance(args.family, p, chunks, options)
         laws, expand, ops = [], [], 0
         for _ in range(args.repeat):
             t, doc = run(argv)
@@ -61,7 +68,7 @@ def main() -> None:
             ops = doc["stats"]["ops"]
         a, b = statistics.median(laws), statistics.median(expand)
         print(f"| {p} | {4 * p} | {ops:,} | {a:.2f} | {b:.2f} | {a / b:.2f} |")
-    t, doc = run(instance(args.family, args.big, chunks))
+    t, doc = run(instance(args.family, args.big, chunks, options))
     assert doc["proof"]["kind"] == "parametric", doc["proof"]
     print(f"\nlaws at p = {args.big}, m = {4 * args.big}: {t:.2f} s "
           f"({doc['stats']['obligations']} obligations, {doc['stats']['seconds']:.2f} s "

@@ -3,9 +3,11 @@ none; ownership inline, full and min; bodies 1F1B and interleaved 1F1B (2 chunks
 
 **Bounded.** Every property is checked on the package's derived and lowered plans of all
 24 variants for every ``p <= P_MAX, m <= M_MAX`` (``proofs.instances``: the verification
-kernel's obligations, one Z3 query per ``p``). All sizes is not proven: the operator
-places each segment op by a greedy search over the idle gaps of the body's estimated
-timeline (floating-point costs), which has no closed form over symbolic ``p, m``.
+kernel's obligations, one Z3 query per ``p``). Inline ownership over a 1F1B body is also
+proven for all sizes (``proofs.family_transpose_inline``: it has a closed form); the other
+variants are not: the operator places each segment op by a greedy search over the idle
+gaps of the body's estimated timeline (floating-point costs), which has no closed form
+over symbolic ``p, m``.
 
 **Peaks (unit model).** With ``body(r)`` the body's peak on rank ``r`` — 1F1B:
 ``min(p - r, m)``; interleaved 1F1B: ``min(2m, g + 2(p-1-r) + 1)``, ``g = ceil(m /
@@ -33,8 +35,9 @@ VARIANTS = [(body, mode, own) for body in BODIES for mode in MODES for own in OW
 SCOPE = bounded(f"p <= {P_MAX}, m <= {M_MAX}, every mode, ownership inline/full/min and "
                 "body 1f1b/interleaved-1f1b (2 chunks); package-derived and lowered "
                 "instances, each checked by the verification kernel's obligations; all "
-                "sizes needs a closed form of the operator's greedy gap placement over "
-                "floating-point estimates, which it does not have")
+                "sizes (proven for inline ownership over a 1F1B body by the "
+                "transpose_inline laws) needs a closed form of the operator's greedy gap "
+                "placement over floating-point estimates, which it does not have")
 
 
 def _schedules(pp: int):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import (families, family_dualpipev, family_interleaved, family_transpose, family_zb,
-               family_zbv, lowering, relabel, safety, sequences)
+from . import (families, family_dualpipev, family_interleaved, family_transpose,
+               family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
+               sequences)
 from .core import DEFAULT_TIMEOUT_MS, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -77,6 +78,12 @@ LAWS: tuple[Law, ...] = (
     family_transpose.transpose_matching,
     family_transpose.transpose_deadlock,
     family_transpose.transpose_peak_memory,
+    # transpose, inline ownership over a 1F1B body: all sizes
+    family_transpose_inline.transpose_inline_completeness,
+    family_transpose_inline.transpose_inline_dependency,
+    family_transpose_inline.transpose_inline_matching,
+    family_transpose_inline.transpose_inline_deadlock,
+    family_transpose_inline.transpose_inline_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).
