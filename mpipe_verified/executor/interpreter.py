@@ -799,7 +799,7 @@ class PipelineExecutor:
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
         roots, grads = _vjp(saved.output, self._part(self._needed(needs, "grad"), c))
-        grads_in, work = [None] * len(saved.leaves), split_backward.WeightWork(())
+        grads_in, work = [None] * len(saved.leaves), split_backward.WeightWork()
         if roots:
             if len(roots) > 1 or roots[0].grad_fn is None:  # one root: <output, grad> summed
                 roots, grads = [sum((r * g).sum() for r, g in zip(roots, grads))], [None]
