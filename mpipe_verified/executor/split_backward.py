@@ -4,7 +4,8 @@
 path to the stage's inputs, each computing only the gradients that lead there) and, on the
 way, keeps the gradient that flows into every *parameter node*: for each parameter, the
 nodes where its own branch of the graph joins the inputs' path (a ``Linear``'s ``addmm``,
-a norm's ``native_layer_norm``). ``backward_weight`` then computes the weight gradients
+a norm's ``native_layer_norm``). A direct node's gradient is one more output of the same
+``autograd.grad`` call (an edge input); any other node's, a pre-hook's copy. ``backward_weight`` then computes the weight gradients
 from those kept gradients, in one of two forms per parameter node:
 
 - *direct*: a ``Linear`` (``addmm`` or ``mm`` of a contiguous weight, transposed, with
@@ -36,6 +37,8 @@ from collections import defaultdict
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
+_ACCUMULATE = torch._C._functions.AccumulateGrad  # a leaf's (a parameter's) node
+
 
 class WeightWork:
     """What ``W`` needs, consumed by one ``backward_weight``: ``direct``, a list of
@@ -58,9 +61,10 @@ def backward_input(output: torch.Tensor, grad, leaves: tuple, params: tuple
     on_input_path = _ancestors([get_gradient_edge(x).node for x in leaves], parents)
     nodes: dict[Node, list] = defaultdict(list)  # parameter node -> its parameters
     fallback = []
+    accumulators = {id(n.variable): n for n in parents if type(n) is _ACCUMULATE}
     for p in params:
-        node = get_gradient_edge(p).node
-        if node not in parents and node is not root:
+        node = accumulators.get(id(p))
+        if node is None:
             continue  # not used by this forward: no gradient, as with B
         joins = _joins(node, on_input_path, parents)
         if joins:
@@ -75,17 +79,19 @@ def backward_input(output: torch.Tensor, grad, leaves: tuple, params: tuple
             rest[node] = ps
         else:
             direct[node] = form
-    kept: dict[Node, tuple] = {}
-    handles = [n.register_prehook(_keeper(kept, n)) for n in (*direct, *rest)]
+    kept: dict[Node, tuple] = {}  # an autograd node -> every gradient flowing into it
+    handles = [n.register_prehook(_keeper(kept, n)) for n in rest]
+    edges = [GradientEdge(n, 0) for n in direct]  # a direct node's gradient: captured
     try:
-        grads = torch.autograd.grad(output, list(leaves), grad,
+        grads = torch.autograd.grad(output, [*leaves, *edges], grad,
                                     retain_graph=bool(rest or fallback), allow_unused=True)
     finally:
         for h in handles:
             h.remove()
-    work = [(compute, kept[node][0], saved, ps) for node, (compute, saved, ps) in direct.items()
-            if node in kept and kept[node][0] is not None]
-    return tuple(grads), WeightWork(work, _groups(rest, kept, fallback, output, grad, parents))
+    work = [(compute, g, saved, ps) for (compute, saved, ps), g
+            in zip(direct.values(), grads[len(leaves):]) if g is not None]
+    return (tuple(grads[:len(leaves)]),
+            WeightWork(work, _groups(rest, kept, fallback, output, grad, parents)))
 
 
 def weight_only(output: torch.Tensor, grad, params: tuple) -> WeightWork:
@@ -232,10 +238,12 @@ def _parents(root: Node) -> dict[Node, list[Node]]:
         for child, _ in node.next_functions:
             if child is None:
                 continue
-            if child not in parents:
-                parents[child] = []
+            ups = parents.get(child)
+            if ups is None:
+                parents[child] = [node]
                 stack.append(child)
-            parents[child].append(node)
+            else:
+                ups.append(node)
     return parents
 
 
