@@ -420,6 +420,42 @@ def test_split_backward_gives_the_plain_backward_gradients_bitwise(case):
     assert all(torch.equal(a, b) for a, b in zip(got, want)), case
 
 
+def test_split_backward_keeps_ddp_gradient_hooks(tmp_path):
+    """DistributedDataParallel hooks the gradient accumulators where the parameters do not
+    show it: a stage holding one keeps the autograd form, so its buckets still reduce (a
+    direct form would skip them: the counter tells the two apart)."""
+    code = textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        from torch import nn
+        from mpipe_verified.executor import split_backward
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0,
+                                world_size=1)
+        net = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)))
+        reduced = []
+        def hook(state, bucket):
+            reduced.append(1)
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+        net.register_comm_hook(None, hook)
+        for allow in (split_backward.direct_allowed(net), True):
+            reduced.clear()
+            x = torch.randn(3, 4, requires_grad=True)
+            y = net(x)
+            _, work = split_backward.backward_input(y, torch.ones_like(y), (x,),
+                                                    tuple(net.parameters()), allow)
+            direct = len(work.direct)
+            split_backward.backward_weight(work)
+            print(allow, direct, len(reduced))
+        dist.destroy_process_group()
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["False 0 1", "True 2 0"]
+
+
 def test_sender_checks_shape_and_dtype():
     want = Payload("grad", 2, 0, shape=(3, 5), dtype="float32")
     check_outgoing(torch.zeros(3, 5), want, 0, "op")

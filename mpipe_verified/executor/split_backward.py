@@ -5,15 +5,19 @@ path to the stage's inputs, each computing only the gradients that lead there) a
 way, keeps the gradient that flows into every *parameter node*: for each parameter, the
 nodes where its own branch of the graph joins the inputs' path (a ``Linear``'s ``addmm``,
 a norm's ``native_layer_norm``). A direct node's gradient is one more output of the same
-``autograd.grad`` call (an edge input); any other node's, a pre-hook's copy. ``backward_weight`` then computes the weight gradients
-from those kept gradients, in one of two forms per parameter node:
+``autograd.grad`` call (an edge input); any other node's, a pre-hook's copy.
+``backward_weight`` then computes the weight gradients from those kept gradients, in one
+of two forms per parameter node:
 
 - *direct*: a ``Linear`` (``addmm`` or ``mm`` of a contiguous weight, transposed, with
   ``alpha = beta = 1``) or a ``layer_norm`` whose parameters are used nowhere else and
-  carry no hooks. ``W`` calls the kernels the node's own backward calls for its weight
-  outputs, on the kept gradient ``G`` and the input the node saved: ``G^T X`` and the
-  rows' sum of ``G`` (the bias), ``native_layer_norm_backward`` with the input gradient
-  masked off. No autograd call, no graph walk.
+  carry no hooks (tensor or post-accumulate hooks; a stage holding a
+  ``DistributedDataParallel`` module, whose hooks sit unseen on the gradient
+  accumulators, keeps the autograd form: ``direct_allowed``). ``W`` calls the kernels
+  the node's own backward calls for its weight outputs, on the kept gradient ``G`` and
+  the input the node saved: ``G^T X`` and the rows' sum of ``G`` (the bias),
+  ``native_layer_norm_backward`` with the input gradient masked off. No autograd call,
+  no graph walk.
 - *autograd*: any other parameter node: a backward from the node's edges, with the kept
   gradients, into its parameters only (each parameter node runs once more for its
   weight-side outputs; nothing between it and the stage's output runs again). A group
@@ -32,6 +36,7 @@ way it is what the forward stored, held until ``W`` (the memory model's split ba
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 
 import torch
@@ -52,10 +57,19 @@ class WeightWork:
         self.direct, self.groups = direct or [], groups
 
 
-def backward_input(output: torch.Tensor, grad, leaves: tuple, params: tuple
-                   ) -> tuple[tuple, WeightWork]:
+def direct_allowed(module: torch.nn.Module) -> bool:
+    """Whether ``W`` may use direct forms for ``module``'s parameters: not when a
+    ``DistributedDataParallel`` inside it hooks their gradient accumulators (its hooks
+    are not visible on the parameters, and a direct form would not run them)."""
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    return ddp is None or not any(isinstance(m, ddp.DistributedDataParallel)
+                                  for m in module.modules())
+
+
+def backward_input(output: torch.Tensor, grad, leaves: tuple, params: tuple,
+                   allow_direct: bool = True) -> tuple[tuple, WeightWork]:
     """Input gradients of ``leaves`` and what ``W`` needs (the graph retained only when
-    some parameter node has no direct form)."""
+    some parameter node has no direct form; ``allow_direct=False``: none has)."""
     root = output.grad_fn
     parents = _parents(root)
     on_input_path = _ancestors([get_gradient_edge(x).node for x in leaves], parents)
@@ -74,7 +88,7 @@ def backward_input(output: torch.Tensor, grad, leaves: tuple, params: tuple
             fallback.append(p)
     direct, rest = {}, {}
     for node, ps in nodes.items():
-        form = _direct_form(node, ps, parents)
+        form = _direct_form(node, ps, parents) if allow_direct else None
         if form is None:
             rest[node] = ps
         else:
