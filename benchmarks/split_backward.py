@@ -13,6 +13,8 @@
 2. ``zb_h1_over_1f1b``: the executor's step time with the zb-h1 plan over the 1f1b plan
    (same GPT-like model with causal attention, compute-bound, same stages and batch),
    on 2 and 4 gloo processes, steps alternating; the larger ratio of the world sizes.
+   Beside each: the CPU time of a step summed over the ranks (all threads), which bounds
+   the step from below on a machine with fewer cores than ranks.
 
 Targets: ``split_backward_ratio <= 1.1``, ``zb_h1_over_1f1b <= 1.0``.
 """
@@ -187,20 +189,25 @@ def rank_main(args) -> int:
         executors[name] = PipelineExecutor(plan, certify(plan), stages=stages, loss_fn=loss_fn)
     times = {name: [] for name in executors}
     names = list(executors)
+    cpu = torch.zeros(len(names), dtype=torch.float64)  # this rank's CPU seconds, per plan
     for i in range(2 + args.steps):
         k = i % len(names)
         for name in names[k:] + names[:k]:
             ex = executors[name]
             ex.zero_grad()
             dist.barrier()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             ex.run(batch, broadcast_loss=False)
+            c = time.process_time() - c
             dist.barrier()
             if i >= 2:
                 times[name].append(time.perf_counter() - t)
+                cpu[names.index(name)] += c
+    dist.all_reduce(cpu)  # summed over the ranks
     if rank == 0:
         with open(args.rank_out, "w") as f:
-            json.dump(times, f)
+            json.dump({"times": times, "cpu": {name: cpu[i].item() / args.steps
+                                               for i, name in enumerate(names)}}, f)
     executors["1f1b"].close()
     return 0
 
@@ -230,14 +237,17 @@ def main(argv=None) -> int:
               f"   wall {wall[name] * 1e3:8.2f} ms ({wall[name] / wall['B']:.2f} x B)")
     worst = 0.0
     for world in args.worlds:
-        times = world_ratio(world, args)
+        got = world_ratio(world, args)
+        times, step_cpu = got["times"], got["cpu"]
         med = {name: statistics.median(ts) for name, ts in times.items()}
         paired = statistics.median(a / b for a, b in zip(times["zb-h1"], times["1f1b"]))
         ratio = med["zb-h1"] / med["1f1b"]
         worst = max(worst, ratio)
         print(f"{world} ranks (GPT dim {args.gpt_dim}, {2 * world} blocks, m={2 * world}, "
               f"{args.steps} steps each): 1f1b {med['1f1b'] * 1e3:.1f} ms, zb-h1 "
-              f"{med['zb-h1'] * 1e3:.1f} ms, ratio {ratio:.3f}, paired {paired:.3f}")
+              f"{med['zb-h1'] * 1e3:.1f} ms, ratio {ratio:.3f}, paired {paired:.3f}; "
+              f"CPU per step, all ranks: 1f1b {step_cpu['1f1b'] * 1e3:.1f} ms, zb-h1 "
+              f"{step_cpu['zb-h1'] * 1e3:.1f} ms ({os.cpu_count()} cores)")
     print(f"split_backward_ratio={cpu['ours I+W'] / cpu['B']:.3f}  (CPU time; wall "
           f"{wall['ours I+W'] / wall['B']:.3f})")
     if args.worlds:

@@ -343,43 +343,117 @@ def _graph_nodes(root):
     return seen
 
 
-@pytest.mark.parametrize("shared_weight", (False, True))
-def test_split_backward_gives_the_plain_backward_gradients(shared_weight):
-    """I then W: the input gradient and every weight gradient of one plain backward; I
-    leaves the weights alone, and W never runs the input path's own nodes again (the
-    GELU), also when a weight used twice along one path sends its group back to the
-    output."""
+class _Scale(nn.Module):
+    """A parameter outside any Linear or norm: its weight gradient goes through autograd."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def _split_case(case: str) -> tuple[nn.Module, tuple]:
+    """A stage and its input shape: every parameter node direct (Linear with and without
+    bias, on 2-d and 3-d inputs, layer norm), or one of them not."""
     torch.manual_seed(0)
-    body = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 16),
-                               torch.nn.GELU(), torch.nn.Linear(16, 8))
-    shared = torch.nn.Linear(8, 8)
-    params = (*body.parameters(), *shared.parameters())
-    x0, g = torch.randn(4, 8), torch.randn(4, 8)
+    body = [nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8, bias=False)]
+    if case == "shared weight":  # one Linear used twice along the path
+        shared = nn.Linear(8, 8)
+        body += [shared, nn.Tanh(), shared]
+    elif case == "non-Linear parameter":
+        body += [_Scale(8), nn.Linear(8, 8)]
+    elif case == "frozen bias":
+        frozen = nn.Linear(8, 8)
+        frozen.bias.requires_grad_(False)
+        body += [frozen]
+    shape = (4, 8) if case == "direct 2-d" else (2, 3, 8)
+    return nn.Sequential(*body), shape
+
+
+@pytest.mark.parametrize("case", ("direct 2-d", "direct 3-d", "shared weight",
+                                  "non-Linear parameter", "frozen bias"))
+def test_split_backward_gives_the_plain_backward_gradients_bitwise(case):
+    """I then W, twice into the same ``.grad``: bitwise the input gradient and every
+    weight gradient of two plain backwards. I leaves the weights alone; W never runs the
+    input path's own nodes again (the GELU). With a direct form for every parameter node,
+    I frees the graph as it goes (its saved tensors are gone) and W runs no autograd node
+    at all."""
+    stage, shape = _split_case(case)
+    params = tuple(p for p in stage.parameters() if p.requires_grad)
+    inputs = [torch.randn(*shape) for _ in range(2)]
+    grads = [torch.randn(*shape) for _ in range(2)]
+    all_direct = case.startswith("direct") or case == "frozen bias"
 
     def run(split: bool):
         for p in params:
             p.grad = None
-        x = x0.clone().requires_grad_(True)
-        y = body(x)
-        y = shared(shared(y)) if shared_weight else y
-        if not split:
-            y.backward(g)
-            return x.grad, [p.grad for p in params], []
-        (grad_in,), work = split_backward.backward_input(y, g, (x,), params)
-        assert all(p.grad is None for p in params)
-        ran = []
-        for node in _graph_nodes(y.grad_fn):
-            if "Gelu" in node.name():
-                node.register_prehook(lambda grads: ran.append("gelu"))
-        split_backward.backward_weight(work)
-        return grad_in, [p.grad for p in params], ran
+        grads_in, ran = [], []
+        for x0, g in zip(inputs, grads):
+            x = x0.clone().requires_grad_(True)
+            y = stage(x)
+            if not split:
+                y.backward(g)
+                grads_in.append(x.grad)
+                continue
+            before = [None if p.grad is None else p.grad.clone() for p in params]
+            (grad_in,), work = split_backward.backward_input(y, g, (x,), params)
+            assert all((a is None and p.grad is None) or torch.equal(a, p.grad)
+                       for a, p in zip(before, params))
+            nodes = _graph_nodes(y.grad_fn)
+            gelu = next(n for n in nodes if "Gelu" in n.name())
+            if all_direct:
+                with pytest.raises(RuntimeError, match="freed"):
+                    gelu._saved_self  # noqa: B018 (the access is the check)
+            for node in nodes:
+                node.register_prehook(lambda gs, name=node.name(): ran.append(name))
+            split_backward.backward_weight(work)
+            grads_in.append(grad_in)
+        return grads_in, [p.grad for p in params], ran
 
     want_x, want, _ = run(False)
     got_x, got, ran = run(True)
-    assert ran == []
-    torch.testing.assert_close(got_x, want_x)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b)
+    assert not any("Gelu" in name for name in ran)
+    assert ran == [] if all_direct else ran != []
+    assert all(torch.equal(a, b) for a, b in zip(got_x, want_x))
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), case
+
+
+def test_split_backward_keeps_ddp_gradient_hooks(tmp_path):
+    """DistributedDataParallel hooks the gradient accumulators where the parameters do not
+    show it: a stage holding one keeps the autograd form, so its buckets still reduce (a
+    direct form would skip them: the counter tells the two apart)."""
+    code = textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        from torch import nn
+        from mpipe_verified.executor import split_backward
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0,
+                                world_size=1)
+        net = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)))
+        reduced = []
+        def hook(state, bucket):
+            reduced.append(1)
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+        net.register_comm_hook(None, hook)
+        for allow in (split_backward.direct_allowed(net), True):
+            reduced.clear()
+            x = torch.randn(3, 4, requires_grad=True)
+            y = net(x)
+            _, work = split_backward.backward_input(y, torch.ones_like(y), (x,),
+                                                    tuple(net.parameters()), allow)
+            direct = len(work.direct)
+            split_backward.backward_weight(work)
+            print(allow, direct, len(reduced))
+        dist.destroy_process_group()
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["False 0 1", "True 2 0"]
 
 
 def test_sender_checks_shape_and_dtype():

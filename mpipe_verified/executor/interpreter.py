@@ -224,6 +224,8 @@ class PipelineExecutor:
         self.segment_loss_fns = self._sink_losses(dict(segment_loss_fns or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
+        self._direct = {id(m): split_backward.direct_allowed(m)
+                        for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
         self._instrs = self._compile()
         self._received = frozenset(t for op in self.program for c in p2p_of(op)
@@ -799,13 +801,14 @@ class PipelineExecutor:
     def _input_grad(self, c: Compute, needs: tuple) -> dict:
         saved: _Saved = self._needed(needs, "stored")
         roots, grads = _vjp(saved.output, self._part(self._needed(needs, "grad"), c))
-        grads_in, work = [None] * len(saved.leaves), split_backward.WeightWork(())
+        grads_in, work = [None] * len(saved.leaves), split_backward.WeightWork()
         if roots:
             if len(roots) > 1 or roots[0].grad_fn is None:  # one root: <output, grad> summed
                 roots, grads = [sum((r * g).sum() for r, g in zip(roots, grads))], [None]
             if saved.leaves:
-                grads_in, work = split_backward.backward_input(roots[0], grads[0],
-                                                               saved.leaves, saved.params)
+                grads_in, work = split_backward.backward_input(
+                    roots[0], grads[0], saved.leaves, saved.params,
+                    self._direct[id(self._module(c))])
             else:
                 work = split_backward.weight_only(roots[0], grads[0], saved.params)
         grad, wgrad_ready = produces(c)
