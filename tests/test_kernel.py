@@ -50,7 +50,7 @@ def test_two_level_compression_covers_exactly_the_facts(added):
     assert points == Counter((t, fact) for t, _, fact in added)
 
 
-ARITY = {"one": 1, "eq": 2, "le": 2, "lt": 2, "before": 3, "level": 5, "eqr": 2, "ler": 2}
+ARITY = {"one": 1, "eq": 2, "le": 2, "lt": 2, "level": 5, "eqr": 2, "ler": 2}
 
 
 @settings(max_examples=200, deadline=None)
