@@ -2,44 +2,35 @@
 plan, and the proof obligations those rules generate, discharged by Z3.
 
 Trusted base of a VERIFIED: this file, the reader that built the plan, and Z3. The kernel
-imports nothing of the package but the IR's value types (``ir``): no code is shared with
-the semantics module, the fast passes or the lowering, so a bug there can make a verdict
-undecided but never make a wrong plan verified.
+imports nothing of the package but the IR's value types (``ir``), so a bug in the
+semantics module, the fast passes or the lowering can make a verdict undecided but never
+make a wrong plan verified. The plan is read once into integer columns (``_Rules``), and
+each rule is an array expression over them. ``prove(plan, witness, ...)`` generates every
+obligation from the plan alone; the untrusted *witness* only supplies numbers:
 
-``prove(plan, witness, ...)`` generates, from the plan alone, every obligation of the five
-properties; the *witness* (untrusted, proposed by the fast passes) only supplies numbers
-the obligations mention:
+- completeness: each required unit of work (one ``F``; one ``B`` or one ``I`` and one
+  ``W``, none for a frozen segment or a ``forward_only`` plan; one ``R`` where a recompute
+  is due) counted on the rank that owns it; no op outside the chain; the cut well formed;
+  each collective the cut requires (``_Rules.required_collectives``) exactly once on
+  every rank that needs it;
+- dependency: each input of each op (``_Rules.tokens``) was produced earlier on its rank,
+  at the position the witness names;
+- matching: the k-th send from a to b meets the k-th receive at b from a, equal counts,
+  equal payloads; every collective call well formed and agreeing with its instance;
+- deadlock: the witness gives each comm step a time ``fin``, posted at the ``fin`` of
+  the comm step before it (``post``, 0 first): ``post <= fin``, each blocking end has a
+  partner and completes after it was posted, each collective after every member posted
+  it. If such times exist no run gets stuck: a stuck op with the least ``fin`` would wait
+  on a partner posted after another stuck op completed, which completes earlier still;
+- memory: the witness's levels start at the static part, each is the last plus the
+  step's allocations minus its frees (``_moves``), every step's peak within the reported
+  peak, which is reached and within the limit.
 
-- completeness: every required unit of work (one ``F``; one ``B`` or one ``I`` and one
-  ``W``, none for a frozen segment or in a plan declared ``forward_only``; one ``R`` where
-  a recompute is due, never in a forward-only plan) on the rank that
-  owns it, no op outside the chain, the cut well formed, and each collective the cut
-  requires (a trainable segment run off its home rank needs its parameters broadcast from
-  home; one whose backward runs off home needs its gradients all-reduced over home and
-  every rank that runs it) exactly once on every rank that needs it;
-- dependency: each input of each op (``_needs``) was produced (``_produces``) earlier on
-  its rank, at the position the witness names;
-- matching: FIFO pairing by counting per ordered rank pair, equal counts, equal payloads;
-  every collective call well formed (members distinct existing ranks including the
-  caller, a root among them where the kind has one) and agreeing in kind, tag and root
-  with the same call of every other member;
-- deadlock: the witness gives every op a completion time ``fin``; an op is posted when
-  its predecessor completes (``post(i) = fin(i-1)``, 0 for the first). Obligations: times
-  never decrease along a rank; every blocking endpoint has a FIFO partner; for each pair
-  each blocking end completes after the other end was posted; each collective completes
-  after every member posted it. If such times exist the run completes: were it stuck,
-  the stuck op with the least ``fin`` would wait on a partner posted after another stuck
-  op completed, which completes earlier still;
-- memory: the witness gives each rank's level before every step; they start at the static
-  part, each is the last plus the step's allocations minus its frees (the kernel's own
-  accounting; a forward-only plan's forwards store nothing), every step's peak is within
-  the reported peak, the reported peak is reached and is within the limit.
-
-Each obligation is a numeric fact for a linear template. Facts are compressed exactly into
-affine runs (consecutive facts of one class with a constant difference) and Z3 is asked
-whether some point of some run violates its template: ``unsat`` proves the property,
-``sat`` names a violated fact, ``unknown`` is never success. ``confirm`` checks a claimed
-counterexample the same way, from the plan alone.
+Each obligation is a numeric fact for a linear template. A class of facts is a set: each
+distinct fact is kept once, sorted, and compressed exactly into affine runs; Z3 is asked
+whether some point of some run violates its template (``unsat`` proves the property,
+``sat`` names a violated fact, ``unknown`` is never success). ``confirm`` checks a claimed
+counterexample from the plan alone.
 """
 
 from __future__ import annotations
@@ -50,7 +41,6 @@ from collections import defaultdict
 from fractions import Fraction
 from functools import cached_property
 from itertools import chain
-from types import SimpleNamespace
 import operator
 from operator import attrgetter
 
@@ -76,21 +66,6 @@ _COMM = (2, 3, 4, 5)  # the steps that can block
 
 def _members(op) -> tuple:
     return op.ops if type(op) in (Overlap, Group) else (op,)
-
-
-def _squeeze(values: list, limit: int) -> tuple:
-    """Exact small codes for ints >= 0: a value below ``limit`` is its own code; the rest
-    are numbered from ``limit`` on in order, consecutive values staying consecutive and
-    larger gaps shrinking to 2, so equality, order and "differs by one" are the plan's.
-    Returns the codes and ``{code: value}`` for the renumbered ones."""
-    big = sorted(v for v in set(values) if v >= limit)
-    if not big:
-        return np.array(values, np.int64), {}
-    to, code, prev = {}, limit - 1, limit - 1
-    for v in big:
-        code, prev = code + min(v - prev, 2), v
-        to[v] = code
-    return np.array([to.get(v, v) for v in values], np.int64), {c: v for v, c in to.items()}
 
 
 def _dense(x: np.ndarray) -> np.ndarray:
@@ -119,16 +94,15 @@ def _key(*cols) -> np.ndarray:
 
 
 class _Rules:
-    """The plan as columns, and the rules over them (see the module docstring).
+    """The plan as columns, and the rules over them.
 
     Members: every step's ops (an overlapped step's computes, a group's sends and
-    receives, else the step itself; idle steps and markers hold none), one row each in
-    program order: ``pos`` the step (numbered rank by rank from ``base[rank]``),
-    ``kind``, and ``name``/``stage``/``mb`` of a compute op, or of a send's or receive's
-    payload (then ``tok`` its carried token kind, ``peer`` the other rank and ``layout``
-    one id for shape, dtype, target and leaves). Names are numbered in sorted order,
-    stages, mbs and peers by ``_squeeze``. A token is ``(kind, name, stage, mb)``; ``need``
-    and ``made`` list each member's tokens as ``(row, token code)``."""
+    receives, else the step itself; idle steps and markers hold none), a row each in
+    program order: ``pos`` its step (rank ``r``'s steps are numbered from ``base[r]``),
+    ``rank``, ``kind`` (``F B I W R SEND RECV COLL``) and a compute op's ``name``,
+    ``stage`` and ``mb``; ``comm`` lists the sends' rows, then the receives', and ``p2p``
+    what they carry. Names are numbered in sorted order ("" first); stages, mbs and peers
+    are the plan's numbers (int64 when all are below ``BOUND``, else Python's)."""
 
     def __init__(self, plan: Plan) -> None:
         self.p, self.m, self.forward_only = plan.num_ranks, plan.num_microbatches, plan.forward_only
@@ -157,7 +131,6 @@ class _Rules:
         steps = list(chain.from_iterable(plan.programs))
         self.base = np.cumsum([0] + [len(prog) for prog in plan.programs])
         self.step = step = _types(steps)
-        self.rank_of = np.repeat(np.arange(self.p), np.diff(self.base))
         ops, pos = steps, np.arange(len(steps))
         many = np.flatnonzero((step == 1) | (step == 4))
         if len(many):  # an overlapped step or a group: a row per member
@@ -169,41 +142,34 @@ class _Rules:
         keep = np.flatnonzero(step < 6)  # idle steps and markers hold nothing
         if len(keep) < len(ops):
             ops, pos, step = _pick(ops, keep), pos[keep], step[keep]
+        self.rank_of = np.repeat(np.arange(self.p), np.diff(self.base))
         self.ops, self.pos, self.rank, n = ops, pos, self.rank_of[pos], len(ops)
         at = [np.flatnonzero(step == code) for code in (0, 2, 3, 5)]
-        self.comm = np.concatenate(at[1:3])
+        self.comm, self.sends = np.concatenate(at[1:3]), len(at[1])  # sends, then receives
         comp, coll = _pick(ops, at[0]), _pick(ops, at[3])
         c = [list(map(attrgetter(a), comp)) for a in ("kind", "stage", "mb", "segment")]
         tags = [op.tag.partition(":")[2] for op in coll]
         self.names = sorted({"", *self.segs, *c[3], *tags})
         code = {x: k for k, x in enumerate(self.names)}
-        self.kind, self.name, self.stage, self.mb = (np.zeros(n, np.int64) for _ in range(4))
+        self.kind, self.name = np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.kind[at[0]], self.kind[at[1]], self.kind[at[2]], self.kind[at[3]] = (
-            _ints(map(_KIND.__getitem__, c[0]), len(comp)), SEND, RECV, COLL)
-        self.name[at[0]], self.name[at[3]] = (_ints(map(code.__getitem__, x), len(x))
-                                              for x in (c[3], tags))
-        self.limit = min(max(self.m, self.stages) + 2, 1 << 40)
-        self.stage[at[0]], self.stage_of = _squeeze(c[1], self.limit)
-        mb, self.mb_of = _squeeze(c[2] + [self.m], self.limit)
-        self.mb[at[0]], self.m_code = mb[:-1], int(mb[-1])
+            _ints(map(_KIND.__getitem__, c[0])), SEND, RECV, COLL)
+        self.name[at[0]], self.name[at[3]] = (_ints(map(code.__getitem__, x)) for x in (c[3], tags))
+        self.stage, self.mb = (_scatter(n, at[0], _column(x)) for x in c[1:3])
         self._cut_columns(code)
 
     @cached_property
-    def p2p(self) -> SimpleNamespace:
-        """Per send and receive (``comm`` rows): ``payloads``; ``peer`` (coded by
-        ``_squeeze``, ``peer_of`` the renumbered); what the payload carries: ``tok``,
-        ``name`` (text), ``stage`` and ``mb`` (as ``_squeeze`` codes them)."""
+    def p2p(self) -> tuple:
+        """Per send and receive (``comm`` order): its payload, the peer, and what the
+        payload carries: token kind, name (text), stage, mb."""
         ops = _pick(self.ops, self.comm)
-        sends = int((self.kind[self.comm] == SEND).sum())
         payloads = list(map(attrgetter("payload"), ops))
         kind, stage, mb, name = (list(map(attrgetter(a), payloads))
                                  for a in ("kind", "stage", "mb", "segment"))
-        peer, peer_of = _squeeze([*map(attrgetter("dst"), ops[:sends]),
-                                  *map(attrgetter("src"), ops[sends:])], self.p)
-        return SimpleNamespace(
-            payloads=payloads, peer=peer, peer_of=peer_of, name=name,
-            tok=_ints(map(_CARRIED.__getitem__, kind), len(kind)),
-            stage=_squeeze(stage, self.limit), mb=_squeeze(mb, self.limit))
+        peer = [*map(attrgetter("dst"), ops[:self.sends]),
+                *map(attrgetter("src"), ops[self.sends:])]
+        return (payloads, _column(peer), _ints(map(_CARRIED.__getitem__, kind)), name,
+                _column(stage), _column(mb))
 
     def _cut_columns(self, code: dict) -> None:
         """Per name code: its segment's index in the cut (-1: the body, or a name the cut
@@ -215,16 +181,13 @@ class _Rules:
         self.source, self.sink = attr(lambda s: s.side == SOURCE), attr(lambda s: s.side == SINK)
         self.trainable, self.home = attr(lambda s: s.backward_rank is not None), attr(
             lambda s: s.home)
-        self.recompute = attr(lambda s: s.recompute)
         pad = (-1,) * (w - self.m)
         self.fwd = np.array([s.forward_rank + pad for s in self.cut] + [(-1,) * w], np.int64)
         self.bwd = np.array([(s.backward_rank or (-1,) * self.m) + pad for s in self.cut]
                             + [(-1,) * w], np.int64)
-        self.mbix = np.where(self.mb < self.m_code, self.mb, 0) if self.cut else 0 * self.mb
-        first = np.minimum(np.searchsorted(self.pos, np.arange(len(self.step))), len(self.pos) - 1)
-        own = (self.pos[first] == np.arange(len(self.step))) if len(self.pos) else False
-        self.sig = self.step * 8 + np.where(own, self.kind[first] if len(self.pos) else 0, 7)
-        self.body = code[""]
+        self.mbix = (np.where(self.mb < self.m, self.mb, 0) if self.cut else 0 * self.mb).astype(
+            np.int64)
+        self.body, self.code = code[""], code
 
     @cached_property
     def tokens(self) -> tuple:
@@ -243,23 +206,22 @@ class _Rules:
           ``grad`` and ``wdone``, ``I`` ``grad`` and ``wgrad_ready``, ``W`` ``wdone``,
           ``R`` ``stored``; a receive makes what it carries, the broadcast ``params:NAME``
           the parameters."""
-        k, seg, c, t = self.kind, self.seg[self.name], self.comm, self.p2p
-        names = sorted({*self.names, *t.name})  # the names of payloads too, in order
+        k, seg, c, (_, _, kind, names, stage, mb) = (
+            self.kind, self.seg[self.name], self.comm, self.p2p)
+        names = sorted({*self.names, *names})  # payloads' names too, in order
         code = {x: j for j, x in enumerate(names)}
         g = np.searchsorted(names, self.names)[self.name]
-        g[c] = _ints(map(code.__getitem__, t.name), len(c))
-        s, b = (_joint(mine, of, x, c, self.limit)
-                for mine, of, x in ((self.stage, self.stage_of, t.stage),
-                                    (self.mb, self.mb_of, t.mb)))
-        tok, body = np.zeros(len(k), np.int64), code[""]
-        tok[c] = t.tok
+        g[c] = _ints(map(code.__getitem__, self.p2p[3]))
+        s, b, tok = (_scatter(len(k), c, x, base) for x, base in
+                     ((stage, self.stage), (mb, self.mb), (kind, np.zeros(len(k), np.int64))))
+        body = code[""]
         comp, cut, bi, fr = k <= R, seg >= 0, (k == B) | (k == I), (k == F) | (k == R)
-        body = comp & ~cut
-        need = [(body & (k == F) & (s > 0), OUT, g, s - 1, b),
-                *((body & (k == F) & (s == 0), OUT, code[x.name], 0, b)
+        main = comp & ~cut  # the body's work (and work of a segment the cut lacks)
+        need = [(main & (k == F) & (s > 0), OUT, g, s - 1, b),
+                *((main & (k == F) & (s == 0), OUT, code[x.name], 0, b)
                   for x in self.cut if x.side == SOURCE),
                 (k == W, WREADY, g, s, b), (k == R, INPUT, g, s, b), (bi, STORED, g, s, b),
-                (body & bi & (s < self.stages - 1), GRAD, g, s + 1, b),
+                (main & bi & (s < self.stages - 1), GRAD, g, s + 1, b),
                 (cut & bi & (self.source[seg] == 1), GRAD, body, 0, b),
                 (cut & (k == F) & (self.sink[seg] == 1), OUT, body, self.stages - 1, b),
                 (cut & fr & (self.trainable[seg] == 1) & (self.rank != self.home[seg]),
@@ -292,10 +254,10 @@ class _Rules:
         ``F``, its backward rank otherwise."""
         k, seg, s, b = self.kind, self.seg[self.name], self.stage, self.mb
         mb = self.mbix
-        body = self.where[np.minimum(s, self.stages)]
+        body = self.where[np.minimum(s, self.stages).astype(np.int64)]
         body = np.where((s < self.stages) & (k != R), body, -1)
         cut = np.where(k == F, self.fwd[seg, mb], self.bwd[seg, mb])
-        return np.where(seg < 0, body, np.where((s == 0) & (b < self.m_code), cut, -1))
+        return np.where(seg < 0, body, np.where((s == 0) & (b < self.m), cut, -1))
 
     def stores(self) -> np.ndarray:
         """Per member: a forward keeps its activation unless it is a segment's, run where
@@ -303,7 +265,7 @@ class _Rules:
         backward); ``R`` always keeps it; a forward-only plan keeps nothing."""
         k, seg, b = self.kind, self.seg[self.name], self.mb
         local = self.bwd[seg, self.mbix] == self.rank
-        return ((k == R) | ((k == F) & ((seg < 0) | ((b < self.m_code) & local)))) & (
+        return ((k == R) | ((k == F) & ((seg < 0) | ((b < self.m) & local)))) & (
             not self.forward_only)
 
     def backward_due(self, seg) -> bool:
@@ -339,21 +301,17 @@ def _types(ops: list) -> np.ndarray:
     return np.fromiter(map(_STEP.__getitem__, map(type, ops)), np.int64, len(ops))
 
 
-def _joint(mine: np.ndarray, renumbered: dict, theirs: tuple, rows, limit: int):
-    """``mine`` with ``rows`` set to ``theirs`` (``_squeeze``'s codes), in one code space:
-    as they are when neither renumbered a value, else squeezed again from the values."""
-    out = mine.copy()
-    if not renumbered and not theirs[1]:
-        out[rows] = theirs[0]
-        return out
-    value = [renumbered.get(x, x) for x in out.tolist()]
-    for j, x in zip(rows.tolist(), theirs[0].tolist()):
-        value[j] = theirs[1].get(x, x)
-    return _squeeze(value, limit)[0]
+def _scatter(n: int, rows: np.ndarray, values: np.ndarray, base=None) -> np.ndarray:
+    """``base`` (zeros of length ``n``) with ``values`` at ``rows``, in a dtype that holds
+    both."""
+    out = (np.zeros(n, np.int64) if base is None else base).astype(
+        np.result_type(values, np.int64 if base is None else base))
+    out[rows] = values
+    return out
 
 
-def _ints(values, n: int) -> np.ndarray:
-    return np.fromiter(values, np.int64, n)
+def _ints(values) -> np.ndarray:
+    return np.fromiter(values, np.int64)
 
 
 def _pick(items: list, rows: np.ndarray) -> list:
@@ -372,7 +330,7 @@ def _rows(rules: list, extra: list) -> tuple:
             out[k].append(c[rows] if isinstance(c, np.ndarray) else np.full(len(rows), c))
     for k, col in enumerate(zip(*extra) if extra else ()):
         out[k].append(np.array(col, np.int64))
-    return tuple(np.concatenate(x).astype(np.int64) for x in out)
+    return (np.concatenate(out[0]).astype(np.int64), *map(np.concatenate, out[1:]))
 
 
 _READ: list = [lambda: None, None]  # the plan read last (not kept alive), its rules
@@ -723,10 +681,10 @@ def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
     seg, s, b = rules.seg[rules.name[comp]], rules.stage[comp], rules.mb[comp]
     unit = np.where(seg < 0, np.where(rules.name[comp] == rules.body, s, -1),
                     np.where(s == 0, ns + seg, -1))
-    stray = (unit < 0) | (unit >= len(units)) | (b >= rules.m_code)
+    stray = (unit < 0) | (unit >= len(units)) | (b >= m)
     for row in comp[stray].tolist():
         facts.flag("stray", False, at=("stray", int(rules.rank[row]), _index(rules, row)))
-    comp, unit, b = comp[~stray], unit[~stray], b[~stray]
+    comp, unit, b = comp[~stray], unit[~stray].astype(np.int64), b[~stray].astype(np.int64)
     kind = np.where(rules.owner()[comp] == rules.rank[comp], rules.kind[comp], 5)
     counts = np.bincount((unit * m + b) * 6 + kind, minlength=len(units) * m * 6)
     f, bw, i, w, r, wrong = counts.reshape(len(units), m, 6).transpose(2, 0, 1)
@@ -804,7 +762,7 @@ def _pairs(rules: _Rules) -> tuple:
     ``k``-th end (its place in ``comm``; -1 when that side has only ``count <= k``) and
     that side's count."""
     if "pairs" not in vars(rules):
-        ends, peer = rules.comm, rules.p2p.peer
+        ends, peer = rules.comm, rules.p2p[1]
         send = rules.kind[ends] == SEND
         src, dst = np.where(send, rules.rank[ends], peer), np.where(send, peer, rules.rank[ends])
         chan = _dense(_key(src, dst)) if len(ends) else ends
@@ -831,21 +789,16 @@ def _instances(rules: _Rules) -> dict:
     return calls
 
 
-def _real(rules: _Rules, peer: int) -> int:
-    return rules.p2p.peer_of.get(peer, peer)
-
-
 def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
     send, src, dst, chan, k, partner, count = _pairs(rules)
     first = np.unique(chan, return_index=True)[1]
     sends, recvs = (np.bincount(chan[x], minlength=len(first)).tolist() for x in (send, ~send))
-    where = [("channel", _real(rules, int(src[j])), _real(rules, int(dst[j])))
-             for j in first.tolist()]
+    where = [("channel", int(src[j]), int(dst[j])) for j in first.tolist()]
     for c, at in enumerate(where):
         facts.add("eq", "count", sends[c], recvs[c], at=at)
     a = np.flatnonzero(send & (partner >= 0))
-    got = rules.p2p.payloads
-    same = _ints(map(operator.eq, _pick(got, a), _pick(got, partner[a])), len(a))
+    got = rules.p2p[0]
+    same = _ints(map(operator.eq, _pick(got, a), _pick(got, partner[a])))
     facts.extend("one", "payload", [same], chan[a], at=lambda j: where[chan[a[j]]])
     for (group, _), where in _instances(rules).items():
         ref = where[min(where)][1]
@@ -917,18 +870,13 @@ def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "
         level = _column(levels)
         facts.extend("level", rank, [level[:-1], alloc[lo + moving], freed[lo + moving],
                                      level[1:], _column([peak] * len(moving))])
-        top = static if at == -1 else levels[np.searchsorted(moving, at)] + _number(
-            alloc[lo + at])
+        top = static if at == -1 else (levels[np.searchsorted(moving, at)]
+                                       + alloc[lo + at:lo + at + 1].tolist()[0])
         facts.add("eqr", "static", levels[0], static)
         facts.add("ler", "final", levels[-1], peak)
         facts.add("eqr", "peak", top, peak)
         if limits is not None:
             facts.add("ler", "limit", peak, _exact(limits[rank]), at=("peak", rank))
-
-
-def _number(x):
-    """A numpy scalar as Python's exact number."""
-    return x.item() if isinstance(x, np.generic) else x
 
 
 def _moves(rules: _Rules, sizes: "Sizes") -> tuple:
@@ -941,8 +889,8 @@ def _moves(rules: _Rules, sizes: "Sizes") -> tuple:
     keep = np.flatnonzero(rules.stores())
     first, back = np.unique(_key(rules.name[keep], rules.stage[keep]), return_index=True,
                             return_inverse=True)[1:]
-    size = _column((sizes.stored.get((rules.names[rules.name[j]], rules.stage_of.get(
-        int(rules.stage[j]), int(rules.stage[j]))), 1) for j in keep[first].tolist()), 1 << 32)
+    size = _column((sizes.stored.get((rules.names[rules.name[j]], int(rules.stage[j])), 1)
+                    for j in keep[first].tolist()), 1 << 32)
     gone = np.flatnonzero(comp & ((k == B) | (k == W)))
     unit = _key(*(np.concatenate([x[keep], x[gone]]) for x in (rules.name, rules.stage, rules.mb)))
     events = [(keep, 2 * unit[:len(keep)], size[back.reshape(-1)]),
@@ -950,7 +898,7 @@ def _moves(rules: _Rules, sizes: "Sizes") -> tuple:
     if sizes.buffer:  # receive buffers: odd keys (without sizes, no buffer is allocated)
         (nrow, ntok), kind, (mrow, mtok) = rules.tokens
         recv = np.flatnonzero(k == RECV)
-        got = [sizes.buffer.get(rules.ops[j].payload, 0) for j in recv.tolist()]
+        got = [sizes.buffer.get(x, 0) for x in rules.p2p[0][rules.sends:]]
         has = np.array([x != 0 for x in got], bool)
         use = comp[nrow] & np.isin(kind, (OUT, GRAD, INPUT))
         events += [(recv[has], 2 * mtok[k[mrow] == RECV][has] + 1,
