@@ -2,44 +2,35 @@
 plan, and the proof obligations those rules generate, discharged by Z3.
 
 Trusted base of a VERIFIED: this file, the reader that built the plan, and Z3. The kernel
-imports nothing of the package but the IR's value types (``ir``): no code is shared with
-the semantics module, the fast passes or the lowering, so a bug there can make a verdict
-undecided but never make a wrong plan verified.
+imports nothing of the package but the IR's value types (``ir``), so a bug in the
+semantics module, the fast passes or the lowering can make a verdict undecided but never
+make a wrong plan verified. The plan is read once into integer columns (``_Rules``), and
+each rule is an array expression over them. ``prove(plan, witness, ...)`` generates every
+obligation from the plan alone; the untrusted *witness* only supplies numbers:
 
-``prove(plan, witness, ...)`` generates, from the plan alone, every obligation of the five
-properties; the *witness* (untrusted, proposed by the fast passes) only supplies numbers
-the obligations mention:
+- completeness: each required unit of work (one ``F``; one ``B`` or one ``I`` and one
+  ``W``, none for a frozen segment or a ``forward_only`` plan; one ``R`` where a recompute
+  is due) counted on the rank that owns it; no op outside the chain; the cut well formed;
+  each collective the cut requires (``_Rules.required_collectives``) exactly once on
+  every rank that needs it;
+- dependency: each input of each op (``_Rules.tokens``) was produced earlier on its rank,
+  at the position the witness names;
+- matching: the k-th send from a to b meets the k-th receive at b from a, equal counts,
+  equal payloads; every collective call well formed and agreeing with its instance;
+- deadlock: the witness gives each comm step a time ``fin``, posted at the ``fin`` of
+  the comm step before it (``post``, 0 first): ``post <= fin``, each blocking end has a
+  partner and completes after it was posted, each collective after every member posted
+  it. If such times exist no run gets stuck: a stuck op with the least ``fin`` would wait
+  on a partner posted after another stuck op completed, which completes earlier still;
+- memory: the witness's levels start at the static part, each is the last plus the
+  step's allocations minus its frees (``_moves``), every step's peak within the reported
+  peak, which is reached and within the limit.
 
-- completeness: every required unit of work (one ``F``; one ``B`` or one ``I`` and one
-  ``W``, none for a frozen segment or in a plan declared ``forward_only``; one ``R`` where
-  a recompute is due, never in a forward-only plan) on the rank that
-  owns it, no op outside the chain, the cut well formed, and each collective the cut
-  requires (a trainable segment run off its home rank needs its parameters broadcast from
-  home; one whose backward runs off home needs its gradients all-reduced over home and
-  every rank that runs it) exactly once on every rank that needs it;
-- dependency: each input of each op (``_needs``) was produced (``_produces``) earlier on
-  its rank, at the position the witness names;
-- matching: FIFO pairing by counting per ordered rank pair, equal counts, equal payloads;
-  every collective call well formed (members distinct existing ranks including the
-  caller, a root among them where the kind has one) and agreeing in kind, tag and root
-  with the same call of every other member;
-- deadlock: the witness gives every op a completion time ``fin``; an op is posted when
-  its predecessor completes (``post(i) = fin(i-1)``, 0 for the first). Obligations: times
-  never decrease along a rank; every blocking endpoint has a FIFO partner; for each pair
-  each blocking end completes after the other end was posted; each collective completes
-  after every member posted it. If such times exist the run completes: were it stuck,
-  the stuck op with the least ``fin`` would wait on a partner posted after another stuck
-  op completed, which completes earlier still;
-- memory: the witness gives each rank's level before every step; they start at the static
-  part, each is the last plus the step's allocations minus its frees (the kernel's own
-  accounting; a forward-only plan's forwards store nothing), every step's peak is within
-  the reported peak, the reported peak is reached and is within the limit.
-
-Each obligation is a numeric fact for a linear template. Facts are compressed exactly into
-affine runs (consecutive facts of one class with a constant difference) and Z3 is asked
-whether some point of some run violates its template: ``unsat`` proves the property,
-``sat`` names a violated fact, ``unknown`` is never success. ``confirm`` checks a claimed
-counterexample the same way, from the plan alone.
+Each obligation is a numeric fact for a linear template. A class of facts is a set: each
+distinct fact is kept once, sorted, and compressed exactly into affine runs; Z3 is asked
+whether some point of some run violates its template (``unsat`` proves the property,
+``sat`` names a violated fact, ``unknown`` is never success). ``confirm`` checks a claimed
+counterexample from the plan alone.
 """
 
 from __future__ import annotations
@@ -48,42 +39,82 @@ import hashlib
 import weakref
 from collections import defaultdict
 from fractions import Fraction
+from functools import cached_property
+from itertools import chain
+import operator
+from operator import attrgetter
 
 import attrs
 import numpy as np
 import z3
 
-from .ir import (SINK, SOURCE, Collective, Compute, Group, Leaf, Overlap, Payload, Plan, Recv,
-                 Send)
+from .ir import (SINK, SOURCE, Collective, Compute, Group, Idle, Leaf, Marker, Overlap, Payload,
+                 Plan, Recv, Send)
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 CERTIFICATE_FORMAT = "mpipe-certificate/1"
-_CARRIED = {"act": "out", "grad": "grad", "input": "input"}
-_TRANSFER = frozenset(_CARRIED.values())
 
 # ---------------------------------------------------------------- the rules
+
+F, B, I, W, R, SEND, RECV, COLL = range(8)  # a member's kind; F..R are compute kinds
+# token kinds, numbered in the order of their names (so codes sort as the names do)
+GRAD, INPUT, OUT, PARAMS, STORED, WDONE, WREADY = range(7)
+_CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
+_STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6}
+_COMM = (2, 3, 4, 5)  # the steps that can block
 
 
 def _members(op) -> tuple:
     return op.ops if type(op) in (Overlap, Group) else (op,)
 
 
+def _dense(x: np.ndarray) -> np.ndarray:
+    return np.unique(x, return_inverse=True)[1].reshape(-1)
+
+
+def _distinct(key: np.ndarray) -> np.ndarray:
+    """One row of each distinct value of ``key`` (ints >= 0), in the order of the values."""
+    span = int(key.max()) + 1
+    if span > 4 * len(key):
+        return np.unique(key, return_index=True)[1]
+    last = np.full(span, -1, np.int64)
+    last[key] = np.arange(len(key))
+    return last[last >= 0]
+
+
+def _key(*cols) -> np.ndarray:
+    """One int64 per row of the columns (ints >= 0), ordered as the rows are
+    lexicographically; renumbered densely (order kept) where a product would reach BOUND."""
+    key = cols[0]
+    for col in cols[1:]:
+        if len(key) and (int(key.max()) + 1) * (int(col.max()) + 1) >= BOUND:
+            key, col = _dense(key), _dense(col)
+        key = key * (int(col.max()) + 1 if len(col) else 1) + col
+    return key
+
+
 class _Rules:
-    """What each op needs and produces on its rank, who must run it, and what the cut
-    requires (see the module docstring). Tokens are ``(kind, segment, stage, mb)``."""
+    """The plan as columns, and the rules over them.
+
+    Members: every step's ops (an overlapped step's computes, a group's sends and
+    receives, else the step itself; idle steps and markers hold none), a row each in
+    program order: ``pos`` its step (rank ``r``'s steps are numbered from ``base[r]``),
+    ``rank``, ``kind`` (``F B I W R SEND RECV COLL``) and a compute op's ``name``,
+    ``stage`` and ``mb``; ``comm`` lists the sends' rows, then the receives', and ``p2p``
+    what they carry. Names are numbered in sorted order ("" first); stages, mbs and peers
+    are the plan's numbers (int64 when all are below ``BOUND``, else Python's)."""
 
     def __init__(self, plan: Plan) -> None:
-        self.p, self.m = plan.num_ranks, plan.num_microbatches
-        self.where = plan.placement.stage_to_rank
-        self.stages = len(self.where)
-        self.cut = plan.cut.segments
-        self.forward_only = plan.forward_only  # declared: no backward is required or allowed
+        self.p, self.m, self.forward_only = plan.num_ranks, plan.num_microbatches, plan.forward_only
+        self.where = np.array(plan.placement.stage_to_rank + (0,), np.int64)
+        self.stages, self.cut = len(self.where) - 1, plan.cut.segments
         self.segs = {s.name: s for s in self.cut}
-        self.sources = [s.name for s in self.cut if s.side == SOURCE]
         self.backward_mbs: dict = defaultdict(list)  # (segment, rank) -> its backward mbs
         for s in self.cut:
             for mb, r in enumerate(s.backward_rank or ()):
                 self.backward_mbs[(s.name, r)].append(mb)
+        if self.cut_ok():
+            self._read(plan)
 
     def cut_ok(self) -> bool:
         """Distinct, named segments; one forward (and backward) rank per microbatch, each
@@ -96,18 +127,146 @@ class _Rules:
                                              and all(r in ranks for r in s.backward_rank)))
             for s in self.cut)
 
-    def owner(self, c: Compute):
-        """The rank that must run ``c``; None when ``c`` is not work of this plan."""
-        if c.mb >= self.m:
-            return None
-        if not c.segment:
-            return self.where[c.stage] if c.stage < self.stages and c.kind != "R" else None
-        seg = self.segs.get(c.segment)
-        if seg is None or c.stage != 0:
-            return None
-        if c.kind == "F":
-            return seg.forward_rank[c.mb]
-        return None if seg.backward_rank is None else seg.backward_rank[c.mb]
+    def _read(self, plan: Plan) -> None:
+        steps = list(chain.from_iterable(plan.programs))
+        self.base = np.cumsum([0] + [len(prog) for prog in plan.programs])
+        self.step = step = _types(steps)
+        ops, pos = steps, np.arange(len(steps))
+        many = np.flatnonzero((step == 1) | (step == 4))
+        if len(many):  # an overlapped step or a group: a row per member
+            size = np.ones(len(steps), np.int64)
+            size[many] = [len(steps[k].ops) for k in many.tolist()]
+            ops = list(chain.from_iterable(op.ops if t in (1, 4) else (op,) for op, t in
+                                           zip(steps, step.tolist())))
+            pos, step = np.repeat(pos, size), _types(ops)
+        keep = np.flatnonzero(step < 6)  # idle steps and markers hold nothing
+        if len(keep) < len(ops):
+            ops, pos, step = _pick(ops, keep), pos[keep], step[keep]
+        self.rank_of = np.repeat(np.arange(self.p), np.diff(self.base))
+        self.ops, self.pos, self.rank, n = ops, pos, self.rank_of[pos], len(ops)
+        at = [np.flatnonzero(step == code) for code in (0, 2, 3, 5)]
+        self.comm, self.sends = np.concatenate(at[1:3]), len(at[1])  # sends, then receives
+        comp, coll = _pick(ops, at[0]), _pick(ops, at[3])
+        c = [list(map(attrgetter(a), comp)) for a in ("kind", "stage", "mb", "segment")]
+        tags = [op.tag.partition(":")[2] for op in coll]
+        self.names = sorted({"", *self.segs, *c[3], *tags})
+        code = {x: k for k, x in enumerate(self.names)}
+        self.kind, self.name = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        self.kind[at[0]], self.kind[at[1]], self.kind[at[2]], self.kind[at[3]] = (
+            _ints(map(_KIND.__getitem__, c[0])), SEND, RECV, COLL)
+        self.name[at[0]], self.name[at[3]] = (_ints(map(code.__getitem__, x)) for x in (c[3], tags))
+        self.stage, self.mb = (_scatter(n, at[0], _column(x)) for x in c[1:3])
+        self._cut_columns(code)
+
+    @cached_property
+    def p2p(self) -> tuple:
+        """Per send and receive (``comm`` order): its payload, the peer, and what the
+        payload carries: token kind, name (text), stage, mb."""
+        ops = _pick(self.ops, self.comm)
+        payloads = list(map(attrgetter("payload"), ops))
+        kind, stage, mb, name = (list(map(attrgetter(a), payloads))
+                                 for a in ("kind", "stage", "mb", "segment"))
+        peer = [*map(attrgetter("dst"), ops[:self.sends]),
+                *map(attrgetter("src"), ops[self.sends:])]
+        return (payloads, _column(peer), _ints(map(_CARRIED.__getitem__, kind)), name,
+                _column(stage), _column(mb))
+
+    def _cut_columns(self, code: dict) -> None:
+        """Per name code: its segment's index in the cut (-1: the body, or a name the cut
+        lacks, which reads as body work and is stray), side, home; per segment and mb,
+        the forward and backward ranks (-1: frozen)."""
+        segs, w = [self.segs.get(x) for x in self.names], max(self.m, 1) if self.cut else 1
+        self.seg = np.array([-1 if s is None else self.cut.index(s) for s in segs], np.int64)
+        attr = lambda f: np.array([f(s) for s in self.cut] + [0], np.int64)  # noqa: E731
+        self.source, self.sink = attr(lambda s: s.side == SOURCE), attr(lambda s: s.side == SINK)
+        self.trainable, self.home = attr(lambda s: s.backward_rank is not None), attr(
+            lambda s: s.home)
+        pad = (-1,) * (w - self.m)
+        self.fwd = np.array([s.forward_rank + pad for s in self.cut] + [(-1,) * w], np.int64)
+        self.bwd = np.array([(s.backward_rank or (-1,) * self.m) + pad for s in self.cut]
+                            + [(-1,) * w], np.int64)
+        self.mbix = (np.where(self.mb < self.m, self.mb, 0) if self.cut else 0 * self.mb).astype(
+            np.int64)
+        self.body, self.code = code[""], code
+
+    @cached_property
+    def tokens(self) -> tuple:
+        """``(need, need kind, made)``: ``need`` and ``made`` list ``(row, token code)`` per
+        input and output of each member, ``need`` by step, then token (sorted inputs):
+        - a forward of the body needs the previous stage's output (at stage 0: each
+          source's output); a backward (``B`` or ``I``) its stored activation and the
+          next stage's gradient (none at the last stage); ``W`` its ``I``'s weight
+          gradient (``wgrad_ready``); ``R`` its shipped input;
+        - a segment's forward (or ``R``) also needs the broadcast parameters when it is
+          trainable and run off home; a sink's forward the body's last output; a
+          source's backward the body's first-stage gradient;
+        - a send needs what it carries; the all-reduce ``grads:NAME`` of a trainable
+          segment (not in a forward-only plan) needs each local ``W`` (``wdone``);
+        - ``F`` makes ``out``, ``stored`` (and ``input``, for a segment's), ``B`` makes
+          ``grad`` and ``wdone``, ``I`` ``grad`` and ``wgrad_ready``, ``W`` ``wdone``,
+          ``R`` ``stored``; a receive makes what it carries, the broadcast ``params:NAME``
+          the parameters."""
+        k, seg, c, (_, _, kind, names, stage, mb) = (
+            self.kind, self.seg[self.name], self.comm, self.p2p)
+        names = sorted({*self.names, *names})  # payloads' names too, in order
+        code = {x: j for j, x in enumerate(names)}
+        g = np.searchsorted(names, self.names)[self.name]
+        g[c] = _ints(map(code.__getitem__, self.p2p[3]))
+        s, b, tok = (_scatter(len(k), c, x, base) for x, base in
+                     ((stage, self.stage), (mb, self.mb), (kind, np.zeros(len(k), np.int64))))
+        body = code[""]
+        comp, cut, bi, fr = k <= R, seg >= 0, (k == B) | (k == I), (k == F) | (k == R)
+        main = comp & ~cut  # the body's work (and work of a segment the cut lacks)
+        need = [(main & (k == F) & (s > 0), OUT, g, s - 1, b),
+                *((main & (k == F) & (s == 0), OUT, code[x.name], 0, b)
+                  for x in self.cut if x.side == SOURCE),
+                (k == W, WREADY, g, s, b), (k == R, INPUT, g, s, b), (bi, STORED, g, s, b),
+                (main & bi & (s < self.stages - 1), GRAD, g, s + 1, b),
+                (cut & bi & (self.source[seg] == 1), GRAD, body, 0, b),
+                (cut & (k == F) & (self.sink[seg] == 1), OUT, body, self.stages - 1, b),
+                (cut & fr & (self.trainable[seg] == 1) & (self.rank != self.home[seg]),
+                 PARAMS, g, 0, 0), (k == SEND, tok, g, s, b)]
+        made = [(k == F, OUT, g, s, b), (k == F, STORED, g, s, b),
+                ((k == F) & (g != body), INPUT, g, s, b), (bi, GRAD, g, s, b),
+                ((k == B) | (k == W), WDONE, g, s, b), (k == I, WREADY, g, s, b),
+                (k == R, STORED, g, s, b), (k == RECV, tok, g, s, b)]
+        extra_need, extra_made = [], []
+        for row in np.flatnonzero(k == COLL).tolist():
+            op, rank = self.ops[row], int(self.rank[row])
+            role, _, name = op.tag.partition(":")
+            if (op.kind == "all_reduce" and role == "grads" and name in self.segs
+                    and not self.forward_only):
+                extra_need += [(row, WDONE, code[name], 0, mb)
+                               for mb in self.backward_mbs.get((name, rank), ())]
+            if op.kind == "broadcast" and role == "params":
+                extra_made.append((row, PARAMS, code[name], 0, 0))
+        parts = [_rows(need, extra_need), _rows(made, extra_made)]
+        token = np.split(_key(*(np.concatenate([x[c] for x in parts]) for c in range(1, 5))),
+                         [len(parts[0][0])])
+        nrow, mrow = parts[0][0], parts[1][0]
+        order = np.argsort(_key(self.pos[nrow], token[0]), kind="stable")  # sorted inputs
+        return (np.stack([nrow, token[0]])[:, order], parts[0][1][order],
+                np.stack([mrow, token[1]]))
+
+    def owner(self) -> np.ndarray:
+        """Per compute member, the rank that must run it (-1: none, it is not work of
+        this plan): a body stage's rank (never for ``R``), a segment's forward rank for
+        ``F``, its backward rank otherwise."""
+        k, seg, s, b = self.kind, self.seg[self.name], self.stage, self.mb
+        mb = self.mbix
+        body = self.where[np.minimum(s, self.stages).astype(np.int64)]
+        body = np.where((s < self.stages) & (k != R), body, -1)
+        cut = np.where(k == F, self.fwd[seg, mb], self.bwd[seg, mb])
+        return np.where(seg < 0, body, np.where((s == 0) & (b < self.m), cut, -1))
+
+    def stores(self) -> np.ndarray:
+        """Per member: a forward keeps its activation unless it is a segment's, run where
+        no backward of it runs (a frozen segment, or a forward shipped to another rank's
+        backward); ``R`` always keeps it; a forward-only plan keeps nothing."""
+        k, seg, b = self.kind, self.seg[self.name], self.mb
+        local = self.bwd[seg, self.mbix] == self.rank
+        return ((k == R) | ((k == F) & ((seg < 0) | ((b < self.m) & local)))) & (
+            not self.forward_only)
 
     def backward_due(self, seg) -> bool:
         """Does every unit of ``seg`` (None: the body) need one ``B``, or ``I`` and ``W``?"""
@@ -117,73 +276,6 @@ class _Rules:
         return (not self.forward_only and seg is not None and seg.recompute
                 and seg.backward_rank is not None
                 and seg.backward_rank[mb] != seg.forward_rank[mb])
-
-    def needs(self, op, rank: int) -> list:
-        kind = type(op)
-        if kind is Send:
-            return [_carried(op.payload)]
-        if kind is Collective:
-            return self._reduce_needs(op, rank)
-        if kind is Overlap or kind is Group:
-            return [t for c in op.ops for t in self.needs(c, rank)]
-        if kind is not Compute:
-            return []
-        name, s, mb, k = op.segment, op.stage, op.mb, op.kind
-        seg = self.segs.get(name) if name else None
-        if seg is None:  # the body (an unknown segment reads as body work, and is stray)
-            if k == "F":
-                return [("out", name, s - 1, mb)] if s else [("out", src, 0, mb)
-                                                             for src in self.sources]
-            if k == "W":
-                return [("wgrad_ready", name, s, mb)]
-            if k == "R":
-                return [("input", name, s, mb)]
-            later = [("grad", name, s + 1, mb)] if s < self.stages - 1 else []
-            return [("stored", name, s, mb)] + later
-        params = ([("params", name, 0, 0)] if k in ("F", "R") and seg.backward_rank is not None
-                  and rank != seg.home else [])
-        if k == "F":
-            return params + ([("out", "", self.stages - 1, mb)] if seg.side == SINK else [])
-        if k == "R":
-            return params + [("input", name, s, mb)]
-        if k == "W":
-            return [("wgrad_ready", name, s, mb)]
-        body_grad = [("grad", "", 0, mb)] if seg.side == SOURCE else []
-        return [("stored", name, s, mb)] + body_grad
-
-    def _reduce_needs(self, op: Collective, rank: int) -> list:
-        role, _, name = op.tag.partition(":")
-        seg = self.segs.get(name)
-        if op.kind != "all_reduce" or role != "grads" or seg is None or self.forward_only:
-            return []
-        return [("wdone", name, 0, mb) for mb in self.backward_mbs.get((name, rank), ())]
-
-    def produces(self, op) -> list:
-        kind = type(op)
-        if kind is Recv:
-            return [_carried(op.payload)]
-        if kind is Overlap or kind is Group:
-            return [t for c in op.ops for t in self.produces(c)]
-        if kind is Collective:
-            role, _, name = op.tag.partition(":")
-            return [("params", name, 0, 0)] if op.kind == "broadcast" and role == "params" else []
-        if kind is not Compute:
-            return []
-        key, k = (op.segment, op.stage, op.mb), op.kind
-        if k == "F":
-            return [("out",) + key, ("stored",) + key] + ([("input",) + key] if op.segment
-                                                          else [])
-        if k == "B" or k == "I":
-            return [("grad",) + key, ("wdone" if k == "B" else "wgrad_ready",) + key]
-        return [("wdone" if k == "W" else "stored",) + key]  # W, or R
-
-    def stores(self, c: Compute, rank: int) -> bool:
-        """A forward keeps its activation unless it is a segment's, run where no backward
-        of it runs (a frozen segment, or a forward shipped to another rank's backward)."""
-        seg = self.segs.get(c.segment) if c.segment else None
-        return not self.forward_only and (c.kind == "R" or seg is None
-                or (seg.backward_rank is not None and c.mb < self.m
-                    and seg.backward_rank[c.mb] == rank))
 
     def required_collectives(self) -> dict:
         """``tag -> (kind, root, ranks that must call it)`` for every collective the cut
@@ -202,31 +294,84 @@ class _Rules:
         return out
 
 
-def _carried(p: Payload) -> tuple:
-    return (_CARRIED[p.kind], p.segment, p.stage, p.mb)
+_KIND = {x: k for k, x in enumerate("FBIWR")}
+
+
+def _types(ops: list) -> np.ndarray:
+    return np.fromiter(map(_STEP.__getitem__, map(type, ops)), np.int64, len(ops))
+
+
+def _scatter(n: int, rows: np.ndarray, values: np.ndarray, base=None) -> np.ndarray:
+    """``base`` (zeros of length ``n``) with ``values`` at ``rows``, in a dtype that holds
+    both."""
+    out = (np.zeros(n, np.int64) if base is None else base).astype(
+        np.result_type(values, np.int64 if base is None else base))
+    out[rows] = values
+    return out
+
+
+def _ints(values) -> np.ndarray:
+    return np.fromiter(values, np.int64)
+
+
+def _pick(items: list, rows: np.ndarray) -> list:
+    return list(map(items.__getitem__, rows.tolist()))
+
+
+def _rows(rules: list, extra: list) -> tuple:
+    """``(row, kind, name, stage, mb)`` columns: for each rule ``(mask, kind, name, stage,
+    mb)`` (arrays over the members, or one number for all), its rows where ``mask``
+    holds; then the ``extra`` rows."""
+    out = [[] for _ in range(5)]
+    for mask, *cols in rules:
+        rows = np.flatnonzero(mask)
+        out[0].append(rows)
+        for k, c in enumerate(cols, 1):
+            out[k].append(c[rows] if isinstance(c, np.ndarray) else np.full(len(rows), c))
+    for k, col in enumerate(zip(*extra) if extra else ()):
+        out[k].append(np.array(col, np.int64))
+    return (np.concatenate(out[0]).astype(np.int64), *map(np.concatenate, out[1:]))
+
+
+_READ: list = [lambda: None, None]  # the plan read last (not kept alive), its rules
+
+
+def _rules(plan: Plan) -> _Rules:
+    """The plan's rules and columns, read once per (immutable) plan."""
+    if _READ[0]() is not plan:
+        _READ[:] = [weakref.ref(plan), _Rules(plan)]
+    return _READ[1]
 
 
 # ---------------------------------------------------------------- obligations
 
 
 class _Facts:
-    """Facts grouped by ``(template, class)`` in the order they were added. With
-    ``where``, each fact also records the plan location it is about (for ``confirm``)."""
+    """Facts grouped by ``(template, class)``. With ``where``, each fact also records the
+    plan location it is about (for ``confirm``). ``count``: the facts added."""
 
     def __init__(self, where: bool = False) -> None:
         self.lanes: dict = defaultdict(list)
         self.where: list | None = [] if where else None
+        self.count = 0
 
     def add(self, template: str, cls, *values, at=None) -> None:
         self.lanes[(template, cls)].append(values)
+        self.count += 1
         if self.where is not None:
             self.where.append((at, template, values))
 
     def extend(self, template: str, cls, columns: list, classes=None, at=None) -> None:
         """One fact per row ``j`` of the equal-length ``columns`` (``_column`` arrays), in
-        class ``(cls, classes[j])`` (one int per row), about the place ``at`` (or ``at(j)``)."""
+        class ``(cls, classes[j])`` (one int per row), about the place ``at`` (or ``at(j)``).
+        A class holds a set of facts: without ``where``, int64 facts are kept once each,
+        in sorted order (so runs are long)."""
         keys = np.zeros(len(columns[0]), np.int64) if classes is None else classes
-        order = np.argsort(keys, kind="stable")
+        self.count += len(keys)
+        if self.where is None and len(keys) and all(c.dtype == np.int64 for c in columns):
+            order = _distinct(_key(*(x - x.min() for x in (keys, *columns))))
+        else:
+            order = np.argsort(keys, kind="stable")
         for part in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1) if len(keys) else ():
             rows = [c[part] for c in columns]
             lane = (np.column_stack(rows) if all(c.dtype == np.int64 for c in rows)
@@ -238,10 +383,6 @@ class _Facts:
 
     def flag(self, cls, ok: bool, at=None) -> None:
         self.add("one", cls, int(bool(ok)), at=at)
-
-    @property
-    def count(self) -> int:
-        return sum(map(len, self.lanes.values()))
 
 
 BOUND = 1 << 62
@@ -305,7 +446,6 @@ _TEMPLATES = {  # template -> SMT-LIB text of "the fact x holds"
     "eq": lambda x: f"(= {x[0]} {x[1]})",
     "le": lambda x: f"(<= {x[0]} {x[1]})",
     "lt": lambda x: f"(< {x[0]} {x[1]})",
-    "before": lambda x: f"(and (= {x[0]} 1) (<= 0 {x[1]}) (< {x[1]} {x[2]}))",  # made, q < i
     "level": lambda x: (f"(and (<= (+ {x[0]} {x[1]}) {x[4]}) "            # peak within bound,
                         f"(= {x[3]} (- (+ {x[0]} {x[1]}) {x[2]})))"),  # next level chained
     "eqr": lambda x: f"(= {x[0]} {x[1]})",
@@ -380,7 +520,7 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
 
 def _holds(template: str, x) -> bool:
     return {"one": lambda: x[0] == 1, "eq": lambda: x[0] == x[1], "le": lambda: x[0] <= x[1],
-            "lt": lambda: x[0] < x[1], "before": lambda: x[0] == 1 and 0 <= x[1] < x[2],
+            "lt": lambda: x[0] < x[1],
             "level": lambda: x[0] + x[1] <= x[4] and x[3] == x[0] + x[1] - x[2],
             "eqr": lambda: x[0] == x[1], "ler": lambda: x[0] <= x[1]}[template]()
 
@@ -524,19 +664,8 @@ def _text(x):
     return x if isinstance(x, int) else str(x)
 
 
+
 # ---------------------------------------------------------------- the five properties
-
-
-def _sig(op):
-    """A compression class for an op: its compute kind(s), else its type."""
-    kind = type(op)
-    return op.kind if kind is Compute else "".join(c.kind for c in op.ops) \
-        if kind is Overlap else kind
-
-
-def _computes(op) -> tuple:
-    return tuple(c for c in _members(op) if type(c) is Compute) if type(op) in (
-        Compute, Overlap) else ()
 
 
 def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
@@ -544,53 +673,53 @@ def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
     facts.flag("cut", ok, at=("cut",))
     if not ok:
         return
-    m, units = rules.m, _units(plan)
-    work = sum(len(_computes(op)) for prog in plan.programs for op in prog)
-    if len(units) * m > work:  # fewer ops than required forwards: never enumerate m
-        facts.add("le", "work", len(units) * m, work, at=("work",))
+    m, units, ns = rules.m, _units(plan), rules.stages
+    comp = np.flatnonzero(rules.kind <= R)
+    if len(units) * m > len(comp):  # fewer ops than required forwards: never enumerate m
+        facts.add("le", "work", len(units) * m, len(comp), at=("work",))
         return
-    unit_of, cells = {u: k for k, u in enumerate(units)}, []
-    for rank, prog in enumerate(plan.programs):
-        for index, op in enumerate(prog):
-            for c in _computes(op):
-                u = unit_of.get((c.segment, c.stage))
-                if u is None or c.mb >= m:
-                    facts.flag("stray", False, at=("stray", rank, index))
-                    continue  # else count it: F, B, I, W, R on its owner, or misplaced
-                cells.append((u * m + c.mb) * 6 + (
-                    "FBIWR".index(c.kind) if rules.owner(c) == rank else 5))
-    counts = np.bincount(np.array(cells, np.int64), minlength=len(units) * m * 6)
-    one, zero = np.ones(m, np.int64), np.zeros(m, np.int64)
-    for (seg, s), per_mb in zip(units, counts.reshape(len(units), m, 6)):
-        segw = rules.segs.get(seg) if seg else None
-        f, b, i, w, r, wrong = per_mb.T
-
-        due = zero if segw is None else _column(
-            int(rules.recompute_due(segw, mb)) for mb in range(m))
-        checks = [("F", f, one), ("misplaced", wrong, zero), ("R", r, due)] + (
-            [("B|I", b + i, one), ("I=W", i, w)]  # one B, or one I and one W
-            if rules.backward_due(segw)
-            else [("no backward", b + i + w, zero)])  # frozen, or a forward-only plan
-        for name, have, want in checks:
-            facts.extend("eq", (seg, s, name), [have, want], at=lambda mb: ("unit", seg, s, mb))
+    seg, s, b = rules.seg[rules.name[comp]], rules.stage[comp], rules.mb[comp]
+    unit = np.where(seg < 0, np.where(rules.name[comp] == rules.body, s, -1),
+                    np.where(s == 0, ns + seg, -1))
+    stray = (unit < 0) | (unit >= len(units)) | (b >= m)
+    for row in comp[stray].tolist():
+        facts.flag("stray", False, at=("stray", int(rules.rank[row]), _index(rules, row)))
+    comp, unit, b = comp[~stray], unit[~stray].astype(np.int64), b[~stray].astype(np.int64)
+    kind = np.where(rules.owner()[comp] == rules.rank[comp], rules.kind[comp], 5)
+    counts = np.bincount((unit * m + b) * 6 + kind, minlength=len(units) * m * 6)
+    f, bw, i, w, r, wrong = counts.reshape(len(units), m, 6).transpose(2, 0, 1)
+    segw = [rules.segs.get(x) if x else None for x, _ in units]
+    due = np.array([[int(rules.recompute_due(x, mb)) for mb in range(m)] if x else [0] * m
+                    for x in segw], np.int64).reshape(len(units), m)
+    back = np.array([rules.backward_due(x) for x in segw], bool)
+    one, zero, every = np.ones_like(f), np.zeros_like(f), np.arange(len(units))
+    for name, have, want, sel in [("F", f, one, every), ("misplaced", wrong, zero, every),
+                                  ("R", r, due, every), ("B|I", bw + i, one, every[back]),
+                                  ("I=W", i, w, every[back]),  # one B, or one I and one W
+                                  ("no backward", bw + i + w, zero, every[~back])]:
+        facts.extend("eq", name, [have[sel].ravel(), want[sel].ravel()], np.repeat(sel, m),
+                     at=lambda j, sel=sel: ("unit", *units[sel[j // m]], j % m))
     _required_collectives(plan, rules, facts)
+
+
+def _index(rules: _Rules, row: int) -> int:
+    """The position on its rank of the step that holds member ``row``."""
+    return int(rules.pos[row] - rules.base[rules.rank[row]])
 
 
 def _required_collectives(plan: Plan, rules: _Rules, facts: _Facts) -> None:
     required = rules.required_collectives()
     calls: dict = defaultdict(int)
-    for rank, prog in enumerate(plan.programs):
-        for index, op in enumerate(prog):
-            if type(op) is not Collective:
-                continue
-            role, sep, _ = op.tag.partition(":")
-            if not sep or role not in ("params", "grads"):
-                continue  # a collective of the user's own: only well-formedness applies
-            need = required.get(op.tag)
-            facts.flag("tagged", need is not None and op.kind == need[0]
-                       and op.root == need[1] and need[2] <= set(op.ranks),
-                       at=("collective", op.tag, rank))
-            calls[(op.tag, rank)] += 1
+    for row in np.flatnonzero(rules.kind == COLL).tolist():
+        op, rank = rules.ops[row], int(rules.rank[row])
+        role, sep, _ = op.tag.partition(":")
+        if not sep or role not in ("params", "grads"):
+            continue  # a collective of the user's own: only well-formedness applies
+        need = required.get(op.tag)
+        facts.flag("tagged", need is not None and op.kind == need[0]
+                   and op.root == need[1] and need[2] <= set(op.ranks),
+                   at=("collective", op.tag, rank))
+        calls[(op.tag, rank)] += 1
     for tag, (_, _, ranks) in required.items():
         for r in range(rules.p):
             facts.add("eq" if r in ranks else "le", ("calls", tag, r in ranks),
@@ -603,52 +732,75 @@ def _dependency(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness) -> N
     if witness.producers is None or len(witness.producers) != rules.p:
         facts.flag("witness", False, at=("witness",))
         return
-    for rank, prog in enumerate(plan.programs):
-        given, n, sigs, made, at, cls = witness.producers[rank], len(prog), {}, [], [], []
-        for index, op in enumerate(prog):
-            sig = sigs.setdefault(_sig(op), len(sigs)) * 128  # class: op kind, input kind
-            for token in sorted(rules.needs(op, rank)):
-                q = given[len(at)] if len(at) < len(given) else -1
-                made.append(0 <= q < n and token in rules.produces(prog[q]))
-                at.append(index)
-                cls.append(sig + ord(token[0][0]))
-        q = _column(given[:len(at)] + (-1,) * (len(at) - len(given)))
-        facts.extend("before", rank, [_column(map(int, made)), q, _column(at)], _column(cls))
-        facts.add("eq", "listed", len(at), len(given), at=("witness",))
+    (row, token), kind, made = rules.tokens
+    rank, count = rules.rank[row], np.bincount(rules.rank[row], minlength=rules.p).tolist()
+    q = _column(chain.from_iterable(tuple(g[:c]) + (-1,) * (c - len(g)) for g, c in
+                                    zip(witness.producers, count)))
+    n = np.diff(rules.base)[rank]
+    ok = np.array((q >= 0) & (q < n), bool)  # exact, whatever q's magnitude
+    at = rules.base[rank] + np.where(ok, q, 0).astype(np.int64)
+    both = _key(np.concatenate([at, rules.pos[made[0]]]), np.concatenate([token, made[1]]))
+    found = _within(both[:len(at)], both[len(at):])
+    facts.extend("one", "made", [(ok & found).astype(np.int64)])
+    facts.extend("le", "made at", [0 * at, q])  # 0 <= q, and q < the op's own position:
+    facts.extend("lt", "made before", [0 * at, rules.pos[row] - rules.base[rank] - q])
+    for r, (g, c) in enumerate(zip(witness.producers, count)):
+        facts.add("eq", "listed", c, len(g), at=("witness",))
 
 
-_READ: list = [lambda: None, None]  # the plan _comms read last (not kept alive), its answer
+def _within(x: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """Per item of ``x``: does ``of`` hold it?"""
+    of = np.sort(of)
+    at = np.minimum(np.searchsorted(of, x), len(of) - 1)
+    return of[at] == x if len(of) else np.zeros(len(x), bool)
 
 
-def _comms(plan: Plan) -> tuple:
-    """FIFO pairing by counting: ``(src, dst) -> (sends, receives)``, each ``(rank, index,
-    op)`` in program order (the k-th send pairs with the k-th receive); collective
-    instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th call over that
-    member set on each rank. Read once per (immutable) plan; callers never change it."""
-    if _READ[0]() is plan:
-        return _READ[1]
-    channels, calls, seen = defaultdict(lambda: ([], [])), defaultdict(dict), defaultdict(int)
-    for rank, prog in enumerate(plan.programs):
-        for index, op in enumerate(prog):
-            if type(op) is Collective:
-                group = tuple(sorted(set(op.ranks)))
-                calls[(group, seen[(group, rank)])][rank] = (index, op)
-                seen[(group, rank)] += 1
-            for c in _members(op):
-                if type(c) is Send:
-                    channels[(rank, c.dst)][0].append((rank, index, c))
-                elif type(c) is Recv:
-                    channels[(c.src, rank)][1].append((rank, index, c))
-    _READ[:] = [weakref.ref(plan), (channels, calls)]
-    return channels, calls
+def _pairs(rules: _Rules) -> tuple:
+    """FIFO pairing by counting, over the sends and receives (``comm`` rows, each side in
+    program order): per end, whether it is a send, its channel ``(src, dst)``, the channel
+    coded as one int, its number ``k`` on its side of the channel, the other side's
+    ``k``-th end (its place in ``comm``; -1 when that side has only ``count <= k``) and
+    that side's count."""
+    if "pairs" not in vars(rules):
+        ends, peer = rules.comm, rules.p2p[1]
+        send = rules.kind[ends] == SEND
+        src, dst = np.where(send, rules.rank[ends], peer), np.where(send, peer, rules.rank[ends])
+        chan = _dense(_key(src, dst)) if len(ends) else ends
+        side = chan * 2 + send
+        order = np.argsort(side, kind="stable")
+        start = np.searchsorted(side[order], np.arange(2 * int(chan.max(initial=-1)) + 3))
+        k = np.empty_like(ends)
+        k[order] = np.arange(len(ends)) - start[side[order]]
+        count = np.diff(start)[side ^ 1]
+        partner = np.where(k < count, order[np.minimum(start[side ^ 1] + k, len(ends) - 1)], -1)
+        rules.pairs = (send, src, dst, chan, k, partner, count)
+    return rules.pairs
+
+
+def _instances(rules: _Rules) -> dict:
+    """Collective instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th
+    call over that member set on each rank."""
+    calls, seen = defaultdict(dict), defaultdict(int)
+    for row in np.flatnonzero(rules.kind == COLL).tolist():
+        op, rank = rules.ops[row], int(rules.rank[row])
+        group = tuple(sorted(set(op.ranks)))
+        calls[(group, seen[(group, rank)])][rank] = (_index(rules, row), op)
+        seen[(group, rank)] += 1
+    return calls
 
 
 def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
-    for key, (sends, recvs) in sorted(_comms(plan)[0].items()):
-        facts.add("eq", "count", len(sends), len(recvs), at=("channel",) + key)
-        for s, r in zip(sends, recvs):
-            facts.flag("payload", s[2].payload == r[2].payload, at=("channel",) + key)
-    for (group, _), where in _comms(plan)[1].items():
+    send, src, dst, chan, k, partner, count = _pairs(rules)
+    first = np.unique(chan, return_index=True)[1]
+    sends, recvs = (np.bincount(chan[x], minlength=len(first)).tolist() for x in (send, ~send))
+    where = [("channel", int(src[j]), int(dst[j])) for j in first.tolist()]
+    for c, at in enumerate(where):
+        facts.add("eq", "count", sends[c], recvs[c], at=at)
+    a = np.flatnonzero(send & (partner >= 0))
+    got = rules.p2p[0]
+    same = _ints(map(operator.eq, _pick(got, a), _pick(got, partner[a])))
+    facts.extend("one", "payload", [same], chan[a], at=lambda j: where[chan[a[j]]])
+    for (group, _), where in _instances(rules).items():
         ref = where[min(where)][1]
         for rank, (index, op) in where.items():
             members, at = op.ranks, ("call", rank, index)
@@ -660,40 +812,41 @@ def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
                   at=("call", min(where), where[min(where)][0]))
 
 
-_COMM = (Send, Recv, Group, Collective)  # the only ops that can block
-
-
 def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
               eager: bool = False) -> None:
-    steps = [[i for i, op in enumerate(prog) if type(op) in _COMM] for prog in plan.programs]
+    """Per rank, each comm step's time ``fin``, posted at ``post`` (the ``fin`` of the comm
+    step before it, 0 for the first): ``post <= fin``; each blocking end of a pair
+    (both under rendezvous, the receive under eager) completes after its partner was
+    posted, ``post(partner) < fin(end)``; an end without a partner waits forever; a
+    collective completes after every member posted it, and only members call it."""
+    comm = np.flatnonzero(np.isin(rules.step, _COMM))
+    per_rank = np.bincount(rules.rank_of[comm], minlength=rules.p).tolist()
     fins = [_column(t) for t in witness.finish or ()]  # a time beyond BOUND is refused
-    if witness.finish is None or [len(f) for f in fins] != [len(s) for s in steps] or any(
+    if witness.finish is None or [len(f) for f in fins] != per_rank or any(
             f.dtype != np.int64 for f in fins):
         facts.flag("witness", False, at=("witness",))
         return
-    posts = [np.r_[0, f][:len(f)] for f in fins]  # post: the fin of the comm step before
-    # the facts hold the gaps fin - post (exact: both below BOUND), far more regular
-    fin, post = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (fins, posts))
-    base, sigs = np.cumsum([0] + [len(prog) for prog in plan.programs]).tolist(), {}
-    nth = np.full(base[-1], -1, np.int64)  # a position of the plan -> its comm step
-    nth[_column(base[r] + i for r, s in enumerate(steps) for i in s)] = np.arange(len(fin))
-    for rank, positions in enumerate(steps):
-        kinds = _column(sigs.setdefault(type(plan.programs[rank][i]), len(sigs))
-                        for i in positions)
-        facts.extend("le", rank, [0 * fins[rank], fins[rank] - posts[rank]], kinds)
-    for key, (sends, recvs) in sorted(_comms(plan)[0].items()):
-        for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
-            k = min(len(ends), len(others))  # the comm steps of the first k pairs:
-            other, end = (nth[_column(base[r] + i for r, i, _ in e[:k])] for e in (others, ends))
-            facts.extend("lt", ("meet", key, ends is sends), [0 * end, fin[end] - post[other]])
-            for j, (rank, index, _) in enumerate(ends[k:], k):  # no partner: waits forever
-                facts.add("lt", "partner", j, len(others), at=("stuck", rank, index))
-    for (group, _), where in _comms(plan)[1].items():
+    fin = np.concatenate([np.zeros(0, np.int64), *fins])
+    post = np.concatenate([np.zeros(0, np.int64), *(np.r_[0, f][:len(f)] for f in fins)])
+    nth = np.full(len(rules.step), -1, np.int64)  # a step of the plan -> its comm step
+    nth[comm] = np.arange(len(comm))
+    facts.extend("le", "order", [0 * fin, fin - post])  # gaps repeat far more than times
+    send, _, _, chan, k, partner, count = _pairs(rules)
+    ends, block = rules.comm, ~send | (not eager)
+    j = np.flatnonzero(block & (partner >= 0))
+    a, z = nth[rules.pos[ends[j]]], nth[rules.pos[ends[partner[j]]]]
+    facts.extend("lt", "meet", [0 * a, fin[a] - post[z]])
+    for j in np.flatnonzero(block & (partner < 0)).tolist():
+        row = int(ends[j])  # no partner: waits forever
+        facts.add("lt", "partner", int(k[j]), int(count[j]),
+                  at=("stuck", int(rules.rank[row]), _index(rules, row)))
+    for (group, _), where in _instances(rules).items():
         facts.add("eq", "callers", sum(r in where for r in group), len(group))
-        meet = max(int(post[nth[base[r] + i]]) for r, (i, _) in where.items())
-        for r, (i, _) in where.items():
+        steps = [nth[rules.base[r] + i] for r, (i, _) in where.items()]
+        meet = max(int(post[x]) for x in steps)
+        for r, x in zip(where, steps):
             facts.flag("member", r in group)  # a non-member's call never completes
-            facts.add("lt", ("collective", r), meet, int(fin[nth[base[r] + i]]))
+            facts.add("lt", ("collective", r), meet, int(fin[x]))
 
 
 def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "Sizes",
@@ -705,19 +858,20 @@ def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "
                                       == len(witness.peak_at) == rules.p):
         facts.flag("witness", False, at=("witness",))
         return
-    for rank, prog in enumerate(plan.programs):
+    alloc, freed = _moves(rules, sizes)
+    for rank in range(rules.p):
         levels, peak, at = witness.levels[rank], witness.peaks[rank], witness.peak_at[rank]
         static = sizes.static[rank] if rank < len(sizes.static) else 0
-        alloc, freed = _moves(prog, rank, rules, sizes)
-        moving = np.flatnonzero((alloc != 0) | (freed != 0))
-        if not levels or len(levels) != len(moving) + 1 or not -1 <= at < len(prog):
+        lo, hi = rules.base[rank], rules.base[rank + 1]
+        moving = np.flatnonzero((alloc[lo:hi] != 0) | (freed[lo:hi] != 0))
+        if not levels or len(levels) != len(moving) + 1 or not -1 <= at < hi - lo:
             facts.flag("witness", False, at=("witness",))
             continue
-        level, sigs = _column(levels), {}
-        kinds = _column(sigs.setdefault(_sig(prog[i]), len(sigs)) for i in moving.tolist())
-        facts.extend("level", rank, [level[:-1], alloc[moving], freed[moving], level[1:],
-                                     _column([peak] * len(moving))], kinds)
-        top = static if at == -1 else levels[np.searchsorted(moving, at)] + alloc.tolist()[at]
+        level = _column(levels)
+        facts.extend("level", rank, [level[:-1], alloc[lo + moving], freed[lo + moving],
+                                     level[1:], _column([peak] * len(moving))])
+        top = static if at == -1 else (levels[np.searchsorted(moving, at)]
+                                       + alloc[lo + at:lo + at + 1].tolist()[0])
         facts.add("eqr", "static", levels[0], static)
         facts.add("ler", "final", levels[-1], peak)
         facts.add("eqr", "peak", top, peak)
@@ -725,35 +879,44 @@ def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "
             facts.add("ler", "limit", peak, _exact(limits[rank]), at=("peak", rank))
 
 
-def _moves(prog, rank: int, rules: _Rules, sizes: "Sizes") -> tuple:
-    """Per step, the exact ``(allocated, freed)``: a forward (or recompute) that stores
-    allocates its activation, freed by its ``B`` or ``W``; a receive allocates its
-    buffer, freed by the compute op that consumes what it carried. Allocations count
-    before frees; a free releases its key's latest allocation, unless already freed."""
-    ids, events = {}, []  # events: (key, step, 1 for a free, amount)
-    for index, op in enumerate(prog):
-        for c in _computes(op):
-            k = ("stored", c.segment, c.stage, c.mb)
-            if c.kind in ("F", "R") and rules.stores(c, rank):
-                events.append((k, index, 0, sizes.stored.get((c.segment, c.stage), 1)))
-            elif c.kind in ("B", "W"):
-                events.append((k, index, 1, 0))
-            events += [(("buffer", t), index, 1, 0) for t in rules.needs(c, rank)
-                       if t[0] in _TRANSFER]
-        for c in _members(op):
-            if type(c) is Recv and sizes.buffer.get(c.payload, 0):
-                events.append((("buffer", _carried(c.payload)), index, 0,
-                               sizes.buffer[c.payload]))
-    keys, step, free, amount = zip(*events) if events else ((),) * 4
-    k = _column(ids.setdefault(x, len(ids)) for x in keys)
-    st, fr, amount = _column(step), _column(free), _column(amount, 1 << 32)
-    alloc, freed = (np.zeros(len(prog), amount.dtype) for _ in "af")
-    order = np.lexsort((fr, st, k))  # by key, then step, allocations first
-    k, st, fr, amount = k[order], st[order], fr[order], amount[order]
-    live = np.zeros(len(k), bool)  # a free right after an allocation of its key
-    live[1:] = (k[1:] == k[:-1]) & (fr[:-1] == 0) & (fr[1:] == 1)
-    np.add.at(alloc, st[fr == 0], amount[fr == 0])
-    np.add.at(freed, st[live], amount[np.flatnonzero(live) - 1])
+def _moves(rules: _Rules, sizes: "Sizes") -> tuple:
+    """Per step of the plan, the exact ``(allocated, freed)``: a forward (or recompute)
+    that stores allocates its activation (``sizes.stored``, default 1), freed by its
+    ``B`` or ``W``; a receive allocates its buffer (``sizes.buffer``, default 0), freed by
+    the compute op that consumes what it carried. Allocations count before frees; a free
+    releases its key's latest allocation, unless already freed."""
+    k, comp = rules.kind, rules.kind <= R
+    keep = np.flatnonzero(rules.stores())
+    first, back = np.unique(_key(rules.name[keep], rules.stage[keep]), return_index=True,
+                            return_inverse=True)[1:]
+    size = _column((sizes.stored.get((rules.names[rules.name[j]], int(rules.stage[j])), 1)
+                    for j in keep[first].tolist()), 1 << 32)
+    gone = np.flatnonzero(comp & ((k == B) | (k == W)))
+    unit = _key(*(np.concatenate([x[keep], x[gone]]) for x in (rules.name, rules.stage, rules.mb)))
+    events = [(keep, 2 * unit[:len(keep)], size[back.reshape(-1)]),
+              (gone, 2 * unit[len(keep):], None)]  # stored activations: even keys
+    if sizes.buffer:  # receive buffers: odd keys (without sizes, no buffer is allocated)
+        (nrow, ntok), kind, (mrow, mtok) = rules.tokens
+        recv = np.flatnonzero(k == RECV)
+        got = [sizes.buffer.get(x, 0) for x in rules.p2p[0][rules.sends:]]
+        has = np.array([x != 0 for x in got], bool)
+        use = comp[nrow] & np.isin(kind, (OUT, GRAD, INPUT))
+        events += [(recv[has], 2 * mtok[k[mrow] == RECV][has] + 1,
+                    _column([x for x in got if x], 1 << 32)),
+                   (nrow[use], 2 * ntok[use] + 1, None)]
+    step, key = (np.concatenate([rules.pos[e[0]] if c == 0 else e[1] for e in events])
+                 for c in (0, 1))
+    fr = np.concatenate([np.full(len(e[0]), e[2] is None, np.int64) for e in events])
+    kind = np.int64 if all(e[2] is None or e[2].dtype == np.int64 for e in events) else object
+    amount = np.concatenate([np.zeros(len(e[0]), kind) if e[2] is None else e[2].astype(kind)
+                             for e in events])
+    alloc, freed = (np.zeros(len(rules.step), kind) for _ in "af")
+    order = np.lexsort((fr, step, key))  # by key, then step, allocations first
+    key, step, fr, amount = key[order], step[order], fr[order], amount[order]
+    live = np.zeros(len(key), bool)  # a free right after an allocation of its key
+    live[1:] = (key[1:] == key[:-1]) & (fr[:-1] == 0) & (fr[1:] == 1)
+    np.add.at(alloc, step[fr == 0], amount[fr == 0])
+    np.add.at(freed, step[live], amount[np.flatnonzero(live) - 1])
     return alloc, freed
 
 
@@ -791,7 +954,7 @@ def prove(plan: Plan, witness: Witness, comm_model: str = "rendezvous", sizes=No
         raise ValueError(f"unknown comm model {comm_model!r}")
     if limits is not None and len(limits) != plan.num_ranks:
         raise ValueError(f"{len(limits)} memory limits for {plan.num_ranks} ranks")
-    rules, out = _Rules(plan), {}
+    rules, out = _rules(plan), {}
     if not rules.cut_ok():  # every rule below reads the cut
         return {name: Verdict("failed", "the cut does not fit the plan") for name in properties}
     for name in properties:
@@ -808,7 +971,7 @@ def violation(plan: Plan, witness: Witness, name: str, comm_model: str = "rendez
     the integers declared by ``QUERY_DECLS``: satisfiable iff some obligation fails (a cut
     that does not fit the plan: ``true``). For callers that combine many plans' queries
     into one Z3 call (the bounded family laws)."""
-    rules = _Rules(plan)
+    rules = _rules(plan)
     if not rules.cut_ok():
         return "true"
     facts = _Facts()
@@ -839,11 +1002,11 @@ def _confirm_one(plan, name, claim, comm_model, sizes, limits, rlimit) -> str:
 
 
 def _confirm(plan: Plan, name: str, claims: list, comm_model, sizes, limits, rlimit) -> list:
-    rules = _Rules(plan)
+    rules = _rules(plan)
     if not rules.cut_ok() and name != "completeness":
         return ["rejected"] * len(claims)
     if name == "deadlock":
-        waits = _waits(plan, comm_model == "eager")
+        waits = _waits(rules, comm_model == "eager")
         return [_confirm_wait(c, waits, rlimit) for c in claims]
     if name == "dependency":
         bad = [_missing_inputs(plan, rules, c) for c in claims]
@@ -875,14 +1038,19 @@ def _ground(facts: list, rlimit) -> str:
     return "violated" if answer == z3.sat else "unknown" if answer == z3.unknown else "rejected"
 
 
+
+
 def _missing_inputs(plan: Plan, rules: _Rules, claim) -> list:
     """An input of the op at ``(rank, index)`` that no earlier op on the rank produces."""
     _, rank, index = claim
-    prog = plan.programs[_place(plan, rank)]
-    if not 0 <= index < len(prog):
+    n = len(plan.programs[_place(plan, rank)])
+    if not 0 <= index < n:
         return []
-    made = {t for op in prog[:index] for t in rules.produces(op)}
-    return [("one", (0,)) for t in rules.needs(prog[index], rank) if t not in made][:1]
+    at = rules.base[rank] + index
+    (nrow, need), _, (mrow, made) = rules.tokens
+    made = made[(rules.pos[mrow] >= rules.base[rank]) & (rules.pos[mrow] < at)]
+    need = need[rules.pos[nrow] == at]
+    return [("one", (0,))] if not _within(need, made).all() else []
 
 
 def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
@@ -893,7 +1061,8 @@ def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
         return []  # a step of the program, or -1 for the static part of an empty one
     top = sizes.static[rank] if rank < len(sizes.static) else 0
     if index != -1:
-        alloc, freed = (x.tolist() for x in _moves(plan.programs[rank], rank, rules, sizes))
+        lo = rules.base[rank]
+        alloc, freed = (x[lo:lo + n].tolist() for x in _moves(rules, sizes))
         top += sum(alloc[:index]) - sum(freed[:index]) + alloc[index]
     return [("ler", (top, _exact(limits[rank])))]
 
@@ -929,18 +1098,22 @@ def _confirm_wait(claim, waits: dict, rlimit) -> str:
     return "violated" if answer == z3.unsat else "unknown" if answer == z3.unknown else "rejected"
 
 
-def _waits(plan: Plan, eager: bool) -> dict:
+
+
+def _waits(rules: _Rules, eager: bool) -> dict:
     """``(rank, index) -> [(position waited on or None, fact)]`` for every blocking comm
     step: per blocking endpoint, the k-th of its channel, its FIFO partner (None when the
     other side has only ``count <= k`` ends) and the fact ``k < count``; per collective
     call, the other members' calls and the fact "callers = members" of its instance."""
     out: dict = defaultdict(list)
-    for sends, recvs in _comms(plan)[0].values():
-        for ends, others in [(sends, recvs)] * (not eager) + [(recvs, sends)]:
-            for k, (rank, index, _) in enumerate(ends):
-                out[(rank, index)].append((others[k][:2] if k < len(others) else None,
-                                           ("lt", (k, len(others)))))
-    for (group, _), where in _comms(plan)[1].items():
+    send, _, _, _, k, partner, count = _pairs(rules)
+    ends = rules.comm.tolist()
+    for j in np.flatnonzero(~send | (not eager)).tolist():
+        row, z = ends[j], int(partner[j])
+        out[(int(rules.rank[row]), _index(rules, row))].append(
+            ((int(rules.rank[ends[z]]), _index(rules, ends[z])) if z >= 0 else None,
+             ("lt", (int(k[j]), int(count[j])))))
+    for (group, _), where in _instances(rules).items():
         fact = ("eq", (sum(r in where for r in group), len(group)))
         for rank, (index, _) in where.items():
             out[(rank, index)] += [((r, i), fact) for r, (i, _) in where.items()
