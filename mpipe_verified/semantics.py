@@ -1053,10 +1053,8 @@ class OpTable:
     """The ops of a plan as integer columns, for passes that treat all microbatches of
     an op class at once. Op ``j`` is ``plan.programs[rank[j]][index[j]]`` (rank-major,
     in program order); ``cls[j]`` indexes ``classes`` (each class's rank, first and last
-    op), and ``mb[j]`` is the op's microbatch. The ops of a class differ only in their
-    microbatch, and a transfer's also in its peer and payload layout, which no rule read
-    through a table depends on (the memory pass uses a table only when receive buffers
-    are free).
+    op), and ``mb[j]`` is the op's microbatch (a transfer's: its payload's). The ops of a
+    class differ only in their microbatch.
 
     The rules are not restated here: ``rule_columns`` applies ``Chain.needs``,
     ``produces`` or ``step_effects`` as evaluated on each class's ops, shifted by each
@@ -1100,6 +1098,40 @@ class OpTable:
         return row, tid[c, slot], off[c, slot], tuple(tokens)
 
 
+def p2p_clean(table: OpTable) -> bool:
+    """``pair_p2p`` by counting, for a table's plan: True when every channel has as many
+    sends as receives and each FIFO pair's payloads are equal (nothing unmatched or
+    mismatched). Sends of channel ``(a, b)`` in program order are rank ``a``'s, so
+    sorting by channel, stably, lines the k-th send up with the k-th receive."""
+    import numpy as np
+    n = table.plan.num_ranks
+    peer = np.full(len(table.classes), -1, dtype=np.int64)
+    send = np.zeros(len(table.classes), dtype=bool)
+    comm = np.zeros(len(table.classes), dtype=bool)
+    payloads: dict = {}
+    sig = np.full(len(table.classes), -1, dtype=np.int64)  # the payload but its microbatch
+    for c, (_, op, _) in enumerate(table.classes):
+        kind = type(op)
+        if kind is Send or kind is Recv:
+            p = op.payload
+            comm[c], send[c], peer[c] = True, kind is Send, op.peer
+            sig[c] = payloads.setdefault(attrs.evolve(p, mb=0), len(payloads))
+    if peer.max(initial=-1) >= n:
+        return False
+    rows = np.flatnonzero(comm[table.cls])
+    is_send = send[table.cls[rows]]
+    channel = np.where(is_send, table.rank[rows] * n + peer[table.cls[rows]],
+                       peer[table.cls[rows]] * n + table.rank[rows])
+    s_rows, r_rows = rows[is_send], rows[~is_send]
+    s_ch, r_ch = channel[is_send], channel[~is_send]
+    if not np.array_equal(np.bincount(s_ch, minlength=n * n), np.bincount(r_ch, minlength=n * n)):
+        return False
+    s_rows = s_rows[np.argsort(s_ch, kind="stable")]
+    r_rows = r_rows[np.argsort(r_ch, kind="stable")]
+    return bool(np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
+                and np.array_equal(table.mb[s_rows], table.mb[r_rows]))
+
+
 def _mb_of(op: Op) -> int:
     payload = getattr(op, "payload", None)
     return payload.mb if payload is not None else getattr(op, "mb", None) or 0
@@ -1136,7 +1168,8 @@ def op_table(plan: Plan) -> OpTable | None:
                 add_mb(op.mb)
             elif kind is Send or kind is Recv:
                 p = op.payload
-                key = (rank, kind, p.kind, p.stage, p.segment)
+                key = (rank, kind, op.peer, p.kind, p.stage, p.segment, p.to_segment,
+                       p.shape, p.dtype, p.leaves)
                 add_mb(p.mb)
             elif kind is Idle or kind is Marker:
                 key = (rank, kind)

@@ -1,6 +1,6 @@
 """The passes read by columns (``semantics.op_table``) propose exactly what the op-by-op
-passes propose: the same verdict on whether there are findings, the same dependency
-producers, the same memory levels, peaks and reported peaks; on valid plans and on
+passes propose: the same verdict on whether there are findings (the transfers' pairing
+included), the same dependency producers, the same memory levels, peaks and reported peaks; on valid plans and on
 one-edit mutants of them, with the unit model and with integer sizes and limits."""
 
 from hypothesis import given, settings, strategies as st
@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from mpipe_verified.algebra import family
 from mpipe_verified.formats.torch_csv import format_torch_csv, parse_torch_csv
 from mpipe_verified.lower import lower
-from mpipe_verified.semantics import UNIT_MEMORY, MemoryModel, op_table
+from mpipe_verified.semantics import UNIT_MEMORY, MemoryModel, op_table, p2p_clean, pair_p2p
 from mpipe_verified.verify import properties, verify
 import strategies as S
 
@@ -21,6 +21,8 @@ def _agree(plan, model=UNIT_MEMORY, limits=None) -> None:
                       ("dependency", properties.dependency)):
         fast, slow = run(plan, table), run(plan)
         assert (bool(fast[0]), fast[1]) == (bool(slow[0]), slow[1]), name
+    pairing = pair_p2p(plan)
+    assert p2p_clean(table) == (not pairing.unmatched and not pairing.mismatched)
     fast, slow = properties.memory(plan, model, limits, table), properties.memory(
         plan, model, limits)
     assert (bool(fast[0]),) + fast[1:] == (bool(slow[0]),) + slow[1:]

@@ -177,7 +177,8 @@ def _witness(hints: dict) -> kernel.Witness:
 
 
 def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> dict:
-    """Completeness and memory (the half that needs no pairing, run or producers).
+    """Completeness, memory and, for a plan with a ``table``, matching (the half that
+    needs no pairing, run or producers).
     ``table``: ``semantics.op_table(plan)``; ``limits``: one memory bound per rank or None
     (``properties.memory_limits``)."""
     sizes = kernel.Sizes.of(plan, memory_model)
@@ -190,20 +191,23 @@ def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> 
         findings, hint, mem["peaks"] = properties.memory(plan, memory_model, limits, table)
         return findings, hint
     out["memory"] = judge("memory", memory)
+    if table is not None:  # its transfers pair by columns: no pairing to share
+        out["matching"] = judge("matching", lambda: properties.matching(plan, table=table))
     return {**out, "peaks": mem["peaks"], "sizes": sizes, "hints": judge.hints}
 
 
 def _comm_properties(plan, table, comm_model, rlimit) -> dict:
-    """Dependency (by ``table``'s columns where it has one), then matching and deadlock
-    over one pairing of the plan's sends and receives."""
+    """Dependency (by ``table``'s columns where it has one), then deadlock, and matching
+    where ``table`` is None (else ``_local_properties`` decides it), over one pairing of
+    the plan's sends and receives."""
     judge = _Judge(plan, comm_model, None, None, rlimit)
-    dependency = judge("dependency", lambda: properties.dependency(plan, table))
+    out = {"dependency": judge("dependency", lambda: properties.dependency(plan, table))}
     pairing, collectives = pair_p2p(plan), pair_collectives(plan)
-    out = {"dependency": dependency,
-           "matching": judge("matching", lambda: properties.matching(plan, pairing,
-                                                                      collectives)),
-           "deadlock": judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
-                                                                      collectives))}
+    if table is None:
+        out["matching"] = judge("matching", lambda: properties.matching(plan, pairing,
+                                                                         collectives))
+    out["deadlock"] = judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
+                                                                     collectives))
     return {**out, "hints": judge.hints}
 
 

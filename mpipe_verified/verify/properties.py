@@ -19,10 +19,10 @@ import attrs
 import numpy as np
 
 from ..ir import BODY, COMM_STEP, Plan, Send, computes_of, p2p_of
-from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, OpTable, Token, collective_issues,
-                         execute,
-                         live_tensors, memory_steps, pair_collectives, pair_p2p, produces,
-                         required_work, step_effects, unit_ok, wait_cycle, work_table, WORK_KINDS)
+from ..semantics import (UNIT_MEMORY, WORK_KINDS, Chain, MemoryModel, OpTable, Token,
+                         collective_issues, execute, live_tensors, memory_steps, p2p_clean,
+                         pair_collectives, pair_p2p, produces, required_work, step_effects,
+                         unit_ok, wait_cycle, work_table)
 from .report import Violation
 
 
@@ -212,10 +212,15 @@ def _missing_input(plan, rank, index, token, produced_at) -> Finding:
 # ---------------------------------------------------------------- matching
 
 
-def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding], None]:
+def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None = None
+             ) -> tuple[list[Finding], None]:
     """FIFO pairing per ordered rank pair: equal counts and equal payloads; collectives
     well formed and called in the same order with the same kind, tag and root by every
-    member. The kernel pairs by counting itself: no witness."""
+    member. The kernel pairs by counting itself: no witness. With the plan's ``table``
+    (which has no collectives) a plan whose transfers all pair is read by columns; any
+    other is paired op by op, which lists the findings."""
+    if table is not None and p2p_clean(table):
+        return Findings(), None
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
     findings = Findings()
