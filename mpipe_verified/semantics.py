@@ -536,7 +536,8 @@ def pair_p2p(plan: Plan) -> P2PPairing:
     """Pair the k-th send ``src→dst`` with the k-th receive at ``dst`` from ``src``."""
     sends: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
-    for rank, program in enumerate(plan.programs):
+    programs = plan.programs
+    for rank, program in enumerate(programs):
         for index, op in enumerate(program):
             kind = type(op)
             if kind is Send:
@@ -562,7 +563,10 @@ def pair_p2p(plan: Plan) -> P2PPairing:
         for s_end, r_end in pairs:
             partner[s_end] = r_end
             partner[r_end] = s_end
-            sent, received = p2p_at(plan, s_end).payload, p2p_at(plan, r_end).payload
+            sent = programs[s_end[0]][s_end[1]]  # p2p_at, inlined (once per transfer)
+            received = programs[r_end[0]][r_end[1]]
+            sent = (sent.ops[s_end[2]] if type(sent) is Group else sent).payload
+            received = (received.ops[r_end[2]] if type(received) is Group else received).payload
             if sent is not received and sent != received:
                 mismatched.append((s_end, r_end))
         n = len(pairs)

@@ -295,7 +295,8 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
     run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
     if not run.completed:
         return _deadlock_findings(plan, run), None
-    return [], tuple(tuple(int(t) for op, t in zip(prog, times) if type(op) in _COMM)
+    comm = _COMM
+    return [], tuple(tuple(map(int, [t for op, t in zip(prog, times) if type(op) in comm]))
                      for prog, times in zip(plan.programs, run.finish))
 
 
