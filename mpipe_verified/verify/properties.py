@@ -110,11 +110,22 @@ def _complete(table: OpTable, chain: Chain) -> bool:
     width = len(WORK_KINDS)
     rows = np.bincount((stage * m + mb) * width + kind, minlength=s * m * width)
     rows = rows.reshape(s * m, width)
-    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)] or
-                   np.zeros((0, 2)), dtype=np.int64).reshape(m, 2)
+    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
+                   dtype=np.int64).reshape(m, 2)
     cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
-    return all(unit_ok(list(row[:width]) + [0], bool(row[width]), bool(row[width + 1]))
-               for row in np.unique(cases, axis=0).tolist())
+    return all(unit_ok(row[:width] + [0], bool(row[width]), bool(row[width + 1]))
+               for row in _distinct_rows(cases))
+
+
+def _distinct_rows(rows) -> list[list[int]]:
+    """The distinct rows of a non-negative integer matrix (as one number each when they
+    fit in 63 bits, which sorts faster than rows)."""
+    base = int(rows.max(initial=0)) + 1
+    if base ** rows.shape[1] >= 2**63:
+        return np.unique(rows, axis=0).tolist()
+    weights = base ** np.arange(rows.shape[1], dtype=np.int64)
+    codes = np.unique(rows @ weights)
+    return [[int(c) // base ** k % base for k in range(rows.shape[1])] for c in codes.tolist()]
 
 
 def dependency(plan: Plan, table: OpTable | None = None
