@@ -1137,8 +1137,11 @@ def p2p_clean(table: OpTable) -> bool:
 
 
 def _mb_of(op: Op) -> int:
-    payload = getattr(op, "payload", None)
-    return payload.mb if payload is not None else getattr(op, "mb", None) or 0
+    """The microbatch ``op_table`` records for ``op`` (0 for idle and marker steps)."""
+    kind = type(op)
+    if kind is Compute:
+        return op.mb
+    return op.payload.mb if kind is Send or kind is Recv else 0
 
 
 def _relative(tokens, mb: int, ids: dict) -> tuple:

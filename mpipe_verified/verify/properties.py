@@ -105,11 +105,14 @@ def _complete(table: OpTable, chain: Chain) -> bool:
         return False
     work = kinds[table.cls] >= 0
     mb, kind, stage = table.mb[work], kinds[table.cls][work], stages[table.cls][work]
-    if len(mb) and int(mb.max()) >= m:
-        return False
+    if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
+        return False  # a unit without work (never enumerated: m may be huge), or stray
     width = len(WORK_KINDS)
-    rows = np.bincount((stage * m + mb) * width + kind, minlength=s * m * width)
-    rows = rows.reshape(s * m, width)
+    units, at = np.unique(stage * m + mb, return_inverse=True)
+    if len(units) != s * m:
+        return False
+    rows = np.zeros((s * m, width), dtype=np.int64)
+    np.add.at(rows, (at.reshape(-1), kind), 1)
     due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
                    dtype=np.int64).reshape(m, 2)
     cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
@@ -179,6 +182,8 @@ def _producers(table: OpTable, chain: Chain) -> tuple | None:
     reach = int(max(np.abs(n_shift).max(initial=0), np.abs(m_shift).max(initial=0)))
     width = int(table.mb.max(initial=0)) + 2 * reach + 1  # token microbatches -reach..
     span = width * max(len(m_names), 1)
+    if span * len(table.counts) >= 2**62:  # the keys would not fit in 64 bits
+        return None
 
     def keys(row, tok, shift):  # rank, token kind and microbatch as one integer
         return (table.rank[row] * span + tok * width) + (table.mb[row] + shift + reach)
