@@ -887,10 +887,10 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
     """What one step of ``rank`` allocates and frees (§2.6): ``(allocs, frees)``, each
     alloc ``(key, (what, item, size))`` (it becomes what is live under that key; the
     allocations count before the frees), each free a key (it frees what is live under
-    that key, if anything). ``stored(stage,
-    segment)`` and ``buffer(payload)`` give the sizes. A forward (or recompute) keeps
-    its activation where the chain says so; ``B`` or ``W`` frees it; a receive allocates
-    its buffer, which the op consuming its token frees."""
+    that key, if anything). ``stored(stage, segment)`` and ``buffer(payload)`` give the
+    sizes. A forward (or recompute) keeps its activation where the chain says so; ``B`` or
+    ``W`` frees it; a receive allocates its buffer (none of size 0), which the op
+    consuming its token frees."""
     allocs, frees = [], []
     for c in computes_of(op):
         if c.kind in (FORWARD, RECOMPUTE):
