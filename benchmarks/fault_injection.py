@@ -293,8 +293,8 @@ FAULTS = (
           'properties.deadlock(plan, "eager", pairing,',
           "the deadlock pass runs under eager whatever the comm model"),
     Fault("memory_pass_without_limit", VERIFY,
-          "properties.memory(plan, memory_model, limits)",
-          "properties.memory(plan, memory_model, None)",
+          "properties.memory(plan, memory_model, limits, table)",
+          "properties.memory(plan, memory_model, None, table)",
           "the memory pass is not given the memory limit"),
     # ---- lowering (spec and family inputs)
     Fault("lower_transfers_after_computes", LOWER,

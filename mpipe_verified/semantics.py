@@ -536,7 +536,8 @@ def pair_p2p(plan: Plan) -> P2PPairing:
     """Pair the k-th send ``src→dst`` with the k-th receive at ``dst`` from ``src``."""
     sends: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
-    for rank, program in enumerate(plan.programs):
+    programs = plan.programs
+    for rank, program in enumerate(programs):
         for index, op in enumerate(program):
             kind = type(op)
             if kind is Send:
@@ -562,7 +563,10 @@ def pair_p2p(plan: Plan) -> P2PPairing:
         for s_end, r_end in pairs:
             partner[s_end] = r_end
             partner[r_end] = s_end
-            sent, received = p2p_at(plan, s_end).payload, p2p_at(plan, r_end).payload
+            sent = programs[s_end[0]][s_end[1]]  # p2p_at, inlined (once per transfer)
+            received = programs[r_end[0]][r_end[1]]
+            sent = (sent.ops[s_end[2]] if type(sent) is Group else sent).payload
+            received = (received.ops[r_end[2]] if type(received) is Group else received).payload
             if sent is not received and sent != received:
                 mismatched.append((s_end, r_end))
         n = len(pairs)
@@ -860,34 +864,49 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
         stored, buffer = (lambda s, seg: exact(model.stored(s, seg))), (
             lambda p: exact(model.received(p)))
     for index, op in enumerate(plan.programs[rank]):
-        alloc, frees = (0.0 if exact is None else 0), []
         kind = type(op)
         if kind is Send or kind is Idle or kind is Marker or kind is Collective:
             steps.append((0.0, 0.0))  # allocates and frees nothing
             if index == live_at:
                 snapshot = [(f"{what} {x}", size) for what, x, size in live.values()]
             continue
-        for c in ((op,) if kind is Compute else computes_of(op)):
-            if c.kind in (FORWARD, RECOMPUTE):
-                if chain.stores(c, rank):
-                    size = stored(c.stage, c.segment)
-                    live[("stored", c.segment, c.stage, c.mb)] = ("activation of", c, size)
-                    alloc += size
-            elif c.kind in (BACKWARD, WEIGHT_GRAD):
-                frees.append(("stored", c.segment, c.stage, c.mb))
-            # a receive buffer is freed by the op that consumes its token (§2.6)
-            frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
-        for r in ((op,) if kind is Recv else p2p_of(op)):
-            if isinstance(r, Recv):
-                size = buffer(r.payload)
-                if size:
-                    live[("buffer", payload_token(r.payload))] = ("receive buffer of", r, size)
-                    alloc += size
+        allocs, frees = step_effects(op, rank, chain, stored, buffer)
+        alloc = 0.0 if exact is None else 0
+        for key, entry in allocs:
+            live[key] = entry
+            alloc += entry[2]
         if index == live_at:  # described only when asked: formatting every op is costly
             snapshot = [(f"{what} {op}", size) for what, op, size in live.values()]
         freed = sum(live.pop(key)[2] for key in frees if key in live)
         steps.append((alloc, freed))
     return steps, snapshot
+
+
+def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Callable
+                 ) -> tuple[list, list]:
+    """What one step of ``rank`` allocates and frees (§2.6): ``(allocs, frees)``, each
+    alloc ``(key, (what, item, size))`` (it becomes what is live under that key; the
+    allocations count before the frees), each free a key (it frees what is live under
+    that key, if anything). ``stored(stage, segment)`` and ``buffer(payload)`` give the
+    sizes. A forward (or recompute) keeps its activation where the chain says so; ``B`` or
+    ``W`` frees it; a receive allocates its buffer (none of size 0), which the op
+    consuming its token frees."""
+    allocs, frees = [], []
+    for c in computes_of(op):
+        if c.kind in (FORWARD, RECOMPUTE):
+            if chain.stores(c, rank):
+                size = stored(c.stage, c.segment)
+                allocs.append((("stored", c.segment, c.stage, c.mb), ("activation of", c, size)))
+        elif c.kind in (BACKWARD, WEIGHT_GRAD):
+            frees.append(("stored", c.segment, c.stage, c.mb))
+        # a receive buffer is freed by the op that consumes its token (§2.6)
+        frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
+    for r in p2p_of(op):
+        if isinstance(r, Recv):
+            size = buffer(r.payload)
+            if size:
+                allocs.append((("buffer", payload_token(r.payload)), ("receive buffer of", r, size)))
+    return allocs, frees
 
 
 def memory_levels(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY):
@@ -1028,3 +1047,155 @@ def _barrier_wait(op, rank, free, barriers, seen, have) -> list:
         for member in op.ranks:
             have[member].setdefault(token, at)
     return [] if token in have[rank] else [token]
+
+
+# ---------------------------------------------------------------- columns
+
+
+@attrs.frozen(eq=False)
+class OpTable:
+    """The ops of a plan as integer columns, for passes that treat all microbatches of
+    an op class at once. Op ``j`` is ``plan.programs[rank[j]][index[j]]`` (rank-major,
+    in program order); ``cls[j]`` indexes ``classes`` (each class's rank, first and last
+    op), and ``mb[j]`` is the op's microbatch (a transfer's: its payload's). The ops of a
+    class differ only in their microbatch.
+
+    The rules are not restated here: ``rule_columns`` applies ``Chain.needs``,
+    ``produces`` or ``step_effects`` as evaluated on each class's ops, shifted by each
+    op's microbatch. Only plans whose rules are the same for every microbatch of a class
+    get a table (``op_table``): no cut, and only compute, send, receive, idle and marker
+    steps."""
+
+    plan: Plan
+    rank: object  # numpy int64 arrays, one entry per op
+    index: object
+    cls: object
+    mb: object
+    classes: tuple  # (rank, first op, last op) per class
+    counts: tuple[int, ...]  # ops per rank
+
+    def rule_columns(self, rule: Callable[[int, Op], list]):
+        """``(row, token, shift, names)`` for ``rule(rank, op)``'s tokens (tuples whose
+        last item is a microbatch) of every op, in op order then ``rule``'s order: op
+        ``row``'s token is ``names[token]`` followed by microbatch ``mb[row] + shift``.
+        None when some class's first and last op disagree once shifted."""
+        import numpy as np
+        tokens: dict[tuple, int] = {}
+        per_class = []
+        for rank, first, last in self.classes:
+            rel = _relative(rule(rank, first), _mb_of(first), tokens)
+            if last is not first and rel != _relative(rule(rank, last), _mb_of(last), tokens):
+                return None
+            per_class.append(rel)
+        n = np.array([len(r) for r in per_class], dtype=np.int64)
+        width = max(1, int(n.max(initial=0)))
+        tid = np.zeros((len(per_class), width), dtype=np.int64)
+        off = np.zeros((len(per_class), width), dtype=np.int64)
+        for c, rel in enumerate(per_class):
+            for k, (t, d) in enumerate(rel):
+                tid[c, k], off[c, k] = t, d
+        per_op = n[self.cls]
+        row = np.repeat(np.arange(len(self.cls), dtype=np.int64), per_op)
+        slot = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(per_op) - per_op,
+                                                               per_op)
+        c = self.cls[row]
+        return row, tid[c, slot], off[c, slot], tuple(tokens)
+
+
+def p2p_clean(table: OpTable) -> bool:
+    """``pair_p2p`` by counting, for a table's plan: True when every channel has as many
+    sends as receives and each FIFO pair's payloads are equal (nothing unmatched or
+    mismatched). Sends of channel ``(a, b)`` in program order are rank ``a``'s, so
+    sorting by channel, stably, lines the k-th send up with the k-th receive."""
+    import numpy as np
+    n = table.plan.num_ranks
+    peer = np.full(len(table.classes), -1, dtype=np.int64)
+    send = np.zeros(len(table.classes), dtype=bool)
+    comm = np.zeros(len(table.classes), dtype=bool)
+    payloads: dict = {}
+    sig = np.full(len(table.classes), -1, dtype=np.int64)  # the payload but its microbatch
+    for c, (_, op, _) in enumerate(table.classes):
+        kind = type(op)
+        if kind is Send or kind is Recv:
+            p = op.payload
+            comm[c], send[c], peer[c] = True, kind is Send, op.peer
+            sig[c] = payloads.setdefault(attrs.evolve(p, mb=0), len(payloads))
+    if peer.max(initial=-1) >= n:
+        return False
+    rows = np.flatnonzero(comm[table.cls])
+    is_send = send[table.cls[rows]]
+    channel = np.where(is_send, table.rank[rows] * n + peer[table.cls[rows]],
+                       peer[table.cls[rows]] * n + table.rank[rows])
+    s_rows, r_rows = rows[is_send], rows[~is_send]
+    s_ch, r_ch = channel[is_send], channel[~is_send]
+    if not np.array_equal(np.bincount(s_ch, minlength=n * n), np.bincount(r_ch, minlength=n * n)):
+        return False
+    s_rows = s_rows[np.argsort(s_ch, kind="stable")]
+    r_rows = r_rows[np.argsort(r_ch, kind="stable")]
+    return bool(np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
+                and np.array_equal(table.mb[s_rows], table.mb[r_rows]))
+
+
+def _mb_of(op: Op) -> int:
+    """The microbatch ``op_table`` records for ``op`` (0 for idle and marker steps)."""
+    kind = type(op)
+    if kind is Compute:
+        return op.mb
+    return op.payload.mb if kind is Send or kind is Recv else 0
+
+
+def _relative(tokens, mb: int, ids: dict) -> tuple:
+    """``tokens`` (each ending in its microbatch) as ``(id of the rest, microbatch - mb)``."""
+    out = []
+    for t in tokens:
+        key = t[:-1]
+        if key not in ids:
+            ids[key] = len(ids)
+        out.append((ids[key], t[-1] - mb))
+    return tuple(out)
+
+
+def op_table(plan: Plan) -> OpTable | None:
+    """The plan's ``OpTable``, or None for a plan with a cut, groups, overlaps or
+    collectives (their rules depend on more than an op's class)."""
+    import numpy as np
+    if plan.cut.segments:
+        return None
+    keys: dict[tuple, int] = {}
+    first: list[tuple[int, Op]] = []
+    cls: list[int] = []
+    mbs: list[int] = []
+    add_cls, add_mb = cls.append, mbs.append
+    counts = []
+    for rank, program in enumerate(plan.programs):
+        for op in program:
+            kind = type(op)
+            if kind is Compute:
+                key = (rank, op.kind, op.stage, op.segment)
+                add_mb(op.mb)
+            elif kind is Send or kind is Recv:
+                p = op.payload
+                key = (rank, kind, op.peer, p.kind, p.stage, p.segment, p.to_segment,
+                       p.shape, p.dtype, p.leaves)
+                add_mb(p.mb)
+            elif kind is Idle or kind is Marker:
+                key = (rank, kind)
+                add_mb(0)
+            else:
+                return None
+            c = keys.get(key)
+            if c is None:
+                c = keys[key] = len(first)
+                first.append((rank, op))
+            add_cls(c)
+        counts.append(len(program))
+    ranks = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    index = np.arange(len(cls), dtype=np.int64) - np.repeat(
+        np.cumsum(counts, dtype=np.int64) - counts, counts)
+    cls_col = np.array(cls, dtype=np.int64)
+    _, back = np.unique(cls_col[::-1], return_index=True)  # each class's last op
+    last = len(cls_col) - 1 - back
+    classes = tuple((rank, op, plan.programs[rank][int(index[j])])
+                    for (rank, op), j in zip(first, last.tolist()))
+    return OpTable(plan, ranks, index, cls_col, np.array(mbs, dtype=np.int64), classes,
+                   tuple(counts))

@@ -20,8 +20,8 @@ from typing import Callable, Iterator
 
 from .. import kernel
 from ..ir import Plan
-from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, pair_collectives,
-                         pair_p2p)
+from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, op_table,
+                         pair_collectives, pair_p2p)
 from . import properties
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
@@ -39,8 +39,9 @@ def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
     limits = properties.memory_limits(memory_limit, plan.num_ranks)
     clock = time.perf_counter()
     with collector_paused():
-        local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
-        comm = _comm_properties(plan, comm_model, rlimit)
+        table = op_table(plan)
+        local = _local_properties(plan, table, limits, memory_model, comm_model, rlimit)
+        comm = _comm_properties(plan, table, comm_model, rlimit)
         return _report(plan, _merged(local, comm), limits, comm_model, clock)
 
 
@@ -84,8 +85,11 @@ def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
         return verify(plan, memory_limit, comm_model, memory_model, rlimit)
     limits = properties.memory_limits(memory_limit, plan.num_ranks)
     clock = time.perf_counter()
-    with collector_paused(), _forked(_comm_properties, plan, comm_model, rlimit) as comm:
-        local = _local_properties(plan, limits, memory_model, comm_model, rlimit)
+    with collector_paused():
+        table = op_table(plan)  # built once, inherited by the child
+    with collector_paused(), _forked(_comm_properties, plan, table, comm_model,
+                                     rlimit) as comm:
+        local = _local_properties(plan, table, limits, memory_model, comm_model, rlimit)
         # while the child works: the digest a certificate would need
         digest = plan_digest(plan) if all(
             local[name][0] == "proved" for name in ("completeness", "memory")) else None
@@ -172,32 +176,38 @@ def _witness(hints: dict) -> kernel.Witness:
     return kernel.Witness(hints["deadlock"], hints["dependency"], levels, peaks, peak_at)
 
 
-def _local_properties(plan, limits, memory_model, comm_model, rlimit) -> dict:
-    """Completeness and memory (the half that needs no pairing, run or producers).
-    ``limits``: one memory bound per rank or None (``properties.memory_limits``)."""
+def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> dict:
+    """Completeness, memory and, for a plan with a ``table``, matching (the half that
+    needs no pairing, run or producers).
+    ``table``: ``semantics.op_table(plan)``; ``limits``: one memory bound per rank or None
+    (``properties.memory_limits``)."""
     sizes = kernel.Sizes.of(plan, memory_model)
     judge = _Judge(plan, comm_model, sizes, limits, rlimit)
-    out = {"completeness": judge("completeness", lambda: properties.completeness(plan))}
+    out = {"completeness": judge("completeness", lambda: properties.completeness(plan,
+                                                                                 table))}
     mem = {}
 
     def memory():
-        findings, hint, mem["peaks"] = properties.memory(plan, memory_model, limits)
+        findings, hint, mem["peaks"] = properties.memory(plan, memory_model, limits, table)
         return findings, hint
     out["memory"] = judge("memory", memory)
+    if table is not None:  # its transfers pair by columns: no pairing to share
+        out["matching"] = judge("matching", lambda: properties.matching(plan, table=table))
     return {**out, "peaks": mem["peaks"], "sizes": sizes, "hints": judge.hints}
 
 
-def _comm_properties(plan, comm_model, rlimit) -> dict:
-    """Dependency, then matching and deadlock over one pairing of the plan's sends and
-    receives."""
+def _comm_properties(plan, table, comm_model, rlimit) -> dict:
+    """Dependency (by ``table``'s columns where it has one), then deadlock, and matching
+    where ``table`` is None (else ``_local_properties`` decides it), over one pairing of
+    the plan's sends and receives."""
     judge = _Judge(plan, comm_model, None, None, rlimit)
-    dependency = judge("dependency", lambda: properties.dependency(plan))
+    out = {"dependency": judge("dependency", lambda: properties.dependency(plan, table))}
     pairing, collectives = pair_p2p(plan), pair_collectives(plan)
-    out = {"dependency": dependency,
-           "matching": judge("matching", lambda: properties.matching(plan, pairing,
-                                                                      collectives)),
-           "deadlock": judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
-                                                                      collectives))}
+    if table is None:
+        out["matching"] = judge("matching", lambda: properties.matching(plan, pairing,
+                                                                         collectives))
+    out["deadlock"] = judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
+                                                                     collectives))
     return {**out, "hints": judge.hints}
 
 

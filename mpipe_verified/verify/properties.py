@@ -16,11 +16,13 @@ from fractions import Fraction
 from typing import Callable
 
 import attrs
+import numpy as np
 
-from ..ir import COMM_STEP, Plan, Send, p2p_of
-from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, Token, collective_issues, execute,
-                         live_tensors, memory_steps, pair_collectives, pair_p2p, produces,
-                         required_work, wait_cycle, work_table)
+from ..ir import BODY, COMM_STEP, Plan, Send, computes_of, p2p_of
+from ..semantics import (UNIT_MEMORY, WORK_KINDS, Chain, MemoryModel, OpTable, Token,
+                         collective_issues, execute, live_tensors, memory_steps, p2p_clean,
+                         pair_collectives, pair_p2p, produces, required_work, step_effects,
+                         unit_ok, wait_cycle, work_table)
 from .report import Violation
 
 
@@ -56,10 +58,14 @@ class Findings(list):
             self.unlisted += 1
 
 
-def completeness(plan: Plan) -> tuple[list[Finding], None]:
+def completeness(plan: Plan, table: OpTable | None = None) -> tuple[list[Finding], None]:
     """Required work (``semantics.required_work``) and the collectives the cut requires
-    (``semantics.collective_issues``); the kernel needs no witness for this property."""
+    (``semantics.collective_issues``); the kernel needs no witness for this property.
+    With the plan's ``table`` a complete plan is read by columns; any other goes op by
+    op, which lists the findings."""
     chain = Chain.of(plan)
+    if table is not None and _complete(table, chain):
+        return [], None
     table = work_table(plan, chain)
     findings = []
     for issue in required_work(plan, table, limit=MAX_FINDINGS):
@@ -80,10 +86,61 @@ def completeness(plan: Plan) -> tuple[list[Finding], None]:
     return findings[:MAX_FINDINGS], None
 
 
-def dependency(plan: Plan) -> tuple[list[Finding], tuple | None]:
+def _complete(table: OpTable, chain: Chain) -> bool:
+    """Every unit's work counted by columns and judged by ``unit_ok`` (once per distinct
+    count row), as ``work_table`` counts it: True when nothing is missing, repeated,
+    misplaced or stray, and the cut requires no collective (a table's plan has none)."""
+    plan = table.plan
+    s, m = chain.num_stages, plan.num_microbatches
+    units = set(chain.units())
+    kinds = np.full(len(table.classes), -1, dtype=np.int64)  # work kind column, or -1
+    stages = np.zeros(len(table.classes), dtype=np.int64)
+    for c, (rank, op, _) in enumerate(table.classes):
+        for one in computes_of(op):  # a table's compute steps are single ops
+            if (one.segment, one.stage) not in units or \
+                    chain.expected_rank(one) != rank:
+                return False  # stray or misplaced: op by op says which
+            kinds[c], stages[c] = WORK_KINDS.index(one.kind), one.stage
+    if chain.required_collectives():
+        return False
+    work = kinds[table.cls] >= 0
+    mb, kind, stage = table.mb[work], kinds[table.cls][work], stages[table.cls][work]
+    if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
+        return False  # a unit without work (never enumerated: m may be huge), or stray
+    width = len(WORK_KINDS)
+    units, at = np.unique(stage * m + mb, return_inverse=True)
+    if len(units) != s * m:
+        return False
+    rows = np.zeros((s * m, width), dtype=np.int64)
+    np.add.at(rows, (at.reshape(-1), kind), 1)
+    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
+                   dtype=np.int64).reshape(m, 2)
+    cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
+    return all(unit_ok(row[:width] + [0], bool(row[width]), bool(row[width + 1]))
+               for row in _distinct_rows(cases))
+
+
+def _distinct_rows(rows) -> list[list[int]]:
+    """The distinct rows of a non-negative integer matrix (as one number each when they
+    fit in 63 bits, which sorts faster than rows)."""
+    base = int(rows.max(initial=0)) + 1
+    if base ** rows.shape[1] >= 2**63:
+        return np.unique(rows, axis=0).tolist()
+    weights = base ** np.arange(rows.shape[1], dtype=np.int64)
+    codes = np.unique(rows @ weights)
+    return [[int(c) // base ** k % base for k in range(rows.shape[1])] for c in codes.tolist()]
+
+
+def dependency(plan: Plan, table: OpTable | None = None
+               ) -> tuple[list[Finding], tuple | None]:
     """Every op's inputs (§2.5) are on its rank before it runs. The hint: per rank, for each op
-    and each of its inputs in sorted order, the position that first produced it."""
+    and each of its inputs in sorted order, the position that first produced it. With the
+    plan's ``table`` (``semantics.op_table``) a plan with every input in place is read by
+    columns; any other goes op by op, which lists the findings."""
     chain = Chain.of(plan)
+    hint = None if table is None else _producers(table, chain)
+    if hint is not None:
+        return Findings(), hint
     findings = Findings()
     producers = []
     for rank, program in enumerate(plan.programs):
@@ -110,6 +167,47 @@ def dependency(plan: Plan) -> tuple[list[Finding], tuple | None]:
     return findings, (None if findings else tuple(producers))
 
 
+def _producers(table: OpTable, chain: Chain) -> tuple | None:
+    """The dependency hint by columns: each needed token's first producer on its rank
+    (``produces``), found by sorting; None when an input is missing or comes too late
+    (or the table cannot state the rules)."""
+    needed = table.rule_columns(lambda rank, op: sorted(chain.needs(op, rank)))
+    made = table.rule_columns(lambda rank, op: produces(op))
+    if needed is None or made is None:
+        return None
+    n_row, n_tok, n_shift, n_names = needed
+    m_row, m_tok, m_shift, m_names = made
+    names = {name: i for i, name in enumerate(m_names)}
+    to_made = np.array([names.get(name, -1) for name in n_names] or [0], dtype=np.int64)
+    reach = int(max(np.abs(n_shift).max(initial=0), np.abs(m_shift).max(initial=0)))
+    width = int(table.mb.max(initial=0)) + 2 * reach + 1  # token microbatches -reach..
+    span = width * max(len(m_names), 1)
+    if span * len(table.counts) >= 2**62:  # the keys would not fit in 64 bits
+        return None
+
+    def keys(row, tok, shift):  # rank, token kind and microbatch as one integer
+        return (table.rank[row] * span + tok * width) + (table.mb[row] + shift + reach)
+    made_keys = keys(m_row, m_tok, m_shift)
+    order = np.lexsort((table.index[m_row], made_keys))
+    made_keys, made_at = made_keys[order], table.index[m_row][order]
+    first = np.ones(len(made_keys), dtype=bool)
+    first[1:] = made_keys[1:] != made_keys[:-1]
+    made_keys, made_at = made_keys[first], made_at[first]
+    tok = to_made[n_tok]
+    want = keys(n_row, tok, n_shift)
+    at = np.minimum(np.searchsorted(made_keys, want), max(len(made_keys) - 1, 0))
+    if len(want) and (not len(made_keys) or not np.all(
+            (tok >= 0) & (made_keys[at] == want) & (made_at[at] < table.index[n_row]))):
+        return None
+    given = made_at[at].tolist() if len(want) else []
+    per_rank = np.bincount(table.rank[n_row], minlength=len(table.counts)).tolist()
+    out, start = [], 0
+    for n in per_rank:
+        out.append(tuple(given[start:start + n]))
+        start += n
+    return tuple(out)
+
+
 def _missing_input(plan, rank, index, token, produced_at) -> Finding:
     what = {"out": "activation", "stored": "stored forward", "grad": "gradient",
             "wgrad_ready": "input-gradient step", "input": "shipped input",
@@ -130,10 +228,15 @@ def _missing_input(plan, rank, index, token, produced_at) -> Finding:
 # ---------------------------------------------------------------- matching
 
 
-def matching(plan: Plan, pairing=None, collectives=None) -> tuple[list[Finding], None]:
+def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None = None
+             ) -> tuple[list[Finding], None]:
     """FIFO pairing per ordered rank pair: equal counts and equal payloads; collectives
     well formed and called in the same order with the same kind, tag and root by every
-    member. The kernel pairs by counting itself: no witness."""
+    member. The kernel pairs by counting itself: no witness. With the plan's ``table``
+    (which has no collectives) a plan whose transfers all pair is read by columns; any
+    other is paired op by op, which lists the findings."""
+    if table is not None and p2p_clean(table):
+        return Findings(), None
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
     findings = Findings()
@@ -208,7 +311,8 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
     run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
     if not run.completed:
         return _deadlock_findings(plan, run), None
-    return [], tuple(tuple(int(t) for op, t in zip(prog, times) if type(op) in _COMM)
+    comm = _COMM
+    return [], tuple(tuple(map(int, [t for op, t in zip(prog, times) if type(op) in comm]))
                      for prog, times in zip(plan.programs, run.finish))
 
 
@@ -237,14 +341,19 @@ def _deadlock_findings(plan, run) -> list[Finding]:
 
 # ---------------------------------------------------------------- memory
 
-def memory(plan: Plan, model: MemoryModel, limits: tuple | None
-           ) -> tuple[list[Finding], tuple | None, dict]:
+def memory(plan: Plan, model: MemoryModel, limits: tuple | None,
+           table: OpTable | None = None) -> tuple[list[Finding], tuple | None, dict]:
     """Peak per rank within ``limits`` (one bound per rank, see ``memory_limits``, or
     None). Levels are summed exactly (a float size is the rational it denotes,
     ``_exact``). The hint: per rank, the level before every step that allocates or frees
     something and after the last, the exact peak and the first step reaching it (-1 for
     an empty program). The reported
-    peaks are the float sums, as ``semantics`` reports them."""
+    peaks are the float sums, as ``semantics`` reports them. With the plan's ``table``, a
+    plan within its limits whose sizes are integers (and receive buffers free) is summed by
+    columns; any other goes step by step, which lists the findings."""
+    fast = None if table is None else _levels(table, model, limits)
+    if fast is not None:
+        return [], *fast
     findings = []
     peaks: dict[int, float] = {}
     exact: dict = {}  # size -> its exact value (sizes repeat)
@@ -287,6 +396,104 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None
                                         _exact(limits[rank], exact)))
     hint = None if findings else (tuple(hint_levels), tuple(hint_peaks), tuple(hint_at))
     return findings, hint, peaks
+
+
+BIG = 2**52  # integer sizes summed below this are exact as floats too
+
+
+def _levels(table: OpTable, model: MemoryModel, limits) -> tuple | None:
+    """``memory``'s hint and peaks by columns: ``step_effects`` per op class (allocations
+    before frees; a free releases what the latest allocation under its key left live),
+    levels by cumulative sums. None when a size is not an integer, buffers are not free
+    (their size may depend on more than an op's class), a rank is over its limit, or the
+    table cannot state the rules."""
+    if model.buffer is not UNIT_MEMORY.buffer:
+        return None
+    plan, chain = table.plan, Chain.of(table.plan)
+
+    def effects(rank, op):
+        return step_effects(op, rank, chain, model.stored, model.received)
+    allocs = table.rule_columns(lambda rank, op: [(entry[2],) + _flat(key) for key, entry
+                                                  in effects(rank, op)[0]])
+    frees = table.rule_columns(lambda rank, op: [_flat(key) for key in effects(rank, op)[1]])
+    statics = [model.static_of(r) for r in range(plan.num_ranks)]
+    if allocs is None or frees is None:
+        return None
+    numbers = [name[0] for name in allocs[3]] + statics + list(limits or ())
+    if not all(_integral(x) for x in numbers) or \
+            sum(abs(int(x)) for x in numbers) * (plan.num_ops + 1) >= BIG:
+        return None
+    alloc, freed = _moves(table, allocs, frees)
+    return _per_rank(table, alloc, freed, [int(x) for x in statics], statics, limits)
+
+
+def _flat(key: tuple) -> tuple:
+    """A memory key with its microbatch last: ``("stored", seg, stage, mb)`` as it is,
+    ``("buffer", token)`` as ``("buffer", *token)``."""
+    return key if key[0] != "buffer" else ("buffer",) + key[1]
+
+
+def _integral(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and float(x).is_integer()
+
+
+def _moves(table, allocs, frees) -> tuple:
+    """Per op: what it allocates and what it frees (integers)."""
+    a_row, a_tok, a_shift, a_names = allocs
+    f_row, f_tok, f_shift, f_names = frees
+    names: dict = {}
+    for i, name in enumerate(a_names):
+        names.setdefault(name[1:], len(names))
+    a_name = np.array([names[name[1:]] for name in a_names] or [0], dtype=np.int64)
+    f_name = np.array([names.get(name, -1) for name in f_names] or [0], dtype=np.int64)
+    a_size = np.array([int(name[0]) for name in a_names] or [0], dtype=np.int64)
+    # the events of each step, allocations (phase 0) before frees (phase 1), ordered by
+    # rank, key and microbatch: a free releases the size of the event just before it on
+    # its key if that is an allocation (what it left live), else nothing
+    rows = np.concatenate([a_row, f_row])
+    name = np.concatenate([a_name[a_tok], f_name[f_tok]])
+    mb = table.mb[rows] + np.concatenate([a_shift, f_shift])
+    phase = np.concatenate([np.zeros(len(a_row), np.int64), np.ones(len(f_row), np.int64)])
+    size = np.concatenate([a_size[a_tok], np.zeros(len(f_row), np.int64)])
+    rank = table.rank[rows]
+    order = np.lexsort((phase, rows, mb, name, rank))
+    rows, name, mb, phase, size, rank = (x[order] for x in (rows, name, mb, phase, size, rank))
+    hit = np.zeros(len(rows), dtype=bool)
+    hit[1:] = (phase[1:] == 1) & (name[1:] >= 0) & (phase[:-1] == 0) & (
+        name[1:] == name[:-1]) & (mb[1:] == mb[:-1]) & (rank[1:] == rank[:-1])
+    released = np.zeros(len(rows), dtype=np.int64)
+    released[1:] = np.where(hit[1:], size[:-1], 0)
+    n = len(table.cls)
+    alloc = np.bincount(rows, weights=size, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    freed = np.bincount(rows, weights=released, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    return alloc, freed
+
+
+def _per_rank(table, alloc, freed, statics, given, limits) -> tuple | None:
+    """The hint and the reported peaks from each op's moves; None if over a limit."""
+    levels, peaks, at, reported = [], [], [], {}
+    start = 0
+    for rank, count in enumerate(table.counts):
+        a, f = alloc[start:start + count], freed[start:start + count]
+        start += count
+        after = statics[rank] + np.cumsum(a - f)
+        before = after - (a - f)
+        moved = (a != 0) | (f != 0)
+        if count:
+            top = before + a
+            i = int(np.argmax(top))
+            peak = int(top[i])
+        else:
+            i, peak = -1, int(statics[rank])
+        if limits is not None and peak > limits[rank]:
+            return None
+        levels.append(tuple([int(statics[rank])] + after[moved].tolist()))
+        peaks.append(peak)
+        at.append(i)
+        reported[rank] = float(peak) if count else given[rank]
+    return (tuple(levels), tuple(peaks), tuple(at)), reported
 
 
 def _exact(x, cache: dict):
