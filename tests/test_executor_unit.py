@@ -420,6 +420,55 @@ def test_split_backward_gives_the_plain_backward_gradients_bitwise(case):
     assert all(torch.equal(a, b) for a, b in zip(got, want)), case
 
 
+class _HookedOutputs(nn.Module):
+    """Gradient hooks on a layer norm's and a Linear's outputs (scaling, clamping), as
+    gradient-scaling and clipping code registers them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.inner, self.outer = nn.LayerNorm(8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.norm(x)
+        h.register_hook(lambda g: g.clamp(-0.05, 0.05))
+        y = self.inner(h)
+        y.register_hook(lambda g: g * 3)
+        return self.outer(torch.tanh(y))
+
+
+class _BroadcastBias(nn.Module):
+    """One Linear whose bias of shape (1,) broadcasts: the stage output's own node is the
+    parameter node, with no direct form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+@pytest.mark.parametrize("allow_direct", (True, False))
+@pytest.mark.parametrize("make", (_HookedOutputs, _BroadcastBias))
+def test_split_backward_applies_output_hooks_once(make, allow_direct):
+    """A hook on a parameter node's output changes the gradient that node's backward
+    reads: I then W give bitwise a plain backward's gradients, the hook counted once,
+    in either form (direct, or autograd running the node again in W)."""
+    torch.manual_seed(0)
+    stage = make()
+    params = tuple(stage.parameters())
+    x0, g = torch.randn(4, 8), torch.randn(4, 8)
+    x = x0.clone().requires_grad_(True)
+    stage(x).backward(g)
+    want = [p.grad.clone() for p in params]
+    stage.zero_grad(set_to_none=True)
+    x = x0.clone().requires_grad_(True)
+    (_,), work = split_backward.backward_input(stage(x), g, (x,), params,
+                                               allow_direct=allow_direct)
+    split_backward.backward_weight(work)
+    assert all(torch.equal(p.grad, w) for p, w in zip(params, want))
+
+
 def test_split_backward_keeps_ddp_gradient_hooks(tmp_path):
     """DistributedDataParallel hooks the gradient accumulators where the parameters do not
     show it: a stage holding one keeps the autograd form, so its buckets still reduce (a

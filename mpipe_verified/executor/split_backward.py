@@ -4,8 +4,10 @@
 path to the stage's inputs, each computing only the gradients that lead there) and, on the
 way, keeps the gradient that flows into every *parameter node*: for each parameter, the
 nodes where its own branch of the graph joins the inputs' path (a ``Linear``'s ``addmm``,
-a norm's ``native_layer_norm``). A direct node's gradient is one more output of the same
-``autograd.grad`` call (an edge input); any other node's, a pre-hook's copy.
+a norm's ``native_layer_norm``). A direct node's gradient is a pre-hook's copy (taken
+after the tensor hooks on the node's output, as its own backward reads it); any other
+node's is one more output of the same ``autograd.grad`` call (an edge input, taken before
+those hooks, which run again with the node in ``W``).
 ``backward_weight`` then computes the weight gradients from those kept gradients, in one
 of two forms per parameter node:
 
@@ -93,19 +95,32 @@ def backward_input(output: torch.Tensor, grad, leaves: tuple, params: tuple,
             rest[node] = ps
         else:
             direct[node] = form
-    kept: dict[Node, tuple] = {}  # an autograd node -> every gradient flowing into it
-    handles = [n.register_prehook(_keeper(kept, n)) for n in rest]
-    edges = [GradientEdge(n, 0) for n in direct]  # a direct node's gradient: captured
+    # A direct node's gradient is what its own backward would read: taken by a pre-hook,
+    # which runs after the tensor hooks on the node's output (a hook scaling a Linear's
+    # output gradient counts once, as in B). An autograd node's gradients are captured
+    # as edge inputs, before those hooks: W runs the node again, and the hooks with it.
+    taken: dict[Node, tuple] = {}
+    handles = [n.register_prehook(_keeper(taken, n)) for n in direct]
+    edges = [GradientEdge(n, i) for n in rest for i in _inputs_of(n, parents, output)]
     try:
         grads = torch.autograd.grad(output, [*leaves, *edges], grad,
                                     retain_graph=bool(rest or fallback), allow_unused=True)
     finally:
         for h in handles:
             h.remove()
-    work = [(compute, g, saved, ps) for (compute, saved, ps), g
-            in zip(direct.values(), grads[len(leaves):]) if g is not None]
+    work = [(compute, taken[n][0], saved, ps) for n, (compute, saved, ps) in direct.items()
+            if n in taken and taken[n][0] is not None]
+    kept = dict(zip(((e.node, e.output_nr) for e in edges), grads[len(leaves):]))
     return (tuple(grads[:len(leaves)]),
             WeightWork(work, _groups(rest, kept, fallback, output, grad, parents)))
+
+
+def _inputs_of(node: Node, parents: dict, output: torch.Tensor) -> list[int]:
+    """The indices of ``node``'s gradient inputs that some node, or the stage output,
+    passes it."""
+    given = {output.output_nr} if node is output.grad_fn else set()
+    return sorted(given | {nr for up in parents.get(node, ()) for n, nr in up.next_functions
+                           if n is node})
 
 
 def weight_only(output: torch.Tensor, grad, params: tuple) -> WeightWork:
@@ -181,7 +196,7 @@ def _linear_form(node: Node, parents: dict, mat1: str, bias_edge) -> tuple | Non
     if bias_edge is None:
         return _weight_grad, (x,), (w,)
     b = _own_param(bias_edge, node, parents)
-    if b is None or b.dim() != 1:
+    if b is None or b.shape != (w.shape[0],):  # a broadcast bias: autograd
         return None
     return _weight_and_bias_grads, (x,), (w, b)
 
@@ -317,12 +332,11 @@ def _groups(nodes: dict, kept: dict, fallback: list, output, grad, parents) -> t
         if len(group_nodes) > 1 and _feed_each_other(group_nodes, parents):
             fallback.extend(ps)
             continue
-        roots, grads = [], []
-        for node in group_nodes:
-            for i, g in enumerate(kept.get(node, ())):
-                if g is not None:
-                    roots.append(GradientEdge(node, i))
-                    grads.append(g)
+        roots, grads, in_group = [], [], set(group_nodes)
+        for (node, i), g in kept.items():
+            if g is not None and node in in_group:
+                roots.append(GradientEdge(node, i))
+                grads.append(g)
         if roots:
             out.append((tuple(roots), tuple(grads), tuple(ps)))
     head = (((output,), (grad,), tuple(fallback)),) if fallback else ()
