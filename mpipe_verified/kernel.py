@@ -367,6 +367,7 @@ class _Facts:
         A class holds a set of facts: without ``where``, int64 facts are kept once each,
         in sorted order (so runs are long)."""
         keys = np.zeros(len(columns[0]), np.int64) if classes is None else classes
+        columns = [_exact_beyond_bound(c) for c in columns]  # differences may leave it
         self.count += len(keys)
         if self.where is None and len(keys) and all(c.dtype == np.int64 for c in columns):
             order = _distinct(_key(*(x - x.min() for x in (keys, *columns))))
@@ -400,6 +401,14 @@ def _column(values, bound: int = BOUND) -> np.ndarray:
         except OverflowError:  # beyond 64 bits
             pass
     return np.array(values, object)
+
+
+def _exact_beyond_bound(x: np.ndarray) -> np.ndarray:
+    """An int64 column as it is when its magnitudes are below ``BOUND`` (so no difference
+    of two of its values overflows), else as Python's exact numbers."""
+    if x.dtype == np.int64 and len(x) and not (-BOUND < x.min() and x.max() < BOUND):
+        return x.astype(object)
+    return x
 
 
 def _runs(facts) -> list:
@@ -911,6 +920,7 @@ def _moves(rules: _Rules, sizes: "Sizes") -> tuple:
     amount = np.concatenate([np.zeros(len(e[0]), kind) if e[2] is None else e[2].astype(kind)
                              for e in events])
     alloc, freed = (np.zeros(len(rules.step), kind) for _ in "af")
+    key = _key(rules.rank_of[step], key)  # a rank frees only what it allocated
     order = np.lexsort((fr, step, key))  # by key, then step, allocations first
     key, step, fr, amount = key[order], step[order], fr[order], amount[order]
     live = np.zeros(len(key), bool)  # a free right after an allocation of its key

@@ -12,6 +12,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from mpipe_verified import kernel
 from mpipe_verified.ir import Placement, Plan
+from mpipe_verified.semantics import MemoryModel
 from mpipe_verified.verify import verify, verify_loaded
 from plan_edits import defer_receives, fixture, lowered
 
@@ -101,9 +102,28 @@ def test_a_forged_run_that_ignores_program_order_does_not_prove_deadlock_freedom
     send (posted 'before' the receive ahead of it finished) break program order."""
     plan = fixture("recv_first_deadlock")
     assert verify(plan).status == "violated"
-    for finish in [((4, 2), (2, 4)), ((1, 1), (1, 1)), ((0, 0), (0, 0)), ((5, 9), (9, 5))]:
+    big = -(1 << 62) + 1  # gaps near 2**63: the facts must stay exact
+    for finish in [((4, 2), (2, 4)), ((1, 1), (1, 1)), ((0, 0), (0, 0)), ((5, 9), (9, 5)),
+                   ((big, 3), (2, 2))]:
         verdict = kernel.prove(plan, _witness(finish), properties=("deadlock",))["deadlock"]
         assert verdict.status == "failed", finish
+
+
+def test_a_buffer_is_freed_only_on_the_rank_that_received_it():
+    """Rank 0 receives an activation (buffer 2) and never reads it; rank 1 reads the same
+    activation, made by itself: rank 1's levels go up to 4 (two stored activations, twice),
+    and nothing of rank 0's buffer is freed there. A limit of 2 is violated, not undecided,
+    and a witness that frees rank 0's buffer on rank 1 proves nothing."""
+    plan = fixture("buffer_kept_by_another_rank")
+    model = MemoryModel(buffer=lambda payload: 2)
+    honest = verify(plan, memory_model=model)
+    assert honest.status == "verified" and honest.peak_memory == {0: 2, 1: 4}
+    assert verify(plan, memory_limit=2, memory_model=model).status == "violated"
+    levels = ((0, 2), (0, 1, 0, 1, 2, 1, 0, -1, -2))  # rank 1 credited rank 0's buffer
+    forged = attrs.evolve(honest.witness, levels=levels, peaks=(2, 2))
+    verdict = kernel.prove(plan, forged, sizes=honest.sizes, limits=(2, 2),
+                           properties=("memory",))["memory"]
+    assert verdict.status == "failed"
 
 
 def test_eager_unmatched_send_needs_no_partner_but_keeps_program_order():
