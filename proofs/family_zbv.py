@@ -55,7 +55,7 @@ import z3
 
 from mpipe_verified.ir import Compute
 
-from .core import Obligation, all_sizes, law
+from .core import Obligation, all_sizes, law, memo_terms
 from .lowered import deadlock_obligations, matching_obligations
 from .model import F, I, W
 
@@ -113,26 +113,12 @@ p, m, r, k, x = z3.Ints("p m r k x")
 SIZES = (p >= 1, m >= 1, 0 <= r, r < p)
 
 
-def _memo(method):
-    """Cache a ``Word`` method by its arguments (Z3 terms by id, kept alive in the cache,
-    so an id is never reused for another term): building the laws' terms once."""
-    def cached(self, *args):
-        key = (method.__name__,) + tuple(
-            a.get_id() if isinstance(a, z3.AstRef) else a for a in args)
-        if key not in self.memo:
-            self.memo[key] = (args, method(self, *args))
-        return self.memo[key][1]
-    cached.__doc__ = method.__doc__
-    return cached
-
-
 class Word:
     """Rank ``r_``'s word for ``m_`` microbatches, over the symbolic ``p``: its phases,
     each phase's first position and the length."""
 
     def __init__(self, m_=m, r_=r) -> None:
         self.m, self.r = m_, r_
-        self.memo: dict = {}
         self.phases = phases(p, m_, r_)
         self.starts, at = [], z3.IntVal(0)
         for n, body in self.phases:
@@ -144,7 +130,7 @@ class Word:
         """``(n, body, start)`` of each phase."""
         return [(n, body, s) for (n, body), s in zip(self.phases, self.starts)]
 
-    @_memo
+    @memo_terms
     def letter(self, k_):
         """``(kind, chunk, mb)`` of the letter at position ``k_`` (``0 <= k_ < length``)."""
         kind, chunk, mb = z3.IntVal(-1), z3.IntVal(-1), z3.IntVal(-1)
@@ -162,7 +148,7 @@ class Word:
                                z3.If(inside, lm, mb))
         return kind, chunk, mb
 
-    @_memo
+    @memo_terms
     def position(self, kd: str, c: int, x_):
         """The position of the letter naming ``kd c(x_)`` (the inverse of ``letter`` on
         present letters)."""
