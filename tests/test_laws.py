@@ -88,8 +88,22 @@ def test_one_law_per_family_and_property():
     families proven here has its law."""
     cells = [(law.family, law.property) for law in LAWS if law.family is not None]
     assert len(cells) == len(set(cells))
-    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"):
+    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev"):
         assert {prop for fam, prop in cells if fam == name} == set(core.PROPERTIES), name
+
+
+@pytest.mark.parametrize("name, small", [("zbv", 1), ("dualpipev", 2)])
+def test_v_families_are_proven_for_all_sizes(name, small):
+    """ZBV's and DualPipeV's five cells are all-sizes laws that hold any instance the
+    family derives (DualPipeV's from m = 2p on), and the memory law states the peak."""
+    laws = [law for law in LAWS if law.family == name]
+    for p in (1, 3, 1024):
+        params = {"pp": p, "microbatches": small * p, "chunks": None}
+        assert all(law.for_all_sizes() and law.proves(params) for law in laws), (name, p)
+        assert len(next(law for law in laws if law.property == "memory").peak(params)) == p
+    if name == "dualpipev":
+        below = {"pp": 3, "microbatches": 5, "chunks": None}  # the family refuses m < 2p
+        assert not any(law.proves(below) for law in laws)
 
 
 def test_a_scope_must_say_all_sizes_or_bounded():
