@@ -55,20 +55,12 @@ import z3
 
 from mpipe_verified.ir import Compute
 
-from .core import Obligation, all_sizes, law, memo_terms
+from . import word as words
+from .core import Obligation, all_sizes, law
 from .lowered import deadlock_obligations, matching_obligations
-from .model import F, I, W
+from .word import KINDS, j, k, m, p, r, x
 
-KINDS = {"F": F, "I": I, "W": W}
-
-
-def _max(a, b):
-    return a if isinstance(a, int) and isinstance(b, int) and a >= b else (
-        b if isinstance(a, int) and isinstance(b, int) else z3.If(a >= b, a, b))
-
-
-def _min(a, b):
-    return -_max(-a, -b)
+_max, _min = words.mx, words.mn
 
 
 def phases(p, m, r):
@@ -109,150 +101,33 @@ def model(p: int, m: int, v: int | None = None) -> tuple[tuple[Compute, ...], ..
 
 # ---------------------------------------------------------------- symbolic word
 
-p, m, r, k, x = z3.Ints("p m r k x")
 SIZES = (p >= 1, m >= 1, 0 <= r, r < p)
 
 
-class Word:
-    """Rank ``r_``'s word for ``m_`` microbatches, over the symbolic ``p``: its phases,
-    each phase's first position and the length."""
-
-    def __init__(self, m_=m, r_=r) -> None:
-        self.m, self.r = m_, r_
-        self.phases = phases(p, m_, r_)
-        self.starts, at = [], z3.IntVal(0)
-        for n, body in self.phases:
-            self.starts.append(at)
-            at = at + _max(n, 0) * len(body)
-        self.length = at
-
-    def spans(self):
-        """``(n, body, start)`` of each phase."""
-        return [(n, body, s) for (n, body), s in zip(self.phases, self.starts)]
-
-    @memo_terms
-    def letter(self, k_):
-        """``(kind, chunk, mb)`` of the letter at position ``k_`` (``0 <= k_ < length``)."""
-        kind, chunk, mb = z3.IntVal(-1), z3.IntVal(-1), z3.IntVal(-1)
-        for n, body, s in reversed(self.spans()):
-            b = len(body)
-            j, o = (k_ - s) / b, (k_ - s) % b
-            lk, lc, lm = z3.IntVal(KINDS[body[-1][0]]), z3.IntVal(body[-1][1]), body[-1][2] + j
-            for idx in reversed(range(b - 1)):
-                kd, c, base = body[idx]
-                lk = z3.If(o == idx, KINDS[kd], lk)
-                lc = z3.If(o == idx, c, lc)
-                lm = z3.If(o == idx, base + j, lm)
-            inside = z3.And(s <= k_, k_ < s + _max(n, 0) * b)
-            kind, chunk, mb = (z3.If(inside, lk, kind), z3.If(inside, lc, chunk),
-                               z3.If(inside, lm, mb))
-        return kind, chunk, mb
-
-    @memo_terms
-    def position(self, kd: str, c: int, x_):
-        """The position of the letter naming ``kd c(x_)`` (the inverse of ``letter`` on
-        present letters)."""
-        pos = z3.IntVal(-1)
-        for n, body, s in reversed(self.spans()):
-            for o, (lk, lc, base) in enumerate(body):
-                if (lk, lc) == (kd, c):
-                    j = x_ - base
-                    pos = z3.If(z3.And(0 <= j, j < n), s + len(body) * j + o, pos)
-        return pos
+def Word(m_=m, r_=r) -> words.Word:
+    """Rank ``r_``'s ZBV word for ``m_`` microbatches."""
+    return words.Word(phases, SIZES, "ZBV", m_, r_)
 
 
 WORD = Word()
 LENGTH = WORD.length
-word, position = WORD.letter, WORD.position
-
-
 UNITS = [(kd, c) for kd in "FIW" for c in (0, 1)]
 ALL = all_sizes("every p >= 1, m >= 1, rank r < p and word position; the word model of "
                 "the pattern, = the package's programs for p <= 8, m <= 24 "
                 "(tests/test_family_models_b.py)")
 
 
-j = z3.Int("j")
-
-
-def letters():
-    """``(phase index, letter index, (kind, chunk, base), position, case)``: letter ``o``
-    of iteration ``j`` of each phase, at position ``s + b j + o``, ``case`` its range."""
-    for i, (n, body, s) in enumerate(WORD.spans()):
-        for o, letter_ in enumerate(body):
-            yield i, o, letter_, s + len(body) * j + o, (z3.And(0 <= j, j < n),) + SIZES
-
-
-def cover():
-    """Every position of the word is letter ``o`` of an iteration ``j`` of one phase."""
-    def decomposed(n, body, s):
-        b = len(body)
-        return z3.And(s <= k, k < s + _max(n, 0) * b, 0 <= (k - s) / b, (k - s) / b < n,
-                      k == s + b * ((k - s) / b) + (k - s) % b)
-    yield Obligation("ZBV: each position of the word is letter o of iteration j of a phase "
-                     "(k = s + b j + o, 0 <= j < n)",
-                     z3.Implies(z3.And(0 <= k, k < LENGTH), z3.Or(*[
-                         decomposed(n, body, s) for n, body, s in WORD.spans()])), SIZES)
-
-
 @law("zbv_completeness",
      "ZBV: rank r runs F, I and W of its two stages (r and 2p-1-r) exactly once for every "
      "microbatch, and nothing else", ALL, family="zbv", property="completeness")
 def zbv_completeness():
-    yield from cover()
-    for i, o, (kd, c, base), at, case in letters():
-        kind, chunk, mb = word(at)
-        yield Obligation(f"ZBV phase {i + 1} letter {o}: it names {kd}{c}(base + j), and a "
-                         f"present one is found at its unit's position",
-                         z3.And(kind == KINDS[kd], chunk == c, mb == base + j, mb >= 0,
-                                z3.Implies(mb < m, position_of(kind, chunk, mb) == at)),
-                         case)
-    yield from sits(WORD, "")
-
-
-def sits(w: "Word", label: str):
-    """Each unit ``kd c(x)``, ``x < m``, is the letter at its position in ``w``."""
-    for kd, c in UNITS:
-        at = w.position(kd, c, x)
-        k2, c2, mb2 = w.letter(at)
-        yield Obligation(f"ZBV: {label}each {kd}{c}(r, x) sits at its position",
-                         z3.Implies(z3.And(0 <= x, x < m), z3.And(
-                             0 <= at, at < w.length, k2 == KINDS[kd], c2 == c, mb2 == x)),
-                         SIZES)
-
-
-def position_of(kind, chunk, mb):
-    out = z3.IntVal(-1)
-    for kd, c in UNITS:
-        out = z3.If(z3.And(kind == KINDS[kd], chunk == c), position(kd, c, mb), out)
-    return out
+    yield from WORD.completeness(UNITS)
 
 
 # ---------------------------------------------------------------- memory
 
 
 SIGN = {"F": 1, "I": 0, "W": -1}  # unit model: F stores 1, its W frees it
-
-
-def _clamp(t, base):
-    """Of a letter's first ``t`` iterations (naming ``base + j``), those naming a
-    microbatch ``< m``."""
-    return _max(0, _min(t, m - base))
-
-
-def level_at(i: int, j_, o: int):
-    """The level before letter ``o`` of iteration ``j_`` of phase ``i`` (present ``F``
-    minus present ``W`` letters): the earlier phases whole, then each letter of phase
-    ``i`` over the iterations before ``j_`` (and ``j_`` itself for letters before ``o``).
-    Division-free, so each step of the recurrence is linear."""
-    spans = WORD.spans()
-    total = z3.IntVal(0)
-    for n, body, _ in spans[:i]:
-        total = total + sum(SIGN[kd] * _clamp(n, base) for kd, _, base in body if SIGN[kd])
-    for o2, (kd, _, base) in enumerate(spans[i][1]):
-        if SIGN[kd]:
-            total = total + SIGN[kd] * _clamp(j_ + (1 if o2 < o else 0), base)
-    return total
 
 
 def peak_of(p_, m_, r_):
@@ -274,31 +149,9 @@ def peaks(params) -> tuple[int, ...]:
                "p <= 8, m <= 24 (tests/test_family_models_b.py)"),
      family="zbv", property="memory", peak=peaks)
 def zbv_peak_memory():
-    peak = peak_of(p, m, r)
-    spans = WORD.spans()
-    yield from cover()
-    yield Obligation("ZBV: the level before the first letter is 0", level_at(0, 0, 0) == 0,
-                     SIZES)
-    for i in range(len(spans) - 1):
-        yield Obligation(f"ZBV: the level after phase {i + 1} is the level before phase "
-                         f"{i + 2}", level_at(i, spans[i][0], 0) == level_at(i + 1, 0, 0),
-                         SIZES)
-    for i, o, (kd, _, base), _, case in letters():
-        present = base + j < m
-        after = level_at(i, j, o + 1) if o + 1 < len(spans[i][1]) else level_at(i, j + 1, 0)
-        yield Obligation(f"ZBV phase {i + 1} letter {o} ({kd}): the level after it is the "
-                         f"level before it, +1 for a present F, -1 for a present W",
-                         after == level_at(i, j, o) + z3.If(present, SIGN[kd], 0), case)
-        alloc = z3.If(present, 1 if kd == "F" else 0, 0)
-        yield Obligation(f"ZBV phase {i + 1} letter {o} ({kd}): the step's peak <= min(2p, "
-                         f"m+1+r, 2m)", level_at(i, j, o) + alloc <= peak, case)
-    for case, (i, j_) in ((m <= r, (1, m - 1)), (m > r, (2, z3.IntVal(0)))):
-        kd, _, base = spans[i][1][0]
-        assert kd == "F"
-        yield Obligation(f"ZBV: the peak is reached at phase {i + 1}'s F1 of iteration "
-                         f"{j_} when {case}",
-                         z3.And(0 <= j_, j_ < spans[i][0], base + j_ < m,
-                                level_at(i, j_, 0) + 1 == peak), SIZES + (case,))
+    # the peak's step: phase 2's F1 of microbatch m-1 when m <= r, else phase 3's first F1
+    yield from WORD.memory(SIGN, peak_of(p, m, r), "min(2p, m+1+r, 2m)",
+                           ((m <= r, 1, m - 1), (m > r, 2, z3.IntVal(0))))
 
 
 # ---------------------------------------------------------------- dependency
@@ -306,7 +159,7 @@ def zbv_peak_memory():
 BIG = _max(m, 2 * p - 1)  # M: for m < 2p-1 the program is M's restricted to mb < m
 
 
-def _skipped(w: Word, k_):
+def _skipped(w: words.Word, k_):
     """Letters of ``w`` (built for ``M``) before ``k_`` that pop nothing there: the ``F0``
     of phase 4's iterations ``j >= M - 2p + r + 1``, whose microbatch is ``>= M``."""
     n4, _, s4 = w.spans()[3]
@@ -314,7 +167,7 @@ def _skipped(w: Word, k_):
     return _max(0, upto - (w.m - 2 * p + w.r + 1))
 
 
-def clock(w: Word, k_):
+def clock(w: words.Word, k_):
     """The timing witness: rank ``r``'s letter ``k_`` of ``M``'s word starts at its index
     among ``M``'s present letters plus ``r`` (unit durations)."""
     return k_ - _skipped(w, k_) + w.r
@@ -327,8 +180,8 @@ def _restriction():
     t_m, t_M = wm.phases[6][0], wM.phases[6][0]
     s7 = wm.starts[6]
     shift = t_M - t_m
-    yield from cover()
-    for i, o, _, at, case in letters():
+    yield from wm.cover()
+    for i, o, _, at, case in wm.letters():
         there = at + shift if i == 7 else at
         yield Obligation(f"ZBV dependency: phase {i + 1} letter {o} of m's word is M's "
                          f"letter at the mapped position (identity, phase 8 shifted)",
@@ -375,7 +228,7 @@ def _flow():
                      z3.Implies(z3.And(0 <= k, k + 1 < wM.length),
                                 clock(wM, k + 1) >= clock(wM, k) + z3.If(mb < m, 1, 0)),
                      SIZES)
-    yield from sits(wM, "dependency, in M's word, ")
+    yield from wM.sits(UNITS, "dependency, in M's word, ")
     for name, cond, (_, kd, c), (dr, pk, pc) in _edges():
         there = Word(BIG, r + dr)
         start = clock(wM, wM.position(kd, c, x))
