@@ -56,6 +56,7 @@ LAWS: tuple[Law, ...] = (
     family_zb.zb_h1_memory,
     family_zb.zb_h1_matching,
     family_zb.zb_h1_deadlock,
+    family_zb.zb_h1_few_microbatches,
     family_zb.zb_h2_completeness,
     family_zb.zb_h2_dependency,
     family_zb.zb_h2_memory,

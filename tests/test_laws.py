@@ -92,18 +92,20 @@ def test_one_law_per_family_and_property():
         assert {prop for fam, prop in cells if fam == name} == set(core.PROPERTIES), name
 
 
-@pytest.mark.parametrize("name, small", [("zbv", 1), ("dualpipev", 2)])
-def test_v_families_are_proven_for_all_sizes(name, small):
-    """ZBV's and DualPipeV's five cells are all-sizes laws that hold any instance the
-    family derives (DualPipeV's from m = 2p on), and the memory law states the peak."""
+@pytest.mark.parametrize("name, least, fewer", [("zbv", 1, None), ("dualpipev", 2, 5),
+                                                 ("zb-h1", 1, 2)])
+def test_families_proven_for_all_sizes_from_m_equal_least_p(name, least, fewer):
+    """ZBV's, DualPipeV's (m >= 2p, the family's own condition) and ZB-H1's (m >= p)
+    five cells are all-sizes laws that hold every such instance, the memory law states
+    the peak, and none claims an instance below (ZB-H1's m < p is bounded)."""
     laws = [law for law in LAWS if law.family == name]
     for p in (1, 3, 1024):
-        params = {"pp": p, "microbatches": small * p, "chunks": None}
+        params = {"pp": p, "microbatches": least * p, "chunks": None}
         assert all(law.for_all_sizes() and law.proves(params) for law in laws), (name, p)
         assert len(next(law for law in laws if law.property == "memory").peak(params)) == p
-    if name == "dualpipev":
-        below = {"pp": 3, "microbatches": 5, "chunks": None}  # the family refuses m < 2p
-        assert not any(law.proves(below) for law in laws)
+    if fewer is not None:  # 3 ranks, fewer microbatches than the laws' scope
+        assert not any(law.proves({"pp": 3, "microbatches": fewer, "chunks": None})
+                       for law in laws)
 
 
 def test_a_scope_must_say_all_sizes_or_bounded():
