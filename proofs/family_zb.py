@@ -1,42 +1,46 @@
 """ZB-H1 and ZB-H2 invariants (``algebra.families.ZB_H1``, ``ZB_H2``): one stage per rank
 (stage ``r`` on rank ``r``), split backward (``I`` then ``W``).
 
-**ZB-H1 for m >= p, all sizes.** With ``w = p-1-r`` the pattern ``F^{w} (F I)^{r}
-(F I W)* (I W)* W*`` reads, while every stream lasts, as a word (``proofs.word``) of five
-phases, each a body repeated ``n`` times (letter: the microbatch of iteration 0):
+**As words, all sizes in a region.** While every stream lasts, each pattern reads as a
+word (``proofs.word``) of five phases, each a body repeated ``n`` times (letter: the
+microbatch of iteration 0). ZB-H1, ``F^{w} (F I)^{r} (F I W)* (I W)* W*`` with ``w =
+p-1-r``, for ``m >= p``; ZB-H2, ``F^{w} (I F)^{2r} (I W F)* (I W)* W*`` with ``w =
+2(p-1-r)+1``, for ``m >= 2p - 1``:
 
-    phase  n        body
-    1      w        F: 0
-    2      r        F: w,  I: 0
-    3      m-p+1    F: p-1,  I: r,  W: 0
-    4      w        I: m-p+1+r,  W: m-p+1
-    5      r        W: m-r
+    phase  ZB-H1: n, body                  ZB-H2: n, body
+    1      w       F: 0                    w          F: 0
+    2      r       F: w, I: 0              2r         I: 0, F: w
+    3      m-p+1   F: p-1, I: r, W: 0      m-2p+1     I: 2r, W: 0, F: 2p-1
+    4      w       I: m-p+1+r, W: m-p+1    w          I: m-w, W: m-2p+1
+    5      r       W: m-r                  2r         W: m-2r
 
-For ``m >= p`` every letter names a microbatch ``< m`` (so pops it): ``m`` of each kind.
-That this is what ``derive`` returns is checked op for op for every ``p <= 8, p <= m <=
-24`` by tests/test_family_models_b.py. Completeness (a bijection with an explicit
-inverse) and the unit-model peak ``p`` (``F`` stores 1, its ``W`` frees it; the level
-per letter, ``proofs.word``) are proven letter by letter for symbolic ``p, m >= p, r``.
-Dependency: the clock "position ``k`` plus ``r``, plus ``w`` from the first ``I`` on"
-(rank ``r`` waits ``w`` steps for its first gradient, then never again; unit durations)
-advances along every rank and every input (``F`` from rank ``r-1``, ``I`` from its own
-``F`` and rank ``r+1``'s ``I``, ``W`` from its ``I``) finishes before its consumer
-starts. So the data-flow graph is acyclic, lowering's timing reaches every op, and
-``proofs.lowered`` gives matching and deadlock of the lowered plan.
+In the region every letter names a microbatch ``< m`` (so pops it): ``m`` of each kind.
+That this is what ``derive`` returns is checked op for op for every ``p <= 8, m <= 24``
+in the region by tests/test_family_models_b.py. Completeness (a bijection with an
+explicit inverse) and the unit-model peak (``F`` stores 1, its ``W`` frees it; ``p``,
+resp. ``2p - 1``; the level per letter, ``proofs.word``) are proven letter by letter for
+symbolic ``p, m, r`` in the region. Dependency: a closed-form clock (unit durations) --
+ZB-H1's "position ``k`` plus ``r``, plus ``w`` from the first ``I`` on" (rank ``r`` waits
+``w`` steps for its first gradient, then never again), ZB-H2's ``k + r`` (its extra
+warmup fills that wait) -- advances along every rank and every input (``F`` from rank
+``r-1``, ``I`` from its own ``F`` and rank ``r+1``'s ``I``, ``W`` from its ``I``)
+finishes before its consumer starts. So the data-flow graph is acyclic, lowering's timing
+reaches every op, and ``proofs.lowered`` gives matching and deadlock of the lowered plan.
 
-**Bounded.** ZB-H1 with ``m < p`` (law ``zb_h1_few_microbatches``) and ZB-H2 everywhere:
-package-derived and lowered instances for every ``p <= 8, m <= 16``, each property stated
-by the verification kernel's own obligations (``proofs.instances``). For ``m < p`` ZB-H1's
-phases stop early in an order that depends on ``m`` against ``r`` (warmup forwards run
-out before the ``(F I)`` phase ends on some ranks and not others), so its word has more
-cases than the one above; ZB-H2's pattern (``2r`` held-back weight gradients, ``I F``
-pairs) has no word derived here.
+**Bounded, below the region** (laws ``zb_h1_few_microbatches``, ``zb_h2_few_microbatches``):
+package-derived and lowered instances for every ``p <= 8`` and ``m`` below the region,
+each property stated by the verification kernel's own obligations (``proofs.instances``).
+There the warmup forwards run out before the phase they belong to ends, on some ranks and
+not on others depending on ``m`` against ``r``, so the word has a case per order in which
+the streams run dry; those words are not derived.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
+import attrs
 import z3
 
 from mpipe_verified.algebra.families import family
@@ -48,15 +52,6 @@ from .lowered import deadlock_obligations, matching_obligations
 from .word import k, m, p, r, x
 
 P_MAX, M_MAX = 8, 16
-SCOPE = bounded(f"p <= {P_MAX}, m <= {M_MAX}; package-derived and lowered instances, each "
-                "checked by the verification kernel's obligations (no closed form of the "
-                "phases that stop early for small m)")
-
-
-def covers(params) -> bool:
-    return params["pp"] <= P_MAX and params["microbatches"] <= M_MAX
-
-
 PEAKS = {"zb-h1": (lambda pp, mm, v, r_: min(pp, mm), "min(p, m)"),
          "zb-h2": (lambda pp, mm, v, r_: min(2 * pp - 1, mm), "min(2p - 1, m)")}
 
@@ -85,30 +80,7 @@ STATEMENTS = {
 }
 
 
-def _bounded_cells(name: str, title: str, weight: int):
-    """ZB-H2's five cells: package-derived instances, ``p <= 8, m <= 16``."""
-    prefix = name.replace("-", "_")
-
-    def sizes(pp):
-        return [family(name, pp, mm).derive() for mm in range(1, M_MAX + 1)]
-
-    def cell(prop, statement, **extra):
-        return law(f"{prefix}_{prop}", f"{title}: {statement}", SCOPE, weight=weight,
-                   family=name, property=prop, covers=covers, **extra)(
-                       lambda: _checked(name, title, prop, sizes))
-    return (cell("completeness", STATEMENTS["completeness"]),
-            cell("dependency", STATEMENTS["dependency"]),
-            cell("memory", f"the unit-model peak on every rank is exactly {PEAKS[name][1]}",
-                 peak=_peaks(name)),
-            cell("matching", STATEMENTS["matching"]),
-            cell("deadlock", STATEMENTS["deadlock"]))
-
-
-(zb_h2_completeness, zb_h2_dependency, zb_h2_memory, zb_h2_matching,
- zb_h2_deadlock) = _bounded_cells("zb-h2", "ZB-H2", 4)
-
-
-# ---------------------------------------------------------------- ZB-H1, m >= p
+# ---------------------------------------------------------------- as words, all sizes
 
 
 def h1_phases(p_, m_, r_):
@@ -121,97 +93,145 @@ def h1_phases(p_, m_, r_):
             (r_, (("W", 0, m_ - r_),)))
 
 
-def h1_model(pp: int, mm: int) -> tuple[tuple[Compute, ...], ...]:
-    """Per-rank programs of ZB-H1 (``m >= p``) as the model reads them."""
-    return tuple(tuple(Compute(kd, r_, base + jj) for n, body in h1_phases(pp, mm, r_)
-                       for jj in range(n) for kd, _, base in body)
-                 for r_ in range(pp))
+def h2_phases(p_, m_, r_):
+    """ZB-H2's word for ``m >= 2p - 1``."""
+    w = 2 * (p_ - 1 - r_) + 1
+    return ((w, (("F", 0, 0),)),
+            (2 * r_, (("I", 0, 0), ("F", 0, w))),
+            (m_ - 2 * p_ + 1, (("I", 0, 2 * r_), ("W", 0, 0), ("F", 0, 2 * p_ - 1))),
+            (w, (("I", 0, m_ - w), ("W", 0, m_ - 2 * p_ + 1))),
+            (2 * r_, (("W", 0, m_ - 2 * r_),)))
 
 
-H1_SIZES = (p >= 1, m >= p, 0 <= r, r < p)
 UNITS = [("F", 0), ("I", 0), ("W", 0)]
+SIGN = {"F": 1, "I": 0, "W": -1}  # unit model: F stores 1, its W frees it
 
 
-def h1_word(r_=r) -> words.Word:
-    return words.Word(h1_phases, H1_SIZES, "ZB-H1", m, r_)
-
-
-H1 = h1_word()
-
-
-def h1_covers(params) -> bool:
-    return params["microbatches"] >= params["pp"]
-
-
-def h1_clock(r_, k_):
-    """Rank ``r_``'s letter ``k_`` starts at ``k_ + r_``, plus ``w`` from its first ``I``
-    (position ``w + 1``) on (unit durations)."""
-    return k_ + r_ + z3.If(k_ >= p - r_, p - 1 - r_, 0)
-
-
-def _h1_edges():
+def _edges():
     """``(name, condition on r, consumer kind, (rank offset, producer kind))``: each input
-    (``semantics.needs``) of each unit of rank ``r``."""
+    (``semantics.needs``) of each unit of rank ``r`` (stage ``r``)."""
     return (("F(r) after F(r-1)", r >= 1, "F", (-1, "F")),
             ("I(r) after F(r)", True, "I", (0, "F")),
             ("I(r) after I(r+1)", r + 1 < p, "I", (1, "I")),
             ("W(r) after I(r)", True, "W", (0, "I")))
 
 
+@attrs.frozen(eq=False)  # compared (and cached) by identity
+class Worded:
+    """A family read as a word (``proofs.word``) where ``region(p, m)`` holds, with its
+    closed-form clock (unit durations) and peak."""
+
+    name: str
+    title: str
+    phases: Callable
+    region: Callable  # (p, m) -> bool, on ints and Z3 terms
+    region_text: str
+    clock: Callable  # (rank, position) -> start time
+    clock_text: str
+    peak: Callable  # (p, m, r) -> the peak
+    peak_text: str
+    reached: tuple  # word.Word.memory's cases
+
+    @property
+    def sizes(self) -> tuple:
+        return (p >= 1, self.region(p, m), 0 <= r, r < p)
+
+    def word(self, r_=r) -> words.Word:
+        return words.Word(self.phases, self.sizes, self.title, m, r_)
+
+    def model(self, pp: int, mm: int) -> tuple[tuple[Compute, ...], ...]:
+        """Per-rank programs as the model reads them (inside the region)."""
+        return tuple(tuple(Compute(kd, r_, base + jj) for n, body in self.phases(pp, mm, r_)
+                           for jj in range(n) for kd, _, base in body)
+                     for r_ in range(pp))
+
+    def covers(self, params) -> bool:
+        return bool(self.region(params["pp"], params["microbatches"]))
+
+    def flow(self) -> tuple[Obligation, ...]:
+        """The data-flow witness: the clock ranks every op above its predecessor and above
+        each input's producer, so the data-flow graph is acyclic and the data-flow timing
+        reaches every op, whatever the durations (built once for three laws)."""
+        return _flow(self)
+
+    def laws(self) -> tuple:
+        """The five cells, in the verifier's order of ``STATEMENTS`` plus memory."""
+        here = self.word()
+        model = (f"{self.region_text}; the word model (proofs.word), = the package's "
+                 f"programs for p <= 8 in the region, m <= 24 "
+                 f"(tests/test_family_models_b.py); the rest of m is law "
+                 f"{self.name.replace('-', '_')}_few_microbatches (bounded)")
+        lowered = all_sizes(f"every p >= 1, rank pair; {self.clock_text}, an acyclic "
+                            f"data-flow order, so lowering's timing reaches every op; the "
+                            f"lowering model of proofs.lowered (= lower for p <= 8, m <= 24, "
+                            f"tests/test_models.py); {model}")
+
+        def cell(prop, statement, scope, obligations, **extra):
+            return law(f"{self.name.replace('-', '_')}_{prop}", f"{self.title}: {statement}",
+                       scope, family=self.name, property=prop, covers=self.covers,
+                       **extra)(obligations)
+        return (
+            cell("completeness", STATEMENTS["completeness"],
+                 all_sizes(f"every p >= 1, rank r < p and word position; {model}"),
+                 lambda: here.completeness(UNITS)),
+            cell("dependency", STATEMENTS["dependency"],
+                 all_sizes(f"every p >= 1, rank, position and microbatch; "
+                           f"{self.clock_text}; {model}"), self.flow),
+            cell("memory", f"the unit-model peak on every rank is exactly "
+                 f"{PEAKS[self.name][1]} ({self.peak_text} in the region)",
+                 all_sizes(f"every p >= 1, rank and word position; a closed-form level "
+                           f"per letter proven to satisfy the level's recurrence; {model}"),
+                 lambda: here.memory(SIGN, self.peak(p, m, r), self.peak_text,
+                                     self.reached), peak=_peaks(self.name)),
+            cell("matching", STATEMENTS["matching"], lowered,
+                 lambda: [*matching_obligations(), *self.flow()]),
+            cell("deadlock", STATEMENTS["deadlock"], lowered,
+                 lambda: [*deadlock_obligations(), *self.flow()]))
+
+
 @functools.cache
-def h1_flow() -> tuple[Obligation, ...]:
-    """The data-flow witness: the clock ranks every op above its predecessor and above
-    each input's producer, so the data-flow graph is acyclic and the data-flow timing
-    reaches every op, whatever the durations (built once for three laws)."""
-    return tuple(_h1_flow())
+def _flow(fam: Worded) -> tuple[Obligation, ...]:
+    here = fam.word()
+    out = list(here.sits(UNITS))
+    out.append(Obligation(f"{fam.title} dependency: each rank's letters run in order",
+                          z3.Implies(z3.And(0 <= k, k + 1 < here.length),
+                                     fam.clock(r, k + 1) >= fam.clock(r, k) + 1), fam.sizes))
+    for name, cond, kd, (dr, pk) in _edges():
+        start = fam.clock(r, here.position(kd, 0, x))
+        done = fam.clock(r + dr, fam.word(r + dr).position(pk, 0, x)) + 1
+        out.append(Obligation(f"{fam.title} dependency: {name} finished",
+                              z3.Implies(z3.And(0 <= x, x < m, cond), done <= start),
+                              fam.sizes))
+    return tuple(out)
 
 
-def _h1_flow():
-    yield from H1.sits(UNITS)
-    yield Obligation("ZB-H1 dependency: each rank's letters run in order",
-                     z3.Implies(z3.And(0 <= k, k + 1 < H1.length),
-                                h1_clock(r, k + 1) >= h1_clock(r, k) + 1), H1_SIZES)
-    for name, cond, kd, (dr, pk) in _h1_edges():
-        start = h1_clock(r, H1.position(kd, 0, x))
-        there = h1_word(r + dr)
-        done = h1_clock(r + dr, there.position(pk, 0, x)) + 1
-        yield Obligation(f"ZB-H1 dependency: {name} finished",
-                         z3.Implies(z3.And(0 <= x, x < m, cond), done <= start), H1_SIZES)
+H1 = Worded(
+    "zb-h1", "ZB-H1", h1_phases, lambda p_, m_: m_ >= p_, "m >= p",
+    lambda r_, k_: k_ + r_ + z3.If(k_ >= p - r_, p - 1 - r_, 0),
+    "closed-form timing witness k + r, plus p-1-r from the first I on", lambda p_, m_, r_: p_,
+    "p", ((z3.BoolVal(True), 2, z3.IntVal(0), 0),))  # phase 3's first F
+w2 = 2 * (p - 1 - r) + 1
+H2 = Worded(
+    "zb-h2", "ZB-H2", h2_phases, lambda p_, m_: m_ >= 2 * p_ - 1, "m >= 2p - 1",
+    lambda r_, k_: k_ + r_, "closed-form timing witness k + r (no idle step)",
+    lambda p_, m_, r_: 2 * p_ - 1, "2p - 1",
+    ((m >= 2 * p, 2, z3.IntVal(0), 2),  # phase 3's first F, after its W
+     (z3.And(m == 2 * p - 1, r >= 1), 1, 2 * r - 1, 1),  # phase 2's last F
+     (z3.And(m == 2 * p - 1, r == 0), 0, w2 - 1, 0)))  # phase 1's last F
+
+(zb_h1_completeness, zb_h1_dependency, zb_h1_memory, zb_h1_matching,
+ zb_h1_deadlock) = H1.laws()
+(zb_h2_completeness, zb_h2_dependency, zb_h2_memory, zb_h2_matching,
+ zb_h2_deadlock) = H2.laws()
 
 
-H1_WORD = ("m >= p; the word model (proofs.word), = the package's programs for p <= 8, "
-           "p <= m <= 24 (tests/test_family_models_b.py); m < p is law "
-           "zb_h1_few_microbatches (bounded)")
-H1_CLOCK = "closed-form timing witness k + r + (p-1-r from the first I on)"
-H1_LOWERED = all_sizes(f"every p >= 1, rank pair; {H1_CLOCK}, an acyclic data-flow order, "
-                       f"so lowering's timing reaches every op; the lowering model of "
-                       f"proofs.lowered (= lower for p <= 8, m <= 24, tests/test_models.py); "
-                       f"{H1_WORD}")
-
-
-def _h1_cell(prop: str, statement: str, scope: str, obligations, **extra):
-    return law(f"zb_h1_{prop}", f"ZB-H1: {statement}", scope, family="zb-h1", property=prop,
-               covers=h1_covers, **extra)(obligations)
-
-
-zb_h1_completeness = _h1_cell(
-    "completeness", STATEMENTS["completeness"],
-    all_sizes(f"every p >= 1, rank r < p and word position; {H1_WORD}"),
-    lambda: H1.completeness(UNITS))
-zb_h1_dependency = _h1_cell(
-    "dependency", STATEMENTS["dependency"],
-    all_sizes(f"every p >= 1, rank, position and microbatch; {H1_CLOCK}; {H1_WORD}"),
-    h1_flow)
-zb_h1_memory = _h1_cell(
-    "memory", "the unit-model peak on every rank is exactly min(p, m) (p for m >= p)",
-    all_sizes(f"every p >= 1, rank and word position; a closed-form level per letter "
-              f"proven to satisfy the level's recurrence; {H1_WORD}"),
-    lambda: H1.memory({"F": 1, "I": 0, "W": -1}, p, "p", ((z3.BoolVal(True), 2, 0),)),
-    peak=_peaks("zb-h1"))
-zb_h1_matching = _h1_cell("matching", STATEMENTS["matching"], H1_LOWERED,
-                          lambda: [*matching_obligations(), *h1_flow()])
-zb_h1_deadlock = _h1_cell("deadlock", STATEMENTS["deadlock"], H1_LOWERED,
-                          lambda: [*deadlock_obligations(), *h1_flow()])
+def _few(fam: Worded, title: str):
+    """The bounded rest: ``p <= 8`` and the microbatch counts below the region."""
+    def sizes(pp):
+        return [family(fam.name, pp, mm).derive() for mm in range(1, M_MAX + 1)
+                if not fam.region(pp, mm)]
+    for prop in ("completeness", "dependency", "memory", "matching", "deadlock"):
+        yield from _checked(fam.name, title, prop, sizes)
 
 
 @law("zb_h1_few_microbatches",
@@ -222,7 +242,16 @@ zb_h1_deadlock = _h1_cell("deadlock", STATEMENTS["deadlock"], H1_LOWERED,
              f"the verification kernel's obligations (for m < p the phases stop early in an "
              f"order that depends on m against r; no word for it is derived)"), weight=4)
 def zb_h1_few_microbatches():
-    def sizes(pp):
-        return [family("zb-h1", pp, mm).derive() for mm in range(1, pp)]
-    for prop in ("completeness", "dependency", "memory", "matching", "deadlock"):
-        yield from _checked("zb-h1", "ZB-H1, m < p", prop, sizes)
+    yield from _few(H1, "ZB-H1, m < p")
+
+
+@law("zb_h2_few_microbatches",
+     "ZB-H2 with m < 2p - 1: F, I and W once each per microbatch on the stage's rank, every "
+     "input made before its consumer (the package's data-flow timing), the lowered plan "
+     "matched and deadlock-free under rendezvous, and the unit-model peak min(2p - 1, m)",
+     bounded(f"p <= {P_MAX}, m < 2p - 1; package-derived and lowered instances, each "
+             f"checked by the verification kernel's obligations (for m < 2p - 1 the phases "
+             f"stop early in an order that depends on m against r; no word for it is "
+             f"derived)"), weight=4)
+def zb_h2_few_microbatches():
+    yield from _few(H2, "ZB-H2, m < 2p - 1")

@@ -151,7 +151,7 @@ def peaks(params) -> tuple[int, ...]:
 def zbv_peak_memory():
     # the peak's step: phase 2's F1 of microbatch m-1 when m <= r, else phase 3's first F1
     yield from WORD.memory(SIGN, peak_of(p, m, r), "min(2p, m+1+r, 2m)",
-                           ((m <= r, 1, m - 1), (m > r, 2, z3.IntVal(0))))
+                           ((m <= r, 1, m - 1, 0), (m > r, 2, z3.IntVal(0), 0)))
 
 
 # ---------------------------------------------------------------- dependency

@@ -159,8 +159,8 @@ class Word:
     def memory(self, sign: dict, peak, peak_text: str, reached):
         """The level (``level_at``) satisfies the level's recurrence, every step's peak (the
         level plus what a present ``F`` stores) is at most ``peak``, and it is reached:
-        ``reached`` lists ``(condition, phase index, iteration)`` of an ``F`` letter (the
-        first of its phase's body), the conditions covering every case."""
+        ``reached`` lists ``(condition, phase index, iteration, letter index)`` of an ``F``
+        letter, the conditions covering every case."""
         spans = self.spans()
         yield from self.cover()
         yield Obligation(f"{self.title}: the level before the first letter is 0",
@@ -181,11 +181,11 @@ class Word:
             yield Obligation(f"{self.title} phase {i + 1} letter {o} ({kd}): the step's peak "
                              f"<= {peak_text}", self.level_at(sign, i, j, o) + alloc <= peak,
                              case)
-        for cond, i, j_ in reached:
-            kd, _, base = spans[i][1][0]
+        for cond, i, j_, o in reached:
+            kd, _, base = spans[i][1][o]
             assert kd == "F"
-            yield Obligation(f"{self.title}: the peak is reached at phase {i + 1}'s first F "
-                             f"of iteration {j_} when {cond}",
+            yield Obligation(f"{self.title}: the peak is reached at phase {i + 1}'s letter "
+                             f"{o} (F) of iteration {j_} when {cond}",
                              z3.And(0 <= j_, j_ < spans[i][0], base + j_ < self.m,
-                                    self.level_at(sign, i, j_, 0) + 1 == peak),
+                                    self.level_at(sign, i, j_, o) + 1 == peak),
                              self.sizes + (cond,))

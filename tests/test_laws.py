@@ -93,11 +93,12 @@ def test_one_law_per_family_and_property():
 
 
 @pytest.mark.parametrize("name, least, fewer", [("zbv", 1, None), ("dualpipev", 2, 5),
-                                                 ("zb-h1", 1, 2)])
+                                                 ("zb-h1", 1, 2), ("zb-h2", 2, 4)])
 def test_families_proven_for_all_sizes_from_m_equal_least_p(name, least, fewer):
-    """ZBV's, DualPipeV's (m >= 2p, the family's own condition) and ZB-H1's (m >= p)
-    five cells are all-sizes laws that hold every such instance, the memory law states
-    the peak, and none claims an instance below (ZB-H1's m < p is bounded)."""
+    """ZBV's, DualPipeV's (m >= 2p, the family's own condition), ZB-H1's (m >= p) and
+    ZB-H2's (m >= 2p - 1) five cells are all-sizes laws that hold every such instance,
+    the memory law states the peak, and none claims an instance below (ZB-H1's m < p and
+    ZB-H2's m < 2p - 1 are bounded)."""
     laws = [law for law in LAWS if law.family == name]
     for p in (1, 3, 1024):
         params = {"pp": p, "microbatches": least * p, "chunks": None}

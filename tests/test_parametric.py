@@ -37,7 +37,7 @@ def family_argv(name, p, m, v=None):
                                            ("interleaved-1f1b", 4, 6, 3),
                                            ("zbv", 3, 7, None), ("zbv", 4, 3, None),
                                            ("dualpipev", 3, 7, None),
-                                           ("zb-h1", 4, 6, None)])
+                                           ("zb-h1", 4, 6, None), ("zb-h2", 3, 5, None)])
 def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m, v):
     code, proof = check(capsys, *family_argv(name, p, m, v))
     expanded_code, expanded = check(capsys, *family_argv(name, p, m, v), "--expand")
@@ -77,7 +77,7 @@ def test_cells_without_all_sizes_laws_are_checked_op_by_op(capsys):
     assert code == 0 and doc["proof"] == {"kind": "instance"}
     code, doc = check(capsys, *family_argv("zb-h1", 4, 3))  # ZB-H1 with m < p: bounded
     assert code == 0 and doc["proof"] == {"kind": "instance"}
-    code, doc = check(capsys, *family_argv("zb-h2", 4, 8))
+    code, doc = check(capsys, *family_argv("zb-h2", 4, 6))  # ZB-H2 with m < 2p - 1
     assert code == 0 and doc["proof"] == {"kind": "instance"}
     code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--comm-model", "eager")
     assert code == 0 and doc["proof"] == {"kind": "instance"}
