@@ -52,19 +52,20 @@ from .lowered import deadlock_obligations, matching_obligations
 from .word import k, m, p, r, x
 
 P_MAX, M_MAX = 8, 16
-PEAKS = {"zb-h1": (lambda pp, mm, v, r_: min(pp, mm), "min(p, m)"),
-         "zb-h2": (lambda pp, mm, v, r_: min(2 * pp - 1, mm), "min(2p - 1, m)")}
+PEAKS = {"zb-h1": (lambda pp, mm, r_: min(pp, mm), "min(p, m)"),
+         "zb-h2": (lambda pp, mm, r_: min(2 * pp - 1, mm), "min(2p - 1, m)")}
 
 
 def _peaks(name):
+    """The command line's per-rank peak of an instance."""
     peak = PEAKS[name][0]
-    return lambda params: tuple(peak(params["pp"], params["microbatches"], None, r_)
+    return lambda params: tuple(peak(params["pp"], params["microbatches"], r_)
                                 for r_ in range(params["pp"]))
 
 
 def _checked(name, title, prop, sizes):
-    pk = PEAKS[name][0] if prop == "memory" else None
-    stated = None if pk is None else (lambda pp, mm, r_: pk(pp, mm, None, r_))
+    """The kernel's obligations of ``prop`` on every lowered instance of ``sizes(p)``."""
+    stated = PEAKS[name][0] if prop == "memory" else None
     return instances.obligations(title, sizes, P_MAX, prop, stated)
 
 
@@ -155,7 +156,7 @@ class Worded:
         return _flow(self)
 
     def laws(self) -> tuple:
-        """The five cells, in the verifier's order of ``STATEMENTS`` plus memory."""
+        """The five cells: completeness, dependency, memory, matching, deadlock."""
         here = self.word()
         model = (f"{self.region_text}; the word model (proofs.word), = the package's "
                  f"programs for p <= 8 in the region, m <= 24 "

@@ -58,7 +58,7 @@ from mpipe_verified.ir import Compute
 from . import word as words
 from .core import Obligation, all_sizes, law
 from .lowered import deadlock_obligations, matching_obligations
-from .word import KINDS, j, k, m, p, r, x
+from .word import k, m, p, r, x
 
 _max, _min = words.mx, words.mn
 
