@@ -151,6 +151,21 @@ class Law:
         return list(self.build())
 
 
+def memo_terms(fn: Callable) -> Callable:
+    """Cache a term-building function by its arguments (a Z3 term by its id, the term
+    kept alive in the cache so its id is never reused), so laws that share a model build
+    its terms once."""
+    cache: dict = {}
+
+    def cached(*args):
+        key = tuple(a.get_id() if isinstance(a, z3.AstRef) else a for a in args)
+        if key not in cache:
+            cache[key] = (args, fn(*args))
+        return cache[key][1]
+    cached.__doc__, cached.__name__ = fn.__doc__, fn.__name__
+    return cached
+
+
 def law(name: str, statement: str, scope: str, weight: int = 1, family: str | None = None,
         property: str | None = None, covers=None, peak=None) -> Callable[[Callable], Law]:
     """Decorator: turn ``def f() -> Iterable[Obligation]`` into a ``Law``."""

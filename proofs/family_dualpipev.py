@@ -27,36 +27,40 @@ tests/test_family_models_b.py. So chunk 0's microbatches ``< S+a+h`` get a full 
 the rest ``I`` and ``W``; chunk 1's in ``[a, 2a+S+h)`` a full ``B``, the rest ``I`` and
 ``W``.
 
-**All sizes.** Completeness (a bijection between the steps' members and the required
-units, with an explicit inverse), dependency (a closed-form clock, unit durations: rank
-``r``'s step ``k`` starts at ``k + r``, plus one tick for each of phase 4's iterations
-``1..r`` begun; Z3 checks it advances along every rank and that every input of every
-unit, across ranks, the V's turn and full or split backwards, finished before its step,
-so no member of an overlapped step needs another's output) and the unit-model peak
-``2p + 1`` on every rank (the closed-form level satisfies its recurrence, every step stays
-within the peak, the first overlapped step reaches it) are proven on the model for
-symbolic ``p >= 1, m >= 2p``.
+**All sizes.** Every step ``k`` is step ``o`` of an iteration ``j`` of one phase
+(``k = s + b j + o``), and each claim is proven step by step for symbolic ``p >= 1,
+m >= 2p``, ``r`` and ``j``. Completeness: each member of each step is a required unit
+found at that unit's position (an explicit inverse), a single step has no second member,
+and each required unit sits at its position: a bijection between the steps' members and
+the required units. Dependency: a closed-form clock (unit durations: rank ``r``'s step
+``k`` starts at ``k + r``, plus one tick for each of phase 4's iterations ``1..r`` begun)
+advances along every rank, and every input of every unit, across ranks, the V's turn and
+full or split backwards, finished before its step, so no member of an overlapped step
+needs another's output. The unit-model peak ``2p + 1`` on every rank: a closed-form level
+before each step (``level_at``; every letter pops) satisfies the level's recurrence step
+to step and across phase boundaries, every step stays within the peak, and the first
+overlapped step reaches it.
 
-**Bounded.** Matching and deadlock are checked on the package's derived and lowered
-plans for every ``p <= P_MAX``, ``2p <= m <= M_MAX`` (``proofs.instances``: the
-verification kernel's obligations, one Z3 query per ``p``). All sizes is not proven: the
-lowering's order rests on its data-flow timing with the standard durations (``B`` twice
-``F``), whose closed form (and so the lowered program, with its sends and receives) is
-not derived here.
+**Matching and deadlock**, all sizes: the clock ranks every step above its predecessor on
+its rank and above the step producing each input of each member, so the data-flow graph
+of the steps is acyclic and lowering's data-flow timing (any durations) reaches every
+step. Lowering and the timing treat an overlapped step as one op (its members' inputs
+needed before it, their transfers after it), as the clock does, so ``proofs.lowered``
+proves matching and deadlock of the lowered plan.
 """
 
 from __future__ import annotations
 
+import functools
+
 import z3
 
-from mpipe_verified.algebra.families import family
 from mpipe_verified.ir import Compute, Overlap
 
-from . import instances
-from .core import Obligation, all_sizes, bounded, law
+from .core import Obligation, all_sizes, law, memo_terms
+from .lowered import deadlock_obligations, matching_obligations
 from .model import B, F, I, W
 
-P_MAX, M_MAX = 10, 32
 KINDS = {"F": F, "B": B, "I": I, "W": W}
 QUEUED = "queued"  # a W letter whose unit is wq(base + j)
 
@@ -158,6 +162,7 @@ SPANS, LENGTH = _spans()
 NONE = (z3.IntVal(-1), z3.IntVal(-1), z3.IntVal(-1))
 
 
+@memo_terms
 def member(k_, slot: int):
     """``(kind, chunk, mb)`` of member ``slot`` of step ``k_`` (all -1: no such member)."""
     out = NONE
@@ -178,6 +183,7 @@ def member(k_, slot: int):
     return out
 
 
+@memo_terms
 def position(kd: str, c: int, x_):
     """``(step, slot)`` of the member naming ``kd c(x_)``: the inverse of ``member``."""
     a, S, h, q = _dims(p, m, r)
@@ -218,6 +224,16 @@ MODEL = ("the model, = the package's programs for p <= 8, 2p <= m <= 24 "
          "(tests/test_family_models_b.py)")
 
 
+def covers(params) -> bool:
+    """The laws' instances: every ``m >= 2p`` (the family's own condition)."""
+    return params["microbatches"] >= 2 * params["pp"]
+
+
+def peaks(params) -> tuple[int, ...]:
+    """The proven per-rank peak of an instance (the command line's)."""
+    return (peak_of(params["pp"], params["microbatches"], 0),) * params["pp"]
+
+
 def position_of(kind, chunk, mb):
     out = (z3.IntVal(-1), z3.IntVal(-1))
     for kd, c in UNITS:
@@ -227,25 +243,46 @@ def position_of(kind, chunk, mb):
     return out
 
 
+def cover():
+    """Every step ``k`` is step ``o`` of an iteration ``j`` of one phase."""
+    def decomposed(n, body, s):
+        b = len(body)
+        return z3.And(s <= k, k < s + n * b, 0 <= (k - s) / b, (k - s) / b < n,
+                      k == s + b * ((k - s) / b) + (k - s) % b)
+    yield Obligation("DualPipeV: each step is step o of iteration j of a phase (k = s + b j "
+                     "+ o, 0 <= j < n)", z3.Implies(z3.And(0 <= k, k < LENGTH), z3.Or(*[
+                         decomposed(n, body, s) for n, body, s in SPANS])), SIZES)
+
+
 @law("dualpipev_completeness",
      "DualPipeV: rank r runs, for each of its stages (r and 2p-1-r) and microbatch, F once "
      "and either B once or I and W once each (as the model assigns), and nothing else",
      all_sizes(f"every p >= 1, m >= 2p, rank r < p, step and member; {MODEL}"),
-     family="dualpipev", property="completeness")
+     family="dualpipev", property="completeness", covers=covers)
 def dualpipev_completeness():
-    in_word = z3.And(0 <= k, k < LENGTH)
-    for sl in (0, 1):
-        kind, chunk, mb = member(k, sl)
-        back = position_of(kind, chunk, mb)
-        exists = kind != -1
-        yield Obligation(f"DualPipeV: member {sl} of a step, if any, is a required unit of "
-                         f"rank r found at that unit's position",
-                         z3.Implies(z3.And(in_word, exists), z3.And(
-                             z3.Or(chunk == 0, chunk == 1), 0 <= mb, mb < m,
-                             required(kind, chunk, mb), back[0] == k, back[1] == sl)),
-                         SIZES)
-    yield Obligation("DualPipeV: every step has a first member",
-                     z3.Implies(in_word, member(k, 0)[0] != -1), SIZES)
+    j = z3.Int("j")
+    yield from cover()
+    for i, (n, body, s) in enumerate(SPANS):
+        for o, step in enumerate(body):
+            at = s + len(body) * j + o
+            claims = []
+            for sl in (0, 1):
+                kind, chunk, mb = member(at, sl)
+                if sl == len(step):
+                    claims.append(kind == -1)  # a single step has no second member
+                    continue
+                kd, c, x_ = unit(p, m, r, step[sl], j)
+                back = position_of(kind, chunk, mb)
+                claims += [kind == KINDS[kd], chunk == c, mb == x_, 0 <= mb, mb < m,
+                           required(kind, chunk, mb), back[0] == at, back[1] == sl]
+            yield Obligation(f"DualPipeV phase {i + 1} step {o}: each member is a required "
+                             f"unit of rank r found at that unit's position, and there is "
+                             f"no other", z3.And(*claims), (0 <= j, j < n) + SIZES)
+    yield from sits()
+
+
+def sits():
+    """Each required unit is the member at its position (``position``)."""
     for kd, c in UNITS:
         at, sl = position(kd, c, x)
         got = [z3.And(*[g == w for g, w in zip(member(at, s_), (KINDS[kd], c, x))])
@@ -260,22 +297,21 @@ def dualpipev_completeness():
 # ---------------------------------------------------------------- memory
 
 
-def count(kd: str, k_):
-    """Members of kind ``kd`` in the steps before ``k_``."""
+def _delta(step) -> int:
+    """A step's change of the level (unit model: F stores 1, B or W frees it)."""
+    kinds = [lt[0] for lt in step]
+    return kinds.count("F") - kinds.count("B") - kinds.count("W")
+
+
+def level_at(i: int, j_, o: int):
+    """The level before step ``o`` of iteration ``j_`` of phase ``i``: the earlier phases
+    whole, the iterations before ``j_``, then the steps before ``o`` (every letter pops,
+    ``m >= 2p``). Linear in the symbols, so each step of the recurrence is too."""
     total = z3.IntVal(0)
-    for n, body, s in SPANS:
-        b = len(body)
-        for o, step in enumerate(body):
-            hits = sum(1 for lt in step if lt[0] == kd)
-            if hits:
-                upto = (k_ - s - o + b - 1) / b
-                part = z3.If(upto < 0, 0, z3.If(upto > n, n, upto))
-                total = total + hits * z3.If(k_ <= s, 0, z3.If(k_ >= s + n * b, n, part))
-    return total
-
-
-def level(k_):
-    return count("F", k_) - count("B", k_) - count("W", k_)
+    for n, body, _ in SPANS[:i]:
+        total = total + n * sum(_delta(st) for st in body)
+    body = SPANS[i][1]
+    return total + j_ * sum(_delta(st) for st in body) + sum(_delta(st) for st in body[:o])
 
 
 def peak_of(p_, m_, r_):
@@ -289,42 +325,33 @@ PEAK = peak_of(p, m, r)
 @law("dualpipev_peak_memory",
      "DualPipeV: the peak of stored activations (unit model: F stores 1, B or W frees it) on "
      "every rank is 2p + 1",
-     all_sizes(f"every p >= 1, m >= 2p, rank and step; closed-form counts proven to satisfy "
-               f"the level's recurrence; {MODEL}"),
-     family="dualpipev", property="memory")
+     all_sizes(f"every p >= 1, m >= 2p, rank and step; a closed-form level per step proven "
+               f"to satisfy the level's recurrence, step to step and across phase "
+               f"boundaries; {MODEL}"),
+     family="dualpipev", property="memory", covers=covers, peak=peaks)
 def dualpipev_peak_memory():
-    yield Obligation("DualPipeV: level(0) = 0", level(0) == 0, SIZES)
     j = z3.Int("j")
-    for i, (n, body, s) in enumerate(SPANS):
+    yield from cover()
+    yield Obligation("DualPipeV: the level before the first step is 0",
+                     level_at(0, 0, 0) == 0, SIZES)
+    for i in range(len(SPANS) - 1):
+        yield Obligation(f"DualPipeV: the level after phase {i + 1} is the level before "
+                         f"phase {i + 2}", level_at(i, SPANS[i][0], 0) == level_at(i + 1, 0, 0),
+                         SIZES)
+    for i, (n, body, _) in enumerate(SPANS):
         for o, step in enumerate(body):
-            at = s + len(body) * j + o
             case = (0 <= j, j < n) + SIZES
-            kinds = [lt[0] for lt in step]
-            steps = []
-            for counted in "FBW":
-                st = count(counted, at + 1) == count(counted, at) + kinds.count(counted)
-                steps.append(st)
-                yield Obligation(f"DualPipeV phase {i + 1} step {o}: the count of {counted} "
-                                 f"grows by the step's", st, case)
-            delta = kinds.count("F") - kinds.count("B") - kinds.count("W")
-            yield Obligation(f"DualPipeV phase {i + 1} step {o}: level(k+1) = level(k) + F "
-                             f"- B - W of the step", level(at + 1) == level(at) + delta, case,
-                             lemmas=tuple(steps))
+            after = level_at(i, j, o + 1) if o + 1 < len(body) else level_at(i, j + 1, 0)
+            yield Obligation(f"DualPipeV phase {i + 1} step {o}: the level after it is the "
+                             f"level before it + F - B - W of the step",
+                             after == level_at(i, j, o) + _delta(step), case)
+            fwd = sum(1 for lt in step if lt[0] == "F")
             yield Obligation(f"DualPipeV phase {i + 1} step {o}: the step's peak <= 2p + 1",
-                             level(at) + kinds.count("F") <= PEAK, case)
-    yield Obligation("DualPipeV: the phases cover the steps",
-                     z3.Implies(z3.And(0 <= k, k < LENGTH), z3.Or(*[
-                         z3.And(s <= k, k < s + n * len(body)) for n, body, s in SPANS])),
-                     SIZES)
-    at = reach()
-    yield Obligation("DualPipeV: the peak is reached",
-                     z3.And(0 <= at, at < LENGTH, member(at, 0)[0] == F,
-                            level(at) + 1 == PEAK), SIZES)
-
-
-def reach():
-    """The step that reaches the peak: the first overlapped one (phase 4's start)."""
-    return SPANS[3][2]
+                             level_at(i, j, o) + fwd <= PEAK, case)
+    assert SPANS[3][1][0][0][0] == "F"  # the first overlapped step stores one more
+    yield Obligation("DualPipeV: the peak is reached at the first overlapped step (phase "
+                     "4, iteration 0, step 0)",
+                     z3.And(SPANS[3][0] >= 1, level_at(3, 0, 0) + 1 == PEAK), SIZES)
 
 
 # ---------------------------------------------------------------- dependency
@@ -381,13 +408,18 @@ def _edges():
             ("W1(r) after I1(r)", True, ("W",), 1, (0, "I", 1)))
 
 
-@law("dualpipev_dependency",
-     "DualPipeV: a data-flow timing exists (unit durations; an overlapped step's members "
-     "read their inputs before the step): every op's inputs are on its rank before it runs",
-     all_sizes(f"every p >= 1, m >= 2p, rank, step and microbatch; closed-form timing "
-               f"witness; positions as dualpipev_completeness proves them; {MODEL}"),
-     family="dualpipev", property="dependency")
-def dualpipev_dependency():
+@functools.cache
+def flow() -> tuple[Obligation, ...]:
+    """The data-flow witness: the units at their positions, and a clock that ranks every
+    step above its predecessor on its rank and above the step producing each input of
+    each member, so the data-flow graph of the steps has no cycle and the data-flow
+    timing reaches every step, whatever the durations (built once: the dependency,
+    matching and deadlock laws share it)."""
+    return tuple(_flow())
+
+
+def _flow():
+    yield from sits()
     yield Obligation("DualPipeV dependency: each rank's steps run in order",
                      z3.Implies(z3.And(0 <= k, k + 1 < LENGTH),
                                 clock(r, k + 1) >= clock(r, k) + 1), SIZES)
@@ -401,31 +433,41 @@ def dualpipev_dependency():
                              SIZES)
 
 
-# ---------------------------------------------------------------- bounded, lowered
-
-SCOPE = bounded(f"p <= {P_MAX}, 2p <= m <= {M_MAX}; package-derived and lowered instances, "
-                "each checked by the verification kernel's obligations; all sizes needs a "
-                "closed form of the lowering's data-flow timing (standard durations), which "
-                "is not derived")
+CLOCK = "closed-form timing witness; each unit at its position (as in dualpipev_completeness)"
 
 
-def _instances(pp: int):
-    return (family("dualpipev", pp, mm).derive() for mm in range(2 * pp, M_MAX + 1))
+@law("dualpipev_dependency",
+     "DualPipeV: a data-flow timing exists (unit durations; an overlapped step's members "
+     "read their inputs before the step): every op's inputs are on its rank before it runs",
+     all_sizes(f"every p >= 1, m >= 2p, rank, step and microbatch; {CLOCK}; {MODEL}"),
+     family="dualpipev", property="dependency", covers=covers)
+def dualpipev_dependency():
+    yield from flow()
 
 
-def _law(name: str, prop: str, statement: str):
-    @law(name, f"DualPipeV: {statement}", SCOPE, weight=3, family="dualpipev",
-         property=prop)
-    def run():
-        yield from instances.obligations("DualPipeV", _instances, P_MAX, prop)
-    return run
+# ---------------------------------------------------------------- lowered
+
+LOWERED = all_sizes(f"every p >= 1, m >= 2p, rank pair; {CLOCK}, an acyclic data-flow "
+                    f"order of the steps (an overlapped step is one op of lowering, its "
+                    f"members' inputs read before it, their outputs sent after it), so "
+                    f"lowering's timing reaches every step; the lowering model of "
+                    f"proofs.lowered (= lower for p <= 8, 2p <= m <= 24, "
+                    f"tests/test_models.py); {MODEL}")
 
 
-dualpipev_matching = _law(
-    "dualpipev_matching", "matching",
-    "the lowered plan pairs every send with the receive of the same payload, FIFO per "
-    "channel, none left over")
-dualpipev_deadlock = _law(
-    "dualpipev_deadlock", "deadlock",
-    "the lowered plan runs to completion under rendezvous (a completion-time witness "
-    "checked by Z3)")
+@law("dualpipev_matching",
+     "DualPipeV: the lowered plan pairs every send with the receive of the same payload, "
+     "FIFO per channel, none left over", LOWERED, family="dualpipev", property="matching",
+     covers=covers)
+def dualpipev_matching():
+    yield from matching_obligations()
+    yield from flow()
+
+
+@law("dualpipev_deadlock",
+     "DualPipeV: the lowered plan runs to completion under rendezvous (completion-time "
+     "witness: each op's place in lowering's event order)", LOWERED, family="dualpipev",
+     property="deadlock", covers=covers)
+def dualpipev_deadlock():
+    yield from deadlock_obligations()
+    yield from flow()

@@ -57,11 +57,13 @@ LAWS: tuple[Law, ...] = (
     family_zb.zb_h1_memory,
     family_zb.zb_h1_matching,
     family_zb.zb_h1_deadlock,
+    family_zb.zb_h1_few_microbatches,
     family_zb.zb_h2_completeness,
     family_zb.zb_h2_dependency,
     family_zb.zb_h2_memory,
     family_zb.zb_h2_matching,
     family_zb.zb_h2_deadlock,
+    family_zb.zb_h2_few_microbatches,
     # family invariants: ZBV, DualPipeV, transpose (one law per property)
     family_zbv.zbv_completeness,
     family_zbv.zbv_dependency,

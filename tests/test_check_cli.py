@@ -106,9 +106,11 @@ def test_json_schema_violated(capsys, tmp_path):
 
 
 def test_json_through_the_console_script(tmp_path):
-    """The installed ``mpipe-verify``: JSON on stdout only, nothing on stderr."""
+    """The installed ``mpipe-verify``: JSON on stdout only, nothing on stderr (op by op:
+    ``--expand``, since ZB-H1's laws would answer the family instance)."""
     path = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 2, 4)))
-    for argv, code in ((["--family", "zb-h1", "--pp", "2", "--microbatches", "4"], 0),
+    for argv, code in ((["--family", "zb-h1", "--pp", "2", "--microbatches", "4",
+                         "--expand"], 0),
                        ([path], 1), ([path, "--comm-model", "eager"], 0)):
         proc = subprocess.run([str(SCRIPT), "check", *argv, "--json"], capture_output=True,
                               text=True, timeout=120)

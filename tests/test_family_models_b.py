@@ -1,19 +1,21 @@
-"""The models behind the ZBV, DualPipeV and transpose family laws are the code's.
+"""The models behind the ZBV, DualPipeV, ZB-H1 and transpose family laws are the code's.
 
 - ZBV's word model (``proofs.family_zbv.model``) is, op for op, what ``derive`` returns
-  for every ``p <= 8, m <= 24``, and DualPipeV's (``proofs.family_dualpipev.model``) for
-  every ``p <= 8, 2p <= m <= 24``: the all-sizes laws reason about the package's
-  programs.
+  for every ``p <= 8, m <= 24``, DualPipeV's (``proofs.family_dualpipev.model``) for
+  every ``p <= 8, 2p <= m <= 24`` and ZB-H1's (``proofs.family_zb.h1_model``) for every
+  ``p <= 8, p <= m <= 24``: the all-sizes laws reason about the package's programs.
 - The bounded laws' check (``proofs.instances``: the kernel's obligations over a lowered
   plan) is not a formality: a broken plan, or a wrong stated peak, makes the formula
   satisfiable, and Z3 says so.
 - The all-sizes ZBV peak law fails when the stated closed form is off by one somewhere,
-  and the inputs the ZBV and DualPipeV dependency laws check are the shared semantics'
-  (``needs`` and ``produces``).
+  ZB-H1's dependency law when its clock leaves out the wait for the first gradient, and
+  the inputs the ZBV, DualPipeV and ZB-H1 dependency laws check are the shared
+  semantics' (``needs`` and ``produces``).
 """
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import z3
 
@@ -22,8 +24,8 @@ from mpipe_verified.algebra.families import family
 from mpipe_verified.algebra.transpose import transpose_family
 from mpipe_verified.ir import Compute, Plan, Recv, Send
 from mpipe_verified.lower import lower
-from mpipe_verified.proofs import (core, family_dualpipev, family_transpose, family_zbv,
-                                   instances)
+from mpipe_verified.proofs import (core, family_dualpipev, family_transpose, family_zb,
+                                   family_zbv, instances)
 from mpipe_verified.semantics import needs, peak_memory, produces
 
 PROPS = kernel.PROPERTIES
@@ -51,6 +53,16 @@ def test_the_model_is_the_package_op_for_op(name, module, first_m):
             derived = family(name, p, m).derive()
             assert derived.placement.stage_to_rank == _v_shape(p)
             assert module.model(p, m, 2) == derived.programs, (p, m)
+
+
+@pytest.mark.parametrize("fam", [family_zb.H1, family_zb.H2], ids=lambda f: f.name)
+def test_the_zb_words_are_the_package_op_for_op(fam):
+    for p in range(1, 9):
+        for m in range(1, 25):
+            if fam.region(p, m):
+                derived = family(fam.name, p, m).derive()
+                assert derived.placement.stage_to_rank == tuple(range(p))
+                assert fam.model(p, m) == derived.programs, (p, m)
 
 
 def _replace(plan: Plan, rank: int, program) -> Plan:
@@ -164,3 +176,24 @@ def test_dualpipev_dependency_edges_are_the_semantics_inputs():
                               for q in (("B", "I") if pk == "grad" else (pk,))}
                     wanted = set(needs(Compute(kd, stage(p, r, c), 0), 2 * p))
                     assert stated == _makers(wanted, units), (p, r, kd, c)
+
+
+def test_zb_dependency_edges_are_the_semantics_inputs():
+    for p in range(1, 6):
+        units = {(kd, r) for r in range(p) for kd in "FIW"}
+        for r in range(p):
+            for kd in "FIW":
+                stated = {(pk, r + dr) for _, cond, ck, (dr, pk) in family_zb._edges()
+                          if ck == kd and _holds(cond, p, r, family_zb)}
+                wanted = set(needs(Compute(kd, r, 0), p))
+                assert stated == _makers(wanted, units), (p, r, kd)
+
+
+def test_the_zb_h1_dependency_law_fails_without_the_wait_for_the_first_gradient():
+    """Rank r idles p-1-r steps before its first I: a clock without that wait (ZB-H2's)
+    misses an input, and Z3 says so."""
+    no_wait = attrs.evolve(family_zb.H1, clock=family_zb.H2.clock)
+    dependency = no_wait.laws()[1]
+    assert dependency.property == "dependency"
+    assert core.check(dependency).status == core.FAILED
+    assert core.check(family_zb.zb_h1_dependency).status == core.PROVED

@@ -90,8 +90,25 @@ def test_one_law_per_family_and_property():
     cells = [(law.family, law.property, law.for_all_sizes()) for law in LAWS
              if law.family is not None]
     assert len(cells) == len(set(cells))
-    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"):
+    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev"):
         assert {prop for fam, prop, _ in cells if fam == name} == set(core.PROPERTIES), name
+
+
+@pytest.mark.parametrize("name, least, fewer", [("zbv", 1, None), ("dualpipev", 2, 5),
+                                                 ("zb-h1", 1, 2), ("zb-h2", 2, 4)])
+def test_families_proven_for_all_sizes_from_m_equal_least_p(name, least, fewer):
+    """ZBV's, DualPipeV's (m >= 2p, the family's own condition), ZB-H1's (m >= p) and
+    ZB-H2's (m >= 2p - 1) five cells are all-sizes laws that hold every such instance,
+    the memory law states the peak, and none claims an instance below (ZB-H1's m < p and
+    ZB-H2's m < 2p - 1 are bounded)."""
+    laws = [law for law in LAWS if law.family == name]
+    for p in (1, 3, 1024):
+        params = {"pp": p, "microbatches": least * p, "chunks": None}
+        assert all(law.for_all_sizes() and law.proves(params) for law in laws), (name, p)
+        assert len(next(law for law in laws if law.property == "memory").peak(params)) == p
+    if fewer is not None:  # 3 ranks, fewer microbatches than the laws' scope
+        assert not any(law.proves({"pp": 3, "microbatches": fewer, "chunks": None})
+                       for law in laws)
 
 
 def test_a_scope_must_say_all_sizes_or_bounded():

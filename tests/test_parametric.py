@@ -34,7 +34,10 @@ def family_argv(name, p, m, v=None):
 
 @pytest.mark.parametrize("name, p, m, v", [("1f1b", 4, 8, None), ("1f1b", 5, 3, None),
                                            ("gpipe", 3, 4, None),
-                                           ("interleaved-1f1b", 4, 6, 3)])
+                                           ("interleaved-1f1b", 4, 6, 3),
+                                           ("zbv", 3, 7, None), ("zbv", 4, 3, None),
+                                           ("dualpipev", 3, 7, None),
+                                           ("zb-h1", 4, 6, None), ("zb-h2", 3, 5, None)])
 def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m, v):
     code, proof = check(capsys, *family_argv(name, p, m, v))
     expanded_code, expanded = check(capsys, *family_argv(name, p, m, v), "--expand")
@@ -72,21 +75,27 @@ def test_cells_without_all_sizes_laws_are_checked_op_by_op(capsys):
     # m >= p with a last round shorter than p (10 = 4 + 4 + 2 on 3 ranks): bounded only
     code, doc = check(capsys, *family_argv("interleaved-1f1b", 3, 10, 2))
     assert code == 0 and doc["proof"] == {"kind": "instance"}
-    code, doc = check(capsys, *family_argv("zb-h1", 4, 8))
+    code, doc = check(capsys, *family_argv("zb-h1", 4, 3))  # ZB-H1 with m < p: bounded
+    assert code == 0 and doc["proof"] == {"kind": "instance"}
+    code, doc = check(capsys, *family_argv("zb-h2", 4, 6))  # ZB-H2 with m < 2p - 1
     assert code == 0 and doc["proof"] == {"kind": "instance"}
     code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--comm-model", "eager")
     assert code == 0 and doc["proof"] == {"kind": "instance"}
 
 
-def test_interleaved_at_1024_ranks_is_answered_by_its_laws():
-    proc = subprocess.run([str(SCRIPT), "check", *family_argv("interleaved-1f1b", 1024, 4096, 2),
-                           "--json"], capture_output=True, text=True, timeout=120)
+# 4 rounds of 1024: rank r's warmup is g + 2 (p - 1 - r), its peak one more; ZBV holds
+# both chunks' warmup, 2p, on every rank once m >= 2p; DualPipeV one more
+@pytest.mark.parametrize("name, m, v, first, last", [
+    ("interleaved-1f1b", 4096, 2, 1024 + 2 * 1023 + 1, 1024 + 1),
+    ("zbv", 4096, None, 2048, 2048), ("dualpipev", 2048, None, 2049, 2049)])
+def test_1024_ranks_are_answered_by_the_family_s_laws(name, m, v, first, last):
+    proc = subprocess.run([str(SCRIPT), "check", *family_argv(name, 1024, m, v), "--json"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["proof"]["kind"] == "parametric"
-    assert [registry.BY_NAME[n].family for n in doc["proof"]["laws"]] == ["interleaved-1f1b"] * 5
-    g = 1024  # 4 rounds of 1024: rank r's warmup is g + 2 (p - 1 - r), its peak one more
-    assert doc["peak_memory"]["0"] == g + 2 * 1023 + 1 and doc["peak_memory"]["1023"] == g + 1
+    assert [registry.BY_NAME[n].family for n in doc["proof"]["laws"]] == [name] * 5
+    assert doc["peak_memory"]["0"] == first and doc["peak_memory"]["1023"] == last
 
 
 def test_the_text_report_names_the_laws(capsys):
@@ -153,6 +162,17 @@ def test_a_parametric_certificate_is_refused_for_a_plan_its_parameters_do_not_de
         check_certificate(plan, forged)  # its digest is not its claim's
     with pytest.raises(CertificateError, match="not the ones"):
         check_certificate(plan, attrs.evolve(forged, digest=forged.parametric.digest()))
+
+
+def test_a_zbv_certificate_is_refused_for_dualpipev_of_the_same_sizes():
+    """Same ranks, microbatches and V placement, another program: the certificate of
+    ZBV's laws certifies ZBV's plan only."""
+    cert = _certificate("zbv", 3, 6)
+    check_certificate(lower(family("zbv", 3, 6).derive()), cert)
+    other = lower(family("dualpipev", 3, 6).derive())
+    assert other.placement == lower(family("zbv", 3, 6).derive()).placement
+    with pytest.raises(CertificateError, match="parametric certificate refused"):
+        check_certificate(other, cert)
 
 
 def test_recheck_of_a_parametric_certificate(tmp_path, capsys):
