@@ -131,13 +131,11 @@ def _key(ob) -> tuple:
 def prove_laws(family: str, params: Mapping[str, object], jobs: int = 2) -> tuple[bool, int]:
     """Prove every obligation of the family's laws at ``params`` (``needed_laws``) now,
     each distinct one once (the five share their stream, shape and lowering lemmas),
-    split over ``jobs`` child processes (forked where the platform can, which skips a
-    fresh interpreter's imports), each stating its share of the obligations itself and
-    solving each with a solver of its own: ``(all proved, obligations)``. A law is proved
-    when all of its obligations are, and each is among these."""
+    split over ``jobs`` freshly started interpreters, so no verdict depends on what Z3
+    did before in this process: ``(all proved, obligations)``. A law is proved when all of
+    its obligations are, and each is among these."""
     import multiprocessing as mp
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    with mp.get_context(method).Pool(jobs) as pool:
+    with mp.get_context("spawn").Pool(jobs) as pool:
         parts = pool.starmap(_prove_part, [(family, dict(params), i, jobs)
                                            for i in range(jobs)])
     return all(ok for ok, _ in parts), parts[0][1]
@@ -152,7 +150,7 @@ def _obligations(family: str, params: Mapping[str, object]) -> list:
 
 
 def _prove_part(family: str, params: dict, index: int, jobs: int) -> tuple[bool, int]:
-    """In a child process: prove every ``jobs``-th distinct obligation from ``index``."""
+    """In a fresh interpreter: prove every ``jobs``-th distinct obligation from ``index``."""
     from ..proofs.core import ALL_SIZES, PROVED, Law, check
     obligations = _obligations(family, params)
     part = obligations[index::jobs]
