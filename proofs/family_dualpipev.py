@@ -58,7 +58,7 @@ import z3
 from mpipe_verified.ir import Compute, Overlap
 
 from .core import Obligation, all_sizes, law, memo_terms
-from .lowered import deadlock_obligations, matching_obligations
+from .lowered import family_laws
 from .model import B, F, I, W
 
 KINDS = {"F": F, "B": B, "I": I, "W": W}
@@ -455,19 +455,5 @@ LOWERED = all_sizes(f"every p >= 1, m >= 2p, rank pair; {CLOCK}, an acyclic data
                     f"tests/test_models.py); {MODEL}")
 
 
-@law("dualpipev_matching",
-     "DualPipeV: the lowered plan pairs every send with the receive of the same payload, "
-     "FIFO per channel, none left over", LOWERED, family="dualpipev", property="matching",
-     covers=covers)
-def dualpipev_matching():
-    yield from matching_obligations()
-    yield from flow()
-
-
-@law("dualpipev_deadlock",
-     "DualPipeV: the lowered plan runs to completion under rendezvous (completion-time "
-     "witness: each op's place in lowering's event order)", LOWERED, family="dualpipev",
-     property="deadlock", covers=covers)
-def dualpipev_deadlock():
-    yield from deadlock_obligations()
-    yield from flow()
+dualpipev_matching, dualpipev_deadlock = family_laws("dualpipev", "DualPipeV", LOWERED, flow,
+                                                     family="dualpipev", covers=covers)

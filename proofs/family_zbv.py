@@ -57,7 +57,7 @@ from mpipe_verified.ir import Compute
 
 from . import word as words
 from .core import Obligation, all_sizes, law
-from .lowered import deadlock_obligations, matching_obligations
+from .lowered import family_laws
 from .word import k, m, p, r, x
 
 _max, _min = words.mx, words.mn
@@ -260,18 +260,4 @@ LOWERED = all_sizes(f"every p >= 1, m >= 1, rank pair; {CLOCK}, an acyclic data-
                     f"lower for p <= 8, m <= 24, tests/test_models.py); {WORDS}")
 
 
-@law("zbv_matching",
-     "ZBV: the lowered plan pairs every send with the receive of the same payload, FIFO per "
-     "channel, none left over", LOWERED, family="zbv", property="matching")
-def zbv_matching():
-    yield from matching_obligations()
-    yield from flow()
-
-
-@law("zbv_deadlock",
-     "ZBV: the lowered plan runs to completion under rendezvous (completion-time witness: "
-     "each op's place in lowering's event order)", LOWERED, family="zbv",
-     property="deadlock")
-def zbv_deadlock():
-    yield from deadlock_obligations()
-    yield from flow()
+zbv_matching, zbv_deadlock = family_laws("zbv", "ZBV", LOWERED, flow, family="zbv")

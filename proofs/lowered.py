@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import z3
 
-from .core import Obligation
+from .core import Obligation, law
 from .lowering import (IntS, Pred, allgt_fn, filter_fn, filter_lemmas, mem_fn,
                        sorted_filter_kit, sorted_fn, u_allgt, u_sorted)
 from .model import IntSeq, cons, empty
@@ -150,3 +150,17 @@ def _deadlock(prefix: str):
                                                  post_a <= eb[j])),
                      hyps, lemmas=(sa == flt(chan, eb), *sorted_ranks),
                      example=ex)
+
+
+def family_laws(prefix: str, title: str, scope: str, flow, **extra) -> tuple:
+    """A family's matching and deadlock laws (``family``, ``covers``: ``extra``): the
+    obligations above and ``flow()``, the family's proof that its data-flow graph is
+    acyclic (the one hypothesis)."""
+    matching = law(f"{prefix}_matching", f"{title}: the lowered plan pairs every send with "
+                   "the receive of the same payload, FIFO per channel, none left over", scope,
+                   property="matching", **extra)(lambda: [*matching_obligations(), *flow()])
+    deadlock = law(f"{prefix}_deadlock", f"{title}: the lowered plan runs to completion under "
+                   "rendezvous (completion-time witness: each op's place in lowering's event "
+                   "order)", scope, property="deadlock",
+                   **extra)(lambda: [*deadlock_obligations(), *flow()])
+    return matching, deadlock
