@@ -108,8 +108,8 @@ def _complete(table: OpTable, chain: Chain) -> bool:
     if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
         return False  # a unit without work (never enumerated: m may be huge), or stray
     width = len(WORK_KINDS)
-    units, at = np.unique(stage * m + mb, return_inverse=True)
-    if len(units) != s * m:
+    present, at = np.unique(stage * m + mb, return_inverse=True)
+    if len(present) != s * m:
         return False
     rows = np.zeros((s * m, width), dtype=np.int64)
     np.add.at(rows, (at.reshape(-1), kind), 1)
@@ -311,8 +311,7 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
     run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
     if not run.completed:
         return _deadlock_findings(plan, run), None
-    comm = _COMM
-    return [], tuple(tuple(map(int, [t for op, t in zip(prog, times) if type(op) in comm]))
+    return [], tuple(tuple(map(int, [t for op, t in zip(prog, times) if type(op) in _COMM]))
                      for prog, times in zip(plan.programs, run.finish))
 
 
@@ -419,9 +418,9 @@ def _levels(table: OpTable, model: MemoryModel, limits) -> tuple | None:
     statics = [model.static_of(r) for r in range(plan.num_ranks)]
     if allocs is None or frees is None:
         return None
-    numbers = [name[0] for name in allocs[3]] + statics + list(limits or ())
-    if not all(_integral(x) for x in numbers) or \
-            sum(abs(int(x)) for x in numbers) * (plan.num_ops + 1) >= BIG:
+    sizes = [name[0] for name in allocs[3]] + statics + list(limits or ())
+    if not all(_integral(x) for x in sizes) or \
+            sum(abs(int(x)) for x in sizes) * (plan.num_ops + 1) >= BIG:
         return None
     alloc, freed = _moves(table, allocs, frees)
     return _per_rank(table, alloc, freed, [int(x) for x in statics], statics, limits)
