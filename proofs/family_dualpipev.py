@@ -58,24 +58,17 @@ import z3
 from mpipe_verified.ir import Compute, Overlap
 
 from .core import Obligation, all_sizes, law, memo_terms
+from .family_zbv import stage
 from .lowered import family_laws
 from .model import B, F, I, W
+from .shape import div, ite
 
 KINDS = {"F": F, "B": B, "I": I, "W": W}
 QUEUED = "queued"  # a W letter whose unit is wq(base + j)
 
 
-def _ite(c, a, b):
-    return (a if c else b) if isinstance(c, bool) else z3.If(c, a, b)
-
-
-def _div2(n):
-    """``n // 2`` on ints and on Z3 terms (whose ``/`` is integer division)."""
-    return n // 2 if isinstance(n, int) else n / 2
-
-
 def _dims(p, m, r):
-    a, h = p - 1 - r, _div2(r + 1)
+    a, h = p - 1 - r, div(r + 1, 2)
     return a, m - 2 * p + r + 1, h, r + 1 - h
 
 
@@ -101,11 +94,11 @@ def queued(p, m, r, n):
     """``(chunk, mb)`` of the ``n``-th ``I`` of phases 7-8 (FIFO: what the ``n``-th
     unchunked ``W`` pops)."""
     a, S, h, q = _dims(p, m, r)
-    j = _div2(n)
-    pair_c = _ite(n % 2 == 0, 1, 0)
-    pair_mb = _ite(n % 2 == 0, 2 * a + S + h + j, S + a + h + j)
+    j = div(n, 2)
+    pair_c = ite(n % 2 == 0, 1, 0)
+    pair_mb = ite(n % 2 == 0, 2 * a + S + h + j, S + a + h + j)
     late = n >= 2 * q
-    return _ite(late, 0, pair_c), _ite(late, m - p + r + 1 + n - 2 * q, pair_mb)
+    return ite(late, 0, pair_c), ite(late, m - p + r + 1 + n - 2 * q, pair_mb)
 
 
 def unit(p, m, r, letter, j):
@@ -114,10 +107,6 @@ def unit(p, m, r, letter, j):
     if c == QUEUED:
         return (kd,) + tuple(queued(p, m, r, base + j))
     return kd, c, base + j
-
-
-def stage(p, r, chunk):
-    return r if chunk == 0 else 2 * p - 1 - r
 
 
 def model(p: int, m: int, v: int | None = None):

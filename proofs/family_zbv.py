@@ -58,17 +58,15 @@ from mpipe_verified.ir import Compute
 from . import word as words
 from .core import Obligation, all_sizes, law
 from .lowered import family_laws
-from .word import k, m, p, r, x
-
-_max, _min = words.mx, words.mn
+from .word import k, m, mn, mx, p, r, x
 
 
 def phases(p, m, r):
     """The word's phases: ``(n, ((kind, chunk, base), ...))``; works on ints and on Z3
     terms alike."""
-    a, big = p - r, _max(m, 2 * p - 1)
+    a, big = p - r, mx(m, 2 * p - 1)
     L = big - p
-    tail = _max(0, m - a - L)
+    tail = mx(0, m - a - L)
     return (
         (2 * a - 1, (("F", 0, 0),)),
         (r, (("F", 1, 0), ("F", 0, 2 * a - 1))),
@@ -89,11 +87,11 @@ def stage(p, r, chunk):
 def model(p: int, m: int, v: int | None = None) -> tuple[tuple[Compute, ...], ...]:
     """Per-rank programs of ZBV as the model reads them (``v`` is always 2)."""
     out = []
-    for r in range(p):
+    for rank in range(p):
         prog = []
-        for n, body in phases(p, m, r):
+        for n, body in phases(p, m, rank):
             for j in range(max(0, n)):
-                prog += [Compute(kd, stage(p, r, c), base + j) for kd, c, base in body
+                prog += [Compute(kd, stage(p, rank, c), base + j) for kd, c, base in body
                          if base + j < m]
         out.append(tuple(prog))
     return tuple(out)
@@ -131,7 +129,7 @@ SIGN = {"F": 1, "I": 0, "W": -1}  # unit model: F stores 1, its W frees it
 
 
 def peak_of(p_, m_, r_):
-    return _min(_min(2 * p_, m_ + 1 + r_), 2 * m_)
+    return mn(mn(2 * p_, m_ + 1 + r_), 2 * m_)
 
 
 def peaks(params) -> tuple[int, ...]:
@@ -156,15 +154,15 @@ def zbv_peak_memory():
 
 # ---------------------------------------------------------------- dependency
 
-BIG = _max(m, 2 * p - 1)  # M: for m < 2p-1 the program is M's restricted to mb < m
+BIG = mx(m, 2 * p - 1)  # M: for m < 2p-1 the program is M's restricted to mb < m
 
 
 def _skipped(w: words.Word, k_):
     """Letters of ``w`` (built for ``M``) before ``k_`` that pop nothing there: the ``F0``
     of phase 4's iterations ``j >= M - 2p + r + 1``, whose microbatch is ``>= M``."""
     n4, _, s4 = w.spans()[3]
-    upto = _min((k_ - s4 + 5) / 6, n4)  # phase-4 F0 letters before k_
-    return _max(0, upto - (w.m - 2 * p + w.r + 1))
+    upto = mn((k_ - s4 + 5) / 6, n4)  # phase-4 F0 letters before k_
+    return mx(0, upto - (w.m - 2 * p + w.r + 1))
 
 
 def clock(w: words.Word, k_):

@@ -132,7 +132,7 @@ def test_transpose_stated_peaks_beyond_the_bound(variant):
 def test_the_zbv_peak_law_fails_for_a_wrong_closed_form(monkeypatch):
     right = family_zbv.peak_of
     monkeypatch.setattr(family_zbv, "peak_of",
-                        lambda p, m, r: family_zbv._min(right(p, m, r), 2 * p - 1))
+                        lambda p, m, r: family_zbv.mn(right(p, m, r), 2 * p - 1))
     assert core.check(family_zbv.zbv_peak_memory).status == core.FAILED
 
 
