@@ -37,6 +37,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import train_tiny_mllm as tiny  # noqa: E402
+from test_executor_worker import WrongShape  # noqa: E402
 from mpipe_verified.executor import (PeerError, PipelineError,  # noqa: E402
                                      PipelineExecutor, init_distributed, pipeline_mesh)
 from mpipe_verified.verify import verify  # noqa: E402
@@ -143,16 +144,6 @@ def run_odd(out: str) -> None:
             lines.append(str(err))
     with open(os.path.join(out, f"odd.{dist.get_rank()}.txt"), "w") as f:
         f.write("\n".join(lines))
-
-
-class WrongShape(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args):
-        y = self.inner(*args)
-        return torch.cat([y, y[..., :1]], dim=-1)
 
 
 def run_skew(out: str, rank: int) -> int:

@@ -241,7 +241,6 @@ def test_batch_splits_keyword_inputs_and_signatures_tell_shapes_apart():
     assert [p.kwargs["mask"].shape[0] for p in parts] == [3, 2]
     assert all(p.kwargs["causal"] is True for p in parts)
     assert signature(w.llava_batch(0)) != signature(w.llava_batch(1))
-    assert signature(w.llava_batch(0)) == signature(w.llava_batch(0))
 
 
 def test_the_docs_snippets_run_as_written(tmp_path):

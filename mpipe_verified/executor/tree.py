@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from ..ir import Leaf, path_steps, path_text
+from . import comm
 
 
 @attrs.frozen
@@ -119,7 +120,7 @@ def is_float(t: torch.Tensor) -> bool:
 def layout(value: Any) -> tuple[Leaf, ...]:
     """One ``Leaf`` per leaf of ``value`` (dtype names as ``torch.float32`` → ``float32``)."""
     return tuple(Leaf(p, None, None) if x is None else
-                 Leaf(p, tuple(int(d) for d in x.shape), str(x.dtype).removeprefix("torch."))
+                 Leaf(p, tuple(int(d) for d in x.shape), comm.dtype_name(x.dtype))
                  for p, x in flatten(value))
 
 
