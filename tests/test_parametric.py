@@ -18,18 +18,9 @@ from mpipe_verified.cli import main
 from mpipe_verified.lower import lower
 from mpipe_verified.proofs import registry
 from mpipe_verified.verify import CertificateError, check_certificate, parametric
+from test_check_cli import check_json as check, family_argv
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
-
-
-def check(capsys, *argv):
-    code = main(["check", *argv, "--json"])
-    return code, json.loads(capsys.readouterr().out)
-
-
-def family_argv(name, p, m, v=None):
-    return ["--family", name, "--pp", str(p), "--microbatches", str(m),
-            *(["--chunks", str(v)] if v else [])]
 
 
 @pytest.mark.parametrize("name, p, m, v", [("1f1b", 4, 8, None), ("1f1b", 5, 3, None),

@@ -15,13 +15,13 @@ import pytest
 
 from mpipe_verified.algebra.families import family
 from mpipe_verified.algebra.transpose import transpose_family
-from mpipe_verified.cli import main
 from mpipe_verified.ir import Compute
 from mpipe_verified.lower import lower
 from mpipe_verified.proofs import core, models, registry
 from mpipe_verified.proofs import family_transpose_inline as inline
 from mpipe_verified.semantics import Chain, peak_memory, produces
 from mpipe_verified.verify import CertificateError, check_certificate, parametric
+from test_check_cli import check_json as _check
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
 LAWS = [law for law in registry.LAWS if law.name.startswith("transpose_inline_")]
@@ -108,11 +108,6 @@ def test_the_laws_prove():
 def _argv(mode, ownership="inline", p=3, m=5):
     return ["--family", "transpose", "--pp", str(p), "--microbatches", str(m), "--mode", mode,
             "--ownership", ownership]
-
-
-def _check(capsys, *argv):
-    code = main(["check", *argv, "--json"])
-    return code, json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("mode", inline.MODES)
