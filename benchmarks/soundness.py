@@ -10,8 +10,11 @@ term (uniform over ``strategies.SOURCES``: a family with random valid parameters
 1f1b / interleaved-1f1b / zb-h1, p 1..6, m 1..10; a segment mutation always edits a
 transpose), its lowered plan (plain, with valid groups, or with collectives), one edit
 of that kind, and a memory limit (none, the base's highest peak, or its per-rank
-peaks). Each mutant goes to ``verify`` (rendezvous) and to ``reference.judge`` with the
-same limit.
+peaks). Two mutants in three get random memory sizes (``strategies.random_sizes``: each
+unit's stored size, each payload kind's receive buffer, each rank's static part and the
+RNG state of a raw input; halves included) and their limit from the sized base; the rest
+use the unit model. Each mutant goes to ``verify`` (rendezvous) and to
+``reference.judge`` with the same sizes and limit.
 
 Counts (per mutant): *false accept*: the verifier says verified, the reference finds a
 violation. *False reject*: the verifier reports violated where the reference accepts,
@@ -48,17 +51,22 @@ def one(args: tuple[int, int]) -> dict:
     source = ch.pick(S.SOURCES)
     base, kind, description, mutant, limit = S.random_mutant(ch, depth=2, source=source)
     source = "transpose" if base.cut.segments else source  # a segment edit forces one
-    expected = S.reference_verdict(mutant, limit)
+    sizes = None
+    if ch.pick(["unit", "sized", "sized"]) == "sized":  # the limit then from the sized base
+        sizes = S.random_sizes(ch, base)
+        limit = S.memory_limit_for(base, ch, sizes)
+    expected = S.reference_verdict(mutant, limit, sizes)
     try:
-        status, found = S.verifier_verdict(mutant, limit)
+        status, found = S.verifier_verdict(mutant, limit, sizes)
         error = None
     except Exception:  # noqa: BLE001 — a crash is a finding, not the end of the run
         status, found, error = "error", set(), traceback.format_exc(limit=3)
     verdict = "error" if error else S.classify(status, found, expected)
     out = {"index": index, "kind": kind, "source": source, "verdict": verdict, "status": status,
-           "found": sorted(found), "expected": sorted(expected), "ops": mutant.num_ops}
+           "found": sorted(found), "expected": sorted(expected), "ops": mutant.num_ops,
+           "sized": sizes is not None}
     if verdict != "agree":
-        out.update(edit=description, limit=limit, ranks=mutant.num_ranks,
+        out.update(edit=description, limit=limit, ranks=mutant.num_ranks, sizes=repr(sizes),
                    microbatches=mutant.num_microbatches, error=error, cut=repr(base.cut),
                    base=[[str(op) for op in prog] for prog in base.programs])
     return out

@@ -241,11 +241,15 @@ def run_plan(plan) -> Result:
 # - deadlock: the rendezvous run (a comm step completes once every partner
 #   endpoint's rank has *reached* it; computes never block) leaves some rank short of
 #   its end;
-# - memory: the unit model, static per rank over the whole program: F or R stores 1
-#   unit (kept by (segment, stage, mb)), freed by B or W of that unit; a segment's F stores
-#   only on the rank that runs its backward (a frozen one never, a shipped one is rebuilt
-#   by R there); receive buffers take nothing; a step's allocations count before its frees;
-#   the peak must not exceed the limit (a number or one per rank).
+# - memory: static per rank over the whole program, from the rank's static part: F or R
+#   stores its unit's size (``Sizes.stored``, by (segment, stage); kept by (segment, stage,
+#   mb)), freed by B or W of that unit; a segment's F stores only on the rank that runs its
+#   backward (a frozen one never, a shipped one is rebuilt by R there); a RECV of a payload
+#   keeps a buffer of its kind's size (a raw ``input`` also the RNG state), keyed by its
+#   token, freed by the compute on that rank that needs that token; a key allocated again
+#   while live counts again and is freed once; a step's allocations count before its
+#   frees; the peak (the static part for an empty program) must not exceed the limit (a
+#   number or one per rank). Without sizes: the unit model (every unit 1, nothing else).
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 SOURCE_SIDE, SINK_SIDE = "source", "sink"
@@ -552,33 +556,72 @@ def _deadlock(programs, partner, instance, res: Judgement) -> None:
     res.stuck = {r: pc[r] for r in range(n) if pc[r] < len(programs[r])}
 
 
-def _memory(programs, chain: _Chain, memory_limit, res: Judgement) -> None:
+@dataclass(frozen=True)
+class Sizes:
+    """Memory sizes as plain data: ``stored[(segment, stage)]`` (default 1),
+    ``buffer[payload kind]`` (default 0), ``static[rank]`` (default 0), ``rng`` (what a
+    received raw input carries besides its buffer)."""
+
+    stored: dict = field(default_factory=dict)
+    buffer: dict = field(default_factory=dict)
+    static: tuple = ()
+    rng: float = 0
+
+    def static_of(self, rank: int):
+        return self.static[rank] if rank < len(self.static) else 0
+
+    def received(self, kind: str):
+        return self.buffer.get(kind, 0) + (self.rng if kind == "input" else 0)
+
+
+UNIT = Sizes()
+TRAVELLING = ("act", "grad", "input")  # token kinds that arrive in a receive buffer
+
+
+def _effects(cell, chain: _Chain, sizes: Sizes, rank: int) -> tuple[list, list]:
+    """``(allocations as (key, size), keys freed)`` of one step on ``rank``."""
+    allocs, frees = [], []
+    if cell[0] == "C":
+        for kind, s, mb, seg in cell[1]:
+            if kind in ("F", "R") and chain.stores(kind, seg, mb, rank):
+                allocs.append((("stored", seg, s, mb), sizes.stored.get((seg, s), 1)))
+            if kind in ("B", "W"):
+                frees.append(("stored", seg, s, mb))
+            frees += [("buffer",) + t for t in chain.compute_needs(kind, s, mb, seg, rank)
+                      if t[0] in TRAVELLING]
+    elif cell[0] == "P":
+        for is_send, _, payload in cell[1]:
+            size = 0 if is_send else sizes.received(payload[0])
+            if size:
+                allocs.append((("buffer",) + _token(payload), size))
+    return allocs, frees
+
+
+def _memory(programs, chain: _Chain, memory_limit, res: Judgement, sizes: Sizes) -> None:
     n = len(programs)
     limits = ([memory_limit] * n if memory_limit is None or isinstance(memory_limit, (int, float))
               else list(memory_limit))
     for r, prog in enumerate(programs):
-        level = peak = 0
-        live = set()
+        level = peak = sizes.static_of(r)
+        live = {}
         for cell in prog:
-            if cell[0] != "C":
-                continue
-            for kind, s, mb, seg in cell[1]:
-                if kind in ("F", "R") and chain.stores(kind, seg, mb, r):
-                    live.add((seg, s, mb))
-                    level += 1
+            allocs, frees = _effects(cell, chain, sizes, r)
+            for key, size in allocs:
+                live[key] = size
+                level += size
             peak = max(peak, level)
-            for kind, s, mb, seg in cell[1]:
-                if kind in ("B", "W") and (seg, s, mb) in live:
-                    live.remove((seg, s, mb))
-                    level -= 1
+            for key in frees:
+                if key in live:
+                    level -= live.pop(key)
         res.peak.append(peak)
         if limits[r] is not None and peak > limits[r]:
             res.memory.append((r, peak, limits[r]))
 
 
-def judge(programs, stage_to_rank, microbatches, memory_limit=None, cut=()) -> Judgement:
+def judge(programs, stage_to_rank, microbatches, memory_limit=None, cut=(),
+          sizes: Sizes = UNIT) -> Judgement:
     """All five properties of a plain-data plan (see the comment above); ``cut`` is a
-    sequence of ``Segment``."""
+    sequence of ``Segment``, ``sizes`` the memory sizes (default: the unit model)."""
     res = Judgement()
     chain = _Chain(stage_to_rank, microbatches, cut, len(programs))
     _completeness(programs, chain, res)
@@ -586,7 +629,7 @@ def judge(programs, stage_to_rank, microbatches, memory_limit=None, cut=()) -> J
     partner = _p2p_matching(programs, res)
     instance = _collective_matching(programs, res)
     _deadlock(programs, partner, instance, res)
-    _memory(programs, chain, memory_limit, res)
+    _memory(programs, chain, memory_limit, res, sizes)
     return res
 
 
@@ -624,10 +667,10 @@ def segment_of(work) -> Segment:
                    bool(work.recompute), work.home)
 
 
-def judge_plan(plan, memory_limit=None) -> Judgement:
+def judge_plan(plan, memory_limit=None, sizes: Sizes = UNIT) -> Judgement:
     """Adapter for a package ``Plan``: reads ``programs``, ``placement.stage_to_rank``,
     ``num_microbatches`` and ``cut.segments``, each op through ``cell_of`` and each
     segment through ``segment_of``."""
     return judge([[cell_of(op) for op in prog] for prog in plan.programs],
                  list(plan.placement.stage_to_rank), plan.num_microbatches, memory_limit,
-                 [segment_of(w) for w in plan.cut.segments])
+                 [segment_of(w) for w in plan.cut.segments], sizes)

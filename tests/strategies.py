@@ -79,10 +79,10 @@ from mpipe_verified.algebra.families import FAMILIES, family
 from mpipe_verified.algebra.terms import (DeferW, MergeBW, Par, Relabel, Restrict, Seq,
                                           SplitBW, Weave)
 from mpipe_verified.algebra.transpose import MODES, OWNERSHIPS, transpose_family
-from mpipe_verified.ir import (ACT, INPUT, SINK, SOURCE, Collective, Compute, Group, Plan,
+from mpipe_verified.ir import (ACT, GRAD, INPUT, SINK, SOURCE, Collective, Compute, Group, Plan,
                                Recv, Send, p2p_of)
 from mpipe_verified.lower import lower
-from mpipe_verified.semantics import peak_memory
+from mpipe_verified.semantics import UNIT_MEMORY, MemoryModel, peak_memory
 
 MAX_P, MAX_M = 6, 12
 FAMILY_NAMES = tuple(sorted(FAMILIES))
@@ -685,16 +685,39 @@ SEGMENT_MODES = {"drop_all_reduce": ("owner",), "narrow_all_reduce": ("owner",),
 SOURCES = ("family", "term", "transpose")
 
 
-def memory_limit_for(plan: Plan, ch):
-    """None, the base plan's highest peak, or its per-rank peaks (unit model): a mutant
-    that raises some rank's peak then violates ``memory``."""
-    peaks = [peak_memory(plan)[r][0] for r in range(plan.num_ranks)]
+def memory_limit_for(plan: Plan, ch, sizes=None):
+    """None, the base plan's highest peak, or its per-rank peaks (under ``sizes``, a
+    ``reference.Sizes``; default the unit model): a mutant that raises some rank's peak
+    then violates ``memory``."""
+    peaks = [peak_memory(plan, memory_model(sizes))[r][0] for r in range(plan.num_ranks)]
     how = ch.pick(["none", "max", "per_rank"])
     if how == "none":
         return None
     if how == "max":
         return max(peaks, default=0.0)
     return tuple(peaks)
+
+
+def random_sizes(ch, plan: Plan):
+    """A ``reference.Sizes`` for ``plan``: each unit stores 0 to 3 (in halves), each
+    payload kind's receive buffer 0 to 2, each rank's static part 0 to 3, the RNG state of
+    a raw input 0 or 1."""
+    from reference import Sizes
+    half = lambda hi: ch.int(0, 2 * hi) / 2
+    units = [("", s) for s in range(plan.placement.num_stages)] + [
+        (w.name, 0) for w in plan.cut.segments]
+    return Sizes({unit: half(3) for unit in units},
+                 {kind: half(2) for kind in (ACT, GRAD, INPUT)},
+                 tuple(half(3) for _ in range(plan.num_ranks)), ch.int(0, 1))
+
+
+def memory_model(sizes) -> MemoryModel:
+    """The verifier's ``MemoryModel`` of a ``reference.Sizes`` (None: the unit model)."""
+    if sizes is None:
+        return UNIT_MEMORY
+    return MemoryModel(lambda stage, segment: sizes.stored.get((segment, stage), 1),
+                       lambda payload: sizes.buffer.get(payload.kind, 0),
+                       tuple(sizes.static), sizes.rng)
 
 
 def random_family_term(ch, p: int | None = None):
@@ -744,17 +767,18 @@ def random_mutant(ch, kind: str | None = None, depth: int = 1, families: bool = 
 # ---------------------------------------------------------------- comparison
 
 
-def verifier_verdict(plan: Plan, memory_limit=None) -> tuple[str, set[str]]:
-    """``(status, violated properties)`` of ``verify`` under rendezvous."""
+def verifier_verdict(plan: Plan, memory_limit=None, sizes=None) -> tuple[str, set[str]]:
+    """``(status, violated properties)`` of ``verify`` under rendezvous, with the memory
+    sizes ``sizes`` (a ``reference.Sizes``; default the unit model)."""
     from mpipe_verified.verify import verify
-    report = verify(plan, memory_limit=memory_limit)
+    report = verify(plan, memory_limit=memory_limit, memory_model=memory_model(sizes))
     return report.status, {v.property for v in report.violations}
 
 
-def reference_verdict(plan: Plan, memory_limit=None) -> set[str]:
+def reference_verdict(plan: Plan, memory_limit=None, sizes=None) -> set[str]:
     """The properties ``reference.judge`` finds violated (all five are computed)."""
     import reference
-    return reference.judge_plan(plan, memory_limit).violated
+    return reference.judge_plan(plan, memory_limit, sizes or reference.UNIT).violated
 
 
 def classify(status: str, found: set[str], expected: set[str]) -> str:

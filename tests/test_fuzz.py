@@ -148,6 +148,34 @@ def test_segment_mutant_verdicts_agree_with_the_reference(kind, data):
     _agree(data.draw(S.mutants(kinds=[kind])))
 
 
+@examples(1.0)
+@given(data=st.data())
+def test_sized_mutant_verdicts_agree_with_the_reference(data):
+    """The same with random memory sizes (stored units, receive buffers per payload kind,
+    static parts, the RNG state of a raw input) and a limit from the sized base."""
+    base, kind, description, mutant, _ = data.draw(S.mutants())
+    ch = S.DrawChooser(data.draw)
+    sizes = S.random_sizes(ch, base)
+    limit = S.memory_limit_for(base, ch, sizes)
+    status, found = S.verifier_verdict(mutant, limit, sizes)
+    expected = S.reference_verdict(mutant, limit, sizes)
+    assert S.classify(status, found, expected) == "agree", (
+        description, sizes, f"limit={limit}", status, sorted(found), sorted(expected))
+
+
+def test_receive_buffers_count_until_their_consumer_runs():
+    """gpipe on 2 ranks, 2 microbatches, by hand: rank 0 runs F0 F1 (1 each, static 1),
+    then RECV_B0 (+0.5) peaks at 3.5; rank 1 holds RECV_F1's 2 with F0's 1.5 and F1's
+    1.5 at F1: 5.0 (F0 freed its own buffer)."""
+    sizes = reference.Sizes({("", 0): 1, ("", 1): 1.5}, {"act": 2, "grad": 0.5}, (1, 0))
+    plan = _gpipe(2, 2)
+    assert reference.judge_plan(plan, None, sizes).peak == [3.5, 5.0]
+    report = verify(plan, memory_model=S.memory_model(sizes))
+    assert report.status == "verified" and report.peak_memory == {0: 3.5, 1: 5.0}
+    assert S.reference_verdict(plan, (4, 4.5), sizes) == {"memory"}
+    assert S.verifier_verdict(plan, (4, 4.5), sizes) == ("violated", {"memory"})
+
+
 # ---------------------------------------------------------------- the mapping, by hand
 
 
