@@ -106,7 +106,7 @@ def prove(family: str, params: Mapping[str, object], limit=None,
         limits = memory_limits(limit, ranks)
     except ValueError:
         return None  # the instance check refuses the limit with its own message
-    if limits is not None and any(pk > lim for pk, lim in zip(peaks, limits)):
+    if _over_limit(peaks, limits):
         return None  # the instance check finds and reports the overrun
     proved, count = prove_laws(family, params)
     if not proved:
@@ -119,6 +119,13 @@ def prove(family: str, params: Mapping[str, object], limit=None,
     certificate = Certificate(claim.digest(), PROPERTIES, limits, comm_model,
                               parametric=claim)
     return Report("verified", (), dict(enumerate(peaks)), stats, certificate)
+
+
+def _over_limit(peaks: tuple, limits) -> bool:
+    """Some rank's proven peak is above its limit (``limits``: None, or one per rank; a
+    count other than the ranks' is over, too)."""
+    return limits is not None and (len(limits) != len(peaks)
+                                   or any(pk > lim for pk, lim in zip(peaks, limits)))
 
 
 def _key(ob) -> tuple:
@@ -239,7 +246,6 @@ def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
         return False, [f"the laws {', '.join(claim.laws)} do not all prove now"]
     limits = certificate.memory_limit
     peaks = tuple(_memory_law(laws).peak(claim.mapping))
-    if limits is not None and (len(limits) != len(peaks)
-                               or any(pk > lim for pk, lim in zip(peaks, limits))):
+    if _over_limit(peaks, limits):
         return False, ["the proven peak exceeds the certificate's memory limit"]
     return True, [f"proven by {', '.join(claim.laws)}"]
