@@ -91,10 +91,11 @@ def main(argv=None) -> int:
     work = [(args.seed, i) for i in range(n)]
     pool = mp.get_context("fork").Pool(args.jobs) if args.jobs > 1 else None
     results = pool.imap(one, work, chunksize=8) if pool else map(one, work)
-    shown = 0
+    shown = sized = 0
     for done, r in enumerate(results, 1):
         v = r["verdict"]
         verdicts[v] += 1
+        sized += r["sized"]
         k = by_kind[r["kind"]]
         k["mutants"] += 1
         k[v] += 1
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
     print(f"  {'property':<20}" + "".join(f"{c:>13}" for c in pcols))
     for prop in PROPERTIES:
         print(f"  {prop:<20}" + "".join(f"{by_prop[prop][c]:>13}" for c in pcols))
-    print(f"\nmissed={verdicts['missed']} undecided={verdicts['undecided']} "
+    print(f"\nsized={sized} missed={verdicts['missed']} undecided={verdicts['undecided']} "
           f"errors={verdicts['error']} seconds={time.perf_counter() - started:.1f}")
     print(f"mutants={n} false_accepts={verdicts['false_accept']} "
           f"false_rejects={verdicts['false_reject']}")
