@@ -224,6 +224,7 @@ class PipelineExecutor:
         self.segment_loss_fns = self._sink_losses(dict(segment_loss_fns or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
+        self._trainable = {key: tuple(map(id, ps)) for key, ps in self._params.items()}
         self._direct = {id(m): split_backward.direct_allowed(m)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
@@ -458,6 +459,7 @@ class PipelineExecutor:
         if self.plan.forward_only:
             raise PipelineError(f"rank {self.rank}: this plan is forward-only (an evaluation "
                                 "run): call eval(batch); step and run need a training plan")
+        self._check_trainable()
         self._evaluating = False
         self._pass(batch)
         try:
@@ -491,6 +493,28 @@ class PipelineExecutor:
             None if body is None or not targets else tuple(float(losses[mb]) for mb in
                                                            range(len(self._mbs))),
             sinks)
+
+    def _check_trainable(self) -> None:
+        """What trains is fixed when the executor is built (each op's gradient targets and
+        the optimizer's parameters come from it): a parameter whose ``requires_grad``
+        changed since is refused, before any communication, rather than left without a
+        gradient (or given one no optimizer applies)."""
+        for label, module in self._labelled_modules():
+            now = tuple(id(p) for p in module.parameters() if p.requires_grad)
+            if now == self._trainable[id(module)]:
+                continue
+            built = set(self._trainable[id(module)])
+            name, p = next((n, p) for n, p in module.named_parameters()
+                           if p.requires_grad != (id(p) in built))
+            raise PipelineError(
+                f"rank {self.rank}: parameter {name!r} of {label} has requires_grad="
+                f"{p.requires_grad} but had {not p.requires_grad} when the executor was "
+                "built: the executor trains the parameters that required a gradient then; "
+                "build a new PipelineExecutor (and optimizer) after changing requires_grad")
+
+    def _labelled_modules(self):
+        yield from ((f"stage {s}", m) for s, m in self.stages.items())
+        yield from ((f"segment {name!r}", m) for name, m in self.segments.items())
 
     def _losses_out(self, broadcast_loss: bool, return_losses: bool):
         """The batch loss (and the per-microbatch losses): the body's from the last
@@ -929,14 +953,10 @@ class PipelineExecutor:
                         p.copy_(flat[offset:offset + p.numel()].view_as(p))
                         offset += p.numel()
             return {t: True for t in produces(op)}
-        trainable = [p for p in params if p.requires_grad]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in trainable]) if trainable else torch.empty(0, device=self.device)
+        trainable = self._params[id(module)]
+        flat = topology.flatten_grads(trainable).to(self.device)  # summed in the widest dtype
         self._wait([dist.all_reduce(flat, group=group, async_op=True)], where, peers)
-        offset = 0
-        for p in trainable:
-            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+        topology.unflatten_grads(trainable, flat)  # each gradient back in its parameter's dtype
         return {}
 
 
