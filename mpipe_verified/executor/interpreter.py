@@ -15,13 +15,13 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
 - ``SEND``/``RECV``: ``isend``/``irecv``; a ``Group``: ``batch_isend_irecv`` of its
   members. Every comm op is *posted* at its place in the plan, in plan order. With
   ``overlap_comms=False`` the rank then waits for it at once (the rendezvous program of
-  docs/semantics.md §2, literally). By default (``overlap_comms=True``) it waits for a received
-  value just before the first op that reads it, and for sends when they complete (polled
-  at each comm op; all are waited for before the step ends). This is safe for every
-  certified plan: waiting later never makes any op post later (each rank posts the same
-  ops in the same order, each no later than under rendezvous), so a plan that completes
-  under rendezvous completes here; and a value is still read only after its transfer
-  completed. Messages are checked against the plan's payloads (``comm``).
+  docs/semantics.md §2, literally). By default (``overlap_comms=True``) it waits for each
+  comm op just before the next comm op is posted (the compute ops between them overlap
+  its transfer), or earlier, just before the first op that reads a value it receives;
+  the last one before the step ends. This is safe for every certified plan: waiting later never makes any op post later
+  (each rank posts the same ops in the same order, each no later than under rendezvous),
+  so a plan that completes under rendezvous completes here; and a value is still read
+  only after its transfer completed. Messages are checked against the plan's payloads (``comm``).
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
   from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
 
@@ -61,7 +61,6 @@ digest before the first op runs.
 
 from __future__ import annotations
 
-import collections
 import datetime
 import os
 import types
@@ -128,18 +127,13 @@ class Evaluation:
 
 class _Transfer:
     """Posted point-to-point works of one plan step (``overlap_comms``): waited for when
-    a received value is first used, else at the end of the step."""
+    the next comm op is posted, or before, when a received value is first used."""
 
     __slots__ = ("works", "buffers", "where", "peers", "done")
 
     def __init__(self, works: list, buffers: list, where: str, peers: str) -> None:
         self.works, self.where, self.peers, self.done = works, where, peers, False
         self.buffers = buffers  # kept alive until the works complete
-
-    def finished(self) -> bool:
-        if not self.done and all(w.is_completed() for w in self.works):
-            self.done, self.buffers = True, []
-        return self.done
 
 
 class _Pending:
@@ -563,7 +557,7 @@ class PipelineExecutor:
         self._loss = None
         self._mb_losses: dict = {}  # mb -> its own loss (a sink's added in)
         self.store = {}
-        self._inflight: collections.deque[_Transfer] = collections.deque()
+        self._posted: _Transfer | None = None  # the last comm op, posted, not waited for
         self._unread: list[_Pending] = []
         self._stored_refs: dict[int, int] = {}
         self._stored_live = self.stored_peak = 0
@@ -578,9 +572,9 @@ class PipelineExecutor:
             self._execute(instr)
         for pending in self._unread:  # received but never read: still check them
             self._resolve(pending)
-        for transfer in self._inflight:
-            self._finish(transfer)
-        self._inflight, self._unread = collections.deque(), []
+        if self._posted is not None:
+            self._finish(self._posted)
+        self._posted, self._unread = None, []
         self.store = {}
 
     def _reduce_replicas(self, loss: float) -> float:
@@ -890,6 +884,8 @@ class PipelineExecutor:
                 buf = messages.incoming(payload)
                 items.append((False, buf, peer))
                 recvs.append((token, buf, payload, peer))
+        if self.overlap_comms and self._posted is not None:
+            self._finish(self._posted)  # the previous comm op completes before this one posts
         try:
             works = comm.post_p2p([(s, buf, self._peer[peer]) for s, buf, peer in items],
                                   self._pp)
@@ -901,10 +897,7 @@ class PipelineExecutor:
             self._finish(transfer)
             return {token: _received(messages.decode(buf, payload, src, where), payload)
                     for token, buf, payload, src in recvs}
-        inflight = self._inflight  # oldest first: only completed heads are dropped
-        while inflight and inflight[0].finished():
-            inflight.popleft()
-        inflight.append(transfer)
+        self._posted = transfer
         out = {}
         for token, buf, payload, src in recvs:
             pending = _Pending(transfer, buf, payload, src)
