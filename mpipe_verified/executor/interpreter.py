@@ -18,10 +18,13 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
   docs/semantics.md §2, literally). By default (``overlap_comms=True``) it waits for each
   comm op just before the next comm op is posted (the compute ops between them overlap
   its transfer), or earlier, just before the first op that reads a value it receives;
-  the last one before the step ends. This is safe for every certified plan: waiting later never makes any op post later
-  (each rank posts the same ops in the same order, each no later than under rendezvous),
-  so a plan that completes under rendezvous completes here; and a value is still read
-  only after its transfer completed. Messages are checked against the plan's payloads (``comm``).
+  the last one before the step ends (gloo reports a transfer complete only once it is
+  waited for, so waiting at the step's end would keep every buffer of the step in
+  flight). This is safe for every certified plan: no op is waited for earlier than under
+  rendezvous, so no op posts later (each rank posts the same ops in the same order, each
+  no later than under rendezvous), a plan that completes under rendezvous completes
+  here, and a value is still read only after its transfer completed. Messages are
+  checked against the plan's payloads (``comm``).
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
   from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
 
