@@ -16,7 +16,9 @@ between two barriers (forward, backward, gradients; no optimizer), after 3 warm-
 (torch infers shapes on its first step). Prints the median step time of each and the
 ratio ours / torch per schedule (target <= 1.0): ``ratio`` is the ratio of the medians,
 ``paired`` the median of the per-round ratios (robust to load drifting during the run),
-``cpu ms`` the CPU time of one step summed over all ranks (all threads).
+``cpu ms`` the CPU time of one step summed over all ranks (all threads), ``loop ms`` the
+part of it spent by gloo's event-loop threads (``gloo_tcp_loop``, read from
+``/proc/self/task``; ``-`` where there is no ``/proc``).
 
 After that run, a second one on 2 ranks with a tiny model (dim 8, 1F1B; overhead-bound)
 prints ``overhead_us_per_op ours=X torch=Y``: the median step time over the ops one rank
@@ -62,6 +64,24 @@ def parse(argv=None):
 
 
 OVERHEAD_RUN = ["--nproc", "2", "--dim", "8", "--schedules", "1f1b"]  # tiny: overhead-bound
+
+
+def loop_cpu_seconds() -> float:
+    """CPU seconds used so far by this process's gloo event-loop threads (NaN without
+    ``/proc``)."""
+    total, tasks = 0, "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return float("nan")
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/comm") as f:
+                if f.read().strip() != "gloo_tcp_loop":
+                    continue
+            with open(f"{tasks}/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])  # nanoseconds on the CPU
+        except OSError:
+            continue
+    return total / 1e9
 
 
 def main(argv=None) -> int:
@@ -183,22 +203,26 @@ def rank_main(args) -> int:
                                                for name, ex in ours.items()]
         times = {name: [] for name, _ in contenders}
         cpu = {name: 0.0 for name, _ in contenders}
+        loop = {name: 0.0 for name, _ in contenders}
         for i in range(3 + args.steps):
             k = i % len(contenders)  # rotate who goes first
             for name, fn in contenders[k:] + contenders[:k]:
                 dist.barrier()
+                g = loop_cpu_seconds()
                 t, c = time.perf_counter(), time.process_time()
                 fn()
-                c = time.process_time() - c
+                c, t = time.process_time() - c, time.perf_counter() - t
+                g = loop_cpu_seconds() - g
                 dist.barrier()
                 if i >= 3:
-                    times[name].append(time.perf_counter() - t)
+                    times[name].append(t)
                     cpu[name] += c
+                    loop[name] += g
         # CPU seconds per step, summed over ranks (all threads of each process)
-        cpu_all = torch.tensor([cpu[name] / args.steps for name, _ in contenders],
-                               dtype=torch.float64)
+        cpu_all = torch.tensor([[cpu[name] / args.steps, loop[name] / args.steps]
+                                for name, _ in contenders], dtype=torch.float64)
         dist.all_reduce(cpu_all)
-        cpu = {name: cpu_all[i].item() for i, (name, _) in enumerate(contenders)}
+        cpu = {name: cpu_all[i].tolist() for i, (name, _) in enumerate(contenders)}
         results.append((schedule, num_stages, plan.num_ops, times, worst.item(), cpu))
 
     if rank == 0:
@@ -206,14 +230,16 @@ def rank_main(args) -> int:
               f"{args.steps} timed steps per contender (rotating order), messages "
               f"{'bare' if args.no_check_messages else 'checked'}")
         print(f"{'schedule':17} {'contender':13} {'median ms':>9} {'ratio':>6} "
-              f"{'paired':>6} {'cpu ms':>7}")
+              f"{'paired':>6} {'cpu ms':>7} {'loop ms':>7}")
         for schedule, n, ops, times, d, cpu in results:
             base = statistics.median(times["torch"])
             for name, ts in times.items():
                 med = statistics.median(ts)
                 paired = statistics.median(a / b for a, b in zip(ts, times["torch"]))
+                total, in_loop = cpu[name]
                 print(f"{schedule:17} {name:13} {med * 1e3:9.2f} {med / base:6.2f} "
-                      f"{paired:6.2f} {cpu[name] * 1e3:7.1f}")
+                      f"{paired:6.2f} {total * 1e3:7.1f} "
+                      f"{'-' if in_loop != in_loop else f'{in_loop * 1e3:.1f}':>7}")
             print(f"{schedule:17} ({n} stages, {ops} ops per step in our plan; largest "
                   f"|grad ours - grad torch| {d:.1e})")
             if args.overhead_line:  # wall per op: median step over the ops of one rank

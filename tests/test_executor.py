@@ -5,7 +5,9 @@ family (encoder inline on the first stage), transpose in the recompute/owner/fro
 a plan whose adjacent comm ops are posted as groups, the strict wait-after-every-comm mode
 and bare (trailer-less) messages; each case's loss and every
 parameter gradient after one step must equal a single-process, non-pipelined run of the
-same model on the same data (float32, atol 1e-5), and every case's measured peak of
+same model on the same data (float32, atol 1e-5; in its own dtype: an owner-mode encoder
+with a float64 parameter beside float32 ones keeps each gradient's dtype through the
+all-reduce), and every case's measured peak of
 stored activations per rank must equal the verifier's. An encoder with dropout runs in
 recompute and owner mode: each recompute must draw its forward's mask, and the gradients
 of both modes must agree. Each launch then ends with failure
@@ -61,6 +63,9 @@ def cases(world: int) -> list[dict]:
     out.append({"name": "transpose-owner-strict", "schedule": "transpose", "mode": "owner",
                 "m": m, "strict": True})
     out.append({"name": "dualpipev-bare", "schedule": "dualpipev", "m": m, "bare": True})
+    # an owner-mode encoder with float32 and float64 parameters (its gradient all-reduce)
+    out.append({"name": "owner-mixed-dtypes", "schedule": "transpose", "mode": "owner",
+                "m": m, "mixed": True})
     # an encoder with dropout: recompute must replay its forward's masks
     out += [{"name": f"dropout-{mode}", "schedule": "transpose", "mode": mode, "m": m,
              "dropout": True} for mode in ("recompute", "owner")]

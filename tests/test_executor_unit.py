@@ -266,6 +266,26 @@ def test_eval_and_step_refuse_the_other_kind_of_plan_before_any_communication(no
     assert no_traffic == [] and not dist.is_initialized()
 
 
+def test_a_requires_grad_changed_after_construction_is_refused_at_step(no_traffic):
+    plan, _, encoder, stages = shaped_plan()
+    cert = certify(plan)
+    frozen = stages[0][0].emb.weight
+    frozen.requires_grad_(False)  # frozen when built, trained later: would get no gradient
+    executor = make(plan, cert, encoder, stages)
+    assert all(p is not frozen for p in executor.parameters())
+    frozen.requires_grad_(True)
+    with pytest.raises(PipelineError, match=r"rank 0: parameter '0\.emb\.weight' of stage 0 "
+                       r"has requires_grad=True but had False when the executor was built"):
+        executor.step(tiny_batch())
+    frozen.requires_grad_(True)
+    executor = make(plan, cert, encoder, stages)
+    encoder.bias.requires_grad_(False)  # and the other way
+    with pytest.raises(PipelineError, match=r"parameter 'bias' of segment 'vision' has "
+                       r"requires_grad=False but had True"):
+        executor.run(tiny_batch())
+    assert no_traffic == [] and not dist.is_initialized()
+
+
 def test_a_sink_needs_its_loss_and_only_sinks_take_one():
     term = Transpose(Transpose(family("1f1b", 2, 2), ownership="inline"), "gen", side="sink",
                      mode="owner", ownership="inline")

@@ -5,9 +5,10 @@ tests itself).
 
 Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each case
 ``{"name", "schedule", "mode", "m", "group", "strict", "bare", "dropout", "audio", "sink",
-"eval"}`` it builds the tiny MLLM's plan (as the example does; ``audio``: the audio
+"eval", "mixed"}`` it builds the tiny MLLM's plan (as the example does; ``audio``: the audio
 encoder cut too, in that mode; ``sink``: a class-prediction head cut as a sink, in that
-mode; ``eval``: the forward-only plan of the term), verifies it, runs one step without
+mode; ``eval``: the forward-only plan of the term; ``mixed``: the vision encoder with a
+float64 parameter beside its float32 ones), verifies it, runs one step without
 optimizer (``eval``: ``executor.eval``) and saves the loss and per-microbatch losses
 (``eval``: the last stage's outputs too), every local gradient (named like the
 single-process model: ``vision.*``, ``audio.*``, ``gen.*``, ``body.*``), the executor's
@@ -74,6 +75,19 @@ def sink_loss(logits: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, classes)
 
 
+class MixedDtypes(torch.nn.Module):
+    """The vision encoder scaled by a float64 gain: a segment whose parameters have two
+    dtypes (its gradient all-reduce must give each gradient back in its own dtype)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.gain = torch.nn.Parameter(torch.linspace(0.5, 1.5, 32, dtype=torch.float64))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.inner(images) * self.gain.float()
+
+
 def case_term(case: dict, world: int):
     term = tiny.build_term(case["schedule"], world, case["m"], case.get("mode", "recompute"),
                            audio_mode=case.get("audio"))
@@ -85,7 +99,7 @@ def case_term(case: dict, world: int):
 def case_model(case: dict, num_stages: int):
     """``(segments, body)``: the encoders (and sink) by name, and the whole body."""
     encoder, body = tiny.build_model(max(6, num_stages - 2))
-    segments = {"vision": encoder}
+    segments = {"vision": MixedDtypes(encoder) if case.get("mixed") else encoder}
     if case.get("audio"):
         segments["audio"] = tiny.build_audio()
     if case.get("sink"):
@@ -106,7 +120,7 @@ def case_batch(case: dict) -> Batch:
 
 
 def build(case: dict, world: int):
-    if case.get("audio") or case.get("sink") or case.get("eval"):
+    if case.get("audio") or case.get("sink") or case.get("eval") or case.get("mixed"):
         plan = lower(case_term(case, world).derive())
         segments, full = case_model(case, plan.placement.num_stages)
         stages = split_sequential(full, plan.placement.num_stages)

@@ -15,13 +15,16 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
 - ``SEND``/``RECV``: ``isend``/``irecv``; a ``Group``: ``batch_isend_irecv`` of its
   members. Every comm op is *posted* at its place in the plan, in plan order. With
   ``overlap_comms=False`` the rank then waits for it at once (the rendezvous program of
-  docs/semantics.md §2, literally). By default (``overlap_comms=True``) it waits for a received
-  value just before the first op that reads it, and for sends when they complete (polled
-  at each comm op; all are waited for before the step ends). This is safe for every
-  certified plan: waiting later never makes any op post later (each rank posts the same
-  ops in the same order, each no later than under rendezvous), so a plan that completes
-  under rendezvous completes here; and a value is still read only after its transfer
-  completed. Messages are checked against the plan's payloads (``comm``).
+  docs/semantics.md §2, literally). By default (``overlap_comms=True``) it waits for each
+  comm op just before the next comm op is posted (the compute ops between them overlap
+  its transfer), or earlier, just before the first op that reads a value it receives;
+  the last one before the step ends (gloo reports a transfer complete only once it is
+  waited for, so waiting at the step's end would keep every buffer of the step in
+  flight). This is safe for every certified plan: no op is waited for earlier than under
+  rendezvous, so no op posts later (each rank posts the same ops in the same order, each
+  no later than under rendezvous), a plan that completes under rendezvous completes
+  here, and a value is still read only after its transfer completed. Messages are
+  checked against the plan's payloads (``comm``).
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
   from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
 
@@ -61,7 +64,6 @@ digest before the first op runs.
 
 from __future__ import annotations
 
-import collections
 import datetime
 import os
 import types
@@ -128,18 +130,13 @@ class Evaluation:
 
 class _Transfer:
     """Posted point-to-point works of one plan step (``overlap_comms``): waited for when
-    a received value is first used, else at the end of the step."""
+    the next comm op is posted, or before, when a received value is first used."""
 
     __slots__ = ("works", "buffers", "where", "peers", "done")
 
     def __init__(self, works: list, buffers: list, where: str, peers: str) -> None:
         self.works, self.where, self.peers, self.done = works, where, peers, False
         self.buffers = buffers  # kept alive until the works complete
-
-    def finished(self) -> bool:
-        if not self.done and all(w.is_completed() for w in self.works):
-            self.done, self.buffers = True, []
-        return self.done
 
 
 class _Pending:
@@ -224,6 +221,7 @@ class PipelineExecutor:
         self.segment_loss_fns = self._sink_losses(dict(segment_loss_fns or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
+        self._trainable = {key: tuple(map(id, ps)) for key, ps in self._params.items()}
         self._direct = {id(m): split_backward.direct_allowed(m)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
@@ -458,6 +456,7 @@ class PipelineExecutor:
         if self.plan.forward_only:
             raise PipelineError(f"rank {self.rank}: this plan is forward-only (an evaluation "
                                 "run): call eval(batch); step and run need a training plan")
+        self._check_trainable()
         self._evaluating = False
         self._pass(batch)
         try:
@@ -491,6 +490,28 @@ class PipelineExecutor:
             None if body is None or not targets else tuple(float(losses[mb]) for mb in
                                                            range(len(self._mbs))),
             sinks)
+
+    def _check_trainable(self) -> None:
+        """What trains is fixed when the executor is built (each op's gradient targets and
+        the optimizer's parameters come from it): a parameter whose ``requires_grad``
+        changed since is refused, before any communication, rather than left without a
+        gradient (or given one no optimizer applies)."""
+        for label, module in self._labelled_modules():
+            now = tuple(id(p) for p in module.parameters() if p.requires_grad)
+            if now == self._trainable[id(module)]:
+                continue
+            built = set(self._trainable[id(module)])
+            name, p = next((n, p) for n, p in module.named_parameters()
+                           if p.requires_grad != (id(p) in built))
+            raise PipelineError(
+                f"rank {self.rank}: parameter {name!r} of {label} has requires_grad="
+                f"{p.requires_grad} but had {not p.requires_grad} when the executor was "
+                "built: the executor trains the parameters that required a gradient then; "
+                "build a new PipelineExecutor (and optimizer) after changing requires_grad")
+
+    def _labelled_modules(self):
+        yield from ((f"stage {s}", m) for s, m in self.stages.items())
+        yield from ((f"segment {name!r}", m) for name, m in self.segments.items())
 
     def _losses_out(self, broadcast_loss: bool, return_losses: bool):
         """The batch loss (and the per-microbatch losses): the body's from the last
@@ -539,7 +560,7 @@ class PipelineExecutor:
         self._loss = None
         self._mb_losses: dict = {}  # mb -> its own loss (a sink's added in)
         self.store = {}
-        self._inflight: collections.deque[_Transfer] = collections.deque()
+        self._posted: _Transfer | None = None  # the last comm op, posted, not waited for
         self._unread: list[_Pending] = []
         self._stored_refs: dict[int, int] = {}
         self._stored_live = self.stored_peak = 0
@@ -554,9 +575,9 @@ class PipelineExecutor:
             self._execute(instr)
         for pending in self._unread:  # received but never read: still check them
             self._resolve(pending)
-        for transfer in self._inflight:
-            self._finish(transfer)
-        self._inflight, self._unread = collections.deque(), []
+        if self._posted is not None:
+            self._finish(self._posted)
+        self._posted, self._unread = None, []
         self.store = {}
 
     def _reduce_replicas(self, loss: float) -> float:
@@ -866,6 +887,8 @@ class PipelineExecutor:
                 buf = messages.incoming(payload)
                 items.append((False, buf, peer))
                 recvs.append((token, buf, payload, peer))
+        if self.overlap_comms and self._posted is not None:
+            self._finish(self._posted)  # the previous comm op completes before this one posts
         try:
             works = comm.post_p2p([(s, buf, self._peer[peer]) for s, buf, peer in items],
                                   self._pp)
@@ -877,10 +900,7 @@ class PipelineExecutor:
             self._finish(transfer)
             return {token: _received(messages.decode(buf, payload, src, where), payload)
                     for token, buf, payload, src in recvs}
-        inflight = self._inflight  # oldest first: only completed heads are dropped
-        while inflight and inflight[0].finished():
-            inflight.popleft()
-        inflight.append(transfer)
+        self._posted = transfer
         out = {}
         for token, buf, payload, src in recvs:
             pending = _Pending(transfer, buf, payload, src)
@@ -929,14 +949,10 @@ class PipelineExecutor:
                         p.copy_(flat[offset:offset + p.numel()].view_as(p))
                         offset += p.numel()
             return {t: True for t in produces(op)}
-        trainable = [p for p in params if p.requires_grad]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in trainable]) if trainable else torch.empty(0, device=self.device)
+        trainable = self._params[id(module)]
+        flat = topology.flatten_grads(trainable).to(self.device)  # summed in the widest dtype
         self._wait([dist.all_reduce(flat, group=group, async_op=True)], where, peers)
-        offset = 0
-        for p in trainable:
-            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+        topology.unflatten_grads(trainable, flat)  # each gradient back in its parameter's dtype
         return {}
 
 
