@@ -40,7 +40,7 @@ import weakref
 from collections import defaultdict
 from fractions import Fraction
 from functools import cached_property
-from itertools import chain
+from itertools import chain, repeat
 import operator
 from operator import attrgetter
 
@@ -113,8 +113,7 @@ class _Rules:
         for s in self.cut:
             for mb, r in enumerate(s.backward_rank or ()):
                 self.backward_mbs[(s.name, r)].append(mb)
-        if self.cut_ok():
-            self._read(plan)
+        self._read(plan)
 
     def cut_ok(self) -> bool:
         """Distinct, named segments; one forward (and backward) rank per microbatch, each
@@ -156,7 +155,9 @@ class _Rules:
             _ints(map(_KIND.__getitem__, c[0])), SEND, RECV, COLL)
         self.name[at[0]], self.name[at[3]] = (_ints(map(code.__getitem__, x)) for x in (c[3], tags))
         self.stage, self.mb = (_scatter(n, at[0], _column(x)) for x in c[1:3])
-        self._cut_columns(code)
+        self.body, self.code = code[""], code
+        if self.cut_ok():
+            self._cut_columns()
 
     @cached_property
     def p2p(self) -> tuple:
@@ -171,7 +172,7 @@ class _Rules:
         return (payloads, _column(peer), _ints(map(_CARRIED.__getitem__, kind)), name,
                 _column(stage), _column(mb))
 
-    def _cut_columns(self, code: dict) -> None:
+    def _cut_columns(self) -> None:
         """Per name code: its segment's index in the cut (-1: the body, or a name the cut
         lacks, which reads as body work and is stray), side, home; per segment and mb,
         the forward and backward ranks (-1: frozen)."""
@@ -187,7 +188,6 @@ class _Rules:
                             + [(-1,) * w], np.int64)
         self.mbix = (np.where(self.mb < self.m, self.mb, 0) if self.cut else 0 * self.mb).astype(
             np.int64)
-        self.body, self.code = code[""], code
 
     @cached_property
     def tokens(self) -> tuple:
@@ -586,16 +586,20 @@ class Sizes:
     def of(cls, plan: Plan, model) -> "Sizes":
         """Sizes from a memory model with ``stored(stage, segment)``, ``buffer(payload)``,
         ``rng_state`` and ``static_of(rank)``, for every key the plan mentions: a receive
-        buffer holds its payload, and a shipped raw input also the RNG state it ran with."""
+        buffer holds its payload, and a shipped raw input also the RNG state it ran with.
+        The model is asked once per receive (it is a function of the payload)."""
         stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in _units(plan)}
-        buffer = {}
-        for prog in plan.programs:
-            for op in prog:
-                for c in _members(op):
-                    if type(c) is Recv and c.payload not in buffer:
-                        rng = model.rng_state if c.payload.kind == "input" else 0
-                        buffer[c.payload] = _exact(model.buffer(c.payload) + rng)
-        return cls(stored, {p: v for p, v in buffer.items() if v},
+        rules = _rules(plan)
+        got = list(map(attrgetter("payload"), _pick(rules.ops, np.flatnonzero(rules.kind == RECV))))
+        rng = map({"input": model.rng_state}.get, map(attrgetter("kind"), got), repeat(0))
+        size = list(map(operator.add, map(model.buffer, got), rng))
+        if set(map(type, size)) - {int, float}:  # else 0 and 0.0 are the only zeros
+            size = list(map(_exact, size))
+        keep = np.flatnonzero(_ints(map(bool, size)))
+        got, size = _pick(got, keep), _pick(size, keep)
+        typed = list(zip(map(type, size), size))
+        exact = {x: _exact(x[1]) for x in dict.fromkeys(typed)}  # once per distinct number
+        return cls(stored, dict(zip(got, map(exact.__getitem__, typed))),
                    tuple(_exact(model.static_of(r)) for r in range(plan.num_ranks)))
 
     def to_json(self) -> dict:
@@ -637,8 +641,8 @@ def _numbers(name: str, value, depth: int, kinds: tuple) -> None:
     if value is None:
         return
     rows = (value,) if depth == 1 else value
-    if type(value) is not tuple or not all(
-            type(row) is tuple and all(type(x) in kinds for x in row) for row in rows):
+    if type(value) is not tuple or set(map(type, rows)) - {tuple} or set(
+            map(type, chain.from_iterable(rows))) - set(kinds):
         raise ValueError(f"witness {name} must be tuples of {' or '.join(k.__name__ for k in kinds)}")
 
 
