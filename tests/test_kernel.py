@@ -293,6 +293,33 @@ def test_a_witness_or_size_that_is_not_an_exact_number_is_refused():
         kernel._num(0.5)
 
 
+def test_sizes_of_asks_the_model_for_every_receive_and_keeps_the_nonzero_ones():
+    """``Sizes.of`` against a plain walk over the plan (groups and overlapped steps
+    opened) with the semantics' own ``received`` (a shipped raw input also holds the RNG
+    state): the same buffer for every payload received, none for a zero-sized one; a
+    size the model gives as a float is kept exactly."""
+    from mpipe_verified.algebra.transpose import transpose_family
+    from mpipe_verified.ir import Group, Overlap, Recv
+    from mpipe_verified.lower import lower
+    from strategies import RandomChooser, with_groups
+    import random
+    plan = with_groups(lower(transpose_family(2, 3, None, body="1f1b", side="source",
+                                              mode="recompute").derive()),
+                       RandomChooser(random.Random(3)))
+    model = MemoryModel(stored=lambda s, seg: 1.5 if seg else 1.0,
+                        buffer=lambda p: {"act": 0.25, "grad": 0.0}.get(p.kind, 0.5),
+                        static=(2.0, 0.75), rng_state=0.125)
+    received = {c.payload for prog in plan.programs for op in prog
+                for c in (op.ops if isinstance(op, (Group, Overlap)) else (op,))
+                if isinstance(c, Recv)}
+    assert {p.kind for p in received} == {"act", "grad", "input"}
+    want = {p: Fraction(model.received(p)) for p in received if model.received(p)}
+    sizes = kernel.Sizes.of(plan, model)
+    assert sizes.buffer == want and sizes.static == (2, Fraction(3, 4))
+    assert sizes.stored == {("", 0): 1, ("", 1): 1, ("vision", 0): Fraction(3, 2)}
+    assert kernel.Sizes.from_json(sizes.to_json()) == sizes
+
+
 def test_recheck_says_under_what_it_proved_and_can_require_it(tmp_path, capsys):
     """A certificate proves under its own comm model, limits and sizes: recheck prints
     them, and with --comm-model / --memory-limit requires them (a deadlocking plan
