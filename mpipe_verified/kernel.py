@@ -539,11 +539,11 @@ class Witness:
 
     @classmethod
     def from_json(cls, data: dict) -> "Witness":
-        return cls(tuple(tuple(_int(x) for x in f) for f in data["finish"]),
-                   tuple(tuple(_int(x) for x in p) for p in data["producers"]),
-                   tuple(tuple(_exact(x) for x in lv) for lv in data["levels"]),
-                   tuple(_exact(x) for x in data["peaks"]),
-                   tuple(_int(x) for x in data["peak_at"]))
+        """The numbers as written (the validators refuse what is not an int where one is
+        due); a level or peak may also be an ``"a/b"`` text or a finite float."""
+        return cls(tuple(map(tuple, data["finish"])), tuple(map(tuple, data["producers"])),
+                   tuple(map(_exacts, data["levels"])), _exacts(data["peaks"]),
+                   tuple(data["peak_at"]))
 
 
 @attrs.frozen
@@ -639,6 +639,11 @@ def _exact(x):
         x = Fraction(x)
     x = Fraction(x)  # a float converts exactly (non-finite floats raise)
     return x.numerator if x.denominator == 1 else x
+
+
+def _exacts(values) -> tuple:
+    values = tuple(values)
+    return values if set(map(type, values)) <= {int} else tuple(map(_exact, values))
 
 
 def _int(x) -> int:
