@@ -106,10 +106,6 @@ class _Rules:
         self.stages, self.cut = len(self.where) - 1, plan.cut.segments
         self.units = [("", s) for s in range(self.stages)] + [(s.name, 0) for s in self.cut]
         self.segs = {s.name: s for s in self.cut}
-        self.backward_mbs: dict = defaultdict(list)  # (segment, rank) -> its backward mbs
-        for s in self.cut:
-            for mb, r in enumerate(s.backward_rank or ()):
-                self.backward_mbs[(s.name, r)].append(mb)
         self._read(plan)
 
     def cut_ok(self) -> bool:
@@ -233,8 +229,8 @@ class _Rules:
             role, _, name = op.tag.partition(":")
             if (op.kind == "all_reduce" and role == "grads" and name in self.segs
                     and not self.forward_only):
-                extra_need += [(row, WDONE, code[name], 0, mb)
-                               for mb in self.backward_mbs.get((name, rank), ())]
+                extra_need += [(row, WDONE, code[name], 0, mb) for mb, r in
+                               enumerate(self.segs[name].backward_rank or ()) if r == rank]
             if op.kind == "broadcast" and role == "params":
                 extra_made.append((row, PARAMS, code[name], 0, 0))
         parts = [_rows(need, extra_need), _rows(made, extra_made)]
@@ -495,10 +491,7 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
     """``("proved", "")``, ``("failed", the violated fact)`` or ``("unknown", reason)``."""
     for first in range(0, max(len(runs), 1), CHUNK):
         chunk = runs[first:first + CHUNK]
-        solver = z3.Solver()
-        solver.set("timeout", 600_000)
-        if rlimit is not None:
-            solver.set("rlimit", rlimit)
+        solver = _solver(rlimit)
         solver.from_string(QUERY_DECLS + f"(assert {_violated(chunk)})")
         answer = solver.check()
         if answer == z3.unknown:
@@ -511,6 +504,20 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
                  for x in [tuple(a_ + r_ * i + d_ * j for a_, r_, d_ in zip(a, ra, d))]
                  if not _holds(t, x)), f"a fact at i={i}, j={j}")
     return "proved", ""
+
+
+def _solver(rlimit: int | None) -> z3.Solver:
+    """A fresh solver; ``rlimit`` caps its resources, and no check runs past 10 minutes."""
+    solver = z3.Solver()
+    solver.set("timeout", 600_000)
+    if rlimit is not None:
+        solver.set("rlimit", rlimit)
+    return solver
+
+
+def _word(answer, violated) -> str:
+    """``confirm``'s word for Z3's ``answer``: ``violated`` when it is ``violated``."""
+    return "violated" if answer == violated else "unknown" if answer == z3.unknown else "rejected"
 
 
 # ---------------------------------------------------------------- the witness
@@ -1012,14 +1019,10 @@ def _ground(facts: list, rlimit) -> str:
     if not facts:
         return "rejected"
     template, values = facts[0]
-    solver = z3.Solver()
-    if rlimit is not None:
-        solver.set("rlimit", rlimit)
-    real = template in _REAL
-    solver.from_string(
-        f"(assert (not {_TEMPLATES[template][0].format(*(_affine(v, 0, 0, real) for v in values))}))")
-    answer = solver.check()
-    return "violated" if answer == z3.sat else "unknown" if answer == z3.unknown else "rejected"
+    solver, real = _solver(rlimit), template in _REAL
+    fact = _TEMPLATES[template][0].format(*(_affine(v, 0, 0, real) for v in values))
+    solver.from_string(f"(assert (not {fact}))")
+    return _word(solver.check(), z3.sat)
 
 
 def _missing_inputs(rules: _Rules, claim) -> list:
@@ -1066,18 +1069,14 @@ def _confirm_wait(claim, waits: dict, rlimit) -> str:
     cycle = [tuple(at) for at in claim[1]]
     if not cycle or not all(at in waits for at in cycle):  # each a blocking comm step
         return "rejected"
-    t = [z3.Int(f"t{k}") for k in range(len(cycle))]
-    solver = z3.Solver()
-    if rlimit is not None:
-        solver.set("rlimit", rlimit)
+    t, solver = [z3.Int(f"t{k}") for k in range(len(cycle))], _solver(rlimit)
     for k, at in enumerate(cycle):
         nxt_rank, nxt_index = cycle[(k + 1) % len(cycle)]
         later = [on[1] for on, _ in waits[at] if on and on[0] == nxt_rank]
         if not later:
             return "rejected"  # it waits on nothing of the next rank
         solver.add(z3.Implies(max(later) > nxt_index, t[k] > t[(k + 1) % len(t)]))
-    answer = solver.check()
-    return "violated" if answer == z3.unsat else "unknown" if answer == z3.unknown else "rejected"
+    return _word(solver.check(), z3.unsat)
 
 
 def _waits(rules: _Rules, eager: bool) -> dict:
