@@ -3,10 +3,11 @@
 The plans of ``verify_vs_torch.py``: PyTorch's Interleaved1F1B with comms (v=2, m=4p) at
 ``--torch P`` and our lowered ``interleaved-1f1b`` export at ``--ours P``, each read
 from its torch CSV text. ``verify`` (the untrusted passes) supplies the witness once;
-then ``kernel.prove`` runs one property at a time, ``--repeat`` times (``gc`` off,
-``time.process_time``, medians), in ``check``'s two halves (completeness and memory;
-dependency, matching and deadlock), each on a fresh copy of the plan; the total is
-printed beside the properties.
+then, ``--repeat`` times (``gc`` off, ``time.process_time``, medians), in ``check``'s two
+halves, each on a fresh copy of the plan: ``kernel.Sizes.of`` (the unit model), then
+``kernel.prove`` of completeness and memory; ``kernel.prove`` of dependency, matching
+and deadlock. ``witness`` is the validation of the witness's numbers
+(``kernel.Witness``). The total is printed beside the columns.
 
     python benchmarks/kernel_profile.py [--torch 64] [--ours 128] [--repeat 3]
 """
@@ -30,6 +31,7 @@ warnings.filterwarnings("ignore")
 
 from mpipe_verified import kernel  # noqa: E402
 from mpipe_verified.formats.torch_csv import parse_torch_csv  # noqa: E402
+from mpipe_verified.semantics import UNIT_MEMORY  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
 
@@ -47,26 +49,34 @@ def plans(args) -> list:
     return out
 
 
-HALVES = (("completeness", "memory"), ("dependency", "matching", "deadlock"))
+HALVES = (("sizes", "completeness", "memory"), ("dependency", "matching", "deadlock"))
+COLUMNS = ("witness", "sizes") + kernel.PROPERTIES
 
 
 def profile(plan, repeat: int) -> dict:
-    """Median CPU seconds per property; each half of ``check``'s split (its two
+    """Median CPU seconds per column; each half of ``check``'s split (its two
     processes) starts from a fresh copy of the plan, so what the kernel reads once per
-    plan is counted in the first property of each half."""
+    plan is counted in the first column of each half."""
     report = verify(plan)
     assert report.verified, report.status
-    times: dict = {name: [] for name in kernel.PROPERTIES}
+    fields = attrs.astuple(report.witness, recurse=False)
+    times: dict = {name: [] for name in COLUMNS}
     gc.disable()
     for _ in range(repeat):
+        t = time.process_time()
+        witness = kernel.Witness(*fields)
+        times["witness"].append(time.process_time() - t)
         for half in HALVES:
             fresh = attrs.evolve(plan)
             for name in half:
                 t = time.process_time()
-                verdict = kernel.prove(fresh, report.witness, sizes=report.sizes,
-                                       properties=(name,))[name]
+                if name == "sizes":
+                    assert kernel.Sizes.of(fresh, UNIT_MEMORY) == report.sizes
+                else:
+                    verdict = kernel.prove(fresh, witness, sizes=report.sizes,
+                                           properties=(name,))[name]
+                    assert verdict.status == "proved", (name, verdict)
                 times[name].append(time.process_time() - t)
-                assert verdict.status == "proved", (name, verdict)
     gc.enable()
     return {name: statistics.median(v) for name, v in times.items()}
 
@@ -77,11 +87,11 @@ def main() -> None:
     parser.add_argument("--ours", type=int, nargs="*", default=[128])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    print("| plan | ops | " + " | ".join(kernel.PROPERTIES) + " | total (CPU s) |")
-    print("|---|---:|" + "---:|" * (len(kernel.PROPERTIES) + 1))
+    print("| plan | ops | " + " | ".join(COLUMNS) + " | total (CPU s) |")
+    print("|---|---:|" + "---:|" * (len(COLUMNS) + 1))
     for label, plan in plans(args):
         row = profile(plan, args.repeat)
-        cells = " | ".join(f"{row[n]:.3f}" for n in kernel.PROPERTIES)
+        cells = " | ".join(f"{row[n]:.3f}" for n in COLUMNS)
         print(f"| {label} | {plan.num_ops:,} | {cells} | {sum(row.values()):.3f} |",
               flush=True)
 

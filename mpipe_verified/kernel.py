@@ -40,7 +40,7 @@ import weakref
 from collections import defaultdict
 from fractions import Fraction
 from functools import cached_property
-from itertools import chain
+from itertools import chain, repeat
 import operator
 from operator import attrgetter
 
@@ -62,10 +62,6 @@ GRAD, INPUT, OUT, PARAMS, STORED, WDONE, WREADY = range(7)
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
 _STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6}
 _COMM = (2, 3, 4, 5)  # the steps that can block
-
-
-def _members(op) -> tuple:
-    return op.ops if type(op) in (Overlap, Group) else (op,)
 
 
 def _dense(x: np.ndarray) -> np.ndarray:
@@ -108,13 +104,9 @@ class _Rules:
         self.p, self.m, self.forward_only = plan.num_ranks, plan.num_microbatches, plan.forward_only
         self.where = np.array(plan.placement.stage_to_rank + (0,), np.int64)
         self.stages, self.cut = len(self.where) - 1, plan.cut.segments
+        self.units = [("", s) for s in range(self.stages)] + [(s.name, 0) for s in self.cut]
         self.segs = {s.name: s for s in self.cut}
-        self.backward_mbs: dict = defaultdict(list)  # (segment, rank) -> its backward mbs
-        for s in self.cut:
-            for mb, r in enumerate(s.backward_rank or ()):
-                self.backward_mbs[(s.name, r)].append(mb)
-        if self.cut_ok():
-            self._read(plan)
+        self._read(plan)
 
     def cut_ok(self) -> bool:
         """Distinct, named segments; one forward (and backward) rank per microbatch, each
@@ -156,7 +148,9 @@ class _Rules:
             _ints(map(_KIND.__getitem__, c[0])), SEND, RECV, COLL)
         self.name[at[0]], self.name[at[3]] = (_ints(map(code.__getitem__, x)) for x in (c[3], tags))
         self.stage, self.mb = (_scatter(n, at[0], _column(x)) for x in c[1:3])
-        self._cut_columns(code)
+        self.body = code[""]
+        if self.cut_ok():
+            self._cut_columns()
 
     @cached_property
     def p2p(self) -> tuple:
@@ -171,7 +165,7 @@ class _Rules:
         return (payloads, _column(peer), _ints(map(_CARRIED.__getitem__, kind)), name,
                 _column(stage), _column(mb))
 
-    def _cut_columns(self, code: dict) -> None:
+    def _cut_columns(self) -> None:
         """Per name code: its segment's index in the cut (-1: the body, or a name the cut
         lacks, which reads as body work and is stray), side, home; per segment and mb,
         the forward and backward ranks (-1: frozen)."""
@@ -187,7 +181,6 @@ class _Rules:
                             + [(-1,) * w], np.int64)
         self.mbix = (np.where(self.mb < self.m, self.mb, 0) if self.cut else 0 * self.mb).astype(
             np.int64)
-        self.body, self.code = code[""], code
 
     @cached_property
     def tokens(self) -> tuple:
@@ -236,8 +229,8 @@ class _Rules:
             role, _, name = op.tag.partition(":")
             if (op.kind == "all_reduce" and role == "grads" and name in self.segs
                     and not self.forward_only):
-                extra_need += [(row, WDONE, code[name], 0, mb)
-                               for mb in self.backward_mbs.get((name, rank), ())]
+                extra_need += [(row, WDONE, code[name], 0, mb) for mb, r in
+                               enumerate(self.segs[name].backward_rank or ()) if r == rank]
             if op.kind == "broadcast" and role == "params":
                 extra_made.append((row, PARAMS, code[name], 0, 0))
         parts = [_rows(need, extra_need), _rows(made, extra_made)]
@@ -367,7 +360,7 @@ class _Facts:
         A class holds a set of facts: without ``where``, int64 facts are kept once each,
         in sorted order (so runs are long)."""
         keys = np.zeros(len(columns[0]), np.int64) if classes is None else classes
-        columns = [_exact_beyond_bound(c) for c in columns]  # differences may leave it
+        columns = [_column(c) for c in columns]  # differences may leave it
         self.count += len(keys)
         if self.where is None and len(keys) and all(c.dtype == np.int64 for c in columns):
             order = _distinct(_key(*(x - x.min() for x in (keys, *columns))))
@@ -391,7 +384,12 @@ BOUND = 1 << 62
 
 def _column(values, bound: int = BOUND) -> np.ndarray:
     """Exact numbers as an array: int64 when every value is an int of magnitude below
-    ``bound``, else Python's own numbers (objects)."""
+    ``bound`` (so no difference of two of them overflows), else Python's own numbers
+    (objects). An int64 array is kept, or made exact where it leaves the bound."""
+    if isinstance(values, np.ndarray):
+        inside = values.dtype != np.int64 or not len(values) or (
+            -bound < values.min() and values.max() < bound)
+        return values if inside else values.astype(object)
     values = list(values)
     if set(map(type, values)) <= {int}:
         try:
@@ -401,14 +399,6 @@ def _column(values, bound: int = BOUND) -> np.ndarray:
         except OverflowError:  # beyond 64 bits
             pass
     return np.array(values, object)
-
-
-def _exact_beyond_bound(x: np.ndarray) -> np.ndarray:
-    """An int64 column as it is when its magnitudes are below ``BOUND`` (so no difference
-    of two of its values overflows), else as Python's exact numbers."""
-    if x.dtype == np.int64 and len(x) and not (-BOUND < x.min() and x.max() < BOUND):
-        return x.astype(object)
-    return x
 
 
 def _runs(facts) -> list:
@@ -450,17 +440,20 @@ def _affine(a, ra, d, real: bool) -> str:
     return terms[0] if len(terms) == 1 else f"(+ {' '.join(terms)})"
 
 
-_TEMPLATES = {  # template -> SMT-LIB text of "the fact x holds"
-    "one": lambda x: f"(= {x[0]} 1)",                                  # a plan fact holds
-    "eq": lambda x: f"(= {x[0]} {x[1]})",
-    "le": lambda x: f"(<= {x[0]} {x[1]})",
-    "lt": lambda x: f"(< {x[0]} {x[1]})",
-    "level": lambda x: (f"(and (<= (+ {x[0]} {x[1]}) {x[4]}) "            # peak within bound,
-                        f"(= {x[3]} (- (+ {x[0]} {x[1]}) {x[2]})))"),  # next level chained
-    "eqr": lambda x: f"(= {x[0]} {x[1]})",
-    "ler": lambda x: f"(<= {x[0]} {x[1]})",
+_TEMPLATES = {  # template -> (SMT-LIB text of "the fact x holds", the same test in Python)
+    "one": ("(= {0} 1)", lambda x: x[0] == 1),  # a plan fact holds
+    "eq": ("(= {0} {1})", lambda x: x[0] == x[1]),
+    "le": ("(<= {0} {1})", lambda x: x[0] <= x[1]),
+    "lt": ("(< {0} {1})", lambda x: x[0] < x[1]),
+    "level": ("(and (<= (+ {0} {1}) {4}) (= {3} (- (+ {0} {1}) {2})))",  # peak within the
+              lambda x: x[0] + x[1] <= x[4] and x[3] == x[0] + x[1] - x[2]),  # bound, chained
 }
+_TEMPLATES.update(eqr=_TEMPLATES["eq"], ler=_TEMPLATES["le"])  # the same over the reals
 _REAL = frozenset({"level", "eqr", "ler"})
+
+
+def _holds(template: str, x) -> bool:
+    return _TEMPLATES[template][1](x)
 
 
 QUERY_DECLS = "(declare-const i Int)(declare-const j Int)"
@@ -474,23 +467,11 @@ def _violated(runs) -> str:
         real = template in _REAL
         x = [_affine(*v, real) for v in zip(a, ra, d)]
         parts.append(f"(and (<= 0 i) (< i {c}) (<= 0 j) (< j {n}) "
-                     f"(not {_TEMPLATES[template](x)}))")
+                     f"(not {_TEMPLATES[template][0].format(*x)}))")
     return "(or false " + " ".join(parts) + ")"
 
 
-def _query(runs) -> str:
-    """SMT-LIB: some run has a point ``(i, j)`` in range that violates its template."""
-    return QUERY_DECLS + f"(assert {_violated(runs)})"
-
-
 CHUNK = 512
-
-
-def _discharge(facts: _Facts, rlimit: int | None) -> tuple[str, str, int]:
-    """``("proved", "")``, ``("failed", the violated fact)`` or ``("unknown", reason)``,
-    and the number of runs Z3 was given."""
-    runs = _compress(facts)
-    return _decide(runs, rlimit) + (len(runs),)
 
 
 def _compress(facts: _Facts) -> list:
@@ -507,13 +488,11 @@ def _compress(facts: _Facts) -> list:
 
 
 def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
+    """``("proved", "")``, ``("failed", the violated fact)`` or ``("unknown", reason)``."""
     for first in range(0, max(len(runs), 1), CHUNK):
         chunk = runs[first:first + CHUNK]
-        solver = z3.Solver()
-        solver.set("timeout", 600_000)
-        if rlimit is not None:
-            solver.set("rlimit", rlimit)
-        solver.from_string(_query(chunk))
+        solver = _solver(rlimit)
+        solver.from_string(QUERY_DECLS + f"(assert {_violated(chunk)})")
         answer = solver.check()
         if answer == z3.unknown:
             return "unknown", solver.reason_unknown()
@@ -527,11 +506,18 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
     return "proved", ""
 
 
-def _holds(template: str, x) -> bool:
-    return {"one": lambda: x[0] == 1, "eq": lambda: x[0] == x[1], "le": lambda: x[0] <= x[1],
-            "lt": lambda: x[0] < x[1],
-            "level": lambda: x[0] + x[1] <= x[4] and x[3] == x[0] + x[1] - x[2],
-            "eqr": lambda: x[0] == x[1], "ler": lambda: x[0] <= x[1]}[template]()
+def _solver(rlimit: int | None) -> z3.Solver:
+    """A fresh solver; ``rlimit`` caps its resources, and no check runs past 10 minutes."""
+    solver = z3.Solver()
+    solver.set("timeout", 600_000)
+    if rlimit is not None:
+        solver.set("rlimit", rlimit)
+    return solver
+
+
+def _word(answer, violated) -> str:
+    """``confirm``'s word for Z3's ``answer``: ``violated`` when it is ``violated``."""
+    return "violated" if answer == violated else "unknown" if answer == z3.unknown else "rejected"
 
 
 # ---------------------------------------------------------------- the witness
@@ -560,11 +546,11 @@ class Witness:
 
     @classmethod
     def from_json(cls, data: dict) -> "Witness":
-        return cls(tuple(tuple(_int(x) for x in f) for f in data["finish"]),
-                   tuple(tuple(_int(x) for x in p) for p in data["producers"]),
-                   tuple(tuple(_exact(x) for x in lv) for lv in data["levels"]),
-                   tuple(_exact(x) for x in data["peaks"]),
-                   tuple(_int(x) for x in data["peak_at"]))
+        """The numbers as written (the validators refuse what is not an int where one is
+        due); a level or peak may also be an ``"a/b"`` text or a finite float."""
+        return cls(tuple(map(tuple, data["finish"])), tuple(map(tuple, data["producers"])),
+                   tuple(map(_exacts, data["levels"])), _exacts(data["peaks"]),
+                   tuple(data["peak_at"]))
 
 
 @attrs.frozen
@@ -586,16 +572,20 @@ class Sizes:
     def of(cls, plan: Plan, model) -> "Sizes":
         """Sizes from a memory model with ``stored(stage, segment)``, ``buffer(payload)``,
         ``rng_state`` and ``static_of(rank)``, for every key the plan mentions: a receive
-        buffer holds its payload, and a shipped raw input also the RNG state it ran with."""
-        stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in _units(plan)}
-        buffer = {}
-        for prog in plan.programs:
-            for op in prog:
-                for c in _members(op):
-                    if type(c) is Recv and c.payload not in buffer:
-                        rng = model.rng_state if c.payload.kind == "input" else 0
-                        buffer[c.payload] = _exact(model.buffer(c.payload) + rng)
-        return cls(stored, {p: v for p, v in buffer.items() if v},
+        buffer holds its payload, and a shipped raw input also the RNG state it ran with.
+        The model is asked once per receive (it is a function of the payload)."""
+        rules = _rules(plan)
+        stored = {(seg, s): _exact(model.stored(s, seg)) for seg, s in rules.units}
+        got = list(map(attrgetter("payload"), _pick(rules.ops, np.flatnonzero(rules.kind == RECV))))
+        rng = map({"input": model.rng_state}.get, map(attrgetter("kind"), got), repeat(0))
+        size = list(map(operator.add, map(model.buffer, got), rng))
+        if set(map(type, size)) - {int, float}:  # else 0 and 0.0 are the only zeros
+            size = list(map(_exact, size))
+        keep = np.flatnonzero(_ints(map(bool, size)))
+        got, size = _pick(got, keep), _pick(size, keep)
+        typed = list(zip(map(type, size), size))
+        exact = {x: _exact(x[1]) for x in dict.fromkeys(typed)}  # once per distinct number
+        return cls(stored, dict(zip(got, map(exact.__getitem__, typed))),
                    tuple(_exact(model.static_of(r)) for r in range(plan.num_ranks)))
 
     def to_json(self) -> dict:
@@ -637,14 +627,9 @@ def _numbers(name: str, value, depth: int, kinds: tuple) -> None:
     if value is None:
         return
     rows = (value,) if depth == 1 else value
-    if type(value) is not tuple or not all(
-            type(row) is tuple and all(type(x) in kinds for x in row) for row in rows):
+    if type(value) is not tuple or set(map(type, rows)) - {tuple} or set(
+            map(type, chain.from_iterable(rows))) - set(kinds):
         raise ValueError(f"witness {name} must be tuples of {' or '.join(k.__name__ for k in kinds)}")
-
-
-def _units(plan: Plan) -> list:
-    return ([("", s) for s in range(plan.placement.num_stages)]
-            + [(seg.name, 0) for seg in plan.cut.segments])
 
 
 def _exact(x):
@@ -663,6 +648,11 @@ def _exact(x):
     return x.numerator if x.denominator == 1 else x
 
 
+def _exacts(values) -> tuple:
+    values = tuple(values)
+    return values if set(map(type, values)) <= {int} else tuple(map(_exact, values))
+
+
 def _int(x) -> int:
     if type(x) is not int:
         raise ValueError(f"expected an integer, got {x!r}")
@@ -673,16 +663,15 @@ def _text(x):
     return x if isinstance(x, int) else str(x)
 
 
-
 # ---------------------------------------------------------------- the five properties
 
 
-def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
+def _completeness(rules: _Rules, facts: _Facts, _witness) -> None:
     ok = rules.cut_ok()
     facts.flag("cut", ok, at=("cut",))
     if not ok:
         return
-    m, units, ns = rules.m, _units(plan), rules.stages
+    m, units, ns = rules.m, rules.units, rules.stages
     comp = np.flatnonzero(rules.kind <= R)
     if len(units) * m > len(comp):  # fewer ops than required forwards: never enumerate m
         facts.add("le", "work", len(units) * m, len(comp), at=("work",))
@@ -708,7 +697,7 @@ def _completeness(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
                                   ("no backward", bw + i + w, zero, every[~back])]:
         facts.extend("eq", name, [have[sel].ravel(), want[sel].ravel()], np.repeat(sel, m),
                      at=lambda j, sel=sel: ("unit", *units[sel[j // m]], j % m))
-    _required_collectives(plan, rules, facts)
+    _required_collectives(rules, facts)
 
 
 def _index(rules: _Rules, row: int) -> int:
@@ -716,7 +705,7 @@ def _index(rules: _Rules, row: int) -> int:
     return int(rules.pos[row] - rules.base[rules.rank[row]])
 
 
-def _required_collectives(plan: Plan, rules: _Rules, facts: _Facts) -> None:
+def _required_collectives(rules: _Rules, facts: _Facts) -> None:
     required = rules.required_collectives()
     calls: dict = defaultdict(int)
     for row in np.flatnonzero(rules.kind == COLL).tolist():
@@ -735,7 +724,7 @@ def _required_collectives(plan: Plan, rules: _Rules, facts: _Facts) -> None:
                       calls[(tag, r)], 1, at=("collective", tag, r))
 
 
-def _dependency(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness) -> None:
+def _dependency(rules: _Rules, facts: _Facts, witness: Witness) -> None:
     """Input ``k`` of the rank's inputs (each op's, in sorted order) was made at the
     witness position ``q``: an op there produces it, and ``0 <= q < index``."""
     if witness.producers is None or len(witness.producers) != rules.p:
@@ -798,7 +787,7 @@ def _instances(rules: _Rules) -> dict:
     return calls
 
 
-def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
+def _matching(rules: _Rules, facts: _Facts, _witness) -> None:
     send, src, dst, chan, k, partner, count = _pairs(rules)
     first = np.unique(chan, return_index=True)[1]
     sends, recvs = (np.bincount(chan[x], minlength=len(first)).tolist() for x in (send, ~send))
@@ -821,8 +810,7 @@ def _matching(plan: Plan, rules: _Rules, facts: _Facts, _witness) -> None:
                   at=("call", min(where), where[min(where)][0]))
 
 
-def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
-              eager: bool = False) -> None:
+def _deadlock(rules: _Rules, facts: _Facts, witness: Witness, eager: bool) -> None:
     """Per rank, each comm step's time ``fin``, posted at ``post`` (the ``fin`` of the comm
     step before it, 0 for the first): ``post <= fin``; each blocking end of a pair
     (both under rendezvous, the receive under eager) completes after its partner was
@@ -858,8 +846,7 @@ def _deadlock(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness,
             facts.add("lt", ("collective", r), meet, int(fin[x]))
 
 
-def _memory(plan: Plan, rules: _Rules, facts: _Facts, witness: Witness, sizes: "Sizes",
-            limits) -> None:
+def _memory(rules: _Rules, facts: _Facts, witness: Witness, sizes: "Sizes", limits) -> None:
     """The witness lists a level before each step that allocates or frees something, and
     one after the last; a step that moves nothing keeps the level (sizes are >= 0, so its
     peak is within the next step's, or the final level's)."""
@@ -944,15 +931,17 @@ class Verdict:
     runs: int = 0
 
 
-def _generate(name: str, plan: Plan, rules: _Rules, facts: _Facts, witness, comm_model,
-              sizes, limits) -> None:
+def _obligations(name: str, rules: _Rules, witness, comm_model, sizes, limits,
+                 where: bool = False) -> _Facts:
+    facts = _Facts(where)
     if name == "deadlock":
-        _deadlock(plan, rules, facts, witness, comm_model == "eager")
+        _deadlock(rules, facts, witness, comm_model == "eager")
     elif name == "memory":
-        _memory(plan, rules, facts, witness, sizes or Sizes(), limits)
+        _memory(rules, facts, witness, sizes or Sizes(), limits)
     else:
         {"completeness": _completeness, "dependency": _dependency,
-         "matching": _matching}[name](plan, rules, facts, witness)
+         "matching": _matching}[name](rules, facts, witness)
+    return facts
 
 
 def prove(plan: Plan, witness: Witness, comm_model: str = "rendezvous", sizes=None,
@@ -968,10 +957,9 @@ def prove(plan: Plan, witness: Witness, comm_model: str = "rendezvous", sizes=No
     if not rules.cut_ok():  # every rule below reads the cut
         return {name: Verdict("failed", "the cut does not fit the plan") for name in properties}
     for name in properties:
-        facts = _Facts()
-        _generate(name, plan, rules, facts, witness, comm_model, sizes, limits)
-        status, detail, runs = _discharge(facts, rlimit)
-        out[name] = Verdict(status, detail, facts.count, runs)
+        facts = _obligations(name, rules, witness, comm_model, sizes, limits)
+        runs = _compress(facts)
+        out[name] = Verdict(*_decide(runs, rlimit), facts.count, len(runs))
     return out
 
 
@@ -984,9 +972,8 @@ def violation(plan: Plan, witness: Witness, name: str, comm_model: str = "rendez
     rules = _rules(plan)
     if not rules.cut_ok():
         return "true"
-    facts = _Facts()
-    _generate(name, plan, rules, facts, witness, comm_model, sizes, limits)
-    return _violated(_compress(facts))
+    return _violated(_compress(_obligations(name, rules, witness, comm_model, sizes,
+                                            limits)))
 
 
 def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes=None,
@@ -997,34 +984,28 @@ def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes
     ``("stray"|"input"|"call"|"stuck", rank, index)``, ``("collective", tag, rank)``,
     ``("channel", src, dst)``, ``("cut",)``, ``("work",)``, ``("peak", rank, index)``,
     ``("cycle", ((rank, index), ...))``; each needs nothing but the plan."""
+    def answers(group: list) -> list | None:
+        try:
+            return _confirm(_rules(plan), name, group, comm_model, sizes, limits, rlimit)
+        except (IndexError, KeyError, TypeError, ValueError):  # a claim names no such place
+            return None
     claims = list(claims)
-    try:
-        return _confirm(plan, name, claims, comm_model, sizes, limits, rlimit)
-    except (IndexError, KeyError, TypeError, ValueError):  # some claim names no such place
-        return [_confirm_one(plan, name, c, comm_model, sizes, limits, rlimit) for c in claims]
+    found = answers(claims)
+    return found if found is not None else [(answers([c]) or ["rejected"])[0] for c in claims]
 
 
-def _confirm_one(plan, name, claim, comm_model, sizes, limits, rlimit) -> str:
-    try:
-        return _confirm(plan, name, [claim], comm_model, sizes, limits, rlimit)[0]
-    except (IndexError, KeyError, TypeError, ValueError):
-        return "rejected"
-
-
-def _confirm(plan: Plan, name: str, claims: list, comm_model, sizes, limits, rlimit) -> list:
-    rules = _rules(plan)
+def _confirm(rules: _Rules, name: str, claims: list, comm_model, sizes, limits, rlimit) -> list:
     if not rules.cut_ok() and name != "completeness":
         return ["rejected"] * len(claims)
     if name == "deadlock":
         waits = _waits(rules, comm_model == "eager")
         return [_confirm_wait(c, waits, rlimit) for c in claims]
     if name == "dependency":
-        bad = [_missing_inputs(plan, rules, c) for c in claims]
+        bad = [_missing_inputs(rules, c) for c in claims]
     elif name == "memory":
-        bad = [_over_limit(plan, rules, c, sizes or Sizes(), limits) for c in claims]
+        bad = [_over_limit(rules, c, sizes or Sizes(), limits) for c in claims]
     else:
-        facts = _Facts(where=True)
-        _generate(name, plan, rules, facts, None, comm_model, sizes, limits)
+        facts = _obligations(name, rules, None, comm_model, sizes, limits, where=True)
         found = defaultdict(list)
         for at, template, values in facts.where:
             if not _holds(template, values):
@@ -1038,22 +1019,15 @@ def _ground(facts: list, rlimit) -> str:
     if not facts:
         return "rejected"
     template, values = facts[0]
-    solver = z3.Solver()
-    if rlimit is not None:
-        solver.set("rlimit", rlimit)
-    real = template in _REAL
-    solver.from_string(
-        f"(assert (not {_TEMPLATES[template]([_affine(v, 0, 0, real) for v in values])}))")
-    answer = solver.check()
-    return "violated" if answer == z3.sat else "unknown" if answer == z3.unknown else "rejected"
+    solver, real = _solver(rlimit), template in _REAL
+    fact = _TEMPLATES[template][0].format(*(_affine(v, 0, 0, real) for v in values))
+    solver.from_string(f"(assert (not {fact}))")
+    return _word(solver.check(), z3.sat)
 
 
-
-
-def _missing_inputs(plan: Plan, rules: _Rules, claim) -> list:
+def _missing_inputs(rules: _Rules, claim) -> list:
     """An input of the op at ``(rank, index)`` that no earlier op on the rank produces."""
-    _, rank, index = claim
-    n = len(plan.programs[_place(plan, rank)])
+    rank, index, n = _place(rules, claim)
     if not 0 <= index < n:
         return []
     at = rules.base[rank] + index
@@ -1063,10 +1037,9 @@ def _missing_inputs(plan: Plan, rules: _Rules, claim) -> list:
     return [("one", (0,))] if not _within(need, made).all() else []
 
 
-def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
+def _over_limit(rules: _Rules, claim, sizes: Sizes, limits) -> list:
     """The level at step ``index`` of ``rank`` (``-1``: the static part) over its limit."""
-    _, rank, index = claim
-    n = len(plan.programs[_place(plan, rank)])
+    rank, index, n = _place(rules, claim)
     if limits is None or not (0 <= index < n or index == -1 == n - 1):
         return []  # a step of the program, or -1 for the static part of an empty one
     top = sizes.static[rank] if rank < len(sizes.static) else 0
@@ -1077,10 +1050,12 @@ def _over_limit(plan: Plan, rules: _Rules, claim, sizes: Sizes, limits) -> list:
     return [("ler", (top, _exact(limits[rank])))]
 
 
-def _place(plan: Plan, rank) -> int:
-    if type(rank) is not int or not 0 <= rank < plan.num_ranks:
+def _place(rules: _Rules, claim) -> tuple:
+    """A claim ``(_, rank, index)``: its rank, index and the length of the rank's program."""
+    _, rank, index = claim
+    if type(rank) is not int or not 0 <= rank < rules.p:
         raise IndexError(f"no rank {rank!r}")
-    return rank
+    return rank, index, int(rules.base[rank + 1] - rules.base[rank])
 
 
 def _confirm_wait(claim, waits: dict, rlimit) -> str:
@@ -1094,20 +1069,14 @@ def _confirm_wait(claim, waits: dict, rlimit) -> str:
     cycle = [tuple(at) for at in claim[1]]
     if not cycle or not all(at in waits for at in cycle):  # each a blocking comm step
         return "rejected"
-    t = [z3.Int(f"t{k}") for k in range(len(cycle))]
-    solver = z3.Solver()
-    if rlimit is not None:
-        solver.set("rlimit", rlimit)
+    t, solver = [z3.Int(f"t{k}") for k in range(len(cycle))], _solver(rlimit)
     for k, at in enumerate(cycle):
         nxt_rank, nxt_index = cycle[(k + 1) % len(cycle)]
         later = [on[1] for on, _ in waits[at] if on and on[0] == nxt_rank]
         if not later:
             return "rejected"  # it waits on nothing of the next rank
         solver.add(z3.Implies(max(later) > nxt_index, t[k] > t[(k + 1) % len(t)]))
-    answer = solver.check()
-    return "violated" if answer == z3.unsat else "unknown" if answer == z3.unknown else "rejected"
-
-
+    return _word(solver.check(), z3.unsat)
 
 
 def _waits(rules: _Rules, eager: bool) -> dict:

@@ -77,7 +77,7 @@ ARITY = {"one": 1, "eq": 2, "le": 2, "lt": 2, "level": 5, "eqr": 2, "ler": 2}
 @given(st.sampled_from(sorted(ARITY)), st.data())
 @example("level", None)
 def test_smt_templates_say_what_the_python_reading_says(template, data):
-    """``_discharge`` reads a template's SMT-LIB text; ``_holds`` (which names the violated
+    """``_decide`` reads a template's SMT-LIB text; ``_holds`` (which names the violated
     fact) reads it in Python: on any exact fact the two agree."""
     assert set(ARITY) == set(kernel._TEMPLATES)
     if data is None:  # over by 1e-10, as rationals
@@ -89,7 +89,7 @@ def test_smt_templates_say_what_the_python_reading_says(template, data):
                                         max_size=ARITY[template])))
     facts = kernel._Facts()
     facts.add(template, "cls", *fact)
-    status, _, _ = kernel._discharge(facts, None)
+    status, _ = kernel._decide(kernel._compress(facts), None)
     assert status == ("proved" if kernel._holds(template, fact) else "failed")
 
 
@@ -291,6 +291,33 @@ def test_a_witness_or_size_that_is_not_an_exact_number_is_refused():
             kernel.Sizes(**sizes)
     with pytest.raises(TypeError):
         kernel._num(0.5)
+
+
+def test_sizes_of_asks_the_model_for_every_receive_and_keeps_the_nonzero_ones():
+    """``Sizes.of`` against a plain walk over the plan (groups and overlapped steps
+    opened) with the semantics' own ``received`` (a shipped raw input also holds the RNG
+    state): the same buffer for every payload received, none for a zero-sized one; a
+    size the model gives as a float is kept exactly."""
+    from mpipe_verified.algebra.transpose import transpose_family
+    from mpipe_verified.ir import Group, Overlap, Recv
+    from mpipe_verified.lower import lower
+    from strategies import RandomChooser, with_groups
+    import random
+    plan = with_groups(lower(transpose_family(2, 3, None, body="1f1b", side="source",
+                                              mode="recompute").derive()),
+                       RandomChooser(random.Random(3)))
+    model = MemoryModel(stored=lambda s, seg: 1.5 if seg else 1.0,
+                        buffer=lambda p: {"act": 0.25, "grad": 0.0}.get(p.kind, 0.5),
+                        static=(2.0, 0.75), rng_state=0.125)
+    received = {c.payload for prog in plan.programs for op in prog
+                for c in (op.ops if isinstance(op, (Group, Overlap)) else (op,))
+                if isinstance(c, Recv)}
+    assert {p.kind for p in received} == {"act", "grad", "input"}
+    want = {p: Fraction(model.received(p)) for p in received if model.received(p)}
+    sizes = kernel.Sizes.of(plan, model)
+    assert sizes.buffer == want and sizes.static == (2, Fraction(3, 4))
+    assert sizes.stored == {("", 0): 1, ("", 1): 1, ("vision", 0): Fraction(3, 2)}
+    assert kernel.Sizes.from_json(sizes.to_json()) == sizes
 
 
 def test_recheck_says_under_what_it_proved_and_can_require_it(tmp_path, capsys):
