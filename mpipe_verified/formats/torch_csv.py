@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import os
 import re
 from typing import IO, NamedTuple
@@ -353,7 +354,8 @@ def _lex(np, chunk: str):
 def _build_plain(np, num_rows: int, row, kind, stage, mb) -> Plan | None:
     """The plan of lexed cells (``_lex``), or ``None`` if a stage is on two rows, a stage
     below the largest is on none, no cell names a stage, or a SEND/RECV has no peer. Each
-    class of op is built in bulk, in cell order, then every cell takes its op."""
+    class of op is built in bulk, in cell order; then every cell takes the next op of its
+    class."""
     busy = kind >= 0
     if not busy.any():
         return None
@@ -362,49 +364,45 @@ def _build_plain(np, num_rows: int, row, kind, stage, mb) -> Plan | None:
     rank_of[stages] = row[busy]
     if (rank_of[stages] != row[busy]).any() or (rank_of < 0).any():
         return None
-    group = np.searchsorted(_GROUPS, kind)  # idle compute send recv marker
-    order = np.argsort(group, kind="stable")
-    counts = np.bincount(group, minlength=len(_GROUPS) + 1).tolist()
-    compute, send, recv, marker = np.split(order, np.cumsum(counts)[:-1])[1:]
-    comm = order[counts[0] + counts[1]:][:counts[2] + counts[3]]  # sends, then receives
-    p2p = _p2p_ops(np, kind[comm], stage[comm], mb[comm], rank_of)
+    group = np.searchsorted(_GROUPS, kind)  # idle, compute, send, receive, marker
+    compute, send, recv, marker = (np.flatnonzero(group == g) for g in range(1, 5))
+    p2p = _p2p_ops(np, kind, stage, mb, rank_of, send, recv)
     if p2p is None:
         return None
-    pool = [_IDLE_OP] * counts[0]
-    pool += build_many(Compute, len(compute), {
+    computes = build_many(Compute, len(compute), {
         "kind": list(map(_PLAIN_KINDS.__getitem__, kind[compute].tolist())),
         "stage": stage[compute].tolist(), "mb": mb[compute].tolist()})
-    pool += p2p
-    pool += build_many(Marker, len(marker), {
+    markers = build_many(Marker, len(marker), {
         "stage": stage[marker].tolist(),
         "action": list(map(_PLAIN_KINDS.__getitem__, kind[marker].tolist())),
         "mb": [None if x < 0 else x for x in mb[marker].tolist()]})
-    at = np.empty(len(order), np.int64)
-    at[order] = np.arange(len(order))
-    flat = list(map(pool.__getitem__, at.tolist()))
+    pools = [itertools.repeat(_IDLE_OP), iter(computes), *map(iter, p2p), iter(markers)]
+    flat = list(map(next, map(pools.__getitem__, group.tolist())))
     ends = np.cumsum(np.bincount(row, minlength=num_rows)).tolist()
     programs = tuple(tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends))
     return Plan(Placement(tuple(rank_of.tolist()), num_rows), int(mb.max()) + 1, programs)
 
 
-def _p2p_ops(np, kind, stage, mb, rank_of) -> list | None:
-    """The SEND/RECV ops of these cells, in order, both ends of a transfer sharing one
-    ``Payload``; ``None`` if a cell's peer stage does not exist."""
-    peer = stage + np.where((kind == 4) | (kind == 7), 1, -1)  # SEND_F, RECV_B: the next
+def _p2p_ops(np, kind, stage, mb, rank_of, send, recv) -> tuple[list, list] | None:
+    """The ops of the SEND cells ``send`` and the RECV cells ``recv``, in order, both ends
+    of a transfer sharing one ``Payload``; ``None`` if a cell's peer stage does not
+    exist."""
+    cells = np.concatenate([send, recv])
+    k, s = kind[cells], stage[cells]
+    peer = s + np.where((k == 4) | (k == 7), 1, -1)  # SEND_F, RECV_B: the next stage
     if ((peer < 0) | (peer >= len(rank_of))).any():
         return None
-    is_send, is_grad = kind <= 5, (kind == 5) | (kind == 7)
-    key = (np.where(is_send, stage, peer) * 2 + is_grad) * (MAX_INDEX + 1) + mb
-    keys, which = np.unique(key, return_inverse=True)
+    unit = np.where(k <= 5, s, peer) * 2 + ((k == 5) | (k == 7))  # payload stage, is grad
+    keys, which = np.unique(unit * (MAX_INDEX + 1) + mb[cells], return_inverse=True)
     unit = keys // (MAX_INDEX + 1)
     payloads = build_many(Payload, len(keys), {
-        "kind": [GRAD if g else ACT for g in (unit % 2).tolist()],
+        "kind": list(map((ACT, GRAD).__getitem__, (unit % 2).tolist())),
         "stage": (unit // 2).tolist(), "mb": (keys % (MAX_INDEX + 1)).tolist()})
-    sends = int(is_send.sum())  # the cells are all sends, then all receives
-    peers, ends = rank_of[peer].tolist(), list(map(payloads.__getitem__, which.tolist()))
-    return (build_many(Send, sends, {"dst": peers[:sends], "payload": ends[:sends]})
-            + build_many(Recv, len(kind) - sends, {"src": peers[sends:],
-                                                   "payload": ends[sends:]}))
+    peers = rank_of[peer].tolist()
+    ends = list(map(payloads.__getitem__, which.tolist()))
+    n = len(send)
+    return (build_many(Send, n, {"dst": peers[:n], "payload": ends[:n]}),
+            build_many(Recv, len(recv), {"src": peers[n:], "payload": ends[n:]}))
 
 
 # ---------------------------------------------------------------- pass 1: cells
