@@ -484,16 +484,39 @@ class Plan:
             head += ";cut=" + repr(self.cut)
         if self.forward_only:
             head += ";forward_only"
-        rows = [
-            ",".join([_canonical(op) for op in prog if type(op) is not Idle])
-            for prog in self.programs
-        ]
-        return "\n".join([head, *rows])
+        return "\n".join([head, *map(_canonical_row, self.programs)])
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
         return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
                    schedule.cut, schedule.forward_only)
+
+
+def _canonical_row(program: tuple[Op, ...]) -> str:
+    """``",".join(_canonical(op) for op in program if type(op) is not Idle)``: the body's
+    compute ops and the sends and receives of a plain activation or gradient (no segment,
+    shape, dtype or leaves), nearly every op of a plan, are spelled here in one frame;
+    every other op by ``_canonical``."""
+    out: list[str] = []
+    add = out.append
+    for op in program:
+        kind = type(op)
+        if kind is Compute:
+            add(f"{op.stage}{op.kind}{op.mb}" if not op.segment else _canonical(op))
+        elif kind is Send or kind is Recv:
+            p = op.payload
+            if (p.leaves is not None or p.segment or p.shape or p.dtype
+                    or p.to_segment is not None or p.kind == INPUT):
+                add(_canonical(op))
+            elif kind is Send:
+                add(f"{p.stage}SEND_{'F' if p.kind == ACT else 'B'}{p.mb}<{op.dst}>")
+            elif p.kind == ACT:
+                add(f"{p.stage + 1}RECV_F{p.mb}<{op.src}>")
+            else:
+                add(f"{p.stage - 1}RECV_B{p.mb}<{op.src}>")
+        elif kind is not Idle:
+            add(_canonical(op))
+    return ",".join(out)
 
 
 def _canonical(op: Op) -> str:
