@@ -5,11 +5,11 @@ One row per rank, one cell per step: ``2F0``, ``1B3``, ``0I2``, ``0W2``, ``3SEND
 empty cell is an idle step. A ``SEND`` cell names the producing stage, a ``RECV`` cell the
 consuming one, so every cell's stage lives on its row's rank.
 
-Reading a file in torch's plain form (what every dump without overlaps is) takes one
-pass over the cells (``_parse_plain``); anything else takes the general path's two passes:
-parse every cell (syntax, index limits), then infer the stage → rank placement from the
-rows and build the ops (peers need the placement). Both build the same plan for the same
-text. Bad input raises ``InputError`` with the file, the 1-based row as ``line`` and the
+A file in torch's plain form (what every dump without overlaps is) is read as integer
+columns and its ops built in bulk (``_parse_plain``); anything else takes the general
+path's two passes: parse every cell (syntax, index limits), then infer the stage → rank
+placement from the rows and build the ops (peers need the placement). Both build the same
+plan for the same text. Bad input raises ``InputError`` with the file, the 1-based row as ``line`` and the
 1-based cell index as ``column``.
 
 Writing uses ``csv.writer``'s default dialect (``\\r\\n``, minimal quoting: ``;`` and
@@ -388,11 +388,13 @@ def _p2p_ops(np, kind, stage, mb, rank_of, send, recv) -> tuple[list, list] | No
     of a transfer sharing one ``Payload``; ``None`` if a cell's peer stage does not
     exist."""
     cells = np.concatenate([send, recv])
-    k, s = kind[cells], stage[cells]
-    peer = s + np.where((k == 4) | (k == 7), 1, -1)  # SEND_F, RECV_B: the next stage
+    k, s = kind[cells] - _PLAIN_KINDS.index(_COMMS[0]), stage[cells]  # k: index in _COMMS
+    offset, is_grad, is_send = (np.array(column).take(k) for column in zip(*(
+        (_PEER[c][0], _PEER[c][1] == GRAD, _PEER[c][2]) for c in _COMMS)))
+    peer = s + offset
     if ((peer < 0) | (peer >= len(rank_of))).any():
         return None
-    unit = np.where(k <= 5, s, peer) * 2 + ((k == 5) | (k == 7))  # payload stage, is grad
+    unit = np.where(is_send, s, peer) * 2 + is_grad  # the payload's stage, and its kind
     keys, which = np.unique(unit * (MAX_INDEX + 1) + mb[cells], return_inverse=True)
     unit = keys // (MAX_INDEX + 1)
     payloads = build_many(Payload, len(keys), {
