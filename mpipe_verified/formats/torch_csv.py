@@ -9,8 +9,8 @@ A file in torch's plain form (what every dump without overlaps is) is read as in
 columns and its ops built in bulk (``_parse_plain``); anything else takes the general
 path's two passes: parse every cell (syntax, index limits), then infer the stage → rank
 placement from the rows and build the ops (peers need the placement). Both build the same
-plan for the same text. Bad input raises ``InputError`` with the file, the 1-based row as ``line`` and the
-1-based cell index as ``column``.
+plan for the same text. Bad input raises ``InputError`` with the file, the 1-based row as
+``line`` and the 1-based cell index as ``column``.
 
 Writing uses ``csv.writer``'s default dialect (``\\r\\n``, minimal quoting: ``;`` and
 parentheses are not quoted), as torch does, so the bytes match torch's own dump. A file in
