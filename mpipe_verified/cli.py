@@ -40,17 +40,15 @@ import os
 import re
 import shutil
 import sys
-import tomllib
-from typing import Callable, NamedTuple, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, NoReturn, Sequence
 
 from . import __version__
 from .algebra.families import FAMILIES, family
 from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from .errors import InputError, ParameterError
 from .formats import sarif
+from .formats.files import read_text
 from .formats.output import write_output
-from .formats.plan_json import format_plan_json, parse_plan_json, read_plan_json
-from .formats.spec import Spec, parse_spec, read_text
 from .formats.timeline import as_plan
 from .formats.torch_csv import (format_torch_csv, holds_actions, parse_torch_csv,
                                  with_torch_markers, without_markers, write_torch_csv)
@@ -60,6 +58,9 @@ from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel,
 from .sim import NO_COMM_COST, CommCost
 from .show import figures, render_grid
 from .verify import Report, parametric, verify, verify_split
+
+if TYPE_CHECKING:
+    from .formats.spec import Spec
 
 PROG = "mpipe-verify"
 FORMATS = ("auto", "spec", "torch-csv", "plan-json")
@@ -274,6 +275,7 @@ def _load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None
             raise UsageError(f"--family {args.family} needs {' and '.join(missing)}")
         name = display_name(args)
         try:
+            from .formats.spec import Spec
             term = family_term(args)
             spec = Spec.of_term(term, name)
         except ParameterError as e:
@@ -281,15 +283,18 @@ def _load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None
         return spec.schedule, spec, name
     path = args.target
     fmt = format_of(path, args.format)
-    if fmt == "plan-json":
+    if fmt == "plan-json":  # each format's reader loads only when a file needs it
+        from .formats.plan_json import read_plan_json
         return _as_read(read_plan_json(path)), None, path
     text = read_text(path, {"spec": "a TOML spec file", "torch-csv": "a torch CSV file"}.get(
         fmt, "a TOML spec, torch CSV or plan-json file"))
     fmt = fmt or sniff(text)
     if fmt == "spec":
+        from .formats.spec import parse_spec
         spec = parse_spec(text, path)
         return spec.schedule, spec, path
     if fmt == "plan-json":
+        from .formats.plan_json import parse_plan_json
         return _as_read(parse_plan_json(text, path)), None, path
     return _as_read(parse_torch_csv(text, path)), None, path
 
@@ -341,6 +346,7 @@ def run_export(args: argparse.Namespace) -> int:
         return 0
     out = compute_only(target) if args.compute_only else as_plan(target, model.duration)
     if args.to == "plan-json":
+        from .formats.plan_json import format_plan_json
         write_output(args.output or "-", format_plan_json(out))
         return 0
     if out.forward_only:
@@ -572,6 +578,7 @@ def _not_a_schedule(args: argparse.Namespace) -> bool:
         return not holds_actions(text)
     if format_of(path, args.format) != "spec":
         return False
+    import tomllib
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -618,7 +625,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     text = None
     if args.sarif is not None and kind in (sarif.SPEC, sarif.TORCH_CSV_LOWERED) \
             and report.violations:
-        text = read_text(name)
+        text = read_text(name, "a TOML spec file")
     doc = report.to_json()
     doc["peak_memory"] = figures(report.peak_memory)
     doc["source"] = name
@@ -921,6 +928,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from .comparison import ScheduleTerm, render_simulation, simulation
     target, spec, name = load_target(args)
     if spec is None:  # a torch CSV or plan-json file: standard costs
+        from .formats.spec import Spec
         schedule = compute_only(target)
         spec = Spec(ScheduleTerm(schedule), schedule, None, None, name)
     try:
@@ -1030,6 +1038,7 @@ def _plan_as_written(path: str, fmt: str) -> Plan:
     if fmt == "auto" and not format_of(path, fmt) and os.path.isfile(path):
         fmt = sniff(read_text(path, "a plan file"))
     if is_plan_json(path, fmt):
+        from .formats.plan_json import read_plan_json
         plan = _as_read(read_plan_json(path))
     elif format_of(path, fmt) == "torch-csv":
         plan = _as_read(parse_torch_csv(read_text(path, "a torch CSV file"), path))

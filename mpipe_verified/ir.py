@@ -17,9 +17,12 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import re
-from typing import Callable, Union
+import types
+from typing import Callable, Sequence, Union
 
 import attrs
 
@@ -240,8 +243,34 @@ class Marker:
         return f"{self.stage}{self.action}{'' if self.mb is None else self.mb}"
 
 
+def build_many(cls: type, n: int, columns: dict[str, Sequence]) -> list:
+    """``[cls(**row) for row in rows]`` for ``n`` rows given as one column per field (a
+    missing field takes its default), built field by field in bulk, several times faster
+    than calling ``cls``. For readers that have checked every value themselves: nothing is
+    validated. ``cls`` is a value class without a post-init check (``Compute``,
+    ``Payload``, ``Send``, ``Recv``, ``Marker``); every slot of every object is set, so
+    the result equals (and hashes as) what ``cls`` builds from the same values."""
+    if cls not in _BULK:
+        raise TypeError(f"build_many builds {', '.join(c.__name__ for c in _BULK)}, "
+                        f"not {cls.__name__}")
+    objs = list(map(object.__new__, itertools.repeat(cls, n)))
+    for field in attrs.fields(cls):
+        values = columns.get(field.name)
+        if values is None:
+            if field.default is attrs.NOTHING:
+                raise ValueError(f"build_many: no column for {cls.__name__}.{field.name}")
+            values = itertools.repeat(field.default, n)
+        elif len(values) != n:
+            raise ValueError(f"build_many: {len(values)} values of {field.name} for {n} rows")
+        slot = cls.__dict__[field.name]
+        assert isinstance(slot, types.MemberDescriptorType)
+        collections.deque(map(slot.__set__, objs, values), maxlen=0)
+    return objs
+
+
 Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker]
 COMM_STEP = (Send, Recv, Group, Collective)
+_BULK = (Compute, Payload, Send, Recv, Marker)  # no __attrs_post_init__, defaults plain
 
 
 def computes_of(op: Op) -> tuple[Compute, ...]:
@@ -455,16 +484,39 @@ class Plan:
             head += ";cut=" + repr(self.cut)
         if self.forward_only:
             head += ";forward_only"
-        rows = [
-            ",".join([_canonical(op) for op in prog if type(op) is not Idle])
-            for prog in self.programs
-        ]
-        return "\n".join([head, *rows])
+        return "\n".join([head, *map(_canonical_row, self.programs)])
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
         return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
                    schedule.cut, schedule.forward_only)
+
+
+def _canonical_row(program: tuple[Op, ...]) -> str:
+    """``",".join(_canonical(op) for op in program if type(op) is not Idle)``: the body's
+    compute ops and the sends and receives of a plain activation or gradient (no segment,
+    shape, dtype or leaves), nearly every op of a plan, are spelled here in one frame;
+    every other op by ``_canonical``."""
+    out: list[str] = []
+    add = out.append
+    for op in program:
+        kind = type(op)
+        if kind is Compute:
+            add(f"{op.stage}{op.kind}{op.mb}" if not op.segment else _canonical(op))
+        elif kind is Send or kind is Recv:
+            p = op.payload
+            if (p.leaves is not None or p.segment or p.shape or p.dtype
+                    or p.to_segment is not None or p.kind == INPUT):
+                add(_canonical(op))
+            elif kind is Send:
+                add(f"{p.stage}SEND_{'F' if p.kind == ACT else 'B'}{p.mb}<{op.dst}>")
+            elif p.kind == ACT:
+                add(f"{p.stage + 1}RECV_F{p.mb}<{op.src}>")
+            else:
+                add(f"{p.stage - 1}RECV_B{p.mb}<{op.src}>")
+        elif kind is not Idle:
+            add(_canonical(op))
+    return ",".join(out)
 
 
 def _canonical(op: Op) -> str:

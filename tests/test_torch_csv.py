@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpipe_verified.errors import InputError
+from mpipe_verified.formats import torch_csv
 from mpipe_verified.formats.torch_csv import (MAX_INDEX, _parse_general, _parse_plain,
                                               format_torch_csv, parse_torch_csv,
                                               read_torch_csv, write_torch_csv)
@@ -50,14 +51,51 @@ def test_torch_dump_round_trips_byte_for_byte(tmp_path, name, p, m, v, fmt):
 
 def _same_plan_on_both_paths(text: str) -> None:
     """The one-pass path builds what the general path builds, and declines (``None``)
-    whatever the general path rejects."""
+    whatever the general path rejects; read in pieces of a few bytes (many rows split
+    between the lexer's chunks) it builds the same."""
     fast = _parse_plain(text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch_csv, "_CHUNK", 5)
+        assert _parse_plain(text) == fast
     try:
         general = _parse_general(text, "x.csv")
     except InputError:
         assert fast is None
         return
     assert fast is None or fast == general
+
+
+PLAIN = [  # (text, whether the one-pass path reads it): both paths build the same plan
+    ("0F999999,0B999999\r\n", True),
+    ("0F1000000\r\n", False),  # seven digits: the general path's bound, not the plain form
+    ("0F0,0UNSHARD,0RESHARD,0REDUCE_GRAD,0REDUCE_GRAD7\n", True),
+    ("0F0,0SEND_F0,0F1\n1RECV_F0,,1RECV_F1\n", True),
+    ("0SEND_F0,0RECV_B0\n1RECV_F0,1SEND_B0\n", True),
+    ("0F0\n\n\n2F0,,\n1F0\n", True),  # empty rows have no cell, trailing cells are idle
+    ("0F0\n1F0", True),  # no last line end
+    ("0F00\n", False), ("00F0\n", False), ("0F0F0\n", False), ("F0\n", False),
+    ("0f0\n", False), ("0SEND_F\n", False), ("0SEND_X0\n", False), ("0FF0\n", False),
+    ("0REDUCE_GRADX\n", False), ("0UNSHARDUNSHARD\n", False), ("0F0,0B1 \n", False),
+    ("0F0\r\n1F0\n", False), ("0F0\r1F0\n", False), ("0F٣\n", False), ("0F0;\n", False),
+]
+
+
+@pytest.mark.parametrize("text,plain", PLAIN)
+def test_one_pass_path_reads_exactly_the_plain_form(text, plain):
+    assert (_parse_plain(text) is not None) == plain
+    _same_plan_on_both_paths(text)
+
+
+def test_one_pass_path_shares_one_payload_per_transfer():
+    plan = _parse_plain(torch_schedule_csv("Interleaved1F1B", 4, 8, 2, "compute_comms"))
+    ends: dict = {}
+    for program in plan.programs:
+        for op in program:
+            if isinstance(op, (Send, Recv)):
+                ends.setdefault(op.payload, set()).add(id(op.payload))
+    assert ends and all(len(ids) == 1 for ids in ends.values())
+    assert sum(isinstance(op, (Send, Recv)) for prog in plan.programs for op in prog) == \
+        2 * len(ends)
 
 
 def test_cells_map_to_ops():
