@@ -1102,38 +1102,112 @@ class OpTable:
         return row, tid[c, slot], off[c, slot], tuple(tokens)
 
 
-def p2p_clean(table: OpTable) -> bool:
-    """``pair_p2p`` by counting, for a table's plan: True when every channel has as many
-    sends as receives and each FIFO pair's payloads are equal (nothing unmatched or
-    mismatched). Sends of channel ``(a, b)`` in program order are rank ``a``'s, so
-    sorting by channel, stably, lines the k-th send up with the k-th receive."""
+@attrs.frozen(eq=False)
+class P2PColumns:
+    """``pair_p2p`` by counting, over a table's transfers. ``rows`` are the table rows of
+    its sends and receives (rank-major, program order), ``send`` says which are sends, and
+    ``partner[k]`` is the place in ``rows`` of the end that ``rows[k]`` pairs with, or -1
+    (the FIFO rule: the k-th send of a channel meets its k-th receive; an end past the
+    other side's count, or whose peer is no rank, has none). The pairing is symmetric."""
+
+    rows: object  # numpy int64 arrays
+    send: object
+    partner: object
+
+
+def p2p_columns(table: OpTable) -> P2PColumns:
+    """The FIFO pairing of ``table``'s transfers. A channel's sends in program order are
+    its source rank's (rows are rank-major), likewise its receives: numbering each
+    channel side's ends in row order (a stable sort) and meeting equal numbers is
+    ``pair_p2p``'s zip of the two lists."""
     import numpy as np
     n = table.plan.num_ranks
-    peer = np.full(len(table.classes), -1, dtype=np.int64)
-    send = np.zeros(len(table.classes), dtype=bool)
-    comm = np.zeros(len(table.classes), dtype=bool)
-    payloads: dict = {}
-    sig = np.full(len(table.classes), -1, dtype=np.int64)  # the payload but its microbatch
-    for c, (_, op, _) in enumerate(table.classes):
-        kind = type(op)
-        if kind is Send or kind is Recv:
-            p = op.payload
-            comm[c], send[c], peer[c] = True, kind is Send, op.peer
-            sig[c] = payloads.setdefault(attrs.evolve(p, mb=0), len(payloads))
-    if peer.max(initial=-1) >= n:
-        return False
+    kinds = [type(op) for _, op, _ in table.classes]
+    comm = np.array([k is Send or k is Recv for k in kinds] + [False], dtype=bool)
+    sends = np.array([k is Send for k in kinds] + [False], dtype=bool)
+    peers = np.array([op.peer if k is Send or k is Recv else -1
+                      for k, (_, op, _) in zip(kinds, table.classes)] + [-1], dtype=np.int64)
     rows = np.flatnonzero(comm[table.cls])
-    is_send = send[table.cls[rows]]
-    channel = np.where(is_send, table.rank[rows] * n + peer[table.cls[rows]],
-                       peer[table.cls[rows]] * n + table.rank[rows])
-    s_rows, r_rows = rows[is_send], rows[~is_send]
-    s_ch, r_ch = channel[is_send], channel[~is_send]
-    if not np.array_equal(np.bincount(s_ch, minlength=n * n), np.bincount(r_ch, minlength=n * n)):
+    cls = table.cls[rows]
+    send, peer, here = sends[cls], peers[cls], table.rank[rows]
+    partner = np.full(len(rows), -1, dtype=np.int64)
+    ok = np.flatnonzero(peer < n)  # a peer that is no rank never meets anything
+    channel = np.where(send[ok], here[ok] * n + peer[ok], peer[ok] * n + here[ok])
+    side = np.unique(channel, return_inverse=True)[1].reshape(-1) * 2 + send[ok]
+    order = np.argsort(side, kind="stable")
+    start = np.searchsorted(side[order], np.arange(int(side.max(initial=-1)) + 3))
+    nth = np.empty(len(ok), dtype=np.int64)
+    nth[order] = np.arange(len(ok), dtype=np.int64) - start[side[order]]
+    other = side ^ 1
+    meets = nth < start[other + 1] - start[other]
+    at = order[np.minimum(start[other] + nth, max(len(ok) - 1, 0))]
+    partner[ok[meets]] = ok[at[meets]]
+    return P2PColumns(rows, send, partner)
+
+
+def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
+    """True when ``pair_p2p`` of the table's plan finds nothing unmatched or mismatched:
+    every end has a partner (``p2p_columns``) and each pair's payloads are equal."""
+    import numpy as np
+    pairs = pairs or p2p_columns(table)
+    if pairs.partner.min(initial=0) < 0:
         return False
-    s_rows = s_rows[np.argsort(s_ch, kind="stable")]
-    r_rows = r_rows[np.argsort(r_ch, kind="stable")]
+    payloads: dict = {}
+    sig = np.array([payloads.setdefault(attrs.evolve(op.payload, mb=0), len(payloads))
+                    if type(op) is Send or type(op) is Recv else -1
+                    for _, op, _ in table.classes] or [-1], dtype=np.int64)  # all but the mb
+    s_rows, r_rows = pairs.rows[pairs.send], pairs.rows[pairs.partner[pairs.send]]
     return bool(np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
                 and np.array_equal(table.mb[s_rows], table.mb[r_rows]))
+
+
+def comm_ticks(table: OpTable, comm_model: str = RENDEZVOUS,
+               pairs: P2PColumns | None = None) -> tuple | None:
+    """``execute(plan, comm_model, duration=0, comm_time=1)`` on the table's plan, by
+    columns: per rank, the finish time of each comm step, or None when the run gets stuck
+    (``execute`` then says where). Compute, idle and marker steps take no time, so each
+    comm step is posted when the one before it on its rank finishes (at 0 first); a
+    blocking end (both ends under rendezvous, the receive under eager) finishes a tick
+    after the later of its own post and its partner's, an eager send a tick after its
+    post, and an end without a partner never. Ranks advance until they block, as in
+    ``execute``: linear time, one visit per comm step and per wake-up."""
+    import numpy as np
+    pairs = pairs or p2p_columns(table)
+    n = table.plan.num_ranks
+    bounds = np.searchsorted(table.rank[pairs.rows], np.arange(n + 1)).tolist()
+    partner = pairs.partner.tolist()
+    blocks = (~pairs.send if comm_model == EAGER else np.ones(len(partner), bool)).tolist()
+    posted = [-1] * len(partner)  # -1: not posted yet
+    waiter = [-1] * len(partner)  # the rank waiting for this end to be posted
+    fin = [0] * len(partner)
+    at, ready = bounds[:-1], [0] * n
+    todo = list(range(n))
+    while todo:
+        rank = todo.pop()
+        k, end, t = at[rank], bounds[rank + 1], ready[rank]
+        while k < end:
+            posted[k] = t
+            woken = waiter[k]
+            if woken >= 0:
+                waiter[k] = -1
+                todo.append(woken)
+            if blocks[k]:
+                other = partner[k]
+                if other < 0:
+                    break  # no partner: waits forever
+                seen = posted[other]
+                if seen < 0:
+                    waiter[other] = rank
+                    break
+                if seen > t:
+                    t = seen
+            t += 1
+            fin[k] = t
+            k += 1
+        at[rank], ready[rank] = k, t
+    if at != bounds[1:]:
+        return None
+    return tuple(tuple(fin[bounds[r]:bounds[r + 1]]) for r in range(n))
 
 
 def _mb_of(op: Op) -> int:

@@ -197,17 +197,19 @@ def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> 
 
 
 def _comm_properties(plan, table, comm_model, rlimit) -> dict:
-    """Dependency (by ``table``'s columns where it has one), then deadlock, and matching
-    where ``table`` is None (else ``_local_properties`` decides it), over one pairing of
-    the plan's sends and receives."""
+    """Dependency, then deadlock (both by ``table``'s columns where it has one, which
+    pair the transfers themselves), and matching where ``table`` is None (else
+    ``_local_properties`` decides it), over one op-by-op pairing of the plan's sends,
+    receives and collectives when there is no table."""
     judge = _Judge(plan, comm_model, None, None, rlimit)
     out = {"dependency": judge("dependency", lambda: properties.dependency(plan, table))}
-    pairing, collectives = pair_p2p(plan), pair_collectives(plan)
+    pairing = collectives = None  # a table's plan is paired by columns, only if needed
     if table is None:
+        pairing, collectives = pair_p2p(plan), pair_collectives(plan)
         out["matching"] = judge("matching", lambda: properties.matching(plan, pairing,
                                                                          collectives))
     out["deadlock"] = judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
-                                                                     collectives))
+                                                                     collectives, table))
     return {**out, "hints": judge.hints}
 
 

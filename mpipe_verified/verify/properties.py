@@ -20,7 +20,7 @@ import numpy as np
 
 from ..ir import BODY, COMM_STEP, Plan, Send, computes_of, p2p_of
 from ..semantics import (UNIT_MEMORY, WORK_KINDS, Chain, MemoryModel, OpTable, Token,
-                         collective_issues, execute, live_tensors, memory_steps, p2p_clean,
+                         collective_issues, comm_ticks, execute, live_tensors, memory_steps, p2p_clean,
                          pair_collectives, pair_p2p, produces, required_work, step_effects,
                          unit_ok, wait_cycle, work_table)
 from .report import Violation
@@ -299,13 +299,18 @@ def _one_step(op) -> float:
     return 1.0
 
 
-def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
-             ) -> tuple[list[Finding], tuple | None]:
+def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None,
+             table: OpTable | None = None) -> tuple[list[Finding], tuple | None]:
     """Run the plan with compute free and every comm step taking one tick. If it
     completes, the hint is every comm step's completion tick (a comm step is posted when
     the one before it on its rank completes, and every meeting takes a tick, so each
     blocking end completes after its partner was posted). If not, the wait-for cycle, or the ends
-    that have no partner, are the counterexample."""
+    that have no partner, are the counterexample. With the plan's ``table`` a run that
+    completes is timed by columns (``semantics.comm_ticks``); any other runs op by op,
+    which names the findings."""
+    ticks = None if table is None else comm_ticks(table, comm_model)
+    if ticks is not None:
+        return [], ticks
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
     run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
