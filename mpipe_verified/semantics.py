@@ -1247,9 +1247,14 @@ def op_table(plan: Plan) -> OpTable | None:
             if kind is Compute:
                 key = (rank, op.kind, op.stage, op.segment)
                 add_mb(op.mb)
-            elif kind is Send or kind is Recv:
+            elif kind is Send:  # the peer read as a field (``peer`` is a property)
                 p = op.payload
-                key = (rank, kind, op.peer, p.kind, p.stage, p.segment, p.to_segment,
+                key = (rank, kind, op.dst, p.kind, p.stage, p.segment, p.to_segment,
+                       p.shape, p.dtype, p.leaves)
+                add_mb(p.mb)
+            elif kind is Recv:
+                p = op.payload
+                key = (rank, kind, op.src, p.kind, p.stage, p.segment, p.to_segment,
                        p.shape, p.dtype, p.leaves)
                 add_mb(p.mb)
             elif kind is Idle or kind is Marker:
@@ -1267,8 +1272,8 @@ def op_table(plan: Plan) -> OpTable | None:
     index = np.arange(len(cls), dtype=np.int64) - np.repeat(
         np.cumsum(counts, dtype=np.int64) - counts, counts)
     cls_col = np.array(cls, dtype=np.int64)
-    _, back = np.unique(cls_col[::-1], return_index=True)  # each class's last op
-    last = len(cls_col) - 1 - back
+    last = np.zeros(len(first), dtype=np.int64)  # each class's last op
+    np.maximum.at(last, cls_col, np.arange(len(cls_col), dtype=np.int64))
     classes = tuple((rank, op, plan.programs[rank][int(index[j])])
                     for (rank, op), j in zip(first, last.tolist()))
     return OpTable(plan, ranks, index, cls_col, np.array(mbs, dtype=np.int64), classes,
