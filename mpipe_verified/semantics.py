@@ -1175,11 +1175,13 @@ def comm_ticks(table: OpTable, comm_model: str = RENDEZVOUS,
     pairs = pairs or p2p_columns(table)
     n = table.plan.num_ranks
     bounds = np.searchsorted(table.rank[pairs.rows], np.arange(n + 1)).tolist()
-    partner = pairs.partner.tolist()
-    blocks = (~pairs.send if comm_model == EAGER else np.ones(len(partner), bool)).tolist()
-    posted = [-1] * len(partner)  # -1: not posted yet
-    waiter = [-1] * len(partner)  # the rank waiting for this end to be posted
-    fin = [0] * len(partner)
+    wait = pairs.partner  # the end each end waits for (-1: none, forever; -2: nothing)
+    if comm_model == EAGER:
+        wait = np.where(pairs.send, -2, wait)
+    wait = wait.tolist()
+    posted = [-1] * len(wait)  # -1: not posted yet
+    waiter = [-1] * len(wait)  # the rank waiting for this end to be posted
+    fin = [0] * len(wait)
     at, ready = bounds[:-1], [0] * n
     todo = list(range(n))
     while todo:
@@ -1187,20 +1189,19 @@ def comm_ticks(table: OpTable, comm_model: str = RENDEZVOUS,
         k, end, t = at[rank], bounds[rank + 1], ready[rank]
         while k < end:
             posted[k] = t
-            woken = waiter[k]
-            if woken >= 0:
+            if waiter[k] >= 0:
+                todo.append(waiter[k])
                 waiter[k] = -1
-                todo.append(woken)
-            if blocks[k]:
-                other = partner[k]
-                if other < 0:
-                    break  # no partner: waits forever
+            other = wait[k]
+            if other >= 0:
                 seen = posted[other]
                 if seen < 0:
                     waiter[other] = rank
                     break
                 if seen > t:
                     t = seen
+            elif other == -1:
+                break
             t += 1
             fin[k] = t
             k += 1
