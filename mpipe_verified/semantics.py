@@ -15,6 +15,7 @@ Positions are ``(rank, index)`` into ``plan.programs``; a point-to-point endpoin
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Callable, NamedTuple
 
@@ -441,6 +442,54 @@ def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkI
         out.append(WorkIssue(r, "unexpected", table.first.get(r), f"{r} runs but no recompute "
                                                                    "is needed here"))
     return out
+
+
+def work_complete(table: OpTable, chain: Chain) -> bool:
+    """``required_work`` and ``collective_issues`` find nothing, read by columns: every
+    unit's work counted as ``work_table`` counts it and judged by ``unit_ok`` (once per
+    distinct count row). False when anything is missing, repeated, misplaced or stray, or
+    the cut requires a collective (a table's plan has none): op by op then says what."""
+    import numpy as np
+    plan = table.plan
+    s, m = chain.num_stages, plan.num_microbatches
+    units = set(chain.units())
+    kinds = np.full(len(table.classes), -1, dtype=np.int64)  # work kind column, or -1
+    stages = np.zeros(len(table.classes), dtype=np.int64)
+    for c, (rank, op, _) in enumerate(table.classes):
+        for one in computes_of(op):  # a table's compute steps are single ops
+            if (one.segment, one.stage) not in units or \
+                    chain.expected_rank(one) != rank:
+                return False  # stray or misplaced: op by op says which
+            kinds[c], stages[c] = WORK_KINDS.index(one.kind), one.stage
+    if chain.required_collectives():
+        return False
+    work = kinds[table.cls] >= 0
+    mb, kind, stage = table.mb[work], kinds[table.cls][work], stages[table.cls][work]
+    if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
+        return False  # a unit without work (never enumerated: m may be huge), or stray
+    width = len(WORK_KINDS)
+    present, at = np.unique(stage * m + mb, return_inverse=True)
+    if len(present) != s * m:
+        return False
+    rows = np.zeros((s * m, width), dtype=np.int64)
+    np.add.at(rows, (at.reshape(-1), kind), 1)
+    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
+                   dtype=np.int64).reshape(m, 2)
+    cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
+    return all(unit_ok(row[:width] + [0], bool(row[width]), bool(row[width + 1]))
+               for row in _distinct_rows(cases))
+
+
+def _distinct_rows(rows) -> list[list[int]]:
+    """The distinct rows of a non-negative integer matrix (as one number each when they
+    fit in 63 bits, which sorts faster than rows)."""
+    import numpy as np
+    base = int(rows.max(initial=0)) + 1
+    if base ** rows.shape[1] >= 2**63:
+        return np.unique(rows, axis=0).tolist()
+    weights = base ** np.arange(rows.shape[1], dtype=np.int64)
+    codes = np.unique(rows @ weights)
+    return [[int(c) // base ** k % base for k in range(rows.shape[1])] for c in codes.tolist()]
 
 
 @attrs.frozen
@@ -907,6 +956,83 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
             if size:
                 allocs.append((("buffer", payload_token(r.payload)), ("receive buffer of", r, size)))
     return allocs, frees
+
+
+BIG = 2**52  # integer sizes summed below this are exact as floats too
+
+
+def memory_moves(table: OpTable, model: MemoryModel, extra=()) -> tuple | None:
+    """``memory_steps`` of every rank by columns: per op of the table, what it allocates
+    and what it frees, as integer arrays. ``step_effects`` is evaluated per op class
+    (``rule_columns``); allocations count before frees, and a free releases what the
+    latest allocation under its key left live, as ``memory_steps`` keeps ``live``. None
+    when receive buffers are not free (their size may depend on more than an op's
+    class), a size or a number of ``extra`` (the static parts and limits the sums will
+    meet) is not an integer, they could sum beyond ``BIG`` (where float sums stop being
+    exact), or the table cannot state the rules."""
+    if model.buffer is not UNIT_MEMORY.buffer:
+        return None
+    chain = Chain.of(table.plan)
+
+    def effects(rank, op):
+        return step_effects(op, rank, chain, model.stored, model.received)
+    allocs = table.rule_columns(lambda rank, op: [(entry[2],) + _flat(key) for key, entry
+                                                  in effects(rank, op)[0]])
+    frees = table.rule_columns(lambda rank, op: [_flat(key) for key in effects(rank, op)[1]])
+    if allocs is None or frees is None:
+        return None
+    sizes = [name[0] for name in allocs[3]] + list(extra)
+    if not all(integral(x) for x in sizes) or \
+            sum(abs(int(x)) for x in sizes) * (table.plan.num_ops + 1) >= BIG:
+        return None
+    return _released(table, allocs, frees)
+
+
+def _flat(key: tuple) -> tuple:
+    """A memory key with its microbatch last: ``("stored", seg, stage, mb)`` as it is,
+    ``("buffer", token)`` as ``("buffer", *token)``."""
+    return key if key[0] != "buffer" else ("buffer",) + key[1]
+
+
+def integral(x) -> bool:
+    """An int, or a finite float with an integer value."""
+    return isinstance(x, (int, float)) and math.isfinite(x) and float(x).is_integer()
+
+
+def _released(table: OpTable, allocs, frees) -> tuple:
+    """Per op: what it allocates and what it frees (integers), from ``rule_columns`` of
+    the allocations (size first) and the frees."""
+    import numpy as np
+    a_row, a_tok, a_shift, a_names = allocs
+    f_row, f_tok, f_shift, f_names = frees
+    names: dict = {}
+    for i, name in enumerate(a_names):
+        names.setdefault(name[1:], len(names))
+    a_name = np.array([names[name[1:]] for name in a_names] or [0], dtype=np.int64)
+    f_name = np.array([names.get(name, -1) for name in f_names] or [0], dtype=np.int64)
+    a_size = np.array([int(name[0]) for name in a_names] or [0], dtype=np.int64)
+    # the events of each step, allocations (phase 0) before frees (phase 1), ordered by
+    # rank, key and microbatch: a free releases the size of the event just before it on
+    # its key if that is an allocation (what it left live), else nothing
+    rows = np.concatenate([a_row, f_row])
+    name = np.concatenate([a_name[a_tok], f_name[f_tok]])
+    mb = table.mb[rows] + np.concatenate([a_shift, f_shift])
+    phase = np.concatenate([np.zeros(len(a_row), np.int64), np.ones(len(f_row), np.int64)])
+    size = np.concatenate([a_size[a_tok], np.zeros(len(f_row), np.int64)])
+    rank = table.rank[rows]
+    order = np.lexsort((phase, rows, mb, name, rank))
+    rows, name, mb, phase, size, rank = (x[order] for x in (rows, name, mb, phase, size, rank))
+    hit = np.zeros(len(rows), dtype=bool)
+    hit[1:] = (phase[1:] == 1) & (name[1:] >= 0) & (phase[:-1] == 0) & (
+        name[1:] == name[:-1]) & (mb[1:] == mb[:-1]) & (rank[1:] == rank[:-1])
+    released = np.zeros(len(rows), dtype=np.int64)
+    released[1:] = np.where(hit[1:], size[:-1], 0)
+    n = len(table.cls)
+    alloc = np.bincount(rows, weights=size, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    freed = np.bincount(rows, weights=released, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    return alloc, freed
 
 
 def memory_levels(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY):
