@@ -7,7 +7,12 @@ This module is the single place that says
 - how sends pair with receives (§2.3: FIFO per ordered rank pair, ``pair_p2p``) and how
   collectives line up (§2.4, ``pair_collectives``),
 - how a plan runs (§2.1–2.4, ``execute``: rendezvous or eager, optional durations), and
-- what each op allocates and frees (§2.6, ``MemoryModel`` and ``memory_trace``).
+- what each op allocates and frees (§2.6, ``MemoryModel`` and ``memory_trace``);
+
+and, for plans read as integer columns (``op_table``), the same rules over the columns,
+each beside the op-by-op form it must agree with: completeness (``work_complete``), FIFO
+pairing (``p2p_columns``, ``p2p_clean``), the deadlock run (``comm_ticks``) and memory
+moves (``memory_moves``).
 
 Positions are ``(rank, index)`` into ``plan.programs``; a point-to-point endpoint is
 ``(rank, index, member)`` where ``member`` indexes a ``Group``'s ops (0 for a bare op).

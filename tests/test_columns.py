@@ -60,11 +60,14 @@ def _transfer(rank: int, peer: int, mb: int, send: bool):
 
 def test_columns_time_a_rendezvous_deadlock_as_op_by_op():
     """Two ranks that both send first: stuck under rendezvous, done under eager, in
-    both paths; with one receive left over the run is stuck under both models."""
+    both paths; with one receive left over the run is stuck under both models. Also a
+    rank that sends to itself, and a send to a rank the plan does not have."""
     both_send = tuple((Compute("F", r, 0), _transfer(r, 1 - r, 0, True),
                        _transfer(r, 1 - r, 0, False)) for r in (0, 1))
     extra = (both_send[0] + (_transfer(0, 1, 1, False),), both_send[1])
-    for programs in (both_send, extra):
+    to_self = ((_transfer(0, 0, 0, True), _transfer(0, 0, 0, False)), both_send[1][:1])
+    nowhere = (both_send[0] + (_transfer(0, 5, 1, True),), both_send[1])
+    for programs in (both_send, extra, to_self, nowhere):
         plan = Plan(Placement((0, 1), 2), 1, programs)
         table = op_table(plan)
         _same_pairs_and_runs(plan, table, pair_p2p(plan))
@@ -72,6 +75,8 @@ def test_columns_time_a_rendezvous_deadlock_as_op_by_op():
     assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, both_send)), "eager") == ((1, 2),
                                                                                    (1, 2))
     assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, extra)), "eager") is None
+    assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, to_self)), "eager") == ((1, 2),
+                                                                                 ())
 
 
 BODY_EDITS = ("drop", "duplicate", "swap_adjacent", "move", "swap_sends", "payload")
