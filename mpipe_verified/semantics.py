@@ -1262,17 +1262,23 @@ def p2p_columns(table: OpTable) -> P2PColumns:
     cls = table.cls[rows]
     send, peer, here = sends[cls], peers[cls], table.rank[rows]
     partner = np.full(len(rows), -1, dtype=np.int64)
-    ok = np.flatnonzero(peer < n)  # a peer that is no rank never meets anything
-    channel = np.where(send[ok], here[ok] * n + peer[ok], peer[ok] * n + here[ok])
-    side = np.unique(channel, return_inverse=True)[1].reshape(-1) * 2 + send[ok]
-    order = np.argsort(side, kind="stable")
-    start = np.searchsorted(side[order], np.arange(int(side.max(initial=-1)) + 3))
-    nth = np.empty(len(ok), dtype=np.int64)
-    nth[order] = np.arange(len(ok), dtype=np.int64) - start[side[order]]
-    other = side ^ 1
-    meets = nth < start[other + 1] - start[other]
-    at = order[np.minimum(start[other] + nth, max(len(ok) - 1, 0))]
-    partner[ok[meets]] = ok[at[meets]]
+    ok = peer < n  # a peer that is no rank never meets anything
+    ends = [np.flatnonzero(ok & send), np.flatnonzero(ok & ~send)]  # sends, receives
+    channel = [here[ends[0]] * n + peer[ends[0]], peer[ends[1]] * n + here[ends[1]]]
+    width = n * n
+    if width > 4 * len(rows):  # few transfers between many ranks: number the channels used
+        used, code = np.unique(np.concatenate(channel), return_inverse=True)
+        code, width = code.reshape(-1), len(used)
+        channel = [code[:len(ends[0])], code[len(ends[0]):]]
+    order = [np.argsort(c, kind="stable") for c in channel]
+    count = [np.bincount(c, minlength=width) for c in channel]
+    start = [np.cumsum(c) - c for c in count]
+    sent = channel[0][order[0]]  # each send's channel, sends in channel order
+    nth = np.arange(len(sent), dtype=np.int64) - start[0][sent]
+    meets = nth < count[1][sent]
+    s_end = ends[0][order[0][meets]]
+    r_end = ends[1][order[1][start[1][sent[meets]] + nth[meets]]]
+    partner[s_end], partner[r_end] = r_end, s_end
     return P2PColumns(rows, send, partner)
 
 

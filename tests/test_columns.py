@@ -71,6 +71,12 @@ def test_columns_time_a_rendezvous_deadlock_as_op_by_op():
         plan = Plan(Placement((0, 1), 2), 1, programs)
         table = op_table(plan)
         _same_pairs_and_runs(plan, table, pair_p2p(plan))
+    sparse = [()] * 12  # many ranks, few transfers: the channels in use are numbered
+    sparse[3] = (_transfer(3, 9, 0, True), _transfer(3, 9, 1, True))
+    sparse[9] = (_transfer(9, 3, 0, False), _transfer(9, 3, 1, False),
+                 _transfer(9, 3, 2, False))
+    plan = Plan(Placement(tuple(range(12)), 12), 3, tuple(sparse))
+    _same_pairs_and_runs(plan, op_table(plan), pair_p2p(plan))
     assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, both_send)), "rendezvous") is None
     assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, both_send)), "eager") == ((1, 2),
                                                                                    (1, 2))
