@@ -7,7 +7,12 @@ This module is the single place that says
 - how sends pair with receives (§2.3: FIFO per ordered rank pair, ``pair_p2p``) and how
   collectives line up (§2.4, ``pair_collectives``),
 - how a plan runs (§2.1–2.4, ``execute``: rendezvous or eager, optional durations), and
-- what each op allocates and frees (§2.6, ``MemoryModel`` and ``memory_trace``).
+- what each op allocates and frees (§2.6, ``MemoryModel`` and ``memory_trace``);
+
+and, for plans read as integer columns (``op_table``), the same rules over the columns,
+each beside the op-by-op form it must agree with: completeness (``work_complete``), FIFO
+pairing (``p2p_columns``, ``p2p_clean``), the deadlock run (``comm_ticks``) and memory
+moves (``memory_moves``).
 
 Positions are ``(rank, index)`` into ``plan.programs``; a point-to-point endpoint is
 ``(rank, index, member)`` where ``member`` indexes a ``Group``'s ops (0 for a bare op).
@@ -15,6 +20,7 @@ Positions are ``(rank, index)`` into ``plan.programs``; a point-to-point endpoin
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Callable, NamedTuple
 
@@ -441,6 +447,54 @@ def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkI
         out.append(WorkIssue(r, "unexpected", table.first.get(r), f"{r} runs but no recompute "
                                                                    "is needed here"))
     return out
+
+
+def work_complete(table: OpTable, chain: Chain) -> bool:
+    """``required_work`` and ``collective_issues`` find nothing, read by columns: every
+    unit's work counted as ``work_table`` counts it and judged by ``unit_ok`` (once per
+    distinct count row). False when anything is missing, repeated, misplaced or stray, or
+    the cut requires a collective (a table's plan has none): op by op then says what."""
+    import numpy as np
+    plan = table.plan
+    s, m = chain.num_stages, plan.num_microbatches
+    units = set(chain.units())
+    kinds = np.full(len(table.classes), -1, dtype=np.int64)  # work kind column, or -1
+    stages = np.zeros(len(table.classes), dtype=np.int64)
+    for c, (rank, op, _) in enumerate(table.classes):
+        for one in computes_of(op):  # a table's compute steps are single ops
+            if (one.segment, one.stage) not in units or \
+                    chain.expected_rank(one) != rank:
+                return False  # stray or misplaced: op by op says which
+            kinds[c], stages[c] = WORK_KINDS.index(one.kind), one.stage
+    if chain.required_collectives():
+        return False
+    work = kinds[table.cls] >= 0
+    mb, kind, stage = table.mb[work], kinds[table.cls][work], stages[table.cls][work]
+    if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
+        return False  # a unit without work (never enumerated: m may be huge), or stray
+    width = len(WORK_KINDS)
+    present, at = np.unique(stage * m + mb, return_inverse=True)
+    if len(present) != s * m:
+        return False
+    rows = np.zeros((s * m, width), dtype=np.int64)
+    np.add.at(rows, (at.reshape(-1), kind), 1)
+    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
+                   dtype=np.int64).reshape(m, 2)
+    cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
+    return all(unit_ok(row[:width] + [0], bool(row[width]), bool(row[width + 1]))
+               for row in _distinct_rows(cases))
+
+
+def _distinct_rows(rows) -> list[list[int]]:
+    """The distinct rows of a non-negative integer matrix (as one number each when they
+    fit in 63 bits, which sorts faster than rows)."""
+    import numpy as np
+    base = int(rows.max(initial=0)) + 1
+    if base ** rows.shape[1] >= 2**63:
+        return np.unique(rows, axis=0).tolist()
+    weights = base ** np.arange(rows.shape[1], dtype=np.int64)
+    codes = np.unique(rows @ weights)
+    return [[int(c) // base ** k % base for k in range(rows.shape[1])] for c in codes.tolist()]
 
 
 @attrs.frozen
@@ -909,6 +963,83 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
     return allocs, frees
 
 
+BIG = 2**52  # integer sizes summed below this are exact as floats too
+
+
+def memory_moves(table: OpTable, model: MemoryModel, extra=()) -> tuple | None:
+    """``memory_steps`` of every rank by columns: per op of the table, what it allocates
+    and what it frees, as integer arrays. ``step_effects`` is evaluated per op class
+    (``rule_columns``); allocations count before frees, and a free releases what the
+    latest allocation under its key left live, as ``memory_steps`` keeps ``live``. None
+    when receive buffers are not free (their size may depend on more than an op's
+    class), a size or a number of ``extra`` (the static parts and limits the sums will
+    meet) is not an integer, they could sum beyond ``BIG`` (where float sums stop being
+    exact), or the table cannot state the rules."""
+    if model.buffer is not UNIT_MEMORY.buffer:
+        return None
+    chain = Chain.of(table.plan)
+
+    def effects(rank, op):
+        return step_effects(op, rank, chain, model.stored, model.received)
+    allocs = table.rule_columns(lambda rank, op: [(entry[2],) + _flat(key) for key, entry
+                                                  in effects(rank, op)[0]])
+    frees = table.rule_columns(lambda rank, op: [_flat(key) for key in effects(rank, op)[1]])
+    if allocs is None or frees is None:
+        return None
+    sizes = [name[0] for name in allocs[3]] + list(extra)
+    if not all(integral(x) for x in sizes) or \
+            sum(abs(int(x)) for x in sizes) * (table.plan.num_ops + 1) >= BIG:
+        return None
+    return _released(table, allocs, frees)
+
+
+def _flat(key: tuple) -> tuple:
+    """A memory key with its microbatch last: ``("stored", seg, stage, mb)`` as it is,
+    ``("buffer", token)`` as ``("buffer", *token)``."""
+    return key if key[0] != "buffer" else ("buffer",) + key[1]
+
+
+def integral(x) -> bool:
+    """An int, or a finite float with an integer value."""
+    return isinstance(x, (int, float)) and math.isfinite(x) and float(x).is_integer()
+
+
+def _released(table: OpTable, allocs, frees) -> tuple:
+    """Per op: what it allocates and what it frees (integers), from ``rule_columns`` of
+    the allocations (size first) and the frees."""
+    import numpy as np
+    a_row, a_tok, a_shift, a_names = allocs
+    f_row, f_tok, f_shift, f_names = frees
+    names: dict = {}
+    for i, name in enumerate(a_names):
+        names.setdefault(name[1:], len(names))
+    a_name = np.array([names[name[1:]] for name in a_names] or [0], dtype=np.int64)
+    f_name = np.array([names.get(name, -1) for name in f_names] or [0], dtype=np.int64)
+    a_size = np.array([int(name[0]) for name in a_names] or [0], dtype=np.int64)
+    # the events of each step, allocations (phase 0) before frees (phase 1), ordered by
+    # rank, key and microbatch: a free releases the size of the event just before it on
+    # its key if that is an allocation (what it left live), else nothing
+    rows = np.concatenate([a_row, f_row])
+    name = np.concatenate([a_name[a_tok], f_name[f_tok]])
+    mb = table.mb[rows] + np.concatenate([a_shift, f_shift])
+    phase = np.concatenate([np.zeros(len(a_row), np.int64), np.ones(len(f_row), np.int64)])
+    size = np.concatenate([a_size[a_tok], np.zeros(len(f_row), np.int64)])
+    rank = table.rank[rows]
+    order = np.lexsort((phase, rows, mb, name, rank))
+    rows, name, mb, phase, size, rank = (x[order] for x in (rows, name, mb, phase, size, rank))
+    hit = np.zeros(len(rows), dtype=bool)
+    hit[1:] = (phase[1:] == 1) & (name[1:] >= 0) & (phase[:-1] == 0) & (
+        name[1:] == name[:-1]) & (mb[1:] == mb[:-1]) & (rank[1:] == rank[:-1])
+    released = np.zeros(len(rows), dtype=np.int64)
+    released[1:] = np.where(hit[1:], size[:-1], 0)
+    n = len(table.cls)
+    alloc = np.bincount(rows, weights=size, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    freed = np.bincount(rows, weights=released, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    return alloc, freed
+
+
 def memory_levels(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY):
     """Per step of ``rank``: ``(before, allocated, freed, after)``, starting from the
     static part; the step's peak is ``before + allocated`` (allocations count before
@@ -1102,38 +1233,119 @@ class OpTable:
         return row, tid[c, slot], off[c, slot], tuple(tokens)
 
 
-def p2p_clean(table: OpTable) -> bool:
-    """``pair_p2p`` by counting, for a table's plan: True when every channel has as many
-    sends as receives and each FIFO pair's payloads are equal (nothing unmatched or
-    mismatched). Sends of channel ``(a, b)`` in program order are rank ``a``'s, so
-    sorting by channel, stably, lines the k-th send up with the k-th receive."""
+@attrs.frozen(eq=False)
+class P2PColumns:
+    """``pair_p2p`` by counting, over a table's transfers. ``rows`` are the table rows of
+    its sends and receives (rank-major, program order), ``send`` says which are sends, and
+    ``partner[k]`` is the place in ``rows`` of the end that ``rows[k]`` pairs with, or -1
+    (the FIFO rule: the k-th send of a channel meets its k-th receive; an end past the
+    other side's count, or whose peer is no rank, has none). The pairing is symmetric."""
+
+    rows: object  # numpy int64 arrays
+    send: object
+    partner: object
+
+
+def p2p_columns(table: OpTable) -> P2PColumns:
+    """The FIFO pairing of ``table``'s transfers. A channel's sends in program order are
+    its source rank's (rows are rank-major), likewise its receives: numbering each
+    channel side's ends in row order (a stable sort) and meeting equal numbers is
+    ``pair_p2p``'s zip of the two lists."""
     import numpy as np
     n = table.plan.num_ranks
-    peer = np.full(len(table.classes), -1, dtype=np.int64)
-    send = np.zeros(len(table.classes), dtype=bool)
-    comm = np.zeros(len(table.classes), dtype=bool)
-    payloads: dict = {}
-    sig = np.full(len(table.classes), -1, dtype=np.int64)  # the payload but its microbatch
-    for c, (_, op, _) in enumerate(table.classes):
-        kind = type(op)
-        if kind is Send or kind is Recv:
-            p = op.payload
-            comm[c], send[c], peer[c] = True, kind is Send, op.peer
-            sig[c] = payloads.setdefault(attrs.evolve(p, mb=0), len(payloads))
-    if peer.max(initial=-1) >= n:
-        return False
+    kinds = [type(op) for _, op, _ in table.classes]
+    comm = np.array([k is Send or k is Recv for k in kinds] + [False], dtype=bool)
+    sends = np.array([k is Send for k in kinds] + [False], dtype=bool)
+    peers = np.array([op.peer if k is Send or k is Recv else -1
+                      for k, (_, op, _) in zip(kinds, table.classes)] + [-1], dtype=np.int64)
     rows = np.flatnonzero(comm[table.cls])
-    is_send = send[table.cls[rows]]
-    channel = np.where(is_send, table.rank[rows] * n + peer[table.cls[rows]],
-                       peer[table.cls[rows]] * n + table.rank[rows])
-    s_rows, r_rows = rows[is_send], rows[~is_send]
-    s_ch, r_ch = channel[is_send], channel[~is_send]
-    if not np.array_equal(np.bincount(s_ch, minlength=n * n), np.bincount(r_ch, minlength=n * n)):
+    cls = table.cls[rows]
+    send, peer, here = sends[cls], peers[cls], table.rank[rows]
+    partner = np.full(len(rows), -1, dtype=np.int64)
+    ok = peer < n  # a peer that is no rank never meets anything
+    ends = [np.flatnonzero(ok & send), np.flatnonzero(ok & ~send)]  # sends, receives
+    channel = [here[ends[0]] * n + peer[ends[0]], peer[ends[1]] * n + here[ends[1]]]
+    width = n * n
+    if width > 4 * len(rows):  # few transfers between many ranks: number the channels used
+        used, code = np.unique(np.concatenate(channel), return_inverse=True)
+        code, width = code.reshape(-1), len(used)
+        channel = [code[:len(ends[0])], code[len(ends[0]):]]
+    order = [np.argsort(c, kind="stable") for c in channel]
+    count = [np.bincount(c, minlength=width) for c in channel]
+    start = [np.cumsum(c) - c for c in count]
+    sent = channel[0][order[0]]  # each send's channel, sends in channel order
+    nth = np.arange(len(sent), dtype=np.int64) - start[0][sent]
+    meets = nth < count[1][sent]
+    s_end = ends[0][order[0][meets]]
+    r_end = ends[1][order[1][start[1][sent[meets]] + nth[meets]]]
+    partner[s_end], partner[r_end] = r_end, s_end
+    return P2PColumns(rows, send, partner)
+
+
+def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
+    """True when ``pair_p2p`` of the table's plan finds nothing unmatched or mismatched:
+    every end has a partner (``p2p_columns``) and each pair's payloads are equal."""
+    import numpy as np
+    pairs = pairs or p2p_columns(table)
+    if pairs.partner.min(initial=0) < 0:
         return False
-    s_rows = s_rows[np.argsort(s_ch, kind="stable")]
-    r_rows = r_rows[np.argsort(r_ch, kind="stable")]
+    payloads: dict = {}
+    sig = np.array([payloads.setdefault(attrs.evolve(op.payload, mb=0), len(payloads))
+                    if type(op) is Send or type(op) is Recv else -1
+                    for _, op, _ in table.classes] or [-1], dtype=np.int64)  # all but the mb
+    s_rows, r_rows = pairs.rows[pairs.send], pairs.rows[pairs.partner[pairs.send]]
     return bool(np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
                 and np.array_equal(table.mb[s_rows], table.mb[r_rows]))
+
+
+def comm_ticks(table: OpTable, comm_model: str = RENDEZVOUS,
+               pairs: P2PColumns | None = None) -> tuple | None:
+    """``execute(plan, comm_model, duration=0, comm_time=1)`` on the table's plan, by
+    columns: per rank, the finish time of each comm step, or None when the run gets stuck
+    (``execute`` then says where). Compute, idle and marker steps take no time, so each
+    comm step is posted when the one before it on its rank finishes (at 0 first); a
+    blocking end (both ends under rendezvous, the receive under eager) finishes a tick
+    after the later of its own post and its partner's, an eager send a tick after its
+    post, and an end without a partner never. Ranks advance until they block, as in
+    ``execute``: linear time, one visit per comm step and per wake-up."""
+    import numpy as np
+    pairs = pairs or p2p_columns(table)
+    n = table.plan.num_ranks
+    bounds = np.searchsorted(table.rank[pairs.rows], np.arange(n + 1)).tolist()
+    wait = pairs.partner  # the end each end waits for (-1: none, forever; -2: nothing)
+    if comm_model == EAGER:
+        wait = np.where(pairs.send, -2, wait)
+    wait = wait.tolist()
+    posted = [-1] * len(wait)  # -1: not posted yet
+    waiter = [-1] * len(wait)  # the rank waiting for this end to be posted
+    fin = [0] * len(wait)
+    at, ready = bounds[:-1], [0] * n
+    todo = list(range(n))
+    while todo:
+        rank = todo.pop()
+        k, end, t = at[rank], bounds[rank + 1], ready[rank]
+        while k < end:
+            posted[k] = t
+            if waiter[k] >= 0:
+                todo.append(waiter[k])
+                waiter[k] = -1
+            other = wait[k]
+            if other >= 0:
+                seen = posted[other]
+                if seen < 0:
+                    waiter[other] = rank
+                    break
+                if seen > t:
+                    t = seen
+            elif other == -1:
+                break
+            t += 1
+            fin[k] = t
+            k += 1
+        at[rank], ready[rank] = k, t
+    if at != bounds[1:]:
+        return None
+    return tuple(tuple(fin[bounds[r]:bounds[r + 1]]) for r in range(n))
 
 
 def _mb_of(op: Op) -> int:
@@ -1173,9 +1385,14 @@ def op_table(plan: Plan) -> OpTable | None:
             if kind is Compute:
                 key = (rank, op.kind, op.stage, op.segment)
                 add_mb(op.mb)
-            elif kind is Send or kind is Recv:
+            elif kind is Send:  # the peer read as a field (``peer`` is a property)
                 p = op.payload
-                key = (rank, kind, op.peer, p.kind, p.stage, p.segment, p.to_segment,
+                key = (rank, kind, op.dst, p.kind, p.stage, p.segment, p.to_segment,
+                       p.shape, p.dtype, p.leaves)
+                add_mb(p.mb)
+            elif kind is Recv:
+                p = op.payload
+                key = (rank, kind, op.src, p.kind, p.stage, p.segment, p.to_segment,
                        p.shape, p.dtype, p.leaves)
                 add_mb(p.mb)
             elif kind is Idle or kind is Marker:
@@ -1193,8 +1410,8 @@ def op_table(plan: Plan) -> OpTable | None:
     index = np.arange(len(cls), dtype=np.int64) - np.repeat(
         np.cumsum(counts, dtype=np.int64) - counts, counts)
     cls_col = np.array(cls, dtype=np.int64)
-    _, back = np.unique(cls_col[::-1], return_index=True)  # each class's last op
-    last = len(cls_col) - 1 - back
+    last = np.zeros(len(first), dtype=np.int64)  # each class's last op
+    np.maximum.at(last, cls_col, np.arange(len(cls_col), dtype=np.int64))
     classes = tuple((rank, op, plan.programs[rank][int(index[j])])
                     for (rank, op), j in zip(first, last.tolist()))
     return OpTable(plan, ranks, index, cls_col, np.array(mbs, dtype=np.int64), classes,

@@ -1,14 +1,18 @@
 """The passes read by columns (``semantics.op_table``) propose exactly what the op-by-op
 passes propose: the same verdict on whether there are findings (the transfers' pairing
-included), the same dependency producers, the same memory levels, peaks and reported peaks; on valid plans and on
-one-edit mutants of them, with the unit model and with integer sizes and limits."""
+included), the same dependency producers, the same memory levels, peaks and reported
+peaks, the same FIFO partners and the same deadlock-run completion times (or none, when
+the run gets stuck) under both comm models; on valid plans and on one-edit mutants of
+them, with the unit model and with integer sizes and limits."""
 
 from hypothesis import given, settings, strategies as st
 
 from mpipe_verified.algebra import family
 from mpipe_verified.formats.torch_csv import format_torch_csv, parse_torch_csv
 from mpipe_verified.lower import lower
-from mpipe_verified.semantics import UNIT_MEMORY, MemoryModel, op_table, p2p_clean, pair_p2p
+from mpipe_verified.ir import Compute, Payload, Plan, Placement, Recv, Send
+from mpipe_verified.semantics import (COMM_MODELS, UNIT_MEMORY, MemoryModel, comm_ticks,
+                                      execute, op_table, p2p_clean, p2p_columns, pair_p2p)
 from mpipe_verified.verify import properties, verify
 import strategies as S
 
@@ -23,10 +27,62 @@ def _agree(plan, model=UNIT_MEMORY, limits=None) -> None:
         assert (bool(fast[0]), fast[1]) == (bool(slow[0]), slow[1]), name
     pairing = pair_p2p(plan)
     assert p2p_clean(table) == (not pairing.unmatched and not pairing.mismatched)
+    _same_pairs_and_runs(plan, table, pairing)
     fast, slow = properties.memory(plan, model, limits, table), properties.memory(
         plan, model, limits)
     assert (bool(fast[0]),) + fast[1:] == (bool(slow[0]),) + slow[1:]
     assert [type(x) for x in fast[2].values()] == [type(x) for x in slow[2].values()]
+
+
+def _same_pairs_and_runs(plan, table, pairing) -> None:
+    """``p2p_columns`` pairs as ``pair_p2p`` does; ``comm_ticks`` gives the comm steps'
+    finish times of ``execute`` (compute free, a tick per comm step), or None exactly
+    when that run gets stuck; the deadlock pass hands the kernel the same hint."""
+    pairs = p2p_columns(table)
+    ends = [(int(table.rank[r]), int(table.index[r]), 0) for r in pairs.rows.tolist()]
+    assert {ends[k]: ends[o] for k, o in enumerate(pairs.partner.tolist())
+            if o >= 0} == pairing.partner
+    for model in COMM_MODELS:
+        run = execute(plan, model, lambda op: 0.0, lambda op: 1.0, pairing)
+        times = tuple(tuple(int(t) for op, t in zip(program, finish)
+                            if type(op) in (Send, Recv))
+                      for program, finish in zip(plan.programs, run.finish))
+        assert comm_ticks(table, model, pairs) == (times if run.completed else None), model
+        fast, slow = properties.deadlock(plan, model, table=table), properties.deadlock(
+            plan, model)
+        assert (bool(fast[0]), fast[1]) == (bool(slow[0]), slow[1]), model
+
+
+def _transfer(rank: int, peer: int, mb: int, send: bool):
+    payload = Payload("act", 0, mb)
+    return Send(peer, payload) if send else Recv(peer, payload)
+
+
+def test_columns_time_a_rendezvous_deadlock_as_op_by_op():
+    """Two ranks that both send first: stuck under rendezvous, done under eager, in
+    both paths; with one receive left over the run is stuck under both models. Also a
+    rank that sends to itself, and a send to a rank the plan does not have."""
+    both_send = tuple((Compute("F", r, 0), _transfer(r, 1 - r, 0, True),
+                       _transfer(r, 1 - r, 0, False)) for r in (0, 1))
+    extra = (both_send[0] + (_transfer(0, 1, 1, False),), both_send[1])
+    to_self = ((_transfer(0, 0, 0, True), _transfer(0, 0, 0, False)), both_send[1][:1])
+    nowhere = (both_send[0] + (_transfer(0, 5, 1, True),), both_send[1])
+    for programs in (both_send, extra, to_self, nowhere):
+        plan = Plan(Placement((0, 1), 2), 1, programs)
+        table = op_table(plan)
+        _same_pairs_and_runs(plan, table, pair_p2p(plan))
+    sparse = [()] * 12  # many ranks, few transfers: the channels in use are numbered
+    sparse[3] = (_transfer(3, 9, 0, True), _transfer(3, 9, 1, True))
+    sparse[9] = (_transfer(9, 3, 0, False), _transfer(9, 3, 1, False),
+                 _transfer(9, 3, 2, False))
+    plan = Plan(Placement(tuple(range(12)), 12), 3, tuple(sparse))
+    _same_pairs_and_runs(plan, op_table(plan), pair_p2p(plan))
+    assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, both_send)), "rendezvous") is None
+    assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, both_send)), "eager") == ((1, 2),
+                                                                                   (1, 2))
+    assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, extra)), "eager") is None
+    assert comm_ticks(op_table(Plan(Placement((0, 1), 2), 1, to_self)), "eager") == ((1, 2),
+                                                                                 ())
 
 
 BODY_EDITS = ("drop", "duplicate", "swap_adjacent", "move", "swap_sends", "payload")

@@ -76,10 +76,12 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
 
 def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
                  memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
-    """``verify(plan, ...)`` on two cores: a forked child inherits the plan (nothing is
-    pickled; it copies only the pages whose reference counts it touches) and decides
-    dependency, matching and deadlock while this process decides completeness and memory
-    (the halves take about equal time). Same verdicts as ``verify``."""
+    """``verify(plan, ...)`` on two cores: a forked child inherits the plan and its op
+    table (nothing is pickled; it copies only the pages whose reference counts it
+    touches) and decides dependency and deadlock (and matching, for a plan without a
+    table) while this process decides completeness, memory, matching for a plan with a
+    table, and the digest (the halves take about equal time). Same verdicts as
+    ``verify``."""
     _check_model(comm_model)
     if "fork" not in mp.get_all_start_methods():
         return verify(plan, memory_limit, comm_model, memory_model, rlimit)
@@ -197,17 +199,19 @@ def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> 
 
 
 def _comm_properties(plan, table, comm_model, rlimit) -> dict:
-    """Dependency (by ``table``'s columns where it has one), then deadlock, and matching
-    where ``table`` is None (else ``_local_properties`` decides it), over one pairing of
-    the plan's sends and receives."""
+    """Dependency, then deadlock (both by ``table``'s columns where it has one, which
+    pair the transfers themselves), and matching where ``table`` is None (else
+    ``_local_properties`` decides it), over one op-by-op pairing of the plan's sends,
+    receives and collectives when there is no table."""
     judge = _Judge(plan, comm_model, None, None, rlimit)
     out = {"dependency": judge("dependency", lambda: properties.dependency(plan, table))}
-    pairing, collectives = pair_p2p(plan), pair_collectives(plan)
+    pairing = collectives = None  # a table's plan is paired by columns, only if needed
     if table is None:
+        pairing, collectives = pair_p2p(plan), pair_collectives(plan)
         out["matching"] = judge("matching", lambda: properties.matching(plan, pairing,
                                                                          collectives))
     out["deadlock"] = judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
-                                                                     collectives))
+                                                                     collectives, table))
     return {**out, "hints": judge.hints}
 
 

@@ -18,11 +18,11 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from ..ir import BODY, COMM_STEP, Plan, Send, computes_of, p2p_of
-from ..semantics import (UNIT_MEMORY, WORK_KINDS, Chain, MemoryModel, OpTable, Token,
-                         collective_issues, execute, live_tensors, memory_steps, p2p_clean,
-                         pair_collectives, pair_p2p, produces, required_work, step_effects,
-                         unit_ok, wait_cycle, work_table)
+from ..ir import COMM_STEP, Plan, Send, p2p_of
+from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, OpTable, Token, collective_issues,
+                         comm_ticks, execute, live_tensors, memory_moves, memory_steps,
+                         p2p_clean, pair_collectives, pair_p2p, produces, required_work,
+                         wait_cycle, work_complete, work_table)
 from .report import Violation
 
 
@@ -64,7 +64,7 @@ def completeness(plan: Plan, table: OpTable | None = None) -> tuple[list[Finding
     With the plan's ``table`` a complete plan is read by columns; any other goes op by
     op, which lists the findings."""
     chain = Chain.of(plan)
-    if table is not None and _complete(table, chain):
+    if table is not None and work_complete(table, chain):
         return [], None
     table = work_table(plan, chain)
     findings = []
@@ -84,51 +84,6 @@ def completeness(plan: Plan, table: OpTable | None = None) -> tuple[list[Finding
         findings.append(Finding(Violation("completeness", issue.detail, (issue.rank,), ops),
                                 ("collective", issue.tag, issue.rank)))
     return findings[:MAX_FINDINGS], None
-
-
-def _complete(table: OpTable, chain: Chain) -> bool:
-    """Every unit's work counted by columns and judged by ``unit_ok`` (once per distinct
-    count row), as ``work_table`` counts it: True when nothing is missing, repeated,
-    misplaced or stray, and the cut requires no collective (a table's plan has none)."""
-    plan = table.plan
-    s, m = chain.num_stages, plan.num_microbatches
-    units = set(chain.units())
-    kinds = np.full(len(table.classes), -1, dtype=np.int64)  # work kind column, or -1
-    stages = np.zeros(len(table.classes), dtype=np.int64)
-    for c, (rank, op, _) in enumerate(table.classes):
-        for one in computes_of(op):  # a table's compute steps are single ops
-            if (one.segment, one.stage) not in units or \
-                    chain.expected_rank(one) != rank:
-                return False  # stray or misplaced: op by op says which
-            kinds[c], stages[c] = WORK_KINDS.index(one.kind), one.stage
-    if chain.required_collectives():
-        return False
-    work = kinds[table.cls] >= 0
-    mb, kind, stage = table.mb[work], kinds[table.cls][work], stages[table.cls][work]
-    if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
-        return False  # a unit without work (never enumerated: m may be huge), or stray
-    width = len(WORK_KINDS)
-    present, at = np.unique(stage * m + mb, return_inverse=True)
-    if len(present) != s * m:
-        return False
-    rows = np.zeros((s * m, width), dtype=np.int64)
-    np.add.at(rows, (at.reshape(-1), kind), 1)
-    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
-                   dtype=np.int64).reshape(m, 2)
-    cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
-    return all(unit_ok(row[:width] + [0], bool(row[width]), bool(row[width + 1]))
-               for row in _distinct_rows(cases))
-
-
-def _distinct_rows(rows) -> list[list[int]]:
-    """The distinct rows of a non-negative integer matrix (as one number each when they
-    fit in 63 bits, which sorts faster than rows)."""
-    base = int(rows.max(initial=0)) + 1
-    if base ** rows.shape[1] >= 2**63:
-        return np.unique(rows, axis=0).tolist()
-    weights = base ** np.arange(rows.shape[1], dtype=np.int64)
-    codes = np.unique(rows @ weights)
-    return [[int(c) // base ** k % base for k in range(rows.shape[1])] for c in codes.tolist()]
 
 
 def dependency(plan: Plan, table: OpTable | None = None
@@ -299,13 +254,18 @@ def _one_step(op) -> float:
     return 1.0
 
 
-def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None
-             ) -> tuple[list[Finding], tuple | None]:
+def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None,
+             table: OpTable | None = None) -> tuple[list[Finding], tuple | None]:
     """Run the plan with compute free and every comm step taking one tick. If it
     completes, the hint is every comm step's completion tick (a comm step is posted when
     the one before it on its rank completes, and every meeting takes a tick, so each
     blocking end completes after its partner was posted). If not, the wait-for cycle, or the ends
-    that have no partner, are the counterexample."""
+    that have no partner, are the counterexample. With the plan's ``table`` a run that
+    completes is timed by columns (``semantics.comm_ticks``); any other runs op by op,
+    which names the findings."""
+    ticks = None if table is None else comm_ticks(table, comm_model)
+    if ticks is not None:
+        return [], ticks
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
     run = execute(plan, comm_model, _no_time, _one_step, pairing, collectives)
@@ -397,77 +357,17 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None,
     return findings, hint, peaks
 
 
-BIG = 2**52  # integer sizes summed below this are exact as floats too
-
-
 def _levels(table: OpTable, model: MemoryModel, limits) -> tuple | None:
-    """``memory``'s hint and peaks by columns: ``step_effects`` per op class (allocations
-    before frees; a free releases what the latest allocation under its key left live),
-    levels by cumulative sums. None when a size is not an integer, buffers are not free
-    (their size may depend on more than an op's class), a rank is over its limit, or the
-    table cannot state the rules."""
-    if model.buffer is not UNIT_MEMORY.buffer:
+    """``memory``'s hint and peaks by columns: each op's moves (``semantics.memory_moves``),
+    levels by cumulative sums. None when the moves are not read by columns (a size, a
+    static part or a limit is not an integer, buffers are not free, ...) or a rank is
+    over its limit."""
+    statics = [model.static_of(r) for r in range(table.plan.num_ranks)]
+    moves = memory_moves(table, model, statics + list(limits or ()))
+    if moves is None:
         return None
-    plan, chain = table.plan, Chain.of(table.plan)
-
-    def effects(rank, op):
-        return step_effects(op, rank, chain, model.stored, model.received)
-    allocs = table.rule_columns(lambda rank, op: [(entry[2],) + _flat(key) for key, entry
-                                                  in effects(rank, op)[0]])
-    frees = table.rule_columns(lambda rank, op: [_flat(key) for key in effects(rank, op)[1]])
-    statics = [model.static_of(r) for r in range(plan.num_ranks)]
-    if allocs is None or frees is None:
-        return None
-    sizes = [name[0] for name in allocs[3]] + statics + list(limits or ())
-    if not all(_integral(x) for x in sizes) or \
-            sum(abs(int(x)) for x in sizes) * (plan.num_ops + 1) >= BIG:
-        return None
-    alloc, freed = _moves(table, allocs, frees)
+    alloc, freed = moves
     return _per_rank(table, alloc, freed, [int(x) for x in statics], statics, limits)
-
-
-def _flat(key: tuple) -> tuple:
-    """A memory key with its microbatch last: ``("stored", seg, stage, mb)`` as it is,
-    ``("buffer", token)`` as ``("buffer", *token)``."""
-    return key if key[0] != "buffer" else ("buffer",) + key[1]
-
-
-def _integral(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x) and float(x).is_integer()
-
-
-def _moves(table, allocs, frees) -> tuple:
-    """Per op: what it allocates and what it frees (integers)."""
-    a_row, a_tok, a_shift, a_names = allocs
-    f_row, f_tok, f_shift, f_names = frees
-    names: dict = {}
-    for i, name in enumerate(a_names):
-        names.setdefault(name[1:], len(names))
-    a_name = np.array([names[name[1:]] for name in a_names] or [0], dtype=np.int64)
-    f_name = np.array([names.get(name, -1) for name in f_names] or [0], dtype=np.int64)
-    a_size = np.array([int(name[0]) for name in a_names] or [0], dtype=np.int64)
-    # the events of each step, allocations (phase 0) before frees (phase 1), ordered by
-    # rank, key and microbatch: a free releases the size of the event just before it on
-    # its key if that is an allocation (what it left live), else nothing
-    rows = np.concatenate([a_row, f_row])
-    name = np.concatenate([a_name[a_tok], f_name[f_tok]])
-    mb = table.mb[rows] + np.concatenate([a_shift, f_shift])
-    phase = np.concatenate([np.zeros(len(a_row), np.int64), np.ones(len(f_row), np.int64)])
-    size = np.concatenate([a_size[a_tok], np.zeros(len(f_row), np.int64)])
-    rank = table.rank[rows]
-    order = np.lexsort((phase, rows, mb, name, rank))
-    rows, name, mb, phase, size, rank = (x[order] for x in (rows, name, mb, phase, size, rank))
-    hit = np.zeros(len(rows), dtype=bool)
-    hit[1:] = (phase[1:] == 1) & (name[1:] >= 0) & (phase[:-1] == 0) & (
-        name[1:] == name[:-1]) & (mb[1:] == mb[:-1]) & (rank[1:] == rank[:-1])
-    released = np.zeros(len(rows), dtype=np.int64)
-    released[1:] = np.where(hit[1:], size[:-1], 0)
-    n = len(table.cls)
-    alloc = np.bincount(rows, weights=size, minlength=n).astype(np.int64) if len(rows) \
-        else np.zeros(n, np.int64)
-    freed = np.bincount(rows, weights=released, minlength=n).astype(np.int64) if len(rows) \
-        else np.zeros(n, np.int64)
-    return alloc, freed
 
 
 def _per_rank(table, alloc, freed, statics, given, limits) -> tuple | None:
