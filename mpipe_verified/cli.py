@@ -1130,10 +1130,20 @@ def build_parser() -> argparse.ArgumentParser:
 def console_main() -> int:
     """The ``mpipe-verify`` command: ``main`` in a process of its own. Reference counting
     frees everything the command builds (plans and facts are acyclic), so the cyclic
-    collector stays off: it would only rescan every op of a big plan, and once more at
-    exit."""
+    collector stays off: it would only rescan every op of a big plan. Once ``main`` has
+    answered (its files written and closed, its child processes joined), the process
+    flushes its two streams and ends without tearing down the interpreter: freeing a big
+    plan's objects and their caches one by one took 0.3 s at 10^6 ops."""
     gc.disable()
-    return main()
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # stdout closed early (| head)
+        code = code or 141
+    except (OSError, ValueError):  # a stream closed or gone: nothing left to write to
+        pass
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
