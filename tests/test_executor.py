@@ -66,6 +66,10 @@ def cases(world: int) -> list[dict]:
     # an owner-mode encoder with float32 and float64 parameters (its gradient all-reduce)
     out.append({"name": "owner-mixed-dtypes", "schedule": "transpose", "mode": "owner",
                 "m": m, "mixed": True})
+    # step, then run again without zero_grad: twice the gradients, the all-reduced
+    # encoder's included (each all-reduce sums only its own pass's contributions)
+    out.append({"name": "owner-run-twice", "schedule": "transpose", "mode": "owner", "m": m,
+                "twice": True})
     # an encoder with dropout: recompute must replay its forward's masks
     out += [{"name": f"dropout-{mode}", "schedule": "transpose", "mode": mode, "m": m,
              "dropout": True} for mode in ("recompute", "owner")]
@@ -177,6 +181,8 @@ def test_step_matches_single_process(launches, world, name):
     results = [run.result(name, r) for r in range(world)]
     assert all(r is not None for r in results), f"{name} produced no result\n{run.describe()}"
     want_loss, want, want_losses = reference(case, world)
+    if case.get("twice"):
+        want = {key: 2 * grad for key, grad in want.items()}
     for r, res in enumerate(results):
         assert abs(res["loss"] - want_loss) <= 1e-5, (r, res["loss"], want_loss)
         assert len(res["losses"]) == case["m"], res["losses"]

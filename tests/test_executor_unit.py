@@ -286,6 +286,21 @@ def test_a_requires_grad_changed_after_construction_is_refused_at_step(no_traffi
     assert no_traffic == [] and not dist.is_initialized()
 
 
+@pytest.mark.parametrize("edit", ["replaced", "added"])
+def test_a_parameter_replaced_or_added_after_construction_is_refused(no_traffic, edit):
+    plan, _, encoder, stages = shaped_plan()
+    executor = make(plan, certify(plan), encoder, stages)
+    first = stages[0][0]
+    if edit == "replaced":  # frozen in place of the trained one
+        first.emb.weight = nn.Parameter(first.emb.weight.detach().clone(), requires_grad=False)
+    else:  # an adapter the optimizer never saw
+        first.adapter = nn.Linear(4, 4)
+    with pytest.raises(PipelineError, match=r"rank 0: the trainable parameters of stage 0 "
+                       r"were added, removed or replaced since the executor was built"):
+        executor.step(tiny_batch())
+    assert no_traffic == [] and not dist.is_initialized()
+
+
 def test_a_sink_needs_its_loss_and_only_sinks_take_one():
     term = Transpose(Transpose(family("1f1b", 2, 2), ownership="inline"), "gen", side="sink",
                      mode="owner", ownership="inline")

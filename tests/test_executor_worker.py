@@ -187,6 +187,8 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
         loss, losses = (None, None) if result is None else (result.loss, result.losses)
     else:
         loss, losses = ex.step(batch, return_losses=True)
+        if case.get("twice"):  # again, without zero_grad: the gradients accumulate
+            loss, losses = ex.run(batch, return_losses=True)
     table = names(encoder, full)
     grads = {}
     for module in (*ex.stages.values(), *ex.segments.values()):

@@ -222,6 +222,8 @@ class PipelineExecutor:
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._trainable = {key: tuple(map(id, ps)) for key, ps in self._params.items()}
+        self._built_params = {id(m): tuple(m.named_parameters())
+                              for m in (*self.stages.values(), *self.segments.values())}
         self._direct = {id(m): split_backward.direct_allowed(m)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
@@ -456,14 +458,45 @@ class PipelineExecutor:
         if self.plan.forward_only:
             raise PipelineError(f"rank {self.rank}: this plan is forward-only (an evaluation "
                                 "run): call eval(batch); step and run need a training plan")
-        self._check_trainable()
-        self._evaluating = False
-        self._pass(batch)
         try:
+            self._check_trainable()
+        except PipelineError:
+            self._failed = True  # its peers wait in vain: close() then skips its barrier
+            raise
+        self._evaluating = False
+        self.connect()
+        kept = self._set_aside_summed_grads()
+        try:
+            self._pass(batch)
             return self._losses_out(broadcast_loss, return_losses)
         except PipelineError:
             self._failed = True  # close() then skips its barrier
             raise
+        finally:
+            _add_back(kept)
+
+    def _summed_params(self) -> list[nn.Parameter]:
+        """The parameters whose gradients a pass sums over ranks: those of each segment
+        this rank all-reduces (``grads:NAME``), and every one when there are replicas."""
+        if self.topology.replicas > 1:
+            return [p for ps in self._params.values() for p in ps]
+        tags = (collective_segment(op) for op in self.program
+                if isinstance(op, Collective) and op.kind == "all_reduce")
+        names = {name for role, name in filter(None, tags) if role == GRADS}
+        return [p for name in names if name in self.segments
+                for p in self._params[id(self.segments[name])]]
+
+    def _set_aside_summed_grads(self) -> dict:
+        """Take the summed parameters' gradients of earlier passes out of ``.grad`` (to be
+        added back after this pass): each all-reduce must sum only this pass's own
+        contributions, or a second ``run`` without ``zero_grad`` would add the earlier
+        sum once per member again."""
+        kept = {}
+        for p in self._summed_params():
+            if p.grad is not None and id(p) not in kept:
+                kept[id(p)] = (p, p.grad)
+                p.grad = None
+        return kept
 
     @torch.no_grad()
     def eval(self, batch: Batch) -> Evaluation | None:
@@ -494,20 +527,28 @@ class PipelineExecutor:
     def _check_trainable(self) -> None:
         """What trains is fixed when the executor is built (each op's gradient targets and
         the optimizer's parameters come from it): a parameter whose ``requires_grad``
-        changed since is refused, before any communication, rather than left without a
-        gradient (or given one no optimizer applies)."""
+        changed since, or one added, removed or replaced since, is refused before any
+        communication, rather than left without a gradient (or given one no optimizer
+        applies)."""
         for label, module in self._labelled_modules():
-            now = tuple(id(p) for p in module.parameters() if p.requires_grad)
-            if now == self._trainable[id(module)]:
+            built = self._trainable[id(module)]
+            named = list(module.named_parameters())
+            if tuple(id(p) for _, p in named if p.requires_grad) == built:
                 continue
-            built = set(self._trainable[id(module)])
-            name, p = next((n, p) for n, p in module.named_parameters()
-                           if p.requires_grad != (id(p) in built))
+            known = {id(p) for _, p in self._built_params[id(module)]}
+            changed = next(((n, p) for n, p in named if id(p) in known
+                            and p.requires_grad != (id(p) in built)), None)
+            if changed is not None:
+                name, p = changed
+                what = (f"parameter {name!r} of {label} has requires_grad={p.requires_grad} "
+                        f"but had {not p.requires_grad} when the executor was built")
+            else:
+                what = (f"the trainable parameters of {label} were added, removed or "
+                        "replaced since the executor was built")
             raise PipelineError(
-                f"rank {self.rank}: parameter {name!r} of {label} has requires_grad="
-                f"{p.requires_grad} but had {not p.requires_grad} when the executor was "
-                "built: the executor trains the parameters that required a gradient then; "
-                "build a new PipelineExecutor (and optimizer) after changing requires_grad")
+                f"rank {self.rank}: {what}: the executor trains the parameters that required "
+                "a gradient then; build a new PipelineExecutor (and optimizer) after changing "
+                "a module's parameters or their requires_grad")
 
     def _labelled_modules(self):
         yield from ((f"stage {s}", m) for s, m in self.stages.items())
@@ -954,6 +995,13 @@ class PipelineExecutor:
         self._wait([dist.all_reduce(flat, group=group, async_op=True)], where, peers)
         topology.unflatten_grads(trainable, flat)  # each gradient back in its parameter's dtype
         return {}
+
+
+def _add_back(kept: dict) -> None:
+    """Each set-aside gradient plus what the pass summed into ``.grad`` (``kept``: from
+    ``_set_aside_summed_grads``)."""
+    for p, grad in kept.values():
+        p.grad = grad if p.grad is None else grad + p.grad
 
 
 _HOLDS_ACTIVATION = ("stored", "wgrad_ready")  # token kinds whose value keeps a graph
