@@ -91,15 +91,18 @@ def test_replicas_match_a_single_process_run(dp_run, name):
     results = [torch.load(os.path.join(dp_run, f"{name}.{r}.pt")) for r in range(4)]
     assert [r["plan_rank"] for r in results] == [0, 1, 0, 1]  # pipelines are rows of 2
     for replica in (0, 1):  # each replica's two ranks together train every parameter
-        got = {}
+        got, twice = {}, {}
         for res in results[2 * replica: 2 * replica + 2]:
             assert abs(res["loss"] - want_loss) <= 1e-5, (name, res["loss"], want_loss)
             assert not set(got) & set(res["grads"])
             got.update(res["grads"])
-        assert set(got) == set(want)
+            twice.update(res["twice"])  # a second run without zero_grad
+        assert set(got) == set(want) == set(twice)
         for key, grad in want.items():
             torch.testing.assert_close(got[key], grad, atol=1e-5, rtol=0,
                                        msg=lambda m, k=key: f"{name} replica {replica} {k}: {m}")
+            torch.testing.assert_close(twice[key], 2 * grad, atol=2e-5, rtol=0,
+                                       msg=lambda m, k=key: f"{name} twice, {replica} {k}: {m}")
 
 
 def test_fully_sharded_stages_are_refused_by_name(dp_run):

@@ -83,11 +83,14 @@ def run_dp(out: str) -> None:
         plan, cert, encoder, stages, full = build(name)
         ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
                               loss_fn=tiny.loss_fn, **groups(name))
-        loss = ex.step(tiny.make_batch(0, rows_for(plan.num_microbatches)))
+        batch = tiny.make_batch(0, rows_for(plan.num_microbatches))
+        loss = ex.step(batch)
         table = {id(p): f"vision.{n}" for n, p in encoder.named_parameters()}
         table.update({id(p): f"body.{n}" for n, p in full.named_parameters()})
         grads = {table[id(p)]: p.grad.detach().clone() for p in ex.parameters()}
-        torch.save({"loss": loss, "grads": grads, "plan_rank": ex.rank},
+        ex.run(batch)  # again, without zero_grad: every summed gradient doubles
+        twice = {table[id(p)]: p.grad.detach().clone() for p in ex.parameters()}
+        torch.save({"loss": loss, "grads": grads, "twice": twice, "plan_rank": ex.rank},
                    os.path.join(out, f"{name}.{rank}.pt"))
         ex.close()
     refuse_fsdp(out)
