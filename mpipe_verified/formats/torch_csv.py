@@ -236,14 +236,15 @@ def _parse_plain(text: str) -> Plan | None:
         return None
     import numpy as np  # loaded only to read a file
 
-    rows, cells = 0, []
+    rows, cells, at_row_start = 0, [], True
     for chunk in _chunks(body):
-        lexed = _lex(np, chunk)
+        lexed = _lex(np, chunk, at_row_start)
         if lexed is None:
             return None
         num_rows, (row, *rest) = lexed
         cells.append((row + rows, *rest))
         rows += num_rows
+        at_row_start = chunk.endswith("\n")
     return _build_plain(np, rows, *map(np.concatenate, zip(*cells)))
 
 
@@ -262,10 +263,14 @@ def _plain_body(text: str) -> str | None:
 
 
 def _chunks(body: str):
-    """``body`` in pieces of whole rows, about ``_CHUNK`` bytes each."""
+    """``body`` in pieces of about ``_CHUNK`` bytes, each ended by a line end or, inside
+    a row longer than that, by a comma (so no cell is cut and the lexer's arrays stay
+    that small)."""
     at = 0
     while at < len(body):
         end = body.find("\n", at + _CHUNK - 1) + 1 or len(body)
+        if end - at > 2 * _CHUNK:  # a long row: end at a comma instead
+            end = body.find(",", at + _CHUNK - 1, end) + 1 or end
         yield body[at:end]
         at = end
 
@@ -288,12 +293,12 @@ def _lex_tables(np):
 _TABLES: list = []
 
 
-def _lex(np, chunk: str):
-    """The cells of ``chunk`` (whole rows, each ended by ``\\n``) as columns ``(row,
-    kind code or -1 for idle, stage, microbatch or -1)`` with its number of rows, or
-    ``None`` unless every cell is empty or a plain action (``_parse_plain``). A row is
-    split at commas; an empty row has no cell. Each run of digits or letters is valued at
-    once (``np.add.reduceat``)."""
+def _lex(np, chunk: str, at_row_start: bool = True):
+    """The cells of ``chunk`` (ended by ``\\n`` or, mid-row, by a comma; ``at_row_start``:
+    it begins a row) as columns ``(row, kind code or -1 for idle, stage, microbatch or
+    -1)`` with its number of line ends, or ``None`` unless every cell is empty or a plain
+    action (``_parse_plain``). A row is split at commas; an empty row has no cell. Each
+    run of digits or letters is valued at once (``np.add.reduceat``)."""
     if not _TABLES:
         _TABLES.extend(_lex_tables(np))
     worth, kind_codes, kind_of = _TABLES
@@ -321,7 +326,8 @@ def _lex(np, chunk: str):
     sep_len = np.where(run_cls == 0, run_len, 0)
     words = np.flatnonzero(run_cls)  # the runs of digits or letters
     runs = np.bincount((np.cumsum(sep_len) - sep_len).take(words), minlength=len(seps))
-    prev_newline = np.ones(len(seps), bool)
+    prev_newline = np.empty(len(seps), bool)
+    prev_newline[0] = at_row_start
     prev_newline[1:] = newline[:-1]
     keep = (runs > 0) | ~(newline & prev_newline)  # all but empty rows
     full = np.flatnonzero(runs > 0)
@@ -342,12 +348,12 @@ def _lex(np, chunk: str):
     kind_full = kind_of.take(at)
     if (~has_mb & (kind_full < len(_PLAIN_KINDS) - len(_MARKERS))).any():
         return None  # a step without its microbatch
-    kind = np.full(len(seps), -1, np.int64)
-    stage = np.zeros(len(seps), np.int64)
-    mb = np.full(len(seps), -1, np.int64)
+    kind = np.full(len(seps), -1, np.int8)  # compact columns: a file of mostly empty
+    stage = np.zeros(len(seps), np.int32)    # cells has about one cell per byte
+    mb = np.full(len(seps), -1, np.int32)
     kind[full], stage[full] = kind_full, run_value.take(i0)
     mb[full] = np.where(has_mb, run_value.take(i2), -1)
-    row = np.cumsum(newline) - newline
+    row = (np.cumsum(newline) - newline).astype(np.int32)
     return int(newline.sum()), (row[keep], kind[keep], stage[keep], mb[keep])
 
 
@@ -364,7 +370,7 @@ def _build_plain(np, num_rows: int, row, kind, stage, mb) -> Plan | None:
     rank_of[stages] = row[busy]
     if (rank_of[stages] != row[busy]).any() or (rank_of < 0).any():
         return None
-    group = np.searchsorted(_GROUPS, kind)  # idle, compute, send, receive, marker
+    group = np.searchsorted(_GROUPS, kind).astype(np.int8)  # idle, compute, send, receive, marker
     compute, send, recv, marker = (np.flatnonzero(group == g) for g in range(1, 5))
     p2p = _p2p_ops(np, kind, stage, mb, rank_of, send, recv)
     if p2p is None:
@@ -388,14 +394,15 @@ def _p2p_ops(np, kind, stage, mb, rank_of, send, recv) -> tuple[list, list] | No
     of a transfer sharing one ``Payload``; ``None`` if a cell's peer stage does not
     exist."""
     cells = np.concatenate([send, recv])
-    k, s = kind[cells] - _PLAIN_KINDS.index(_COMMS[0]), stage[cells]  # k: index in _COMMS
+    k = kind[cells].astype(np.int64) - _PLAIN_KINDS.index(_COMMS[0])  # index in _COMMS
+    s, mb = stage[cells].astype(np.int64), mb[cells].astype(np.int64)
     offset, is_grad, is_send = (np.array(column).take(k) for column in zip(*(
         (_PEER[c][0], _PEER[c][1] == GRAD, _PEER[c][2]) for c in _COMMS)))
     peer = s + offset
     if ((peer < 0) | (peer >= len(rank_of))).any():
         return None
     unit = np.where(is_send, s, peer) * 2 + is_grad  # the payload's stage, and its kind
-    keys, which = np.unique(unit * (MAX_INDEX + 1) + mb[cells], return_inverse=True)
+    keys, which = np.unique(unit * (MAX_INDEX + 1) + mb, return_inverse=True)
     unit = keys // (MAX_INDEX + 1)
     payloads = build_many(Payload, len(keys), {
         "kind": list(map((ACT, GRAD).__getitem__, (unit % 2).tolist())),
