@@ -393,8 +393,8 @@ def _check_cut(cut: Cut, num_ranks: int, num_microbatches: int) -> None:
     """A cut fits its plan: distinct non-empty names, one forward (and backward) rank per
     microbatch, every rank (and the home) an existing one."""
     names = [seg.name for seg in cut.segments]
-    if len(set(names)) != len(names) or not all(names):
-        raise ValueError(f"segment names must be distinct and non-empty, got {names}")
+    if len(set(names)) != len(names) or not all(type(x) is str and x for x in names):
+        raise ValueError(f"segment names must be distinct non-empty texts, got {names}")
     for seg in cut.segments:
         for what, ranks in (("forward_rank", seg.forward_rank),
                             ("backward_rank", seg.backward_rank)):

@@ -113,7 +113,8 @@ class _Rules:
         an existing rank; the home an existing rank."""
         ranks = range(self.p)
         return len(self.segs) == len(self.cut) and all(
-            s.name and len(s.forward_rank) == self.m and s.home in ranks
+            type(s.name) is str and s.name and len(s.forward_rank) == self.m
+            and s.home in ranks
             and all(r in ranks for r in s.forward_rank)
             and (s.backward_rank is None or (len(s.backward_rank) == self.m
                                              and all(r in ranks for r in s.backward_rank)))
@@ -141,7 +142,7 @@ class _Rules:
         comp, coll = _pick(ops, at[0]), _pick(ops, at[3])
         c = [list(map(attrgetter(a), comp)) for a in ("kind", "stage", "mb", "segment")]
         tags = [op.tag.partition(":")[2] for op in coll]
-        self.names = sorted({"", *self.segs, *c[3], *tags})
+        self.names = sorted({"", *(x for x in self.segs if type(x) is str), *c[3], *tags})
         code = {x: k for k, x in enumerate(self.names)}
         self.kind, self.name = np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.kind[at[0]], self.kind[at[1]], self.kind[at[2]], self.kind[at[3]] = (

@@ -49,6 +49,8 @@ MALFORMED_CUTS = {  # the valid plan of _owner_plan under a cut that is not well
     "home outside the ranks": lambda seg: (attrs.evolve(seg, home=5),),
     "forward rank outside the ranks": lambda seg: (attrs.evolve(seg, forward_rank=(0, 7)),),
     "one segment twice": lambda seg: (seg, seg),
+    "no name": lambda seg: (attrs.evolve(seg, name=None),),
+    "a number for a name": lambda seg: (attrs.evolve(seg, name=5),),
 }
 
 
