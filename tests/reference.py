@@ -20,8 +20,10 @@ Rules (docs/semantics.md §2, rendezvous model):
   ``B``/``I(s, mb)`` need a local ``F(s, mb)`` and the gradient of ``s+1`` (local B/I or
   earlier RECV_B) unless s is last; ``W`` needs ``I``; a SEND needs what it sends. An
   overlapped step reads all inputs before it and publishes all outputs after it;
-- unit memory: ``F`` stores 1, freed by ``B`` or ``W`` (allocations of a step count
-  before its frees).
+- memory (``judge``'s, with sizes): an ``F`` or ``R`` stores its unit's size, freed by
+  ``B`` or ``W``; a ``RECV`` keeps its buffer until the compute that needs it; the unit
+  model stores 1 per ``F`` and nothing else (allocations of a step count before its
+  frees).
 """
 
 from __future__ import annotations
@@ -670,7 +672,10 @@ def segment_of(work) -> Segment:
 def judge_plan(plan, memory_limit=None, sizes: Sizes = UNIT) -> Judgement:
     """Adapter for a package ``Plan``: reads ``programs``, ``placement.stage_to_rank``,
     ``num_microbatches`` and ``cut.segments``, each op through ``cell_of`` and each
-    segment through ``segment_of``."""
+    segment through ``segment_of``. A plan declared forward-only (an evaluation run) is
+    refused: this judge states the rules of training plans only."""
+    if getattr(plan, "forward_only", False):
+        raise ValueError("the reference judges training plans only, not forward-only ones")
     return judge([[cell_of(op) for op in prog] for prog in plan.programs],
                  list(plan.placement.stage_to_rank), plan.num_microbatches, memory_limit,
                  [segment_of(w) for w in plan.cut.segments], sizes)

@@ -699,24 +699,28 @@ def memory_limit_for(plan: Plan, ch, sizes=None):
 
 
 def random_sizes(ch, plan: Plan):
-    """A ``reference.Sizes`` for ``plan``: each unit stores 0 to 3 (in halves), each
-    payload kind's receive buffer 0 to 2, each rank's static part 0 to 3, the RNG state of
-    a raw input 0 or 1."""
+    """A ``reference.Sizes`` for ``plan``: either each unit stores 0 to 3 (in halves),
+    each payload kind's receive buffer 0 to 2, each rank's static part 0 to 3 and the RNG
+    state of a raw input 0 or 1; or (the verifier's column passes then apply) whole
+    stored sizes and static parts with free buffers."""
     from reference import Sizes
-    half = lambda hi: ch.int(0, 2 * hi) / 2
+    whole = ch.pick([False, True])
+    size = (lambda hi: ch.int(0, hi)) if whole else (lambda hi: ch.int(0, 2 * hi) / 2)
     units = [("", s) for s in range(plan.placement.num_stages)] + [
         (w.name, 0) for w in plan.cut.segments]
-    return Sizes({unit: half(3) for unit in units},
-                 {kind: half(2) for kind in (ACT, GRAD, INPUT)},
-                 tuple(half(3) for _ in range(plan.num_ranks)), ch.int(0, 1))
+    buffers = {} if whole else {kind: size(2) for kind in (ACT, GRAD, INPUT)}
+    return Sizes({unit: size(3) for unit in units}, buffers,
+                 tuple(size(3) for _ in range(plan.num_ranks)), 0 if whole else ch.int(0, 1))
 
 
 def memory_model(sizes) -> MemoryModel:
-    """The verifier's ``MemoryModel`` of a ``reference.Sizes`` (None: the unit model)."""
+    """The verifier's ``MemoryModel`` of a ``reference.Sizes`` (None: the unit model;
+    free buffers as the unit model's own function)."""
     if sizes is None:
         return UNIT_MEMORY
-    return MemoryModel(lambda stage, segment: sizes.stored.get((segment, stage), 1),
-                       lambda payload: sizes.buffer.get(payload.kind, 0),
+    buffer = ((lambda payload: sizes.buffer.get(payload.kind, 0))
+              if any(sizes.buffer.values()) else UNIT_MEMORY.buffer)
+    return MemoryModel(lambda stage, segment: sizes.stored.get((segment, stage), 1), buffer,
                        tuple(sizes.static), sizes.rng)
 
 
