@@ -111,6 +111,13 @@ def test_fully_sharded_stages_are_refused_by_name(dp_run):
         assert text.startswith("stage 1 is an FSDP2 (fully_shard) module"), text
 
 
+def test_copies_of_a_segment_with_other_trainable_parameters_are_refused(dp_run):
+    for r in range(4):
+        text = open(os.path.join(dp_run, f"layout.{r}.txt")).read()
+        assert f"rank {r % 2}: segment 'vision': rank(s) [{1 - r % 2}] hold other trainable " \
+               "parameters" in text, text
+
+
 def test_replicas_holding_different_plan_ranks_are_refused(dp_run):
     for r in range(4):
         text = open(os.path.join(dp_run, f"crossed.{r}.txt")).read()

@@ -95,6 +95,25 @@ def run_dp(out: str) -> None:
         ex.close()
     refuse_fsdp(out)
     refuse_crossed_replicas(out)
+    refuse_other_layouts(out)
+
+
+def refuse_other_layouts(out: str) -> None:
+    """Plan rank 1's copy of the owner-mode encoder freezes its first parameter (in both
+    pipelines): the members of its gradient all-reduce would sum different parameters,
+    so every rank refuses at start-up (``OUT/layout.RANK.txt``)."""
+    plan, cert, encoder, stages, _ = build("transpose-owner-mesh")
+    if dist.get_rank() % PP == 1:
+        next(encoder.parameters()).requires_grad_(False)
+    try:
+        ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+                              loss_fn=tiny.loss_fn, **groups("transpose-owner-mesh"))
+        ex.step(tiny.make_batch(0, rows_for(plan.num_microbatches)))
+        message = "accepted"
+    except PipelineError as err:
+        message = str(err)
+    with open(os.path.join(out, f"layout.{dist.get_rank()}.txt"), "w") as f:
+        f.write(message)
 
 
 def refuse_fsdp(out: str) -> None:

@@ -376,9 +376,14 @@ class PipelineExecutor:
             _WATCHDOG = comm.Watchdog(self.rank)
         self._watchdog = _WATCHDOG
         self._handshake(topo.pp_group, len(topo.pp_ranks), "the plan digest handshake")
+        names = sorted(seg.name for seg in self.plan.cut.segments)
+        self._same_layouts(topo.pp_group, len(topo.pp_ranks), names,
+                           [self.segments.get(name) for name in names])
         if topo.replicas > 1:
             self._handshake(topo.dp_group, topo.replicas, "the replicas' plan handshake",
                             same_rank=True)
+            self._same_layouts(topo.dp_group, topo.replicas, ["all parameters"],
+                               [self.parameters()], replicas=True)
         self._run_groups(topo)
         self.messages = packed.Messages(self.rank, self.device, self.check_messages)
         self._connected = True
@@ -438,6 +443,48 @@ class PipelineExecutor:
             raise PipelineError(f"rank {self.rank}: {what}: the data-parallel group's "
                                 f"ranks hold plan ranks {ranks}; each replica's copy of a "
                                 "rank must be the same plan rank")
+
+    def _same_layouts(self, group, size: int, labels: list, holders: list,
+                      replicas: bool = False) -> None:
+        """All-gather a fingerprint of each holder's trainable parameters (names, shapes,
+        dtypes, in order; a module, a list of parameters, or None) over ``group``: the
+        ranks that sum one segment's gradients (its ``grads:NAME`` all-reduce's members)
+        or one rank's replicas must pack the same layout, else the sum would add
+        different parameters' gradients together, silently."""
+        prints = [_layout_print(self._trainable_named(h)) for h in holders]
+        mine = torch.tensor([*self.rank.to_bytes(4, "little"), *b"".join(prints)],
+                            dtype=torch.uint8, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(size)]
+        self._wait([dist.all_gather(every, mine, group=group, async_op=True)],
+                   "the parameter layout handshake", "its group", self.startup_s)
+        rows = [bytes(t.tolist()) for t in every]
+        by_rank = {int.from_bytes(row[:4], "little"): row[4:] for row in rows}
+        for k, label in enumerate(labels):
+            theirs = ({r: row[4 + 16 * k: 20 + 16 * k] for r, row in enumerate(rows)}
+                      if replicas else {r: by_rank[r][16 * k:16 * k + 16] for r in by_rank})
+            members = theirs if replicas else self._summing_members(label)
+            odd = sorted(r for r in members if theirs.get(r) != prints[k])
+            if (replicas or self.rank in members) and odd:
+                raise PipelineError(
+                    f"rank {self.rank}: {'the replicas' if replicas else f'segment {label!r}'}"
+                    f": rank(s) {odd} hold other trainable parameters (names, shapes, dtypes "
+                    "or requires_grad) than this rank, so their gradients cannot be summed")
+
+    def _trainable_named(self, holder) -> list:
+        if holder is None:
+            return []
+        params = holder if isinstance(holder, list) else self._params[id(holder)]
+        names = {id(p): n for m in (*self.stages.values(), *self.segments.values())
+                 for n, p in m.named_parameters()}
+        return [(names.get(id(p), "?"), tuple(p.shape), str(p.dtype)) for p in params]
+
+    def _summing_members(self, name: str) -> list:
+        """The plan ranks of the ``grads:NAME`` all-reduce (none when there is none)."""
+        for op in self.plan.programs[self.rank]:
+            if (isinstance(op, Collective) and op.kind == "all_reduce"
+                    and collective_segment(op) == (GRADS, name)):
+                return sorted(op.ranks)
+        return []
 
     # ------------------------------------------------------------ a training step
 
@@ -995,6 +1042,12 @@ class PipelineExecutor:
         self._wait([dist.all_reduce(flat, group=group, async_op=True)], where, peers)
         topology.unflatten_grads(trainable, flat)  # each gradient back in its parameter's dtype
         return {}
+
+
+def _layout_print(layout: list) -> bytes:
+    """16 bytes that differ, but for a hash collision, between two different layouts."""
+    import hashlib
+    return hashlib.sha256(repr(layout).encode()).digest()[:16]
 
 
 def _add_back(kept: dict) -> None:
