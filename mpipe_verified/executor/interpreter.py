@@ -20,9 +20,10 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
   its transfer), or earlier, just before the first op that reads a value it receives;
   the last one before the step ends (gloo reports a transfer complete only once it is
   waited for, so waiting at the step's end would keep every buffer of the step in
-  flight). This is safe for every certified plan: no op is waited for earlier than under
-  rendezvous, so no op posts later (each rank posts the same ops in the same order, each
-  no later than under rendezvous), a plan that completes under rendezvous completes
+  flight). This is safe for every certified plan: each comm op is still waited for
+  before the next one is posted (a collective excepted: gloo progresses a pending
+  transfer without a wait), so transfers are posted and completed in the rendezvous
+  order with only computes moved ahead; a plan that completes under rendezvous completes
   here, and a value is still read only after its transfer completed. Messages are
   checked against the plan's payloads (``comm``).
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
