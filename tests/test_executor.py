@@ -63,6 +63,10 @@ def cases(world: int) -> list[dict]:
     out.append({"name": "transpose-owner-strict", "schedule": "transpose", "mode": "owner",
                 "m": m, "strict": True})
     out.append({"name": "dualpipev-bare", "schedule": "dualpipev", "m": m, "bare": True})
+    # receives waited for just before their first reader (the default on CUDA)
+    out.append({"name": "zb-h1-deferred", "schedule": "zb-h1", "m": m, "defer": True})
+    out.append({"name": "audio-owner-deferred", "schedule": "transpose", "mode": "owner",
+                "m": m, "audio": "owner", "defer": True})
     # an owner-mode encoder with float32 and float64 parameters (its gradient all-reduce)
     out.append({"name": "owner-mixed-dtypes", "schedule": "transpose", "mode": "owner",
                 "m": m, "mixed": True})

@@ -178,6 +178,8 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
                           loss_fn=tiny.loss_fn, overlap_comms=not case.get("strict"),
                           check_messages=not case.get("bare"),
                           segment_loss_fns={"gen": sink_loss} if case.get("sink") else None)
+    if case.get("defer"):  # the CUDA default on this CPU: receives waited for at first read
+        ex._defer_receives = True
     outputs, sink_outputs = None, {}
     if case.get("eval"):
         result = ex.eval(batch)
