@@ -455,9 +455,10 @@ class PipelineExecutor:
                       replicas: bool = False) -> None:
         """All-gather a fingerprint of each holder's trainable parameters (names, shapes,
         dtypes, in order; a module, a list of parameters, or None) over ``group``: the
-        ranks that sum one segment's gradients (its ``grads:NAME`` all-reduce's members)
-        or one rank's replicas must pack the same layout, else the sum would add
-        different parameters' gradients together, silently."""
+        members of one segment's ``grads:NAME`` all-reduce, or one rank's replicas, must
+        pack the same layout, else the sum would add different parameters' gradients
+        together, silently. Every rank of ``group`` sees every fingerprint and decides
+        alike, so all of them refuse together (no rank is left waiting for the others)."""
         prints = [_layout_print(self._trainable_named(h)) for h in holders]
         mine = torch.tensor([*self.rank.to_bytes(4, "little"), *b"".join(prints)],
                             dtype=torch.uint8, device=self.device)
@@ -465,32 +466,47 @@ class PipelineExecutor:
         self._wait([dist.all_gather(every, mine, group=group, async_op=True)],
                    "the parameter layout handshake", "its group", self.startup_s)
         rows = [bytes(t.tolist()) for t in every]
-        by_rank = {int.from_bytes(row[:4], "little"): row[4:] for row in rows}
+        if replicas:  # by the replicas' global ranks (one plan rank)
+            who = dict(zip(self.topology.dp_ranks, rows))
+        else:  # by plan rank
+            who = {int.from_bytes(row[:4], "little"): row for row in rows}
         for k, label in enumerate(labels):
-            theirs = ({r: row[4 + 16 * k: 20 + 16 * k] for r, row in enumerate(rows)}
-                      if replicas else {r: by_rank[r][16 * k:16 * k + 16] for r in by_rank})
-            members = theirs if replicas else self._summing_members(label)
-            odd = sorted(r for r in members if theirs.get(r) != prints[k])
-            if (replicas or self.rank in members) and odd:
+            members = sorted(who) if replicas else self._summing_members(label)
+            seen = {r: who[r][4 + 16 * k:20 + 16 * k] for r in members if r in who}
+            if len(set(seen.values())) > 1:
+                groups: dict = {}
+                for r, fingerprint in seen.items():
+                    groups.setdefault(fingerprint, []).append(r)
+                split = " against ".join(str(g) for g in sorted(groups.values()))
                 raise PipelineError(
                     f"rank {self.rank}: {'the replicas' if replicas else f'segment {label!r}'}"
-                    f": rank(s) {odd} hold other trainable parameters (names, shapes, dtypes "
-                    "or requires_grad) than this rank, so their gradients cannot be summed")
+                    f": ranks {split} hold different trainable parameters (names, shapes, "
+                    "dtypes or requires_grad), so their gradients cannot be summed")
 
     def _trainable_named(self, holder) -> list:
+        """``(name, shape, dtype)`` of each trainable parameter of ``holder`` (a module:
+        names from it; a list of this rank's parameters: names from the module that holds
+        each first)."""
         if holder is None:
             return []
-        params = holder if isinstance(holder, list) else self._params[id(holder)]
-        names = {id(p): n for m in (*self.stages.values(), *self.segments.values())
-                 for n, p in m.named_parameters()}
-        return [(names.get(id(p), "?"), tuple(p.shape), str(p.dtype)) for p in params]
+        if not isinstance(holder, list):
+            names = {id(p): n for n, p in holder.named_parameters()}
+            return [(names[id(p)], tuple(p.shape), str(p.dtype))
+                    for p in self._params[id(holder)]]
+        names: dict = {}
+        for label, module in self._labelled_modules():
+            for n, p in module.named_parameters():
+                names.setdefault(id(p), f"{label}.{n}")
+        return [(names.get(id(p), "?"), tuple(p.shape), str(p.dtype)) for p in holder]
 
     def _summing_members(self, name: str) -> list:
-        """The plan ranks of the ``grads:NAME`` all-reduce (none when there is none)."""
-        for op in self.plan.programs[self.rank]:
-            if (isinstance(op, Collective) and op.kind == "all_reduce"
-                    and collective_segment(op) == (GRADS, name)):
-                return sorted(op.ranks)
+        """The plan ranks of the ``grads:NAME`` all-reduce, read from any rank's program
+        (so every rank finds the same; none when there is none)."""
+        for program in self.plan.programs:
+            for op in program:
+                if (isinstance(op, Collective) and op.kind == "all_reduce"
+                        and collective_segment(op) == (GRADS, name)):
+                    return sorted(op.ranks)
         return []
 
     # ------------------------------------------------------------ a training step
