@@ -69,6 +69,7 @@ digest before the first op runs.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import types
 from typing import Callable, Mapping, Sequence
@@ -226,9 +227,8 @@ class PipelineExecutor:
         self.segment_loss_fns = self._sink_losses(dict(segment_loss_fns or {}))
         self._params = {id(m): tuple(p for p in m.parameters() if p.requires_grad)
                         for m in (*self.stages.values(), *self.segments.values())}
-        self._trainable = {key: tuple(map(id, ps)) for key, ps in self._params.items()}
-        self._built_params = {id(m): tuple(m.named_parameters())
-                              for m in (*self.stages.values(), *self.segments.values())}
+        self._built = {id(m): frozenset(map(id, m.parameters()))  # trainable or not
+                       for m in (*self.stages.values(), *self.segments.values())}
         self._direct = {id(m): split_backward.direct_allowed(m)
                         for m in (*self.stages.values(), *self.segments.values())}
         self._check_payloads()
@@ -601,12 +601,11 @@ class PipelineExecutor:
         communication, rather than left without a gradient (or given one no optimizer
         applies)."""
         for label, module in self._labelled_modules():
-            built = self._trainable[id(module)]
+            built = tuple(map(id, self._params[id(module)]))
             named = list(module.named_parameters())
             if tuple(id(p) for _, p in named if p.requires_grad) == built:
                 continue
-            known = {id(p) for _, p in self._built_params[id(module)]}
-            changed = next(((n, p) for n, p in named if id(p) in known
+            changed = next(((n, p) for n, p in named if id(p) in self._built[id(module)]
                             and p.requires_grad != (id(p) in built)), None)
             if changed is not None:
                 name, p = changed
@@ -1069,7 +1068,6 @@ class PipelineExecutor:
 
 def _layout_print(layout: list) -> bytes:
     """16 bytes that differ, but for a hash collision, between two different layouts."""
-    import hashlib
     return hashlib.sha256(repr(layout).encode()).digest()[:16]
 
 
