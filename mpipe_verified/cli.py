@@ -625,7 +625,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     text = None
     if args.sarif is not None and kind in (sarif.SPEC, sarif.TORCH_CSV_LOWERED) \
             and report.violations:
-        text = read_text(name, "a TOML spec file")
+        text = read_text(name, "a TOML spec file" if kind == sarif.SPEC else "a torch CSV file")
     doc = report.to_json()
     doc["peak_memory"] = figures(report.peak_memory)
     doc["source"] = name

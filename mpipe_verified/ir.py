@@ -508,12 +508,10 @@ def _canonical_row(program: tuple[Op, ...]) -> str:
             if (p.leaves is not None or p.segment or p.shape or p.dtype
                     or p.to_segment is not None or p.kind == INPUT):
                 add(_canonical(op))
-            elif kind is Send:
-                add(f"{p.stage}SEND_{'F' if p.kind == ACT else 'B'}{p.mb}<{op.dst}>")
-            elif p.kind == ACT:
-                add(f"{p.stage + 1}RECV_F{p.mb}<{op.src}>")
+            elif kind is Send:  # str(op) and its peer, as _canonical writes them
+                add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")
             else:
-                add(f"{p.stage - 1}RECV_B{p.mb}<{op.src}>")
+                add(f"{p.consumer_stage}RECV_{p.letter}{p.mb}<{op.src}>")
         elif kind is not Idle:
             add(_canonical(op))
     return ",".join(out)

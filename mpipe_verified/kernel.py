@@ -26,8 +26,9 @@ obligation from the plan alone; the untrusted *witness* only supplies numbers:
   step's allocations minus its frees (``_moves``), every step's peak within the reported
   peak, which is reached and within the limit.
 
-Each obligation is a numeric fact for a linear template. A class of facts is a set: each
-distinct fact is kept once, sorted, and compressed exactly into affine runs; Z3 is asked
+Each obligation is a numeric fact for a linear template. The facts of a class are
+sorted (an int64 class outside ``confirm`` keeps each distinct fact once) and compressed
+exactly into affine runs; Z3 is asked
 whether some point of some run violates its template (``unsat`` proves the property,
 ``sat`` names a violated fact, ``unknown`` is never success). ``confirm`` checks a claimed
 counterexample from the plan alone.

@@ -1011,7 +1011,7 @@ def _released(table: OpTable, allocs, frees) -> tuple:
     a_row, a_tok, a_shift, a_names = allocs
     f_row, f_tok, f_shift, f_names = frees
     names: dict = {}
-    for i, name in enumerate(a_names):
+    for name in a_names:
         names.setdefault(name[1:], len(names))
     a_name = np.array([names[name[1:]] for name in a_names] or [0], dtype=np.int64)
     f_name = np.array([names.get(name, -1) for name in f_names] or [0], dtype=np.int64)

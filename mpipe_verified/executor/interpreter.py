@@ -20,10 +20,9 @@ One ``PipelineExecutor`` per process runs ``plan.programs[rank]`` op by op, in o
   its transfer), or earlier, just before the first op that reads a value it receives;
   the last one before the step ends (gloo reports a transfer complete only once it is
   waited for, so waiting at the step's end would keep every buffer of the step in
-  flight). On a CPU device an op that receives is waited for at once: gloo's event-loop
-  thread spins while a receive is pending, on the cores the compute needs (1.2-1.3x
-  torch's per-op time on a tiny model, against 0.95-1.03 waiting at once); on CUDA its
-  wait is deferred as above. This is safe for every certified plan: each comm op is still waited for
+  flight). Over gloo an op that receives is waited for at once: gloo's event-loop thread
+  spins while a receive is pending, on the cores the compute needs
+  (benchmarks/executor.md); over other backends its wait is deferred as above. This is safe for every certified plan: each comm op is still waited for
   before the next one is posted (a collective excepted: gloo progresses a pending
   transfer without a wait), so transfers are posted and completed in the rendezvous
   order with only computes moved ahead; a plan that completes under rendezvous completes
@@ -213,7 +212,7 @@ class PipelineExecutor:
         self.device = torch.device(device) if device is not None else None
         self.check_messages = check_messages
         self.overlap_comms = overlap_comms
-        self._defer_receives: bool | None = None  # None: decided by the device (connect)
+        self._defer_receives: bool | None = None  # None: decided by the backend (connect)
         self.timeout_s = comm.timeout_seconds(timeout)
         self.startup_s = comm.startup_seconds(startup_timeout)
         if loss_reduction not in ("mean", "sum"):
@@ -371,8 +370,6 @@ class PipelineExecutor:
         check_certificate(self.plan, self.certificate, RENDEZVOUS)
         _, _, device = comm.init_distributed(self.startup_s)
         self.device = self.device or device
-        if self._defer_receives is None:  # see the module docstring (comm modes)
-            self._defer_receives = torch.device(self.device).type == "cuda"
         self.topology = topo = topology.resolve(self.plan.num_ranks, self._pp_group,
                                                 self._dp_group)
         if topo.plan_rank != self.rank:
@@ -392,6 +389,8 @@ class PipelineExecutor:
             self._same_layouts(topo.dp_group, topo.replicas, ["all parameters"],
                                [self.parameters()], replicas=True)
         self._run_groups(topo)
+        if self._defer_receives is None:  # see the module docstring (comm modes)
+            self._defer_receives = dist.get_backend(self._pp) != "gloo"
         self.messages = packed.Messages(self.rank, self.device, self.check_messages)
         self._connected = True
 
@@ -579,6 +578,7 @@ class PipelineExecutor:
                                 "family(..., forward_only=True)")
         self._evaluating = True
         self._outputs: dict = {}
+        self.connect()
         self._pass(batch)
         losses = self._mb_losses
         sinks = {name: dict(sorted(outs.items())) for name, outs in self._outputs.items()
@@ -655,8 +655,8 @@ class PipelineExecutor:
         return (values[0], tuple(values[1:])) if return_losses else values[0]
 
     def _pass(self, batch: Batch) -> None:
-        """Run the plan's ops once on ``batch`` (training or, ``_evaluating``, eval)."""
-        self.connect()
+        """Run the plan's ops once on ``batch`` (training or, ``_evaluating``, eval), once
+        connected."""
         m = self.plan.num_microbatches
         batch = batch.to(self.device)
         total = batch.rows()

@@ -33,7 +33,8 @@ every parameter node has the direct form, ``I`` does not retain the graph (each 
 saved tensors are freed as ``I`` runs it) and what lives until ``W`` is, per parameter
 node, its saved input and the kept gradient, each dropped as soon as ``W`` has used it;
 otherwise the graph stays alive until ``W`` (with the kept gradients), as before. Either
-way it is what the forward stored, held until ``W`` (the memory model's split backward).
+way it is what the forward stored plus the kept gradients, held until ``W`` (the memory
+model counts the stored activation from ``F`` to ``W``).
 """
 
 from __future__ import annotations
@@ -258,6 +259,8 @@ def _keeper(kept: dict, node: Node):
     def hook(grad_outputs):
         kept[node] = grad_outputs
     return hook
+
+
 def _parents(root: Node) -> dict[Node, list[Node]]:
     """Every node reachable from ``root`` -> the nodes that pass it a gradient."""
     parents: dict[Node, list[Node]] = {}

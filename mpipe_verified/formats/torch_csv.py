@@ -219,7 +219,9 @@ _IDLE_OP = Idle()
 _PLAIN_KINDS = ("F", "B", "I", "W", *_COMMS, *_MARKERS)  # a cell's kind code: its index
 _CHUNK = 1 << 17  # the lexer reads about this many bytes (whole rows) at a time: its
 # arrays then stay in the CPU's cache (1 << 20: 1.4x the time)
-_GROUPS = (-1, 3, 5, 7)  # kind codes: a group's last (idle, compute, send, receive; marker)
+_GROUPS = (-1, _PLAIN_KINDS.index("W"), _PLAIN_KINDS.index(_COMMS[1]),
+           _PLAIN_KINDS.index(_COMMS[3]))  # kind codes: the last of each group (idle,
+# compute, send, receive; then markers)
 
 
 def _parse_plain(text: str) -> Plan | None:
