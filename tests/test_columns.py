@@ -11,8 +11,9 @@ from mpipe_verified.algebra import family
 from mpipe_verified.formats.torch_csv import format_torch_csv, parse_torch_csv
 from mpipe_verified.lower import lower
 from mpipe_verified.ir import Compute, Payload, Plan, Placement, Recv, Send
-from mpipe_verified.semantics import (COMM_MODELS, UNIT_MEMORY, MemoryModel, comm_ticks,
-                                      execute, op_table, p2p_clean, p2p_columns, pair_p2p)
+from mpipe_verified.semantics import (COMM_MODELS, UNIT_MEMORY, Chain, MemoryModel,
+                                      comm_ticks, execute, op_table, p2p_clean, p2p_columns,
+                                      pair_p2p, work_complete)
 from mpipe_verified.verify import properties, verify
 import strategies as S
 
@@ -111,6 +112,27 @@ def test_column_passes_agree_with_op_by_op(mutant, data):
         _agree(plan, model, properties.memory_limits(limit, plan.num_ranks))
 
 
+def _columns_apply(plan, model=UNIT_MEMORY, limits=None) -> None:
+    """On a valid plan each column pass answers by itself (no fall-back to op by op,
+    which ``_agree`` alone could not tell from the column answer): completeness by
+    counts, producers equal to the op-by-op hint, memory levels and the pairing."""
+    table = op_table(plan)
+    chain = Chain.of(plan)
+    assert work_complete(table, chain)
+    assert properties._producers(table, chain) == properties.dependency(plan)[1]
+    assert properties._levels(table, model, limits) is not None
+    assert p2p_clean(table) and comm_ticks(table, "rendezvous") is not None
+
+
+def test_the_column_forms_apply_to_valid_plans():
+    for name, p, m, v in (("interleaved-1f1b", 4, 8, 2), ("1f1b", 3, 5, None),
+                          ("zb-h1", 3, 6, None), ("zbv", 2, 4, None)):
+        plan = lower(family(name, p, m, v).derive())
+        _columns_apply(plan)
+        _columns_apply(plan, MemoryModel(stored=lambda stage, segment: float(stage % 3),
+                                         static=(2.0,) * p), (100,) * p)
+
+
 def test_a_torch_csv_plan_is_read_by_columns_and_verified():
     """The plan ``check FILE`` reads from a torch CSV has a table, and it is verified with
     the column passes' hints (the kernel checks them)."""
@@ -118,5 +140,6 @@ def test_a_torch_csv_plan_is_read_by_columns_and_verified():
                                                   .derive())), "x.csv")
     assert op_table(plan) is not None
     _agree(plan)
+    _columns_apply(plan)
     report = verify(plan, memory_limit=16)
     assert report.verified, report.undecided
