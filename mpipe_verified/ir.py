@@ -32,6 +32,8 @@ ACT, GRAD, INPUT = "act", "grad", "input"
 BODY = ""  # the pipelined body's segment name
 MARKER_ACTIONS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 COLLECTIVE_KINDS = ("broadcast", "all_reduce", "gather")
+# What a VERIFIED establishes of a plan, in report order (docs/semantics.md §3).
+PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 
 
 def _seg(segment: str) -> str:

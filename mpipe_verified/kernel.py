@@ -49,10 +49,9 @@ import attrs
 import numpy as np
 import z3
 
-from .ir import (SINK, SOURCE, Collective, Compute, Group, Idle, Leaf, Marker, Overlap, Payload,
-                 Plan, Recv, Send)
+from .ir import (PROPERTIES, SINK, SOURCE, Collective, Compute, Group, Idle, Leaf, Marker,
+                 Overlap, Payload, Plan, Recv, Send)
 
-PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 CERTIFICATE_FORMAT = "mpipe-certificate/1"
 
 # ---------------------------------------------------------------- the rules

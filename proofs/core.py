@@ -41,12 +41,11 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import z3
 
-from mpipe_verified import kernel
+from mpipe_verified.ir import PROPERTIES
 
 PROVED, FAILED, UNKNOWN = "proved", "failed", "unknown"
 ALL_SIZES = "all sizes"
-# What a family invariant proves: the verifier's five properties.
-PROPERTIES = kernel.PROPERTIES
+# What a family invariant proves: the verifier's five properties (``ir.PROPERTIES``).
 DEFAULT_TIMEOUT_MS = 20_000
 VACUITY_TIMEOUT_MS = 1_000
 
@@ -176,7 +175,7 @@ def law(name: str, statement: str, scope: str, weight: int = 1, family: str | No
 
 
 def _solver(timeout_ms: int) -> z3.Solver:
-    s = z3.Solver()
+    s = z3.Then("simplify", "solve-eqs", "smt").solver()
     s.set("timeout", timeout_ms)
     return s
 

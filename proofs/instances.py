@@ -22,20 +22,19 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from mpipe_verified import kernel
-from mpipe_verified.lower import lower
-from mpipe_verified.semantics import RENDEZVOUS, UNIT_MEMORY
-from mpipe_verified.verify import properties
-
 from .core import Obligation
 
-NO_WITNESS = kernel.Witness(None, None, None, None, None)
+# The kernel, the lowering and the passes are imported where an instance is built: a
+# process that proves only all-sizes laws (``covering``) never loads them.
 Peak = Callable[[int, int, int], int]  # (p, m, rank) -> the stated peak
 
 
 def _witness(plan, prop: str, peak: Peak | None, exact: bool):
     """``(witness, limits)`` for ``prop``: the passes' numbers, the stated peak in place
     of the measured one when ``exact`` (else the stated peak as the limit)."""
+    from mpipe_verified import kernel
+    from mpipe_verified.semantics import RENDEZVOUS, UNIT_MEMORY
+    from mpipe_verified.verify import properties
     if prop == "dependency":
         return kernel.Witness(None, properties.dependency(plan)[1], None, None, None), None
     if prop == "deadlock":
@@ -48,16 +47,19 @@ def _witness(plan, prop: str, peak: Peak | None, exact: bool):
         levels, measured, at = hint
         witness = kernel.Witness(None, None, levels, stated if exact else measured, at)
         return witness, (None if exact else stated)
-    return NO_WITNESS, None
+    return kernel.Witness(None, None, None, None, None), None
 
 
 def violation(schedule, prop: str, peak: Peak | None = None, exact: bool = True) -> str:
     """The kernel's formula "some ``prop`` obligation of ``lower(schedule)`` fails"."""
+    from mpipe_verified.lower import lower
     return plan_violation(lower(schedule), prop, peak, exact)
 
 
 def plan_violation(plan, prop: str, peak: Peak | None = None, exact: bool = True) -> str:
     """The kernel's formula "some ``prop`` obligation of ``plan`` fails"."""
+    from mpipe_verified import kernel
+    from mpipe_verified.semantics import RENDEZVOUS, UNIT_MEMORY
     witness, limits = _witness(plan, prop, peak, exact)
     sizes = kernel.Sizes.of(plan, UNIT_MEMORY) if prop == "memory" else None
     return kernel.violation(plan, witness, prop, RENDEZVOUS, sizes, limits)
@@ -71,5 +73,11 @@ def obligations(label: str, instances: Callable[[int], Iterable], p_max: int, pr
     instance's formula is."""
     for pp in range(1, p_max + 1):
         parts = [violation(s, prop, peak, exact) for s in instances(pp)]
-        yield Obligation(f"{label} p={pp}: {prop} of every instance",
-                         smt=(kernel.QUERY_DECLS, "(not (or false " + " ".join(parts) + "))"))
+        yield Obligation(f"{label} p={pp}: {prop} of every instance", smt=none_of(parts))
+
+
+def none_of(violations: list[str]) -> tuple[str, str]:
+    """The ground obligation "none of ``violations`` (kernel formulas over
+    ``QUERY_DECLS``) is satisfiable"."""
+    from mpipe_verified import kernel
+    return kernel.QUERY_DECLS, "(not (or false " + " ".join(violations) + "))"

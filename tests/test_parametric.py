@@ -176,3 +176,33 @@ def test_recheck_of_a_parametric_certificate(tmp_path, capsys):
     assert "PROVEN" in capsys.readouterr().out
     assert main(["recheck", bad, cert]) == 3
     assert "not the one 1f1b derives" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answers", [
+    ("exit 1", "exit 1"),                                    # a prover that fails
+    ('echo "{\\"proved\\": true, \\"obligations\\": 59}"', "echo nonsense"),
+    ('echo "{\\"proved\\": true, \\"obligations\\": 59}"',  # the parts disagree on the
+     'echo "{\\"proved\\": true, \\"obligations\\": 58}"'),  # obligations they split
+    ('echo "{\\"proved\\": true, \\"obligations\\": 59}"',
+     'echo "{\\"proved\\": false, \\"obligations\\": 59}"'),
+])
+def test_a_prover_that_does_not_prove_its_part_leaves_the_check_to_the_instance(
+        capsys, monkeypatch, tmp_path, answers):
+    """The laws answer only when every freshly started prover exits 0 with its part proved
+    and all count the same obligations; else ``check --family`` checks the instance op by
+    op (and still finds it verified)."""
+    first, second = answers
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nif [ "$5" = 0 ]; then {first}; else {second}; fi\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8))
+    assert code == 0 and doc["proof"] == {"kind": "instance"}
+
+
+def test_the_provers_prove_each_distinct_obligation_once_between_them():
+    proved, count = parametric.prove_laws("1f1b", {"pp": 4, "microbatches": 8,
+                                                   "chunks": None}, jobs=3)
+    from mpipe_verified.proofs import covering
+    assert proved and count == len(covering.distinct_obligations(
+        "1f1b", {"pp": 4, "microbatches": 8, "chunks": None})) > 0

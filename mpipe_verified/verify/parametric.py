@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from typing import Mapping, Sequence
 
@@ -69,25 +70,14 @@ class Parametric:
 
 
 def needed_laws(family: str, params: Mapping[str, object]):
-    """The family's laws that cover ``params``, one per property in the verifier's order,
-    or None when some property has no all-sizes law holding ``params`` or the memory law
-    states no peak."""
-    from ..proofs import registry
-    from ..proofs.core import PROPERTIES
-    chosen = []
-    for prop in PROPERTIES:
-        found = [law for law in registry.LAWS if law.family == family
-                 and law.property == prop and law.for_all_sizes() and law.proves(params)]
-        if not found:
-            return None
-        chosen.append(found[0])
-    if _memory_law(chosen).peak is None:
-        return None
-    return chosen
+    """The family's laws that cover ``params`` (``proofs.covering.needed_laws``)."""
+    from ..proofs import covering
+    return covering.needed_laws(family, params)
 
 
 def _memory_law(laws):
-    return next(law for law in laws if law.property == "memory")
+    from ..proofs import covering
+    return covering.memory_law(laws)
 
 
 def prove(family: str, params: Mapping[str, object], limit=None,
@@ -128,41 +118,44 @@ def _over_limit(peaks: tuple, limits) -> bool:
                                    or any(pk > lim for pk, lim in zip(peaks, limits)))
 
 
-def _key(ob) -> tuple:
-    """Equal for obligations stated alike (Z3 shares structurally equal terms)."""
-    ids = lambda terms: tuple(t.get_id() for t in terms)
-    return (ob.name, None if ob.goal is None else ob.goal.get_id(), ids(ob.hypotheses),
-            ids(ob.lemmas), ob.smt)
-
-
 def prove_laws(family: str, params: Mapping[str, object], jobs: int = 2) -> tuple[bool, int]:
     """Prove every obligation of the family's laws at ``params`` (``needed_laws``) now,
-    each distinct one once (the five share their stream, shape and lowering lemmas),
-    split over ``jobs`` freshly started interpreters, so no verdict depends on what Z3
-    did before in this process: ``(all proved, obligations)``. A law is proved when all of
-    its obligations are, and each is among these."""
-    import multiprocessing as mp
-    with mp.get_context("spawn").Pool(jobs) as pool:
-        parts = pool.starmap(_prove_part, [(family, dict(params), i, jobs)
-                                           for i in range(jobs)])
-    return all(ok for ok, _ in parts), parts[0][1]
+    each distinct one once, split over ``jobs`` freshly started interpreters that import
+    only the laws and Z3 (``python -m mpipe_verified.proofs.covering``), so no verdict
+    depends on what Z3 did before in this process: ``(all proved, obligations)``. A law
+    is proved when all of its obligations are, and each is among these; an interpreter
+    that fails or answers nonsense proves nothing."""
+    import subprocess
+    import sys
+    command = [sys.executable, "-m", "mpipe_verified.proofs.covering", family,
+               json.dumps(dict(params))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    procs = [subprocess.Popen([*command, str(i), str(jobs)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+             for i in range(jobs)]
+    try:
+        answers = [_answer(proc.communicate()[0], proc.returncode) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    counts = {a[1] for a in answers}
+    proved = all(a[0] for a in answers) and len(counts) == 1
+    return proved, min(counts)
 
 
-def _obligations(family: str, params: Mapping[str, object]) -> list:
-    unique: dict = {}
-    for law in needed_laws(family, params) or ():
-        for ob in law.obligations():
-            unique.setdefault(_key(ob), ob)
-    return list(unique.values())
-
-
-def _prove_part(family: str, params: dict, index: int, jobs: int) -> tuple[bool, int]:
-    """In a fresh interpreter: prove every ``jobs``-th distinct obligation from ``index``."""
-    from ..proofs.core import ALL_SIZES, PROVED, Law, check
-    obligations = _obligations(family, params)
-    part = obligations[index::jobs]
-    result = check(Law(f"{family} part {index}", "", ALL_SIZES, lambda: part))
-    return result.status == PROVED and bool(obligations), len(obligations)
+def _answer(out: bytes, returncode: int) -> tuple[bool, int]:
+    """A prover's ``(proved, obligations)`` from its output; ``(False, 0)`` unless it
+    exited 0 with exactly the JSON object ``covering.main`` prints."""
+    try:
+        data = json.loads(out)
+    except ValueError:
+        return False, 0
+    if (returncode != 0 or not isinstance(data, dict) or data.get("proved") is not True
+            or not isinstance(data.get("obligations"), int)):
+        return False, 0
+    return True, data["obligations"]
 
 
 def derived_plan(claim: Parametric) -> Plan:
