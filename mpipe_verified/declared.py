@@ -33,10 +33,13 @@ MAX_SIZE = 10**6  # as for indices in a file: a declared count costs no more tha
 
 def declare(target: Schedule | Plan, stages: int | None = None,
             microbatches: int | None = None, ranks: int | None = None) -> Schedule | Plan:
-    """``target`` with the declared sizes (None: keep its own); see the module docstring."""
+    """``target`` with the declared sizes (None: keep its own; ``target`` itself when
+    nothing is declared); see the module docstring."""
     for name, value in zip(SIZES, (stages, microbatches, ranks)):
         if value is not None and not 1 <= value <= MAX_SIZE:
             raise ParameterError(f"{name} must be in 1..{MAX_SIZE}, got {value}")
+    if stages is None and microbatches is None and ranks is None:
+        return target
     have = target.placement
     num_ranks = have.num_ranks if ranks is None else ranks
     if num_ranks < have.num_ranks:

@@ -28,7 +28,8 @@ import attrs
 
 from .ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
                  SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Idle, Marker, Op,
-                 Overlap, Payload, Plan, Placement, Recv, Send, computes_of, p2p_of)
+                 Overlap, Payload, Plan, Placement, Recv, Send, computes_of, known_op_classes,
+                 p2p_of)
 
 RENDEZVOUS, EAGER = "rendezvous", "eager"
 COMM_MODELS = (RENDEZVOUS, EAGER)
@@ -1369,16 +1370,19 @@ def _relative(tokens, mb: int, ids: dict) -> tuple:
 
 def op_table(plan: Plan) -> OpTable | None:
     """The plan's ``OpTable``, or None for a plan with a cut, groups, overlaps or
-    collectives (their rules depend on more than an op's class)."""
+    collectives (their rules depend on more than an op's class). A plan that a bulk
+    reader built takes the classes it recorded (``ir.known_op_classes``), else they are
+    found op by op."""
     import numpy as np
     if plan.cut.segments:
         return None
+    known = known_op_classes(plan)
+    if known is not None:
+        return _table_of(plan, *known)
     keys: dict[tuple, int] = {}
-    first: list[tuple[int, Op]] = []
     cls: list[int] = []
     mbs: list[int] = []
-    add_cls, add_mb = cls.append, mbs.append
-    counts = []
+    add_cls, add_mb, number = cls.append, mbs.append, keys.setdefault
     for rank, program in enumerate(plan.programs):
         for op in program:
             kind = type(op)
@@ -1400,19 +1404,24 @@ def op_table(plan: Plan) -> OpTable | None:
                 add_mb(0)
             else:
                 return None
-            c = keys.get(key)
-            if c is None:
-                c = keys[key] = len(first)
-                first.append((rank, op))
-            add_cls(c)
-        counts.append(len(program))
+            add_cls(number(key, len(keys)))
+    return _table_of(plan, np.array(cls, dtype=np.int64), np.array(mbs, dtype=np.int64))
+
+
+def _table_of(plan: Plan, cls_col, mbs) -> OpTable:
+    """The ``OpTable`` of ``plan`` whose ops have the classes ``cls_col`` (numbered in
+    order of first appearance) and microbatches ``mbs``."""
+    import numpy as np
+    counts = [len(program) for program in plan.programs]
     ranks = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    index = np.arange(len(cls), dtype=np.int64) - np.repeat(
+    index = np.arange(len(cls_col), dtype=np.int64) - np.repeat(
         np.cumsum(counts, dtype=np.int64) - counts, counts)
-    cls_col = np.array(cls, dtype=np.int64)
-    last = np.zeros(len(first), dtype=np.int64)  # each class's last op
-    np.maximum.at(last, cls_col, np.arange(len(cls_col), dtype=np.int64))
-    classes = tuple((rank, op, plan.programs[rank][int(index[j])])
-                    for (rank, op), j in zip(first, last.tolist()))
-    return OpTable(plan, ranks, index, cls_col, np.array(mbs, dtype=np.int64), classes,
-                   tuple(counts))
+    n = int(cls_col.max()) + 1 if len(cls_col) else 0
+    first, last = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    rows = np.arange(len(cls_col), dtype=np.int64)
+    last[cls_col] = rows  # of repeated indices the last assignment stays
+    first[cls_col[::-1]] = rows[::-1]
+    op = lambda j: plan.programs[int(ranks[j])][int(index[j])]  # noqa: E731
+    classes = tuple((int(ranks[a]), op(a), op(b)) for a, b in zip(first.tolist(),
+                                                                   last.tolist()))
+    return OpTable(plan, ranks, index, cls_col, mbs, classes, tuple(counts))

@@ -8,6 +8,7 @@ them, with the unit model and with integer sizes and limits."""
 from hypothesis import given, settings, strategies as st
 
 from mpipe_verified.algebra import family
+from mpipe_verified.errors import InputError
 from mpipe_verified.formats.torch_csv import format_torch_csv, parse_torch_csv
 from mpipe_verified.lower import lower
 from mpipe_verified.ir import Compute, Payload, Plan, Placement, Recv, Send
@@ -143,3 +144,57 @@ def test_a_torch_csv_plan_is_read_by_columns_and_verified():
     _columns_apply(plan)
     report = verify(plan, memory_limit=16)
     assert report.verified, report.undecided
+
+
+def _same_table(plan) -> None:
+    """The table from the classes the plain reader recorded equals the one found op by
+    op (same columns, and each class's first and last op the same objects)."""
+    from mpipe_verified import ir
+    known = ir.known_op_classes(plan)
+    assert known is not None  # the plain reader built it
+    fast = op_table(plan)
+    ir.remember_op_classes(Plan(Placement((0,), 1), 1, ((),)), None)  # forget it
+    assert ir.known_op_classes(plan) is None
+    slow = op_table(plan)
+    for column in ("rank", "index", "cls", "mb"):
+        assert (getattr(fast, column) == getattr(slow, column)).all(), column
+    assert fast.counts == slow.counts and len(fast.classes) == len(slow.classes)
+    assert all(a[0] == b[0] and a[1] is b[1] and a[2] is b[2]
+               for a, b in zip(fast.classes, slow.classes))
+
+
+@settings(max_examples=60, deadline=None)
+@given(body_mutants(), st.booleans(), st.data())
+def test_the_classes_a_plain_csv_reader_records_are_the_op_by_op_ones(mutant, edited, data):
+    """On valid and edited plans, also with idle cells and markers put anywhere (the
+    reader then keys them as one class per row, as ``op_table`` does)."""
+    plan = mutant[1] if edited else mutant[0]
+    if op_table(plan) is None:  # overlapped steps: the plain reader does not read them
+        return
+    try:
+        text = format_torch_csv(plan)
+    except ValueError:  # an edit torch's format cannot express
+        return
+    stage_of = {r: s for s, r in reversed(list(enumerate(plan.placement.stage_to_rank)))}
+    rows = []
+    for r, row in enumerate(text.splitlines()):
+        cells = row.split(",")
+        for _ in range(data.draw(st.integers(0, 2))):  # markers name a stage of their row
+            extra = data.draw(st.sampled_from(("", "UNSHARD", "RESHARD", "REDUCE_GRAD3")))
+            cell = extra and r in stage_of and f"{stage_of[r]}{extra}" or ""
+            cells.insert(data.draw(st.integers(0, len(cells))), cell)
+        rows.append(",".join(cells))
+    try:
+        read = parse_torch_csv("\n".join(rows) + "\n", "x.csv")
+    except InputError:  # an edit that put a stage on two rows
+        return
+    _same_table(read)
+
+
+def test_check_keeps_the_plan_it_read_when_nothing_is_declared():
+    """So the classes the reader recorded reach ``op_table`` (a copy would lose them)."""
+    from mpipe_verified.declared import declare
+    plan = parse_torch_csv(format_torch_csv(lower(family("1f1b", 3, 5).derive())), "x.csv")
+    assert declare(plan) is plan
+    assert declare(plan, microbatches=6).num_microbatches == 6
+    _same_table(plan)
