@@ -337,6 +337,12 @@ def _rules(plan: Plan) -> _Rules:
     return _READ[1]
 
 
+def read(plan: Plan) -> None:
+    """Read ``plan`` into the kernel's columns now, transfers included (kept for the
+    calls on this plan that follow)."""
+    _rules(plan).p2p
+
+
 # ---------------------------------------------------------------- obligations
 
 

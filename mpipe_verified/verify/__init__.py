@@ -76,9 +76,9 @@ def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str =
 
 def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
                  memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
-    """``verify(plan, ...)`` on two cores: a forked child inherits the plan and its op
-    table (nothing is pickled; it copies only the pages whose reference counts it
-    touches) and decides dependency and deadlock (and matching, for a plan without a
+    """``verify(plan, ...)`` on two cores: a forked child inherits the plan, its op table
+    and the kernel's columns (nothing is pickled; it copies only the pages whose
+    reference counts it touches) and decides dependency and deadlock (and matching, for a plan without a
     table) while this process decides completeness, memory, matching for a plan with a
     table, and the digest (the halves take about equal time). Same verdicts as
     ``verify``."""
@@ -87,8 +87,9 @@ def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
         return verify(plan, memory_limit, comm_model, memory_model, rlimit)
     limits = properties.memory_limits(memory_limit, plan.num_ranks)
     clock = time.perf_counter()
-    with collector_paused():
-        table = op_table(plan)  # built once, inherited by the child
+    with collector_paused():  # built once, inherited by the child:
+        table = op_table(plan)
+        kernel.read(plan)  # after the fork, each touch of an op object copies its page
     with collector_paused(), _forked(_comm_properties, plan, table, comm_model,
                                      rlimit) as comm:
         local = _local_properties(plan, table, limits, memory_model, comm_model, rlimit)
