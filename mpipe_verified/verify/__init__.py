@@ -78,10 +78,10 @@ def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
                  memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
     """``verify(plan, ...)`` on two cores: a forked child inherits the plan, its op table
     and the kernel's columns (nothing is pickled; it copies only the pages whose
-    reference counts it touches) and decides dependency and deadlock (and matching, for a plan without a
-    table) while this process decides completeness, memory, matching for a plan with a
-    table, and the digest (the halves take about equal time). Same verdicts as
-    ``verify``."""
+    reference counts it touches) and decides dependency and deadlock (and matching, for
+    a plan without a table) while this process decides completeness, memory, matching
+    for a plan with a table, and the digest (the halves take about equal time). Same
+    verdicts as ``verify``."""
     _check_model(comm_model)
     if "fork" not in mp.get_all_start_methods():
         return verify(plan, memory_limit, comm_model, memory_model, rlimit)
