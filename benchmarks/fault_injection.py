@@ -326,6 +326,25 @@ FAULTS = (
           "enumerate(chain.destinations(c, rank)):",
           "enumerate(chain.destinations(c, rank)[:1]):",
           "lowering serves only the first destination of each op"),
+    # ---- the column forms' inputs (payload comparison, frees, the op classes)
+    Fault("column_payloads_unchecked", SEM,
+          "    return bool(np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])\n"
+          "                and np.array_equal(table.mb[s_rows], table.mb[r_rows]))",
+          "    return True",
+          "the column pairing calls every paired transfer's payloads equal"),
+    Fault("column_free_of_any_key", SEM,
+          "(phase[:-1] == 0) & (\n        name[1:] == name[:-1]) & (mb[1:] == mb[:-1])",
+          "(phase[:-1] == 0) & (\n        mb[1:] == mb[:-1])",
+          "the column memory pass lets a free release another key's allocation"),
+    Fault("table_class_last_is_first", SEM,
+          "op(a), op(b)) for a, b in zip",
+          "op(a), op(a)) for a, b in zip",
+          "the op table names each class's first op as its last (no check that they agree)"),
+    Fault("cell_classes_without_stage", SEM,
+          "np.where(plain, stage, 0)",
+          "np.where(plain, 0, 0)",
+          "the op classes of a torch CSV's cells ignore the stage (ops of two stages share "
+          "a class)"),
 )
 FAULTS_BY_NAME = {f.name: f for f in FAULTS}
 

@@ -271,24 +271,23 @@ def build_many(cls: type, n: int, columns: dict[str, Sequence]) -> list:
     return objs
 
 
-_KNOWN_CLASSES: list = [lambda: None, None]  # the plan a bulk reader built last (not
-# kept alive), and its op classes
+_KNOWN_CELLS: list = [lambda: None, None]  # the plan a bulk reader built last (not kept
+# alive), and what it knew of its ops
 
 
-def remember_op_classes(plan: "Plan", classes) -> None:
-    """Record what a bulk reader knew of ``plan``'s ops while building them: ``classes``
-    is ``(cls, mb)``, two int64 arrays over the ops in rank-major program order, ``cls``
-    numbering the op classes in order of first appearance (ops of one class differ only in
-    their microbatch ``mb``; idle steps and markers form one class per rank, with ``mb``
-    0), as ``semantics.op_table`` would find them. Only the last plan is kept, weakly; a
-    hint for untrusted passes, never read by the kernel."""
-    _KNOWN_CLASSES[:] = [weakref.ref(plan), classes]
+def remember_op_cells(plan: "Plan", cells) -> None:
+    """Record what a bulk reader knew of ``plan``'s ops while building them: ``cells`` is
+    ``(kind, stage, mb)``, int64 arrays over the ops in rank-major program order, where
+    two ops of one rank with equal ``kind`` and ``stage`` differ only in their microbatch
+    ``mb`` (``kind`` -1: an idle step, -2: a marker). Only the last plan is kept, weakly;
+    a hint for ``semantics.op_table``, never read by the kernel."""
+    _KNOWN_CELLS[:] = [weakref.ref(plan), cells]
 
 
-def known_op_classes(plan: "Plan"):
-    """``remember_op_classes``'s columns if ``plan`` is the plan they were recorded for,
+def known_op_cells(plan: "Plan"):
+    """``remember_op_cells``'s columns if ``plan`` is the plan they were recorded for,
     else None."""
-    return _KNOWN_CLASSES[1] if _KNOWN_CLASSES[0]() is plan else None
+    return _KNOWN_CELLS[1] if _KNOWN_CELLS[0]() is plan else None
 
 
 Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker]

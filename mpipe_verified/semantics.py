@@ -28,7 +28,7 @@ import attrs
 
 from .ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
                  SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Idle, Marker, Op,
-                 Overlap, Payload, Plan, Placement, Recv, Send, computes_of, known_op_classes,
+                 Overlap, Payload, Plan, Placement, Recv, Send, computes_of, known_op_cells,
                  p2p_of)
 
 RENDEZVOUS, EAGER = "rendezvous", "eager"
@@ -1371,14 +1371,14 @@ def _relative(tokens, mb: int, ids: dict) -> tuple:
 def op_table(plan: Plan) -> OpTable | None:
     """The plan's ``OpTable``, or None for a plan with a cut, groups, overlaps or
     collectives (their rules depend on more than an op's class). A plan that a bulk
-    reader built takes the classes it recorded (``ir.known_op_classes``), else they are
-    found op by op."""
+    reader built is classed by what it recorded (``ir.known_op_cells``), any other op by
+    op."""
     import numpy as np
     if plan.cut.segments:
         return None
-    known = known_op_classes(plan)
-    if known is not None:
-        return _table_of(plan, *known)
+    cells = known_op_cells(plan)
+    if cells is not None:
+        return _table_of(plan, *_classes_of_cells(plan, *cells))
     keys: dict[tuple, int] = {}
     cls: list[int] = []
     mbs: list[int] = []
@@ -1406,6 +1406,22 @@ def op_table(plan: Plan) -> OpTable | None:
                 return None
             add_cls(number(key, len(keys)))
     return _table_of(plan, np.array(cls, dtype=np.int64), np.array(mbs, dtype=np.int64))
+
+
+def _classes_of_cells(plan: Plan, kind, stage, mb) -> tuple:
+    """``(cls, mb)`` of ops recorded as ``ir.remember_op_cells`` describes: an op's class
+    is its rank, kind and stage (idle steps, and markers, one class per rank), numbered
+    in order of first appearance, as the op-by-op path numbers them."""
+    import numpy as np
+    counts = [len(program) for program in plan.programs]
+    rank = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    plain = kind >= 0
+    key = (rank * (int(kind.max(initial=0)) + 3) + kind + 2) * (
+        int(stage.max(initial=0)) + 1) + np.where(plain, stage, 0)
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    renumber = np.empty(len(first), np.int64)
+    renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return renumber[which.reshape(-1)], mb
 
 
 def _table_of(plan: Plan, cls_col, mbs) -> OpTable:

@@ -150,11 +150,11 @@ def _same_table(plan) -> None:
     """The table from the classes the plain reader recorded equals the one found op by
     op (same columns, and each class's first and last op the same objects)."""
     from mpipe_verified import ir
-    known = ir.known_op_classes(plan)
+    known = ir.known_op_cells(plan)
     assert known is not None  # the plain reader built it
     fast = op_table(plan)
-    ir.remember_op_classes(Plan(Placement((0,), 1), 1, ((),)), None)  # forget it
-    assert ir.known_op_classes(plan) is None
+    ir.remember_op_cells(Plan(Placement((0,), 1), 1, ((),)), None)  # forget it
+    assert ir.known_op_cells(plan) is None
     slow = op_table(plan)
     for column in ("rank", "index", "cls", "mb"):
         assert (getattr(fast, column) == getattr(slow, column)).all(), column

@@ -33,7 +33,7 @@ import attrs
 from ..errors import InputError
 from ..ir import (ACT, GRAD, MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload,
                   Placement, Plan, Recv, Schedule, Send, build_many, computes_of,
-                  remember_op_classes)
+                  remember_op_cells)
 from .files import MAX_BYTES, read_text
 from .output import write_output
 
@@ -390,22 +390,10 @@ def _build_plain(np, num_rows: int, row, kind, stage, mb) -> Plan | None:
     ends = np.cumsum(np.bincount(row, minlength=num_rows)).tolist()
     programs = tuple(tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends))
     plan = Plan(Placement(tuple(rank_of.tolist()), num_rows), int(mb.max()) + 1, programs)
-    remember_op_classes(plan, _op_classes(np, row, kind, stage, mb, group))
+    busy = (group >= 1) & (group <= 3)  # compute, send, receive: kind and stage say all
+    remember_op_cells(plan, (np.where(busy, kind, np.where(group == 4, -2, -1)).astype(
+        np.int64), stage.astype(np.int64), np.where(busy, mb, 0).astype(np.int64)))
     return plan
-
-
-def _op_classes(np, row, kind, stage, mb, group) -> tuple:
-    """``ir.remember_op_classes``'s columns of the cells: a compute, send or receive cell's
-    class is its row, kind and stage (which fix its peer and payload); idle cells, and
-    markers, are one class per row."""
-    steps = (group >= 1) & (group <= 3)
-    code = np.where(steps, kind, len(_PLAIN_KINDS) + (group == 4)).astype(np.int64)
-    key = (row.astype(np.int64) * (len(_PLAIN_KINDS) + 2) + code) * (
-        int(stage.max()) + 1) + np.where(steps, stage, 0)
-    _, first, which = np.unique(key, return_index=True, return_inverse=True)
-    renumber = np.empty(len(first), np.int64)
-    renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return renumber[which.reshape(-1)], np.where(steps, mb, 0).astype(np.int64)
 
 
 def _p2p_ops(np, kind, stage, mb, rank_of, send, recv) -> tuple[list, list] | None:
