@@ -242,6 +242,26 @@ class _Rules:
         return (np.stack([nrow, token[0]])[:, order], parts[0][1][order],
                 np.stack([mrow, token[1]]))
 
+    @cached_property
+    def pairs(self) -> tuple:
+        """FIFO pairing by counting, over the sends and receives (``comm`` rows, each side
+        in program order): per end, whether it is a send, its channel ``(src, dst)``, the
+        channel coded as one int, its number ``k`` on its side of the channel, the other
+        side's ``k``-th end (its place in ``comm``; -1 when that side has only
+        ``count <= k``) and that side's count."""
+        ends, peer = self.comm, self.p2p[1]
+        send = self.kind[ends] == SEND
+        src, dst = np.where(send, self.rank[ends], peer), np.where(send, peer, self.rank[ends])
+        chan = _dense(_key(src, dst)) if len(ends) else ends
+        side = chan * 2 + send
+        order = np.argsort(side, kind="stable")
+        start = np.searchsorted(side[order], np.arange(2 * int(chan.max(initial=-1)) + 3))
+        k = np.empty_like(ends)
+        k[order] = np.arange(len(ends)) - start[side[order]]
+        count = np.diff(start)[side ^ 1]
+        partner = np.where(k < count, order[np.minimum(start[side ^ 1] + k, len(ends) - 1)], -1)
+        return send, src, dst, chan, k, partner, count
+
     def owner(self) -> np.ndarray:
         """Per compute member, the rank that must run it (-1: none, it is not work of
         this plan): a body stage's rank (never for ``R``), a segment's forward rank for
@@ -760,28 +780,6 @@ def _within(x: np.ndarray, of: np.ndarray) -> np.ndarray:
     return of[at] == x if len(of) else np.zeros(len(x), bool)
 
 
-def _pairs(rules: _Rules) -> tuple:
-    """FIFO pairing by counting, over the sends and receives (``comm`` rows, each side in
-    program order): per end, whether it is a send, its channel ``(src, dst)``, the channel
-    coded as one int, its number ``k`` on its side of the channel, the other side's
-    ``k``-th end (its place in ``comm``; -1 when that side has only ``count <= k``) and
-    that side's count."""
-    if "pairs" not in vars(rules):
-        ends, peer = rules.comm, rules.p2p[1]
-        send = rules.kind[ends] == SEND
-        src, dst = np.where(send, rules.rank[ends], peer), np.where(send, peer, rules.rank[ends])
-        chan = _dense(_key(src, dst)) if len(ends) else ends
-        side = chan * 2 + send
-        order = np.argsort(side, kind="stable")
-        start = np.searchsorted(side[order], np.arange(2 * int(chan.max(initial=-1)) + 3))
-        k = np.empty_like(ends)
-        k[order] = np.arange(len(ends)) - start[side[order]]
-        count = np.diff(start)[side ^ 1]
-        partner = np.where(k < count, order[np.minimum(start[side ^ 1] + k, len(ends) - 1)], -1)
-        rules.pairs = (send, src, dst, chan, k, partner, count)
-    return rules.pairs
-
-
 def _instances(rules: _Rules) -> dict:
     """Collective instances: ``(sorted member set, k) -> {rank: (index, op)}``, the k-th
     call over that member set on each rank."""
@@ -795,7 +793,7 @@ def _instances(rules: _Rules) -> dict:
 
 
 def _matching(rules: _Rules, facts: _Facts, _witness) -> None:
-    send, src, dst, chan, k, partner, count = _pairs(rules)
+    send, src, dst, chan, k, partner, count = rules.pairs
     first = np.unique(chan, return_index=True)[1]
     sends, recvs = (np.bincount(chan[x], minlength=len(first)).tolist() for x in (send, ~send))
     where = [("channel", int(src[j]), int(dst[j])) for j in first.tolist()]
@@ -835,7 +833,7 @@ def _deadlock(rules: _Rules, facts: _Facts, witness: Witness, eager: bool) -> No
     nth = np.full(len(rules.step), -1, np.int64)  # a step of the plan -> its comm step
     nth[comm] = np.arange(len(comm))
     facts.extend("le", "order", [0 * fin, fin - post])  # gaps repeat far more than times
-    send, _, _, chan, k, partner, count = _pairs(rules)
+    send, _, _, chan, k, partner, count = rules.pairs
     ends, block = rules.comm, ~send | (not eager)
     j = np.flatnonzero(block & (partner >= 0))
     a, z = nth[rules.pos[ends[j]]], nth[rules.pos[ends[partner[j]]]]
@@ -1092,7 +1090,7 @@ def _waits(rules: _Rules, eager: bool) -> dict:
     other side has only ``count <= k`` ends) and the fact ``k < count``; per collective
     call, the other members' calls and the fact "callers = members" of its instance."""
     out: dict = defaultdict(list)
-    send, _, _, _, k, partner, count = _pairs(rules)
+    send, _, _, _, k, partner, count = rules.pairs
     ends = rules.comm.tolist()
     for j in np.flatnonzero(~send | (not eager)).tolist():
         row, z = ends[j], int(partner[j])

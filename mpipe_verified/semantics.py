@@ -1389,15 +1389,10 @@ def op_table(plan: Plan) -> OpTable | None:
             if kind is Compute:
                 key = (rank, op.kind, op.stage, op.segment)
                 add_mb(op.mb)
-            elif kind is Send:  # the peer read as a field (``peer`` is a property)
+            elif kind is Send or kind is Recv:  # the peer read as a field (a property)
                 p = op.payload
-                key = (rank, kind, op.dst, p.kind, p.stage, p.segment, p.to_segment,
-                       p.shape, p.dtype, p.leaves)
-                add_mb(p.mb)
-            elif kind is Recv:
-                p = op.payload
-                key = (rank, kind, op.src, p.kind, p.stage, p.segment, p.to_segment,
-                       p.shape, p.dtype, p.leaves)
+                key = (rank, kind, op.dst if kind is Send else op.src, p.kind, p.stage,
+                       p.segment, p.to_segment, p.shape, p.dtype, p.leaves)
                 add_mb(p.mb)
             elif kind is Idle or kind is Marker:
                 key = (rank, kind)
