@@ -877,6 +877,10 @@ def wait_cycle(execution: Execution) -> list[Wait]:
 # ---------------------------------------------------------------- memory
 
 
+def _no_buffer(payload: Payload) -> float:
+    return 0.0
+
+
 @attrs.frozen
 class MemoryModel:
     """§2.6. ``stored(stage, segment)`` is what an ``F`` keeps for its backward (freed by
@@ -887,9 +891,15 @@ class MemoryModel:
     unit model (buffers and RNG states free)."""
 
     stored: Callable[[int, str], float] = lambda stage, segment: 1.0
-    buffer: Callable[[Payload], float] = lambda payload: 0.0
+    buffer: Callable[[Payload], float] = _no_buffer
     static: tuple[float, ...] = ()
     rng_state: float = 0.0
+
+    @property
+    def buffers_free(self) -> bool:
+        """Whether ``buffer`` is the default, which makes every receive buffer free (a
+        function of its own is not inspected, even one that always returns 0)."""
+        return self.buffer is _no_buffer
 
     def static_of(self, rank: int) -> float:
         return self.static[rank] if rank < len(self.static) else 0.0
@@ -976,7 +986,7 @@ def memory_moves(table: OpTable, model: MemoryModel, extra=()) -> tuple | None:
     class), a size or a number of ``extra`` (the static parts and limits the sums will
     meet) is not an integer, they could sum beyond ``BIG`` (where float sums stop being
     exact), or the table cannot state the rules."""
-    if model.buffer is not UNIT_MEMORY.buffer:
+    if not model.buffers_free:
         return None
     chain = Chain.of(table.plan)
 
