@@ -341,8 +341,8 @@ FAULTS = (
           "op(a), op(a)) for a, b in zip",
           "the op table names each class's first op as its last (no check that they agree)"),
     Fault("cell_classes_without_stage", SEM,
-          "np.where(plain, stage, 0)",
-          "np.where(plain, 0, 0)",
+          "np.where(kind >= 0, stage, 0)",
+          "np.where(kind >= 0, 0, 0)",
           "the op classes of a torch CSV's cells ignore the stage (ops of two stages share "
           "a class)"),
 )

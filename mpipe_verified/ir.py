@@ -272,16 +272,23 @@ def build_many(cls: type, n: int, columns: dict[str, Sequence]) -> list:
 
 
 _KNOWN_CELLS: list = [lambda: None, None]  # the plan a bulk reader built last (not kept
-# alive), and what it knew of its ops
+# alive), and what it knew of its ops (dropped with the plan)
 
 
 def remember_op_cells(plan: "Plan", cells) -> None:
     """Record what a bulk reader knew of ``plan``'s ops while building them: ``cells`` is
-    ``(kind, stage, mb)``, int64 arrays over the ops in rank-major program order, where
+    ``(kind, stage, mb)``, integer arrays over the ops in rank-major program order, where
     two ops of one rank with equal ``kind`` and ``stage`` differ only in their microbatch
-    ``mb`` (``kind`` -1: an idle step, -2: a marker). Only the last plan is kept, weakly;
-    a hint for ``semantics.op_table``, never read by the kernel."""
-    _KNOWN_CELLS[:] = [weakref.ref(plan), cells]
+    ``mb`` (``kind`` -1: an idle step, -2: a marker). Only the last plan is kept, weakly,
+    and its arrays are made read-only; a hint for ``semantics.op_table``, never read by
+    the kernel."""
+    for column in cells:
+        column.flags.writeable = False
+
+    def forget(ref) -> None:
+        if _KNOWN_CELLS[0] is ref:
+            _KNOWN_CELLS[:] = [lambda: None, None]
+    _KNOWN_CELLS[:] = [weakref.ref(plan, forget), tuple(cells)]
 
 
 def known_op_cells(plan: "Plan"):

@@ -1420,13 +1420,13 @@ def _classes_of_cells(plan: Plan, kind, stage, mb) -> tuple:
     import numpy as np
     counts = [len(program) for program in plan.programs]
     rank = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    plain = kind >= 0
+    kind, stage = kind.astype(np.int64), stage.astype(np.int64)
     key = (rank * (int(kind.max(initial=0)) + 3) + kind + 2) * (
-        int(stage.max(initial=0)) + 1) + np.where(plain, stage, 0)
+        int(stage.max(initial=0)) + 1) + np.where(kind >= 0, stage, 0)
     _, first, which = np.unique(key, return_index=True, return_inverse=True)
     renumber = np.empty(len(first), np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return renumber[which.reshape(-1)], mb
+    return renumber[which.reshape(-1)], mb.astype(np.int64)
 
 
 def _table_of(plan: Plan, cls_col, mbs) -> OpTable:
@@ -1438,10 +1438,10 @@ def _table_of(plan: Plan, cls_col, mbs) -> OpTable:
     index = np.arange(len(cls_col), dtype=np.int64) - np.repeat(
         np.cumsum(counts, dtype=np.int64) - counts, counts)
     n = int(cls_col.max()) + 1 if len(cls_col) else 0
-    first, last = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    first, last = np.full(n, len(cls_col), dtype=np.int64), np.zeros(n, dtype=np.int64)
     rows = np.arange(len(cls_col), dtype=np.int64)
-    last[cls_col] = rows  # of repeated indices the last assignment stays
-    first[cls_col[::-1]] = rows[::-1]
+    np.minimum.at(first, cls_col, rows)
+    np.maximum.at(last, cls_col, rows)
     op = lambda j: plan.programs[int(ranks[j])][int(index[j])]  # noqa: E731
     classes = tuple((int(ranks[a]), op(a), op(b)) for a, b in zip(first.tolist(),
                                                                    last.tolist()))

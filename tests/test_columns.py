@@ -153,7 +153,7 @@ def _same_table(plan) -> None:
     known = ir.known_op_cells(plan)
     assert known is not None  # the plain reader built it
     fast = op_table(plan)
-    ir.remember_op_cells(Plan(Placement((0,), 1), 1, ((),)), None)  # forget it
+    ir.remember_op_cells(Plan(Placement((0,), 1), 1, ((),)), ())  # forget it
     assert ir.known_op_cells(plan) is None
     slow = op_table(plan)
     for column in ("rank", "index", "cls", "mb"):
@@ -191,10 +191,27 @@ def test_the_classes_a_plain_csv_reader_records_are_the_op_by_op_ones(mutant, ed
     _same_table(read)
 
 
-def test_check_keeps_the_plan_it_read_when_nothing_is_declared():
-    """So the classes the reader recorded reach ``op_table`` (a copy would lose them)."""
+def test_check_s_op_table_is_the_reader_s(tmp_path, monkeypatch, capsys):
+    """``check FILE`` judges the plan the reader built (``declare`` keeps it when nothing
+    is declared), so the cells it recorded reach ``op_table``; the cells are dropped with
+    the plan and cannot be written to."""
+    import gc
+    from mpipe_verified import ir, semantics
+    from mpipe_verified.cli import main
     from mpipe_verified.declared import declare
-    plan = parse_torch_csv(format_torch_csv(lower(family("1f1b", 3, 5).derive())), "x.csv")
-    assert declare(plan) is plan
-    assert declare(plan, microbatches=6).num_microbatches == 6
+    text = format_torch_csv(lower(family("1f1b", 3, 5).derive()))
+    plan = parse_torch_csv(text, "x.csv")
+    assert declare(plan) is plan and declare(plan, microbatches=6).num_microbatches == 6
     _same_table(plan)
+    plan = parse_torch_csv(text, "x.csv")
+    assert not ir.known_op_cells(plan)[0].flags.writeable
+    del plan
+    gc.collect()
+    assert ir._KNOWN_CELLS[1] is None  # nothing kept once the plan is gone
+    used = []
+    classes = semantics._classes_of_cells
+    monkeypatch.setattr(semantics, "_classes_of_cells",
+                        lambda *a: used.append(1) or classes(*a))
+    path = tmp_path / "1f1b.csv"
+    path.write_text(text)
+    assert main(["check", str(path), "-q"]) == 0 and used

@@ -392,7 +392,7 @@ def _build_plain(np, num_rows: int, row, kind, stage, mb) -> Plan | None:
     plan = Plan(Placement(tuple(rank_of.tolist()), num_rows), int(mb.max()) + 1, programs)
     busy = (group >= 1) & (group <= 3)  # compute, send, receive: kind and stage say all
     remember_op_cells(plan, (np.where(busy, kind, np.where(group == 4, -2, -1)).astype(
-        np.int64), stage.astype(np.int64), np.where(busy, mb, 0).astype(np.int64)))
+        np.int8), stage, np.where(busy, mb, 0).astype(mb.dtype)))
     return plan
 
 
