@@ -4,15 +4,18 @@ interpreter.
 ``needed_laws(family, params)`` picks, for each of the five properties, the registry's
 all-sizes law about ``family`` whose scope holds ``params``. ``distinct_obligations``
 lists their obligations, each stated alike once (the five share their stream, shape and
-lowering lemmas). ``python -m mpipe_verified.proofs.covering FAMILY PARAMS INDEX JOBS``
-proves every ``JOBS``-th of them from ``INDEX`` (``PARAMS`` a JSON object) and prints
-``{"proved": bool, "obligations": n}``: it imports only the laws and Z3, so a verdict
-never depends on what Z3 did before in the caller's process.
+lowering lemmas). ``python -P -m mpipe_verified.proofs.covering FAMILY PARAMS INDEX
+JOBS`` proves every ``JOBS``-th of them from ``INDEX`` (``PARAMS`` a JSON object) and
+prints ``{"proved": bool, "obligations": n, "package": the mpipe_verified it ran}``: a
+fresh interpreter that imports the laws, the algebra they are compared with and Z3 (not
+the kernel, the passes or numpy), so a verdict never depends on what Z3 did before in
+the caller's process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Mapping
 
@@ -59,18 +62,22 @@ def distinct_obligations(family: str, params: Mapping[str, object]) -> list:
 
 def prove_part(family: str, params: Mapping[str, object], index: int,
                jobs: int) -> tuple[bool, int]:
-    """Prove every ``jobs``-th distinct obligation from ``index``: ``(all proved and there
-    is at least one obligation, how many distinct obligations there are)``."""
+    """Prove every ``jobs``-th distinct obligation from ``index``: ``(all proved, with
+    their hypotheses shown satisfiable, and there is at least one obligation, how many
+    distinct obligations there are)``."""
     obligations = distinct_obligations(family, params)
     part = obligations[index::jobs]
     result = check(Law(f"{family} part {index}", "", ALL_SIZES, lambda: part))
-    return result.status == PROVED and bool(obligations), len(obligations)
+    settled = result.status == PROVED and not result.detail  # no vacuity left unchecked
+    return settled and bool(obligations), len(obligations)
 
 
 def main(argv: list[str]) -> None:
+    import mpipe_verified
     family, params, index, jobs = argv[0], json.loads(argv[1]), int(argv[2]), int(argv[3])
     proved, count = prove_part(family, params, index, jobs)
-    print(json.dumps({"proved": proved, "obligations": count}))
+    print(json.dumps({"proved": proved, "obligations": count,
+                      "package": os.path.abspath(mpipe_verified.__file__)}))
 
 
 if __name__ == "__main__":

@@ -132,8 +132,8 @@ def test_false_laws_are_reported_failed_with_a_counterexample(false_law):
 
 
 def test_par_of_plans_exchanging_messages_can_deadlock():
-    """The counterexample of ``false_par_exchanging`` is the classic one: both ranks
-    receive first."""
+    """``false_par_exchanging`` fails with a counterexample: two plans that each exchange
+    messages, put side by side, deadlock."""
     ob, = registry.BY_NAME["false_par_exchanging"].obligations()
     verdict, detail = core.refute(ob, 10_000)
     assert verdict == "failed"

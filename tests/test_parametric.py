@@ -5,7 +5,9 @@ parameters derive."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -178,31 +180,52 @@ def test_recheck_of_a_parametric_certificate(tmp_path, capsys):
     assert "not the one 1f1b derives" in capsys.readouterr().out
 
 
+def _said(proved: str = "true", count: int = 59, package: str | None = None) -> str:
+    import mpipe_verified
+    package = package or os.path.abspath(mpipe_verified.__file__)
+    text = json.dumps({"proved": proved == "true", "obligations": count, "package": package})
+    return "echo '" + text + "'"
+
+
 @pytest.mark.parametrize("answers", [
-    ("exit 1", "exit 1"),                                    # a prover that fails
-    ('echo "{\\"proved\\": true, \\"obligations\\": 59}"', "echo nonsense"),
-    ('echo "{\\"proved\\": true, \\"obligations\\": 59}"',  # the parts disagree on the
-     'echo "{\\"proved\\": true, \\"obligations\\": 58}"'),  # obligations they split
-    ('echo "{\\"proved\\": true, \\"obligations\\": 59}"',
-     'echo "{\\"proved\\": false, \\"obligations\\": 59}"'),
+    ("exit 1", "exit 1"),                                  # a prover that fails
+    (_said(), "echo nonsense"),
+    (_said(), _said(count=58)),  # the parts disagree on the obligations they split
+    (_said(), _said("false")),
+    (_said(), _said() + "; exit 1"),                      # it said so, then failed
+    (_said(), _said(package="/elsewhere/mpipe_verified/__init__.py")),  # another copy
 ])
 def test_a_prover_that_does_not_prove_its_part_leaves_the_check_to_the_instance(
         capsys, monkeypatch, tmp_path, answers):
-    """The laws answer only when every freshly started prover exits 0 with its part proved
-    and all count the same obligations; else ``check --family`` checks the instance op by
-    op (and still finds it verified)."""
+    """The laws answer only when every freshly started prover exits 0 with its part proved,
+    from this process's own package, and all count the same obligations; else ``check
+    --family`` checks the instance op by op (and still finds it verified)."""
     first, second = answers
-    fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\nif [ "$5" = 0 ]; then {first}; else {second}; fi\n')
+    fake = tmp_path / "python"  # argv: -P -m MODULE FAMILY PARAMS INDEX JOBS
+    fake.write_text(f'#!/bin/sh\nif [ "$6" = 0 ]; then {first}; else {second}; fi\n')
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     code, doc = check(capsys, *family_argv("1f1b", 4, 8))
     assert code == 0 and doc["proof"] == {"kind": "instance"}
 
 
-def test_the_provers_prove_each_distinct_obligation_once_between_them():
-    proved, count = parametric.prove_laws("1f1b", {"pp": 4, "microbatches": 8,
-                                                   "chunks": None}, jobs=3)
-    from mpipe_verified.proofs import covering
-    assert proved and count == len(covering.distinct_obligations(
-        "1f1b", {"pp": 4, "microbatches": 8, "chunks": None})) > 0
+def test_the_provers_prove_each_distinct_obligation_once_between_them(monkeypatch):
+    """Every distinct obligation is in exactly one prover's part, and a part is proved
+    only when its hypotheses were shown satisfiable too."""
+    from mpipe_verified.proofs import core, covering
+    params = {"pp": 4, "microbatches": 8, "chunks": None}
+    every = covering.distinct_obligations("1f1b", params)
+    given: list = []
+    checked = core.check
+    monkeypatch.setattr(covering, "check", lambda law: given.append(law.obligations())
+                        or checked(law))
+    assert all(covering.prove_part("1f1b", params, i, 3) == (True, len(every))
+               for i in range(3))
+    keys = [covering._key(ob) for part in given for ob in part]
+    assert len(keys) == len(set(keys)) == len(every)  # each once: Z3 shares equal terms
+    assert set(keys) == {covering._key(ob) for ob in every}
+    monkeypatch.setattr(covering, "check", lambda law: dataclasses.replace(
+        checked(law), detail="hypotheses not shown satisfiable within 1000 ms: x"))
+    assert covering.prove_part("1f1b", params, 0, 3)[0] is False
+    proved, count = parametric.prove_laws("1f1b", params, jobs=3)
+    assert proved and count == len(every) > 0

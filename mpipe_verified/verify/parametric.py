@@ -120,21 +120,33 @@ def _over_limit(peaks: tuple, limits) -> bool:
 
 def prove_laws(family: str, params: Mapping[str, object], jobs: int = 2) -> tuple[bool, int]:
     """Prove every obligation of the family's laws at ``params`` (``needed_laws``) now,
-    each distinct one once, split over ``jobs`` freshly started interpreters that import
-    only the laws and Z3 (``python -m mpipe_verified.proofs.covering``), so no verdict
-    depends on what Z3 did before in this process: ``(all proved, obligations)``. A law
-    is proved when all of its obligations are, and each is among these; an interpreter
-    that fails or answers nonsense proves nothing."""
+    each distinct one once, split over ``jobs`` freshly started interpreters (``python
+    -P -m mpipe_verified.proofs.covering``, which imports the laws, the algebra they are
+    compared with and Z3, not the kernel, the passes or numpy), so no verdict depends on
+    what Z3 did before in this process: ``(all proved, obligations)``. Each interpreter
+    runs this process's own copy of the package (its directory first on the path, the
+    working directory not on it) and must say so; one that fails, answers nonsense or
+    runs another copy proves nothing. A law is proved when all of its obligations are,
+    and each is among these."""
     import subprocess
     import sys
-    command = [sys.executable, "-m", "mpipe_verified.proofs.covering", family,
+    import mpipe_verified
+    package = os.path.abspath(mpipe_verified.__file__)
+    here = os.path.dirname(os.path.dirname(package))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    command = [sys.executable, "-P", "-m", "mpipe_verified.proofs.covering", family,
                json.dumps(dict(params))]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    procs = [subprocess.Popen([*command, str(i), str(jobs)], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
-             for i in range(jobs)]
+    procs: list = []
     try:
-        answers = [_answer(proc.communicate()[0], proc.returncode) for proc in procs]
+        for i in range(jobs):
+            procs.append(subprocess.Popen([*command, str(i), str(jobs)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          stdin=subprocess.DEVNULL))
+        answers = [_answer(proc.communicate()[0], proc.returncode, package)
+                   for proc in procs]
+    except OSError:  # an interpreter that cannot start proves nothing
+        return False, 0
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -145,15 +157,16 @@ def prove_laws(family: str, params: Mapping[str, object], jobs: int = 2) -> tupl
     return proved, min(counts)
 
 
-def _answer(out: bytes, returncode: int) -> tuple[bool, int]:
+def _answer(out: bytes, returncode: int, package: str) -> tuple[bool, int]:
     """A prover's ``(proved, obligations)`` from its output; ``(False, 0)`` unless it
-    exited 0 with exactly the JSON object ``covering.main`` prints."""
+    exited 0 with exactly the JSON object ``covering.main`` prints, from ``package``."""
     try:
         data = json.loads(out)
     except ValueError:
         return False, 0
     if (returncode != 0 or not isinstance(data, dict) or data.get("proved") is not True
-            or not isinstance(data.get("obligations"), int)):
+            or not isinstance(data.get("obligations"), int)
+            or data.get("package") != package):
         return False, 0
     return True, data["obligations"]
 
