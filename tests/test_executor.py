@@ -203,6 +203,8 @@ def test_step_matches_single_process(launches, world, name):
             assert key not in got, f"{key} has a gradient on two ranks"
             got[key] = grad
     assert set(got) == set(want), (sorted(set(want) ^ set(got)))
+    if case.get("defer"):  # the deferred form really ran: receives read while in flight
+        assert sum(res["deferred"] for res in results) > 0, [r["deferred"] for r in results]
     for key in want:
         torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=0,
                                    msg=lambda m, k=key: f"{name} on {world} ranks, {k}: {m}")

@@ -178,8 +178,12 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
                           loss_fn=tiny.loss_fn, overlap_comms=not case.get("strict"),
                           check_messages=not case.get("bare"),
                           segment_loss_fns={"gen": sink_loss} if case.get("sink") else None)
+    deferred = []  # receives still in flight when first read (the deferred form ran)
     if case.get("defer"):  # the CUDA default on this CPU: receives waited for at first read
         ex._defer_receives = True
+        resolve = ex._resolve
+        ex._resolve = lambda pending: deferred.append(pending.buf is not None) or resolve(
+            pending)
     outputs, sink_outputs = None, {}
     if case.get("eval"):
         result = ex.eval(batch)
@@ -201,7 +205,7 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
                 "homes": {seg.name: seg.home for seg in plan.cut.segments},
                 "grads": grads, "home": plan.cut.segments[0].home,
                 "stored_peak": ex.stored_peak, "verified_peak": report.peak_memory[rank],
-                "calls": getattr(segment, "calls", [])},
+                "calls": getattr(segment, "calls", []), "deferred": sum(deferred)},
                os.path.join(out_dir, f"{case['name']}.{rank}.pt"))
 
 

@@ -1008,6 +1008,7 @@ class PipelineExecutor:
         transfer = _Transfer(works, [buf for _, buf, _ in items], where, peers)
         if not self.overlap_comms or (recvs and not self._defer_receives):
             self._finish(transfer)
+            self._posted = None  # nothing of this rank's is in flight
             return {token: _received(messages.decode(buf, payload, src, where), payload)
                     for token, buf, payload, src in recvs}
         self._posted = transfer
