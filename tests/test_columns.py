@@ -87,6 +87,14 @@ def test_columns_time_a_rendezvous_deadlock_as_op_by_op():
                                                                                  ())
 
 
+def test_a_free_releases_only_its_own_key_s_allocation():
+    """Stage 1's backward right after stage 0's forward of the same microbatch frees
+    nothing of it (another key): the column memory levels agree with op by op."""
+    plan = Plan(Placement((0, 0), 1), 2, ((Compute("F", 0, 0), Compute("B", 1, 0),
+                                           Compute("F", 1, 1)),))
+    _agree(plan)
+
+
 BODY_EDITS = ("drop", "duplicate", "swap_adjacent", "move", "swap_sends", "payload")
 
 

@@ -69,21 +69,11 @@ class Parametric:
         return cls.of(str(data["family"]), params, [str(x) for x in data["laws"]])
 
 
-def needed_laws(family: str, params: Mapping[str, object]):
-    """The family's laws that cover ``params`` (``proofs.covering.needed_laws``)."""
-    from ..proofs import covering
-    return covering.needed_laws(family, params)
-
-
-def _memory_law(laws):
-    from ..proofs import covering
-    return covering.memory_law(laws)
-
-
 def prove(family: str, params: Mapping[str, object], limit=None,
           comm_model: str = RENDEZVOUS):
     """A verified ``Report`` from the family's laws, proven now, or None (see the module
     docstring for when)."""
+    from ..proofs.covering import memory_law, needed_laws
     from .properties import memory_limits
     from .report import PROPERTIES, Certificate, Report
     laws = needed_laws(family, params) if comm_model == RENDEZVOUS else None
@@ -91,7 +81,7 @@ def prove(family: str, params: Mapping[str, object], limit=None,
         return None
     started = time.perf_counter()
     ranks = int(params["pp"])
-    peaks = tuple(_memory_law(laws).peak(params))
+    peaks = tuple(memory_law(laws).peak(params))
     try:
         limits = memory_limits(limit, ranks)
     except ValueError:
@@ -119,15 +109,15 @@ def _over_limit(peaks: tuple, limits) -> bool:
 
 
 def prove_laws(family: str, params: Mapping[str, object], jobs: int = 2) -> tuple[bool, int]:
-    """Prove every obligation of the family's laws at ``params`` (``needed_laws``) now,
-    each distinct one once, split over ``jobs`` freshly started interpreters (``python
-    -P -m mpipe_verified.proofs.covering``, which imports the laws, the algebra they are
-    compared with and Z3, not the kernel, the passes or numpy), so no verdict depends on
-    what Z3 did before in this process: ``(all proved, obligations)``. Each interpreter
-    runs this process's own copy of the package (its directory first on the path, the
-    working directory not on it) and must say so; one that fails, answers nonsense or
-    runs another copy proves nothing. A law is proved when all of its obligations are,
-    and each is among these."""
+    """Prove every obligation of the family's laws at ``params``
+    (``proofs.covering.needed_laws``) now, each distinct one once, split over ``jobs``
+    freshly started interpreters (``python -P -m mpipe_verified.proofs.covering``, which
+    imports the laws, the algebra they are compared with and Z3, not the kernel, the
+    passes or numpy), so no verdict depends on what Z3 did before in this process:
+    ``(all proved, obligations)``. Each interpreter runs this process's own copy of the
+    package (its directory first on the path, the working directory not on it) and must
+    say so; one that fails, answers nonsense or runs another copy proves nothing. A law
+    is proved when all of its obligations are, and each is among these."""
     import subprocess
     import sys
     import mpipe_verified
@@ -189,6 +179,7 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
     """Why ``claim`` does not certify ``plan`` (None when it does): its laws must be the
     ones that cover its parameters now, and ``plan`` the plan they derive."""
     from ..errors import ParameterError
+    from ..proofs.covering import needed_laws
     from .report import plan_digest
     p = claim.mapping
     if (p.get("pp"), p.get("microbatches")) != (plan.num_ranks, plan.num_microbatches):
@@ -235,6 +226,7 @@ def _without_annotations(plan: Plan) -> tuple[Plan, str | None]:
 def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
     """``mpipe-verify recheck`` of a parametric certificate: it must certify ``plan``
     (``check_certificate``) and its laws must prove now. ``(proven, reasons)``."""
+    from ..proofs.covering import memory_law, needed_laws
     from .report import Certificate, CertificateError, check_certificate
     try:
         certificate = Certificate.from_json(dict(data))
@@ -251,7 +243,7 @@ def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
     if laws is None or not prove_laws(claim.family, claim.mapping)[0]:
         return False, [f"the laws {', '.join(claim.laws)} do not all prove now"]
     limits = certificate.memory_limit
-    peaks = tuple(_memory_law(laws).peak(claim.mapping))
+    peaks = tuple(memory_law(laws).peak(claim.mapping))
     if _over_limit(peaks, limits):
         return False, ["the proven peak exceeds the certificate's memory limit"]
     return True, [f"proven by {', '.join(claim.laws)}"]
