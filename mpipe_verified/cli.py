@@ -1127,7 +1127,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def console_main() -> int:
+def console_main() -> NoReturn:
     """The ``mpipe-verify`` command: ``main`` in a process of its own. Reference counting
     frees everything the command builds (plans and facts are acyclic), so the cyclic
     collector stays off: it would only rescan every op of a big plan. Once ``main`` has

@@ -412,7 +412,9 @@ BOUND = 1 << 62
 def _column(values, bound: int = BOUND) -> np.ndarray:
     """Exact numbers as an array: int64 when every value is an int of magnitude below
     ``bound`` (so no difference of two of them overflows), else Python's own numbers
-    (objects). An int64 array is kept, or made exact where it leaves the bound."""
+    (objects). An int64 array is kept, or made exact where it leaves the bound; an array
+    of any other dtype is kept as it is (the kernel's are int64 or already exact
+    objects)."""
     if isinstance(values, np.ndarray):
         inside = values.dtype != np.int64 or not len(values) or (
             -bound < values.min() and values.max() < bound)

@@ -124,12 +124,14 @@ def test_lowering_conserves_compute_work(t, data):
 # ---------------------------------------------------------------- (c) mutants
 
 
-def _agree(mutant_case) -> None:
+def _agree(mutant_case, sizes=None) -> None:
+    """The verifier and the reference judge the mutant alike (with ``sizes``: under
+    those memory sizes, ``reference.Sizes``)."""
     base, kind, description, mutant, limit = mutant_case
-    status, found = S.verifier_verdict(mutant, limit)
-    expected = S.reference_verdict(mutant, limit)
+    status, found = S.verifier_verdict(mutant, limit, sizes)
+    expected = S.reference_verdict(mutant, limit, sizes)
     verdict = S.classify(status, found, expected)
-    assert verdict == "agree", (description, f"limit={limit}", status, sorted(found),
+    assert verdict == "agree", (description, sizes, f"limit={limit}", status, sorted(found),
                                 sorted(expected))
 
 
@@ -156,11 +158,7 @@ def test_sized_mutant_verdicts_agree_with_the_reference(data):
     base, kind, description, mutant, _ = data.draw(S.mutants())
     ch = S.DrawChooser(data.draw)
     sizes = S.random_sizes(ch, base)
-    limit = S.memory_limit_for(base, ch, sizes)
-    status, found = S.verifier_verdict(mutant, limit, sizes)
-    expected = S.reference_verdict(mutant, limit, sizes)
-    assert S.classify(status, found, expected) == "agree", (
-        description, sizes, f"limit={limit}", status, sorted(found), sorted(expected))
+    _agree((base, kind, description, mutant, S.memory_limit_for(base, ch, sizes)), sizes)
 
 
 def test_receive_buffers_count_until_their_consumer_runs():

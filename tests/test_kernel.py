@@ -301,7 +301,7 @@ def test_sizes_of_asks_the_model_for_every_receive_and_keeps_the_nonzero_ones():
     state): the same buffer for every payload received, none for a zero-sized one; a
     size the model gives as a float is kept exactly."""
     from mpipe_verified.algebra.transpose import transpose_family
-    from mpipe_verified.ir import Group, Overlap, Recv
+    from mpipe_verified.ir import Recv, p2p_of
     from mpipe_verified.lower import lower
     from strategies import RandomChooser, with_groups
     import random
@@ -311,8 +311,7 @@ def test_sizes_of_asks_the_model_for_every_receive_and_keeps_the_nonzero_ones():
     model = MemoryModel(stored=lambda s, seg: 1.5 if seg else 1.0,
                         buffer=lambda p: {"act": 0.25, "grad": 0.0}.get(p.kind, 0.5),
                         static=(2.0, 0.75), rng_state=0.125)
-    received = {c.payload for prog in plan.programs for op in prog
-                for c in (op.ops if isinstance(op, (Group, Overlap)) else (op,))
+    received = {c.payload for prog in plan.programs for op in prog for c in p2p_of(op)
                 if isinstance(c, Recv)}
     assert {p.kind for p in received} == {"act", "grad", "input"}
     want = {p: Fraction(model.received(p)) for p in received if model.received(p)}
