@@ -118,6 +118,14 @@ def test_copies_of_a_segment_with_other_trainable_parameters_are_refused(dp_run)
                "trainable parameters" in text, text
 
 
+def test_replicas_with_other_trainable_parameters_are_refused(dp_run):
+    """Every rank refuses together, naming the replicas by their global ranks."""
+    for r in range(4):
+        text = open(os.path.join(dp_run, f"replicas.{r}.txt")).read()
+        assert f"rank {r % 2}: the replicas: ranks [{r % 2}] against [{r % 2 + 2}] hold " \
+               "different trainable parameters" in text, text
+
+
 def test_replicas_holding_different_plan_ranks_are_refused(dp_run):
     for r in range(4):
         text = open(os.path.join(dp_run, f"crossed.{r}.txt")).read()

@@ -96,6 +96,27 @@ def run_dp(out: str) -> None:
     refuse_fsdp(out)
     refuse_crossed_replicas(out)
     refuse_other_layouts(out)
+    refuse_other_replica_layouts(out)
+
+
+def refuse_other_replica_layouts(out: str) -> None:
+    """The second replica freezes the first parameter of each of its stages: the replicas'
+    gradient sum would add different parameters together, so every rank refuses at
+    start-up, naming the replicas' global ranks (``OUT/replicas.RANK.txt``)."""
+    plan, cert, encoder, stages, _ = build("zb-h1-groups")
+    rank = dist.get_rank()
+    if rank >= PP:
+        for s in plan.placement.stages_of(rank % PP):
+            next(stages[s].parameters()).requires_grad_(False)
+    try:
+        ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
+                              loss_fn=tiny.loss_fn, **groups("zb-h1-groups"))
+        ex.step(tiny.make_batch(0, rows_for(plan.num_microbatches)))
+        message = "accepted"
+    except PipelineError as err:
+        message = str(err)
+    with open(os.path.join(out, f"replicas.{rank}.txt"), "w") as f:
+        f.write(message)
 
 
 def refuse_other_layouts(out: str) -> None:
