@@ -103,37 +103,37 @@ def refuse_other_replica_layouts(out: str) -> None:
     """The second replica freezes the first parameter of each of its stages: the replicas'
     gradient sum would add different parameters together, so every rank refuses at
     start-up, naming the replicas' global ranks (``OUT/replicas.RANK.txt``)."""
-    plan, cert, encoder, stages, _ = build("zb-h1-groups")
-    rank = dist.get_rank()
-    if rank >= PP:
-        for s in plan.placement.stages_of(rank % PP):
-            next(stages[s].parameters()).requires_grad_(False)
-    try:
-        ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
-                              loss_fn=tiny.loss_fn, **groups("zb-h1-groups"))
-        ex.step(tiny.make_batch(0, rows_for(plan.num_microbatches)))
-        message = "accepted"
-    except PipelineError as err:
-        message = str(err)
-    with open(os.path.join(out, f"replicas.{rank}.txt"), "w") as f:
-        f.write(message)
+    def freeze(plan, encoder, stages, rank):
+        if rank >= PP:
+            for s in plan.placement.stages_of(rank % PP):
+                next(stages[s].parameters()).requires_grad_(False)
+    _step_after(freeze, "zb-h1-groups", os.path.join(out, "replicas"))
 
 
 def refuse_other_layouts(out: str) -> None:
     """Plan rank 1's copy of the owner-mode encoder freezes its first parameter (in both
     pipelines): the members of its gradient all-reduce would sum different parameters,
     so every rank refuses at start-up (``OUT/layout.RANK.txt``)."""
-    plan, cert, encoder, stages, _ = build("transpose-owner-mesh")
-    if dist.get_rank() % PP == 1:
-        next(encoder.parameters()).requires_grad_(False)
+    def freeze(plan, encoder, stages, rank):
+        if rank % PP == 1:
+            next(encoder.parameters()).requires_grad_(False)
+    _step_after(freeze, "transpose-owner-mesh", os.path.join(out, "layout"))
+
+
+def _step_after(edit, name: str, prefix: str) -> None:
+    """Case ``name``'s model edited by ``edit(plan, encoder, stages, rank)``, one step:
+    what it said (``accepted``, or the refusal) in ``PREFIX.RANK.txt``."""
+    plan, cert, encoder, stages, _ = build(name)
+    rank = dist.get_rank()
+    edit(plan, encoder, stages, rank)
     try:
         ex = PipelineExecutor(plan, cert, stages=stages, segments={"vision": encoder},
-                              loss_fn=tiny.loss_fn, **groups("transpose-owner-mesh"))
+                              loss_fn=tiny.loss_fn, **groups(name))
         ex.step(tiny.make_batch(0, rows_for(plan.num_microbatches)))
         message = "accepted"
     except PipelineError as err:
         message = str(err)
-    with open(os.path.join(out, f"layout.{dist.get_rank()}.txt"), "w") as f:
+    with open(f"{prefix}.{rank}.txt", "w") as f:
         f.write(message)
 
 
