@@ -32,8 +32,6 @@ depends on what Z3 did before it.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import multiprocessing.connection  # noqa: F401 - mp.connection.wait
 import os
 import time
 from dataclasses import dataclass, field
@@ -300,6 +298,8 @@ def run_all(laws: Sequence[Law], timeout_ms: int = DEFAULT_TIMEOUT_MS,
     per CPU): Z3's global state then never carries over from one law to the next, so a
     law's verdict and time do not depend on which laws ran before it. Without ``fork``
     (or with ``jobs=0``) the laws run one after another in this process."""
+    import multiprocessing as mp  # here: a prover of one family's laws never forks
+    import multiprocessing.connection  # noqa: F401 - mp.connection.wait
     laws = list(laws)
     if jobs == 0 or "fork" not in mp.get_all_start_methods() or not laws:
         return [check(law, timeout_ms) for law in laws]
