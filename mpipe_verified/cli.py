@@ -1004,8 +1004,8 @@ def run_recheck(args: argparse.Namespace) -> int:
 
 def _recheck_parametric(args: argparse.Namespace, plan: Plan, data: dict) -> int:
     """A certificate from a parametric proof: ``plan`` must be the one its parameters
-    derive, and its laws must prove now (``verify.parametric.recheck``)."""
-    proven, reasons = parametric.recheck(plan, data)
+    derive, and the kernel proves the plan itself (``verify.parametric.recheck``)."""
+    proven, reasons = parametric.recheck(plan, data, args.solver_rlimit)
     limit = data.get("memory_limit")
     if proven and args.comm_model is not None and data.get("comm_model") != args.comm_model:
         proven, reasons = False, [f"certificate is for the {data.get('comm_model')} model"]
@@ -1018,8 +1018,8 @@ def _recheck_parametric(args: argparse.Namespace, plan: Plan, data: dict) -> int
                           "comm_model": data.get("comm_model"),
                           "memory_limit": data.get("memory_limit")}, indent=2))
     else:
-        verdict = ("PROVEN (all five properties, by the family's laws)" if proven
-                   else "NOT ESTABLISHED")
+        verdict = ("PROVEN (all five properties, by the kernel, of the plan a parametric "
+                   "certificate names)" if proven else "NOT ESTABLISHED")
         print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
     return 0 if proven else 3
 

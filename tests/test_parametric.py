@@ -180,6 +180,32 @@ def test_recheck_of_a_parametric_certificate(tmp_path, capsys):
     assert "not the one 1f1b derives" in capsys.readouterr().out
 
 
+def test_a_parametric_certificate_is_rechecked_by_the_kernel_not_the_laws(
+        tmp_path, capsys, monkeypatch):
+    """Recheck proves the named plan with the kernel: it passes with the laws' provers
+    gone, and fails when the kernel refutes one property of the plan."""
+    from mpipe_verified import kernel
+    from mpipe_verified.verify import parametric
+    cert, good = str(tmp_path / "c.json"), str(tmp_path / "good.json")
+    assert main(["check", *family_argv("zb-h1", 3, 5), "--certificate-out", cert, "-q"]) == 0
+    assert main(["export", *family_argv("zb-h1", 3, 5), "--to", "plan-json", "-o", good]) == 0
+    capsys.readouterr()
+
+    def no_laws(*_):
+        raise AssertionError("recheck asked the laws")
+    monkeypatch.setattr(parametric, "prove_laws", no_laws)
+    assert main(["recheck", good, cert]) == 0
+    assert "by the kernel" in capsys.readouterr().out
+    real = kernel.prove
+
+    def refuting(plan, witness, *args, **kwargs):
+        return {name: kernel.Verdict("failed", "planted") if name == "deadlock" else v
+                for name, v in real(plan, witness, *args, **kwargs).items()}
+    monkeypatch.setattr(kernel, "prove", refuting)
+    assert main(["recheck", good, cert]) == 3
+    assert "the kernel did not prove the plan (undecided)" in capsys.readouterr().out
+
+
 def _said(proved: str = "true", count: int = 59, package: str | None = None) -> str:
     import mpipe_verified
     package = package or os.path.abspath(mpipe_verified.__file__)

@@ -223,10 +223,15 @@ def _without_annotations(plan: Plan) -> tuple[Plan, str | None]:
     return bare_plan, None
 
 
-def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
-    """``mpipe-verify recheck`` of a parametric certificate: it must certify ``plan``
-    (``check_certificate``) and its laws must prove now. ``(proven, reasons)``."""
-    from ..proofs.covering import memory_law, needed_laws
+def recheck(plan: Plan, data: Mapping, rlimit: int | None = None) -> tuple[bool, list[str]]:
+    """``mpipe-verify recheck`` of a parametric certificate, which holds no witness: it
+    must be about ``plan`` (``check_certificate``: its parameters derive ``plan``), and
+    then the kernel proves all five properties of ``plan`` itself, under the
+    certificate's comm model and memory limit, in the unit model (the only one a
+    parametric proof is made in), from a witness the fast passes propose now (untrusted:
+    a wrong one leaves the plan unproved, never proved). The laws are not asked again.
+    ``(proven, reasons)``."""
+    from . import verify_split
     from .report import Certificate, CertificateError, check_certificate
     try:
         certificate = Certificate.from_json(dict(data))
@@ -238,12 +243,15 @@ def recheck(plan: Plan, data: Mapping) -> tuple[bool, list[str]]:
         check_certificate(plan, certificate, certificate.comm_model)
     except CertificateError as e:
         return False, [str(e)]
-    claim = certificate.parametric
-    laws = needed_laws(claim.family, claim.mapping)
-    if laws is None or not prove_laws(claim.family, claim.mapping)[0]:
-        return False, [f"the laws {', '.join(claim.laws)} do not all prove now"]
     limits = certificate.memory_limit
-    peaks = tuple(memory_law(laws).peak(claim.mapping))
-    if _over_limit(peaks, limits):
-        return False, ["the proven peak exceeds the certificate's memory limit"]
-    return True, [f"proven by {', '.join(claim.laws)}"]
+    if limits is not None and len(limits) != plan.num_ranks:
+        return False, [f"the certificate's memory limit has {len(limits)} numbers for "
+                       f"{plan.num_ranks} ranks"]
+    report = verify_split(plan, limits, certificate.comm_model, rlimit=rlimit)
+    if report.status != "verified":
+        return False, [f"the kernel did not prove the plan ({report.status})",
+                       *(v.message for v in report.violations[:5]), *report.undecided[:5]]
+    claim = certificate.parametric
+    return True, [f"its parameters ({claim.family}, "
+                  + ", ".join(f"{k}={v}" for k, v in claim.params if v is not None)
+                  + ") derive this plan"]
