@@ -962,7 +962,11 @@ def _add_recheck(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--comm-model", choices=COMM_MODELS,
                    help="require the certificate to be for this model (it is reported always)")
     p.add_argument("--memory-limit", type=memory_limit, metavar="N",
-                   help="require the certificate to prove this per-rank limit")
+                   help="require the certificate to prove this per-rank limit, with the "
+                        "memory sizes of --memory-model (default: the unit model)")
+    p.add_argument("--memory-model", metavar="SPEC.toml",
+                   help="require the certificate's memory sizes to be this spec's memory "
+                        "model's")
     p.add_argument("--solver-rlimit", type=int, metavar="R",
                    help="cap Z3's resource count per query; running out gives exit 3")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -980,13 +984,18 @@ def run_recheck(args: argparse.Namespace) -> int:
                      CERTIFICATE)
     if not isinstance(data, dict):
         raise InputError(f"a JSON object at the top; {CERTIFICATE}", args.certificate)
+    required, named = _required_sizes(args, plan)
     if data.get("format") == parametric.FORMAT:
-        return _recheck_parametric(args, plan, data)
+        return _recheck_parametric(args, plan, data, required)
     limits = (None if args.memory_limit is None
               else (args.memory_limit,) * plan.num_ranks)
-    proven, reasons = kernel.recheck(plan, data, args.solver_rlimit, args.comm_model, limits)
+    proven, reasons = kernel.recheck(plan, data, args.solver_rlimit, args.comm_model, limits,
+                                     required)
     under = {"comm_model": data.get("comm_model"), "memory_limit": data.get("memory_limit"),
-             "memory_sizes": _sizes_named(kernel, plan, data.get("sizes"))}
+             "memory_sizes": named if proven and named else _sizes_named(kernel, plan,
+                                                                        data.get("sizes"))}
+    if required is not None and not proven:
+        reasons.append(f"memory sizes required: {named}")
     if args.json:
         print(json.dumps({"source": args.plan, "certificate": args.certificate,
                           "proven": proven, "reasons": reasons, **under}, indent=2))
@@ -1002,10 +1011,32 @@ def run_recheck(args: argparse.Namespace) -> int:
     return 0 if proven else 3
 
 
-def _recheck_parametric(args: argparse.Namespace, plan: Plan, data: dict) -> int:
+def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
+    """``(sizes, what they are)`` that recheck requires of a certificate: those of
+    ``--memory-model``'s spec, else the unit model's when ``--memory-limit`` is given (a
+    limit means nothing under sizes the certificate picked), else ``(None, None)``."""
+    from . import kernel
+    if args.memory_model is None:
+        return ((kernel.Sizes.of(plan, UNIT_MEMORY), "unit model")
+                if args.memory_limit is not None else (None, None))
+    from .formats.spec import load_spec
+    model = load_spec(args.memory_model).memory_model
+    try:
+        return kernel.Sizes.of(plan, model), f"the memory model of {args.memory_model}"
+    except (KeyError, IndexError, ValueError) as e:
+        raise UsageError(f"{args.memory_model}: its memory model does not fit the plan "
+                         f"{args.plan} ({e})") from None
+
+
+def _recheck_parametric(args: argparse.Namespace, plan: Plan, data: dict, required) -> int:
     """A certificate from a parametric proof: ``plan`` must be the one its parameters
-    derive, and the kernel proves the plan itself (``verify.parametric.recheck``)."""
+    derive, and the kernel proves the plan itself (``verify.parametric.recheck``) in the
+    unit model, which ``required`` sizes (``_required_sizes``) must then be."""
+    from . import kernel
     proven, reasons = parametric.recheck(plan, data, args.solver_rlimit)
+    if proven and required is not None and required != kernel.Sizes.of(plan, UNIT_MEMORY):
+        proven, reasons = False, ["a parametric certificate proves the unit model's memory "
+                                  "sizes, not the required ones"]
     limit = data.get("memory_limit")
     if proven and args.comm_model is not None and data.get("comm_model") != args.comm_model:
         proven, reasons = False, [f"certificate is for the {data.get('comm_model')} model"]

@@ -1124,11 +1124,12 @@ def certificate(plan: Plan, witness: Witness, comm_model: str, sizes: Sizes, lim
 
 
 def recheck(plan: Plan, data, rlimit: int | None = None, comm_model: str | None = None,
-            limits=None) -> tuple[bool, list[str]]:
+            limits=None, sizes: Sizes | None = None) -> tuple[bool, list[str]]:
     """Re-prove all five properties of ``plan`` from a certificate (``certificate``'s
     JSON): ``(True, [])``, or ``(False, reasons)`` when it does not establish them. What
-    is proved is under the certificate's comm model and memory limits; ``comm_model`` and
-    ``limits`` (one per rank), when given, must be the certificate's."""
+    is proved is under the certificate's comm model, memory limits and sizes;
+    ``comm_model``, ``limits`` (one per rank) and ``sizes``, when given, must be the
+    certificate's."""
     try:
         if comm_model is not None and data.get("comm_model") != comm_model:
             return False, [f"the certificate is for the {data.get('comm_model')} model, not "
@@ -1147,8 +1148,10 @@ def recheck(plan: Plan, data, rlimit: int | None = None, comm_model: str | None 
         if limit is not None and type(limit) is not list:
             return False, ["memory_limit must be null or a list of one number per rank"]
         limits = None if limit is None else tuple(_exact(x) for x in limit)
-        sizes, witness = Sizes.from_json(data["sizes"]), Witness.from_json(data["witness"])
-        verdicts = prove(plan, witness, data["comm_model"], sizes, limits, rlimit)
+        claimed, witness = Sizes.from_json(data["sizes"]), Witness.from_json(data["witness"])
+        if sizes is not None and claimed != sizes:
+            return False, ["the certificate's memory sizes are not the ones required"]
+        verdicts = prove(plan, witness, data["comm_model"], claimed, limits, rlimit)
     except (AttributeError, IndexError, KeyError, OverflowError, TypeError, ValueError,
             ZeroDivisionError) as error:
         return False, [f"malformed certificate: {type(error).__name__}: {error}"]

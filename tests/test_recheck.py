@@ -182,3 +182,33 @@ def test_a_certificate_records_the_limit_the_kernel_proved_exactly():
     report = verify(plan, memory_limit=Fraction(4, 3), memory_model=model)
     assert report.verified
     assert kernel.recheck(plan, report.portable_certificate(plan)) == (True, [])
+
+
+def test_a_limit_is_rechecked_under_the_memory_sizes_the_user_names(tmp_path, capsys):
+    """A certificate carries its own memory sizes. With ``--memory-limit`` recheck requires
+    the unit model's, or those of ``--memory-model``'s spec: a forged certificate whose
+    sizes are all 0 then proves no limit, though it is proven as written."""
+    spec, plan_file, cert = "examples/mllm_transpose.toml", tmp_path / "m.json", tmp_path / "m.cert"
+    assert main(["check", spec, "--certificate-out", str(cert), "-q"]) == 0
+    assert main(["export", spec, "--to", "plan-json", "-o", str(plan_file)]) == 0
+    capsys.readouterr()
+    assert main(["recheck", str(plan_file), str(cert), "--memory-limit", "72"]) == 3
+    assert "memory sizes required: unit model" in capsys.readouterr().out
+    assert main(["recheck", str(plan_file), str(cert), "--memory-limit", "72",
+                 "--memory-model", spec]) == 0
+    assert f"memory sizes: the memory model of {spec}" in capsys.readouterr().out
+
+    zb, zb_cert, forged = tmp_path / "zb.json", tmp_path / "zb.cert", tmp_path / "forged"
+    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
+                 "--to", "plan-json", "-o", str(zb)]) == 0
+    assert main(["check", str(zb), "--certificate-out", str(zb_cert), "-q"]) == 0
+    data = json.loads(zb_cert.read_text())
+    data["sizes"]["stored"] = [[seg, s, 0] for seg, s, _ in data["sizes"]["stored"]]
+    data["witness"].update(levels=[[0]] * 4, peaks=[0] * 4, peak_at=[-1] * 4)
+    data["memory_limit"] = [0] * 4
+    forged.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["recheck", str(zb), str(forged)]) == 0
+    assert "memory sizes: the certificate's own" in capsys.readouterr().out
+    assert main(["recheck", str(zb), str(forged), "--memory-limit", "0"]) == 3
+    assert main(["recheck", str(zb), str(zb_cert), "--memory-limit", "0"]) == 3
