@@ -977,6 +977,9 @@ CERTIFICATE = "expected a certificate written by `mpipe-verify check --certifica
 
 
 def run_recheck(args: argparse.Namespace) -> int:
+    """Recheck a witness certificate with the kernel; a parametric one (no witness) is
+    first turned into one for this plan (``verify.parametric.witness_certificate``,
+    untrusted), which the kernel then rechecks the same way."""
     from . import kernel
     from .formats.plan_json import load_json
     plan = _plan_as_written(args.plan, args.format)
@@ -985,17 +988,24 @@ def run_recheck(args: argparse.Namespace) -> int:
     if not isinstance(data, dict):
         raise InputError(f"a JSON object at the top; {CERTIFICATE}", args.certificate)
     required, named = _required_sizes(args, plan)
+    kind, reasons = "witness", []
     if data.get("format") == parametric.FORMAT:
-        return _recheck_parametric(args, plan, data, required)
+        kind = parametric.PARAMETRIC
+        data, reasons = parametric.witness_certificate(plan, data, args.solver_rlimit)
     limits = (None if args.memory_limit is None
               else (args.memory_limit,) * plan.num_ranks)
-    proven, reasons = kernel.recheck(plan, data, args.solver_rlimit, args.comm_model, limits,
-                                     required)
-    under = {"comm_model": data.get("comm_model"), "memory_limit": data.get("memory_limit"),
+    proven, reasons = (False, reasons) if data is None else kernel.recheck(
+        plan, data, args.solver_rlimit, args.comm_model, limits, required)
+    data = data or {}
+    under = {"kind": kind, "comm_model": data.get("comm_model"),
+             "memory_limit": data.get("memory_limit"),
              "memory_sizes": named if proven and named else _sizes_named(kernel, plan,
                                                                         data.get("sizes"))}
     if required is not None and not proven:
         reasons.append(f"memory sizes required: {named}")
+    if proven and kind == parametric.PARAMETRIC:
+        reasons.append("the parametric certificate's parameters derive this plan; the kernel "
+                       "proved it from a witness made now")
     if args.json:
         print(json.dumps({"source": args.plan, "certificate": args.certificate,
                           "proven": proven, "reasons": reasons, **under}, indent=2))
@@ -1013,46 +1023,22 @@ def run_recheck(args: argparse.Namespace) -> int:
 
 def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
     """``(sizes, what they are)`` that recheck requires of a certificate: those of
-    ``--memory-model``'s spec, else the unit model's when ``--memory-limit`` is given (a
-    limit means nothing under sizes the certificate picked), else ``(None, None)``."""
+    ``--memory-model``'s spec (its ranks and segments must be the plan's), else the unit
+    model's when ``--memory-limit`` is given (a limit means nothing under sizes the
+    certificate picked), else ``(None, None)``."""
     from . import kernel
     if args.memory_model is None:
         return ((kernel.Sizes.of(plan, UNIT_MEMORY), "unit model")
                 if args.memory_limit is not None else (None, None))
     from .formats.spec import load_spec
-    model = load_spec(args.memory_model).memory_model
-    try:
-        return kernel.Sizes.of(plan, model), f"the memory model of {args.memory_model}"
-    except (KeyError, IndexError, ValueError) as e:
-        raise UsageError(f"{args.memory_model}: its memory model does not fit the plan "
-                         f"{args.plan} ({e})") from None
-
-
-def _recheck_parametric(args: argparse.Namespace, plan: Plan, data: dict, required) -> int:
-    """A certificate from a parametric proof: ``plan`` must be the one its parameters
-    derive, and the kernel proves the plan itself (``verify.parametric.recheck``) in the
-    unit model, which ``required`` sizes (``_required_sizes``) must then be."""
-    from . import kernel
-    proven, reasons = parametric.recheck(plan, data, args.solver_rlimit)
-    if proven and required is not None and required != kernel.Sizes.of(plan, UNIT_MEMORY):
-        proven, reasons = False, ["a parametric certificate proves the unit model's memory "
-                                  "sizes, not the required ones"]
-    limit = data.get("memory_limit")
-    if proven and args.comm_model is not None and data.get("comm_model") != args.comm_model:
-        proven, reasons = False, [f"certificate is for the {data.get('comm_model')} model"]
-    if proven and args.memory_limit is not None and (
-            limit is None or any(x > args.memory_limit for x in limit)):
-        proven, reasons = False, [f"certificate does not prove the limit {args.memory_limit:g}"]
-    if args.json:
-        print(json.dumps({"source": args.plan, "certificate": args.certificate,
-                          "proven": proven, "reasons": reasons, "kind": parametric.PARAMETRIC,
-                          "comm_model": data.get("comm_model"),
-                          "memory_limit": data.get("memory_limit")}, indent=2))
-    else:
-        verdict = ("PROVEN (all five properties, by the kernel, of the plan a parametric "
-                   "certificate names)" if proven else "NOT ESTABLISHED")
-        print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
-    return 0 if proven else 3
+    spec = load_spec(args.memory_model)
+    ours, theirs = ((x.num_ranks, tuple(s.name for s in x.cut.segments))
+                    for x in (plan, spec.schedule))
+    if ours != theirs:
+        raise UsageError(f"{args.memory_model}: its memory model is for {theirs[0]} ranks and "
+                         f"the segments {list(theirs[1])}, the plan {args.plan} has "
+                         f"{ours[0]} ranks and {list(ours[1])}")
+    return kernel.Sizes.of(plan, spec.memory_model), f"the memory model of {args.memory_model}"
 
 
 def _sizes_named(kernel, plan: Plan, sizes) -> str:

@@ -275,15 +275,17 @@ def test_show_times_sends_and_receives_and_states_a_blocked_run(capsys, tmp_path
 
 @pytest.mark.parametrize("env, advised", [({}, False), ({"NUMPY_MADVISE_HUGEPAGE": "1"}, True)])
 def test_the_command_asks_numpy_for_no_huge_pages_unless_the_caller_chose(env, advised):
-    """``console_main`` turns numpy's huge-page advice off, except where the caller set
-    numpy's own ``NUMPY_MADVISE_HUGEPAGE``. The probe turns the advice on first, then
-    reads it back from numpy's switch (which returns its previous state)."""
+    """``console_main`` turns numpy's huge-page advice off before the command runs, except
+    where the caller set numpy's own ``NUMPY_MADVISE_HUGEPAGE``. The probe turns the advice
+    on first; its command reads it back from numpy's switch (which returns its previous
+    state)."""
     probe = ("import numpy as np\n"
-             "switch = np._core.multiarray._set_madvise_hugepage\n"
+             "core = getattr(np, '_core', None) or np.core\n"
+             "switch = core.multiarray._set_madvise_hugepage\n"
              "switch(True)\n"
              "from mpipe_verified import cli\n"
-             "cli._without_huge_pages()\n"
-             "print(switch(True))\n")
+             "cli.main = lambda: print(switch(True)) or 0  # what the command saw\n"
+             "cli.console_main()\n")
     base = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**base, **env}, timeout=60)

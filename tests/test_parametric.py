@@ -182,28 +182,54 @@ def test_recheck_of_a_parametric_certificate(tmp_path, capsys):
 
 def test_a_parametric_certificate_is_rechecked_by_the_kernel_not_the_laws(
         tmp_path, capsys, monkeypatch):
-    """Recheck proves the named plan with the kernel: it passes with the laws' provers
-    gone, and fails when the kernel refutes one property of the plan."""
+    """Recheck turns the certificate into a witness certificate of the plan it names and
+    has ``kernel.recheck`` decide: it passes with the laws' provers gone, fails when the
+    kernel's recheck says no, and prints what was proven (the comm model, the limit and
+    the sizes); ``--memory-limit`` must be the certificate's limit, as for any other."""
     from mpipe_verified import kernel
     from mpipe_verified.verify import parametric
     cert, good = str(tmp_path / "c.json"), str(tmp_path / "good.json")
-    assert main(["check", *family_argv("zb-h1", 3, 5), "--certificate-out", cert, "-q"]) == 0
+    assert main(["check", *family_argv("zb-h1", 3, 5), "--memory-limit", "9",
+                 "--certificate-out", cert, "-q"]) == 0
     assert main(["export", *family_argv("zb-h1", 3, 5), "--to", "plan-json", "-o", good]) == 0
     capsys.readouterr()
 
     def no_laws(*_):
         raise AssertionError("recheck asked the laws")
     monkeypatch.setattr(parametric, "prove_laws", no_laws)
-    assert main(["recheck", good, cert]) == 0
-    assert "by the kernel" in capsys.readouterr().out
-    real = kernel.prove
-
-    def refuting(plan, witness, *args, **kwargs):
-        return {name: kernel.Verdict("failed", "planted") if name == "deadlock" else v
-                for name, v in real(plan, witness, *args, **kwargs).items()}
-    monkeypatch.setattr(kernel, "prove", refuting)
+    assert main(["recheck", good, cert, "--memory-limit", "9"]) == 0
+    out = capsys.readouterr().out
+    assert ("PROVEN (all five properties, by the kernel): under the rendezvous model, memory "
+            "limit per rank 9, 9, 9, memory sizes: unit model") in out
+    assert main(["recheck", good, cert, "--memory-limit", "72"]) == 3
+    capsys.readouterr()
+    real = kernel.recheck
+    monkeypatch.setattr(kernel, "recheck", lambda *a, **k: (False, ["planted refusal"]))
     assert main(["recheck", good, cert]) == 3
-    assert "the kernel did not prove the plan (undecided)" in capsys.readouterr().out
+    assert "planted refusal" in capsys.readouterr().out
+    monkeypatch.setattr(kernel, "recheck", real)
+    data = json.loads(open(cert).read())
+    eager = tmp_path / "eager.json"
+    eager.write_text(json.dumps({**data, "comm_model": "eager"}))
+    assert main(["recheck", good, str(eager)]) == 0
+    assert "under the eager model" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit", [{"comm_model": "bogus"}, {"comm_model": None},
+                                  {"memory_limit": ["nan", "nan", "nan"]},
+                                  {"memory_limit": ["inf"] * 3}, {"memory_limit": "99"},
+                                  {"memory_limit": [10 ** 400, 1, 1]}, {"memory_limit": [9, 9]},
+                                  {"memory_limit": [True, 9, 9]}])
+def test_a_malformed_parametric_certificate_is_not_established(tmp_path, capsys, edit):
+    cert, good = tmp_path / "c.json", str(tmp_path / "good.json")
+    assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", str(cert),
+                 "-q"]) == 0
+    assert main(["export", *family_argv("1f1b", 3, 5), "--to", "plan-json", "-o", good]) == 0
+    cert.write_text(json.dumps({**json.loads(cert.read_text()), **edit}))
+    capsys.readouterr()
+    assert main(["recheck", good, str(cert), "--json"]) == 3
+    assert "malformed parametric certificate" in json.loads(capsys.readouterr().out)[
+        "reasons"][0]
 
 
 def _said(proved: str = "true", count: int = 59, package: str | None = None) -> str:

@@ -212,3 +212,7 @@ def test_a_limit_is_rechecked_under_the_memory_sizes_the_user_names(tmp_path, ca
     assert "memory sizes: the certificate's own" in capsys.readouterr().out
     assert main(["recheck", str(zb), str(forged), "--memory-limit", "0"]) == 3
     assert main(["recheck", str(zb), str(zb_cert), "--memory-limit", "0"]) == 3
+    capsys.readouterr()
+    assert main(["recheck", str(zb), str(zb_cert), "--memory-model", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its memory model is for 8 ranks and the segments" in err

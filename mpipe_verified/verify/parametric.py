@@ -223,35 +223,38 @@ def _without_annotations(plan: Plan) -> tuple[Plan, str | None]:
     return bare_plan, None
 
 
-def recheck(plan: Plan, data: Mapping, rlimit: int | None = None) -> tuple[bool, list[str]]:
-    """``mpipe-verify recheck`` of a parametric certificate, which holds no witness: it
-    must be about ``plan`` (``check_certificate``: its parameters derive ``plan``), and
-    then the kernel proves all five properties of ``plan`` itself, under the
-    certificate's comm model and memory limit, in the unit model (the only one a
-    parametric proof is made in), from a witness the fast passes propose now (untrusted:
-    a wrong one leaves the plan unproved, never proved). The laws are not asked again.
-    ``(proven, reasons)``."""
+def witness_certificate(plan: Plan, data: Mapping, rlimit: int | None = None
+                        ) -> tuple[dict | None, list[str]]:
+    """For ``mpipe-verify recheck`` of a parametric certificate, which holds no witness:
+    ``(certificate, [])`` with a witness certificate of ``plan`` (``kernel.certificate``'s
+    JSON) for the kernel to recheck, or ``(None, reasons)``. The parametric certificate
+    must be well formed and name ``plan`` (``check_certificate``: its parameters derive
+    ``plan``); the witness is then made now by ``verify_split`` in the unit model (the
+    only one a parametric proof is made in) under its comm model and memory limit.
+    Untrusted, like everything here: only the kernel's recheck of the result decides."""
     from . import verify_split
+    from ..semantics import COMM_MODELS
     from .report import Certificate, CertificateError, check_certificate
+    limit = data.get("memory_limit")
+    if data.get("comm_model") not in COMM_MODELS or not (limit is None or (
+            type(limit) is list and len(limit) == plan.num_ranks
+            and all(type(x) in (int, float) and 0 <= x < float("inf") for x in limit))):
+        return None, ["malformed parametric certificate: its comm model must be one of "
+                      f"{', '.join(COMM_MODELS)} and its memory limit null or one finite "
+                      f"number >= 0 per rank ({plan.num_ranks})"]
     try:
         certificate = Certificate.from_json(dict(data))
-    except (KeyError, TypeError, ValueError) as e:
-        return False, [f"malformed parametric certificate: {e!r}"]
+    except (KeyError, OverflowError, TypeError, ValueError) as e:
+        return None, [f"malformed parametric certificate: {e!r}"]
     if certificate.parametric is None:
-        return False, ["the certificate names no parametric claim"]
+        return None, ["the certificate names no parametric claim"]
     try:
         check_certificate(plan, certificate, certificate.comm_model)
     except CertificateError as e:
-        return False, [str(e)]
-    limits = certificate.memory_limit
-    if limits is not None and len(limits) != plan.num_ranks:
-        return False, [f"the certificate's memory limit has {len(limits)} numbers for "
-                       f"{plan.num_ranks} ranks"]
-    report = verify_split(plan, limits, certificate.comm_model, rlimit=rlimit)
-    if report.status != "verified":
-        return False, [f"the kernel did not prove the plan ({report.status})",
-                       *(v.message for v in report.violations[:5]), *report.undecided[:5]]
-    claim = certificate.parametric
-    return True, [f"its parameters ({claim.family}, "
-                  + ", ".join(f"{k}={v}" for k, v in claim.params if v is not None)
-                  + ") derive this plan"]
+        return None, [str(e)]
+    report = verify_split(plan, certificate.memory_limit, certificate.comm_model,
+                          rlimit=rlimit)
+    if not report.verified:
+        return None, [f"no witness for the plan ({report.status})",
+                      *(v.message for v in report.violations[:5]), *report.undecided[:5]]
+    return report.portable_certificate(plan), []
