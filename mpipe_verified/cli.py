@@ -948,9 +948,11 @@ COMMANDS.append(_add_simulate)
 
 def _add_recheck(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recheck", help="re-prove a plan from its portable certificate",
-                       description="Run only the plan reader, the verification kernel and Z3 "
-                                   "on PLAN with the certificate and witness that `check "
-                                   "--certificate-out` wrote. Exit 0: all five properties "
+                       description="Have the verification kernel and Z3 re-prove PLAN (read "
+                                   "as written) from the certificate that `check "
+                                   "--certificate-out` wrote: its witness, or for a "
+                                   "parametric certificate a witness the fast passes make "
+                                   "now for the plan it names. Exit 0: all five properties "
                                    "proven for this plan; 3: the certificate does not "
                                    "establish them (forged, stale, another plan's); 2: bad "
                                    "input.")
@@ -1009,16 +1011,25 @@ def run_recheck(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"source": args.plan, "certificate": args.certificate,
                           "proven": proven, "reasons": reasons, **under}, indent=2))
-    else:
+    else:  # a proven certificate's limit is None or one exact number per rank
         limit = under["memory_limit"]
-        shown = "none" if limit is None else ", ".join(f"{float(kernel._exact(x)):g}"
-                                                        for x in limit)
         verdict = ("PROVEN (all five properties, by the kernel): under the "
-                   f"{under['comm_model']} model, memory limit per rank {shown}, memory "
+                   f"{under['comm_model']} model, memory limit per rank "
+                   f"{'none' if limit is None else _exactly(kernel, limit)}, memory "
                    f"sizes: {under['memory_sizes']}"
                    if proven else "NOT ESTABLISHED")
         print("\n".join([f"{args.plan}: {verdict}"] + [f"  {r}" for r in reasons]))
     return 0 if proven else 3
+
+
+def _exactly(kernel, limit: list) -> str:
+    """A certificate's per-rank limits as the numbers proven: an int, the shortest float
+    text that is exactly the number, else the exact fraction."""
+    def shown(x) -> str:
+        exact = kernel._exact(x)
+        return (str(exact) if isinstance(exact, int) or float(exact) != exact
+                else repr(float(exact)))
+    return ", ".join(map(shown, limit))
 
 
 def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
@@ -1038,7 +1049,12 @@ def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
         raise UsageError(f"{args.memory_model}: its memory model is for {theirs[0]} ranks and "
                          f"the segments {list(theirs[1])}, the plan {args.plan} has "
                          f"{ours[0]} ranks and {list(ours[1])}")
-    return kernel.Sizes.of(plan, spec.memory_model), f"the memory model of {args.memory_model}"
+    try:
+        return (kernel.Sizes.of(plan, spec.memory_model),
+                f"the memory model of {args.memory_model}")
+    except (IndexError, KeyError, TypeError, ValueError) as e:  # e.g. sizes for fewer stages
+        raise UsageError(f"{args.memory_model}: its memory model does not fit the plan "
+                         f"{args.plan} ({type(e).__name__}: {e})") from None
 
 
 def _sizes_named(kernel, plan: Plan, sizes) -> str:

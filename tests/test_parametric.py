@@ -221,6 +221,7 @@ def test_a_parametric_certificate_is_rechecked_by_the_kernel_not_the_laws(
                                   {"memory_limit": [10 ** 400, 1, 1]}, {"memory_limit": [9, 9]},
                                   {"memory_limit": [True, 9, 9]}])
 def test_a_malformed_parametric_certificate_is_not_established(tmp_path, capsys, edit):
+    """Refused before any plan is derived or verified."""
     cert, good = tmp_path / "c.json", str(tmp_path / "good.json")
     assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", str(cert),
                  "-q"]) == 0
@@ -281,3 +282,31 @@ def test_the_provers_prove_each_distinct_obligation_once_between_them(monkeypatc
     assert covering.prove_part("1f1b", params, 0, 3)[0] is False
     proved, count = parametric.prove_laws("1f1b", params, jobs=3)
     assert proved and count == len(every) > 0
+
+
+@pytest.mark.parametrize("params", [{"chunks": 10 ** 400}, {"chunks": 10 ** 6}, {"chunks": True},
+                                    {"body": "x"}])
+def test_a_parametric_claim_with_odd_parameters_is_refused_before_deriving(tmp_path, capsys,
+                                                                         params):
+    """Claims with their digests recomputed (anyone can): parameters the family does not
+    take, or chunks too many for the plan, are refused at once; a claim's chunks are
+    never derived beyond the plan's size."""
+    import hashlib
+    import time
+    cert, plan = tmp_path / "c.json", str(tmp_path / "i.json")
+    argv = family_argv("interleaved-1f1b", 2, 4)
+    assert main(["check", *argv, "--certificate-out", str(cert), "-q"]) == 0
+    assert main(["export", *argv, "--to", "plan-json", "-o", plan]) == 0
+    data = json.loads(cert.read_text())
+    claim = data["parametric"]
+    claim["params"].update(params)
+    data["digest"] = hashlib.sha256(json.dumps(
+        {"family": claim["family"], "params": claim["params"], "laws": claim["laws"]},
+        sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    cert.write_text(json.dumps(data))
+    capsys.readouterr()
+    started = time.perf_counter()
+    assert main(["recheck", plan, str(cert)]) == 3
+    assert time.perf_counter() - started < 5
+    out = capsys.readouterr().out
+    assert "parametric certificate refused" in out and ("chunks=" in out or "parameters are" in out)

@@ -5,6 +5,8 @@ plan's, a broken sibling's, or any perturbed one) never rechecks as proven."""
 import copy
 import json
 
+import pytest
+
 from hypothesis import given, settings, strategies as st
 
 from mpipe_verified import kernel
@@ -216,3 +218,47 @@ def test_a_limit_is_rechecked_under_the_memory_sizes_the_user_names(tmp_path, ca
     assert main(["recheck", str(zb), str(zb_cert), "--memory-model", spec]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "its memory model is for 8 ranks and the segments" in err
+
+
+@pytest.mark.parametrize("limit", [5, "ab", {"a": 1}, [[1]] * 4, [None] * 4, [10 ** 400] * 4])
+def test_a_malformed_limit_is_not_established_in_text_too(tmp_path, capsys, limit):
+    """A limit that is not one exact number per rank is NOT ESTABLISHED, in text as in
+    JSON; 10**400 per rank is one: proven, and said exactly."""
+    zb, cert = tmp_path / "zb.json", tmp_path / "zb.cert"
+    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
+                 "--to", "plan-json", "-o", str(zb)]) == 0
+    assert main(["check", str(zb), "--certificate-out", str(cert), "-q"]) == 0
+    cert.write_text(json.dumps({**json.loads(cert.read_text()), "memory_limit": limit}))
+    capsys.readouterr()
+    if limit == [10 ** 400] * 4:
+        assert main(["recheck", str(zb), str(cert)]) == 0
+        assert f"memory limit per rank {10 ** 400}, " in capsys.readouterr().out
+        return
+    for extra in ([], ["--memory-limit", "2"], ["--comm-model", "eager"]):
+        assert main(["recheck", str(zb), str(cert), *extra]) == 3
+        assert "NOT ESTABLISHED" in capsys.readouterr().out
+
+
+def test_recheck_states_the_proven_limit_exactly(tmp_path, capsys):
+    zb, cert = tmp_path / "zb.json", tmp_path / "zb.cert"
+    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
+                 "--to", "plan-json", "-o", str(zb)]) == 0
+    assert main(["check", str(zb), "--memory-limit", "4.123456789", "--certificate-out",
+                 str(cert), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["recheck", str(zb), str(cert)]) == 0
+    assert "memory limit per rank 4.123456789, 4.123456789," in capsys.readouterr().out
+
+
+def test_a_memory_model_for_fewer_stages_is_bad_input(tmp_path, capsys):
+    """A spec with the plan's ranks and segments whose sizes cover fewer stages."""
+    plan, cert, spec = tmp_path / "i.json", tmp_path / "i.cert", tmp_path / "four.toml"
+    argv = ["--family", "interleaved-1f1b", "--pp", "4", "--microbatches", "8", "--chunks", "2"]
+    assert main(["export", *argv, "--to", "plan-json", "-o", str(plan)]) == 0
+    assert main(["check", str(plan), "--certificate-out", str(cert), "-q"]) == 0
+    spec.write_text('[schedule]\nfamily = "1f1b"\npp = 4\nmicrobatches = 8\n\n'
+                    '[cost]\nactivation = [1.0, 2.0, 3.0, 4.0]\n')
+    capsys.readouterr()
+    assert main(["recheck", str(plan), str(cert), "--memory-model", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its memory model does not fit the plan" in err

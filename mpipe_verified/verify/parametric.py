@@ -181,11 +181,20 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
     from ..errors import ParameterError
     from ..proofs.covering import needed_laws
     from .report import plan_digest
+    from ..algebra.transpose import TRANSPOSE
     p = claim.mapping
+    keys = {"pp", "microbatches", "chunks"} | (
+        {"body", "side", "mode", "ownership"} if claim.family == TRANSPOSE else set())
+    if set(p) != keys:
+        return f"its parameters are {sorted(p)}, the family's {sorted(keys)}"
     if (p.get("pp"), p.get("microbatches")) != (plan.num_ranks, plan.num_microbatches):
         return (f"the plan has {plan.num_ranks} ranks and {plan.num_microbatches} "
                 f"microbatches, the certificate's parameters pp={p.get('pp')} and "
                 f"microbatches={p.get('microbatches')}")
+    if p["chunks"] is not None and not (type(p["chunks"]) is int
+                                        and 0 < p["chunks"] <= plan.num_ops):
+        return (f"chunks={p['chunks']!r} cannot derive a plan of {plan.num_ops} ops (each "
+                f"chunk adds a stage per rank)")  # checked before the plan is derived
     try:
         laws = needed_laws(claim.family, claim.mapping)
         derived = derived_plan(claim)
