@@ -984,13 +984,15 @@ def run_recheck(args: argparse.Namespace) -> int:
     untrusted), which the kernel then rechecks the same way."""
     from . import kernel
     from .formats.plan_json import load_json
+    if args.solver_rlimit is not None and args.solver_rlimit < 1:
+        raise UsageError(f"--solver-rlimit must be >= 1, got {args.solver_rlimit}")
     plan = _plan_as_written(args.plan, args.format)
     data = load_json(read_text(args.certificate, "a certificate (JSON)"), args.certificate,
                      CERTIFICATE)
     if not isinstance(data, dict):
         raise InputError(f"a JSON object at the top; {CERTIFICATE}", args.certificate)
     required, named = _required_sizes(args, plan)
-    kind, reasons = "witness", []
+    kind, reasons, given = "witness", [], data
     if data.get("format") == parametric.FORMAT:
         kind = parametric.PARAMETRIC
         data, reasons = parametric.witness_certificate(plan, data, args.solver_rlimit)
@@ -998,11 +1000,11 @@ def run_recheck(args: argparse.Namespace) -> int:
               else (args.memory_limit,) * plan.num_ranks)
     proven, reasons = (False, reasons) if data is None else kernel.recheck(
         plan, data, args.solver_rlimit, args.comm_model, limits, required)
-    data = data or {}
+    data = data or given  # refused: say what the certificate itself claimed
     under = {"kind": kind, "comm_model": data.get("comm_model"),
              "memory_limit": data.get("memory_limit"),
-             "memory_sizes": named if proven and named else _sizes_named(kernel, plan,
-                                                                        data.get("sizes"))}
+             "memory_sizes": named if proven and named else "unit model"
+             if kind == parametric.PARAMETRIC else _sizes_named(kernel, plan, data.get("sizes"))}
     if required is not None and not proven:
         reasons.append(f"memory sizes required: {named}")
     if proven and kind == parametric.PARAMETRIC:

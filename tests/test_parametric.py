@@ -309,4 +309,58 @@ def test_a_parametric_claim_with_odd_parameters_is_refused_before_deriving(tmp_p
     assert main(["recheck", plan, str(cert)]) == 3
     assert time.perf_counter() - started < 5
     out = capsys.readouterr().out
-    assert "parametric certificate refused" in out and ("chunks=" in out or "parameters are" in out)
+    assert "parametric certificate refused" in out and any(
+        why in out for why in ("is not a number of chunks", "parameters are", "derive at least"))
+
+
+def _parametric(data: dict, **params) -> dict:
+    """``data``, a parametric certificate, with its claim's parameters changed and its
+    digest recomputed (it is only the claim's SHA-256: anyone can)."""
+    import hashlib
+    claim = {**data["parametric"], "params": {**data["parametric"]["params"], **params}}
+    digest = hashlib.sha256(json.dumps({k: claim[k] for k in ("family", "params", "laws")},
+                                       sort_keys=True, separators=(",", ":")).encode())
+    return {**data, "parametric": claim, "digest": digest.hexdigest()}
+
+
+def test_a_claim_bigger_than_its_plan_is_refused_before_deriving(tmp_path, capsys):
+    """A 4-op plan whose header says 200,000 microbatches, with a 1F1B claim at those
+    parameters: refused at once (deriving it took 39 s and 1.5 GB), and the JSON says what
+    the refused certificate claimed."""
+    import time
+    cert = tmp_path / "c.json"
+    assert main(["check", *family_argv("1f1b", 4, 8), "--certificate-out", str(cert),
+                 "-q"]) == 0
+    plan = tmp_path / "tiny.json"
+    plan.write_text(json.dumps({
+        "format": "mpipe-plan-json", "version": 1, "type": "plan", "num_ranks": 4,
+        "stage_to_rank": [0, 1, 2, 3], "num_microbatches": 200000, "cut": [], "programs": [
+            [{"op": "compute", "kind": "F", "stage": 0, "mb": 0},
+             {"op": "send", "dst": 1, "payload": {"kind": "act", "stage": 0, "mb": 0}}],
+            [{"op": "recv", "src": 0, "payload": {"kind": "act", "stage": 0, "mb": 0}},
+             {"op": "compute", "kind": "F", "stage": 1, "mb": 0}], [], []]}))
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps({**_parametric(json.loads(cert.read_text()),
+                                                microbatches=200000), "memory_limit": [3] * 4}))
+    capsys.readouterr()
+    started = time.perf_counter()
+    assert main(["recheck", str(plan), str(forged), "--json"]) == 3
+    assert time.perf_counter() - started < 5
+    doc = json.loads(capsys.readouterr().out)
+    assert "derive at least 800000 forwards, the plan has 4 ops" in doc["reasons"][0]
+    assert (doc["comm_model"], doc["memory_limit"], doc["memory_sizes"]) == (
+        "rendezvous", [3] * 4, "unit model")
+
+
+@pytest.mark.parametrize("properties", [[[1]], [{}], "completeness", None])
+def test_a_parametric_certificate_with_odd_properties_is_not_established(tmp_path, capsys,
+                                                                         properties):
+    cert, good = tmp_path / "c.json", str(tmp_path / "good.json")
+    assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", str(cert),
+                 "-q"]) == 0
+    assert main(["export", *family_argv("1f1b", 3, 5), "--to", "plan-json", "-o", good]) == 0
+    cert.write_text(json.dumps({**json.loads(cert.read_text()), "properties": properties}))
+    capsys.readouterr()
+    assert main(["recheck", good, str(cert)]) == 3
+    assert "malformed parametric certificate" in capsys.readouterr().out
+    assert main(["recheck", good, str(cert), "--solver-rlimit", "0"]) == 2

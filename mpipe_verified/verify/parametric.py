@@ -191,10 +191,13 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
         return (f"the plan has {plan.num_ranks} ranks and {plan.num_microbatches} "
                 f"microbatches, the certificate's parameters pp={p.get('pp')} and "
                 f"microbatches={p.get('microbatches')}")
-    if p["chunks"] is not None and not (type(p["chunks"]) is int
-                                        and 0 < p["chunks"] <= plan.num_ops):
-        return (f"chunks={p['chunks']!r} cannot derive a plan of {plan.num_ops} ops (each "
-                f"chunk adds a stage per rank)")  # checked before the plan is derived
+    chunks = 1 if p["chunks"] is None else p["chunks"]
+    if type(chunks) is not int or chunks < 1:
+        return f"chunks={p['chunks']!r} is not a number of chunks"
+    forwards = plan.num_ranks * chunks * plan.num_microbatches  # one per stage and mb
+    if forwards > plan.num_ops:  # checked before a plan of that size is derived
+        return (f"its parameters derive at least {forwards} forwards, the plan has "
+                f"{plan.num_ops} ops")
     try:
         laws = needed_laws(claim.family, claim.mapping)
         derived = derived_plan(claim)
@@ -244,7 +247,10 @@ def witness_certificate(plan: Plan, data: Mapping, rlimit: int | None = None
     from . import verify_split
     from ..semantics import COMM_MODELS
     from .report import Certificate, CertificateError, check_certificate
-    limit = data.get("memory_limit")
+    limit, claimed = data.get("memory_limit"), data.get("properties")
+    if type(claimed) is not list or not all(type(x) is str for x in claimed):
+        return None, ["malformed parametric certificate: its properties must be a list of "
+                      "names"]
     if data.get("comm_model") not in COMM_MODELS or not (limit is None or (
             type(limit) is list and len(limit) == plan.num_ranks
             and all(type(x) in (int, float) and 0 <= x < float("inf") for x in limit))):
