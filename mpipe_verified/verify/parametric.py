@@ -66,6 +66,8 @@ class Parametric:
         params = data["params"]
         if not isinstance(params, dict) or not isinstance(data["laws"], list):
             raise ValueError("params must be an object and laws a list")
+        if not all(v is None or type(v) in (int, str) for v in params.values()):
+            raise ValueError("each parameter must be an integer, a text or null")
         return cls.of(str(data["family"]), params, [str(x) for x in data["laws"]])
 
 
@@ -194,18 +196,21 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
     chunks = 1 if p["chunks"] is None else p["chunks"]
     if type(chunks) is not int or chunks < 1:
         return f"chunks={p['chunks']!r} is not a number of chunks"
-    forwards = plan.num_ranks * chunks * plan.num_microbatches  # one per stage and mb
-    if forwards > plan.num_ops:  # checked before a plan of that size is derived
-        return (f"its parameters derive at least {forwards} forwards, the plan has "
-                f"{plan.num_ops} ops")
-    try:
+    body = p.get("body", claim.family)
+    per_rank = 2 if body in ("zbv", "dualpipev") else chunks  # stages per rank
+    steps = 1 if body == "dualpipev" else 2  # per stage and mb: a forward, a backward (one
+    work = steps * plan.num_ranks * per_rank * plan.num_microbatches  # step when overlapped)
+    if work > plan.num_ops:  # checked before a plan of that size is derived
+        return (f"its parameters derive at least {work} steps of work, the plan has "
+                f"{plan.num_ops} steps")
+    try:  # the laws before the plan: deriving one costs more than comparing names
         laws = needed_laws(claim.family, claim.mapping)
+        if laws is None or tuple(law.name for law in laws) != claim.laws:
+            return (f"the laws {', '.join(claim.laws)} are not the ones that prove "
+                    f"{claim.family} at these parameters")
         derived = derived_plan(claim)
     except (KeyError, TypeError, ValueError, ParameterError) as e:
         return f"the parametric certificate's parameters do not derive a plan: {e}"
-    if laws is None or tuple(law.name for law in laws) != claim.laws:
-        return (f"the laws {', '.join(claim.laws)} are not the ones that prove "
-                f"{claim.family} at these parameters")
     bare, why = _without_annotations(plan)
     if why is not None:
         return why

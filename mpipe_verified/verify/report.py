@@ -63,6 +63,8 @@ class Certificate:
     def from_json(cls, data: dict) -> "Certificate":
         limit = data.get("memory_limit")
         claim = data.get("parametric")
+        if not all(type(x) is str for x in data["properties"]):
+            raise ValueError("properties must be names")
         return cls(str(data["digest"]), tuple(data["properties"]),
                    None if limit is None else tuple(float(x) for x in limit),
                    str(data["comm_model"]), str(data.get("version", "")),
