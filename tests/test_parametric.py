@@ -352,7 +352,7 @@ def test_a_claim_bigger_than_its_plan_is_refused_before_deriving(tmp_path, capsy
     assert main(["recheck", str(plan), str(forged), "--json"]) == 3
     assert time.perf_counter() - started < 5
     doc = json.loads(capsys.readouterr().out)
-    assert "derive at least 1600000 steps of work, the plan has 4 steps" in doc["reasons"][0]
+    assert "derive at least 800000 forwards, the plan has 4 steps" in doc["reasons"][0]
     assert (doc["comm_model"], doc["memory_limit"], doc["memory_sizes"]) == (
         "rendezvous", [3] * 4, "unit model")
 

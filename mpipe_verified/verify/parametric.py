@@ -165,16 +165,19 @@ def _answer(out: bytes, returncode: int, package: str) -> tuple[bool, int]:
 
 def derived_plan(claim: Parametric) -> Plan:
     """The lowered plan the claim's parameters derive (``lower`` of the family's term)."""
+    from ..lower import lower
+    return lower(_term(claim).derive())
+
+
+def _term(claim: Parametric):
+    """The family's term at the claim's parameters (built, not derived: cheap)."""
     from ..algebra.families import family
     from ..algebra.transpose import TRANSPOSE, transpose_family
-    from ..lower import lower
     p = claim.mapping
     if claim.family == TRANSPOSE:
-        term = transpose_family(p["pp"], p["microbatches"], p.get("chunks"), body=p["body"],
+        return transpose_family(p["pp"], p["microbatches"], p.get("chunks"), body=p["body"],
                                 side=p["side"], mode=p["mode"], ownership=p["ownership"])
-    else:
-        term = family(claim.family, p["pp"], p["microbatches"], p.get("chunks"))
-    return lower(term.derive())
+    return family(claim.family, p["pp"], p["microbatches"], p.get("chunks"))
 
 
 def mismatch(plan: Plan, claim: Parametric) -> str | None:
@@ -193,22 +196,21 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
         return (f"the plan has {plan.num_ranks} ranks and {plan.num_microbatches} "
                 f"microbatches, the certificate's parameters pp={p.get('pp')} and "
                 f"microbatches={p.get('microbatches')}")
-    chunks = 1 if p["chunks"] is None else p["chunks"]
-    if type(chunks) is not int or chunks < 1:
+    if p["chunks"] is not None and (type(p["chunks"]) is not int or p["chunks"] < 1):
         return f"chunks={p['chunks']!r} is not a number of chunks"
-    body = p.get("body", claim.family)
-    per_rank = 2 if body in ("zbv", "dualpipev") else chunks  # stages per rank
-    steps = 1 if body == "dualpipev" else 2  # per stage and mb: a forward, a backward (one
-    work = steps * plan.num_ranks * per_rank * plan.num_microbatches  # step when overlapped)
-    if work > plan.num_ops:  # checked before a plan of that size is derived
-        return (f"its parameters derive at least {work} steps of work, the plan has "
+    # a forward per rank, chunk and mb at least, each in a step of its own or beside a
+    forwards = plan.num_ranks * (p["chunks"] or 1) * plan.num_microbatches  # backward:
+    if forwards > plan.num_ops:  # checked before the term (its placement) is even built
+        return (f"its parameters derive at least {forwards} forwards, the plan has "
                 f"{plan.num_ops} steps")
-    try:  # the laws before the plan: deriving one costs more than comparing names
+    try:  # the laws' names before the plan: deriving it costs far more
+        term = _term(claim)
         laws = needed_laws(claim.family, claim.mapping)
         if laws is None or tuple(law.name for law in laws) != claim.laws:
             return (f"the laws {', '.join(claim.laws)} are not the ones that prove "
                     f"{claim.family} at these parameters")
-        derived = derived_plan(claim)
+        from ..lower import lower
+        derived = lower(term.derive())
     except (KeyError, TypeError, ValueError, ParameterError) as e:
         return f"the parametric certificate's parameters do not derive a plan: {e}"
     bare, why = _without_annotations(plan)
