@@ -136,6 +136,17 @@ def memory_limit(text: str) -> float:
     return value
 
 
+def solver_rlimit(text: str) -> int:
+    """``--solver-rlimit R`` (an argparse ``type``): an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def check_transpose_options(args: argparse.Namespace) -> None:
     """The transpose options go with ``--family transpose`` only."""
     given = [o for o in TRANSPOSE_OPTIONS if getattr(args, o, None) is not None]
@@ -443,7 +454,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (docs/semantics.md §6); a list of them for "
                         "several files")
-    p.add_argument("--solver-rlimit", type=int, metavar="R",
+    p.add_argument("--solver-rlimit", type=solver_rlimit, metavar="R",
                    help="cap Z3's resource count per query; running out gives exit 3")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print no report: the exit code tells (bad input still names the "
@@ -486,8 +497,6 @@ TWO_PROCESS_OPS = 50_000  # plans this big are verified on two cores (verify_spl
 
 
 def run_check(args: argparse.Namespace) -> int:
-    if args.solver_rlimit is not None and args.solver_rlimit < 1:
-        raise UsageError(f"--solver-rlimit must be >= 1, got {args.solver_rlimit}")
     _check_picture_arguments(args)
     if args.quiet and args.json:
         raise UsageError("--quiet prints nothing; drop --json or --quiet")
@@ -969,7 +978,7 @@ def _add_recheck(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-model", metavar="SPEC.toml",
                    help="require the certificate's memory sizes to be this spec's memory "
                         "model's")
-    p.add_argument("--solver-rlimit", type=int, metavar="R",
+    p.add_argument("--solver-rlimit", type=solver_rlimit, metavar="R",
                    help="cap Z3's resource count per query; running out gives exit 3")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_recheck)
@@ -984,8 +993,6 @@ def run_recheck(args: argparse.Namespace) -> int:
     untrusted), which the kernel then rechecks the same way."""
     from . import kernel
     from .formats.plan_json import load_json
-    if args.solver_rlimit is not None and args.solver_rlimit < 1:
-        raise UsageError(f"--solver-rlimit must be >= 1, got {args.solver_rlimit}")
     plan = _plan_as_written(args.plan, args.format)
     data = load_json(read_text(args.certificate, "a certificate (JSON)"), args.certificate,
                      CERTIFICATE)
