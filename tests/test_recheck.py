@@ -186,6 +186,16 @@ def test_a_certificate_records_the_limit_the_kernel_proved_exactly():
     assert kernel.recheck(plan, report.portable_certificate(plan)) == (True, [])
 
 
+def _zb_certified(tmp_path, *check_args: str) -> tuple:
+    """ZB-H1 at pp=4, m=8 exported as plan-json, and the certificate ``check`` (with
+    ``check_args``) writes for it: their two paths."""
+    zb, cert = tmp_path / "zb.json", tmp_path / "zb.cert"
+    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
+                 "--to", "plan-json", "-o", str(zb)]) == 0
+    assert main(["check", str(zb), *check_args, "--certificate-out", str(cert), "-q"]) == 0
+    return zb, cert
+
+
 def test_a_limit_is_rechecked_under_the_memory_sizes_the_user_names(tmp_path, capsys):
     """A certificate carries its own memory sizes. With ``--memory-limit`` recheck requires
     the unit model's, or those of ``--memory-model``'s spec: a forged certificate whose
@@ -200,10 +210,7 @@ def test_a_limit_is_rechecked_under_the_memory_sizes_the_user_names(tmp_path, ca
                  "--memory-model", spec]) == 0
     assert f"memory sizes: the memory model of {spec}" in capsys.readouterr().out
 
-    zb, zb_cert, forged = tmp_path / "zb.json", tmp_path / "zb.cert", tmp_path / "forged"
-    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
-                 "--to", "plan-json", "-o", str(zb)]) == 0
-    assert main(["check", str(zb), "--certificate-out", str(zb_cert), "-q"]) == 0
+    (zb, zb_cert), forged = _zb_certified(tmp_path), tmp_path / "forged"
     data = json.loads(zb_cert.read_text())
     data["sizes"]["stored"] = [[seg, s, 0] for seg, s, _ in data["sizes"]["stored"]]
     data["witness"].update(levels=[[0]] * 4, peaks=[0] * 4, peak_at=[-1] * 4)
@@ -224,10 +231,7 @@ def test_a_limit_is_rechecked_under_the_memory_sizes_the_user_names(tmp_path, ca
 def test_a_malformed_limit_is_not_established_in_text_too(tmp_path, capsys, limit):
     """A limit that is not one exact number per rank is NOT ESTABLISHED, in text as in
     JSON; 10**400 per rank is one: proven, and said exactly."""
-    zb, cert = tmp_path / "zb.json", tmp_path / "zb.cert"
-    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
-                 "--to", "plan-json", "-o", str(zb)]) == 0
-    assert main(["check", str(zb), "--certificate-out", str(cert), "-q"]) == 0
+    zb, cert = _zb_certified(tmp_path)
     cert.write_text(json.dumps({**json.loads(cert.read_text()), "memory_limit": limit}))
     capsys.readouterr()
     if limit == [10 ** 400] * 4:
@@ -240,11 +244,7 @@ def test_a_malformed_limit_is_not_established_in_text_too(tmp_path, capsys, limi
 
 
 def test_recheck_states_the_proven_limit_exactly(tmp_path, capsys):
-    zb, cert = tmp_path / "zb.json", tmp_path / "zb.cert"
-    assert main(["export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
-                 "--to", "plan-json", "-o", str(zb)]) == 0
-    assert main(["check", str(zb), "--memory-limit", "4.123456789", "--certificate-out",
-                 str(cert), "-q"]) == 0
+    zb, cert = _zb_certified(tmp_path, "--memory-limit", "4.123456789")
     capsys.readouterr()
     assert main(["recheck", str(zb), str(cert)]) == 0
     assert "memory limit per rank 4.123456789, 4.123456789," in capsys.readouterr().out
