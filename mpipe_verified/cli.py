@@ -1195,7 +1195,7 @@ def _without_huge_pages() -> None:
     variable ``NUMPY_MADVISE_HUGEPAGE=0`` does; a choice made there is kept). Where the
     kernel serves advised huge pages by compacting memory at the first touch (Linux's
     common ``transparent_hugepage/defrag = madvise``), each new array of tens of MB
-    stalled there: at 3.1M ops that was 1.2 s of system time in ``check``."""
+    stalled there: at 3.1M ops, 1.3-1.5 s of the system time of ``check``."""
     if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         return
     import numpy as np
