@@ -18,13 +18,19 @@
   is one tensor is annotated as one tensor, its gradient alike (an integer or bool tensor
   takes no gradient: its gradient payload is ``leaves=()``); any other output (tuples,
   lists, dicts, None) is annotated leaf by leaf, and its gradient has a leaf for each
-  float leaf that requires a gradient where it is produced.
+  float leaf that requires a gradient where it is produced. That forward leaves no trace
+  (``_model_state_kept``): every module given (stages and segments, with all their
+  submodules) keeps its buffers (BatchNorm statistics, counters), parameters, ``.grad``
+  and ``training`` flag, and the random number generators (CPU, and the CUDA devices in
+  use) their state, bitwise, whether it ran on real or meta tensors, fell back from meta
+  to real, or raised; so it can run in the middle of training (``ShapeCache``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 import torch
@@ -115,6 +121,71 @@ def with_payload_shapes(plan: Plan, fn: Callable[[Payload], tuple | None]) -> Pl
     return map_payloads(plan, annotate)
 
 
+def _cuda_devices(*values) -> list[int]:
+    """Indices of the CUDA devices holding a tensor of ``values`` (tensors, batches, and
+    tuples, lists and mappings of them), in order."""
+    found: set[int] = set()
+
+    def walk(v) -> None:
+        if isinstance(v, torch.Tensor):
+            if v.is_cuda:
+                found.add(v.device.index)
+        elif isinstance(v, Batch):
+            walk((v.body, v.target, dict(v.segments), dict(v.kwargs)))
+        elif isinstance(v, (tuple, list)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, Mapping):
+            for x in v.values():
+                walk(x)
+
+    walk(values)
+    return sorted(found)
+
+
+@contextlib.contextmanager
+def _model_state_kept(modules: Iterable[nn.Module], *values) -> Iterator[None]:
+    """Whatever the body does to ``modules`` (each with all its submodules) and to the
+    random number generators, they are bitwise as before when it ends, by return or by
+    exception: every buffer slot holds its original object (one the body replaced, set to
+    None, or filled from None is put back; one it added is removed) with its original
+    value (copied before, copied back); every parameter slot its original parameter, with
+    its original ``.grad`` object (None stays None); every module its ``training`` flag;
+    the CPU generator and the CUDA generators of the devices that hold the modules' tensors
+    or ``values``' (``torch.random.fork_rng``) their state. Parameter and ``.grad``
+    values are not copied: a forward does not write them in place."""
+    mods = list({id(m): m for top in modules for m in top.modules()}.values())
+    buffers = [(m, dict(m._buffers), set(m._non_persistent_buffers_set)) for m in mods]
+    params = [(m, dict(m._parameters)) for m in mods]
+    grads = {id(p): (p, p.grad) for m in mods for p in m._parameters.values()
+             if p is not None}
+    training = [(m, m.training) for m in mods]
+    copies = {id(b): (b, b.detach().clone()) for m in mods for b in m._buffers.values()
+              if b is not None}
+    try:
+        devices = _cuda_devices([p for p, _ in grads.values()],
+                                [b for b, _ in copies.values()], values)
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        for m, slots, non_persistent in buffers:
+            m._buffers.clear()
+            m._buffers.update(slots)
+            m._non_persistent_buffers_set.clear()
+            m._non_persistent_buffers_set.update(non_persistent)
+        for m, slots in params:
+            m._parameters.clear()
+            m._parameters.update(slots)
+        for p, grad in grads.values():
+            if p.grad is not grad:
+                p.grad = grad
+        for m, flag in training:
+            m.training = flag
+        with torch.no_grad():
+            for b, copy in copies.values():
+                b.copy_(copy)
+
+
 def _call(module: nn.Module, args: tuple, kwargs: dict, meta: bool):
     """``module(*args, **kwargs)`` with gradients on (to see which outputs require one),
     the result detached (its graph dropped, the flags kept)."""
@@ -136,13 +207,19 @@ def infer_payload_shapes(stages: Sequence[nn.Module], batch: Batch, num_microbat
     from a forward pass of the whole model (every stage module and every source segment)
     over ``batch`` split into ``num_microbatches``, once per distinct microbatch shape.
     ``meta=True`` runs it on the meta device (if an op has no meta kernel, real tensors
-    are used)."""
+    are used). The modules and the random number generators are left bitwise as they were
+    (buffers, parameters, ``.grad``, ``training`` flags, CPU and CUDA generator states;
+    see ``_model_state_kept``), also when the forward raises."""
+    segments = dict(segments or {})
+    modules = [*stages, *segments.values()]
     try:
-        return _infer(stages, batch, num_microbatches, dict(segments or {}), meta)
+        with _model_state_kept(modules, batch):
+            return _infer(stages, batch, num_microbatches, segments, meta)
     except (NotImplementedError, RuntimeError):
         if not meta:
             raise
-        return _infer(stages, batch, num_microbatches, dict(segments or {}), False)
+        with _model_state_kept(modules, batch):
+            return _infer(stages, batch, num_microbatches, segments, False)
 
 
 def signature(value) -> tuple:
