@@ -1,22 +1,33 @@
 """``mpipe-run``: start one process per rank on this machine.
 
-    mpipe-run --nproc N [--backend gloo|nccl] [--timeout S] script.py [args...]
+    mpipe-run --nproc N [--backend gloo|nccl] [--timeout S] [--verbose] [--log-dir DIR]
+              script.py [args...]
     mpipe-run --nproc N [...] -m module [args...]
 
-Each process runs ``python script.py args...`` (``python -m module args...``) with
-``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT`` (a
-free port) set, so the script initialises with ``init_distributed()`` (env init), exactly
-as under ``torchrun``. The backend is gloo on CPU, NCCL when every rank has its own GPU
-(``--backend`` or ``MPIPE_BACKEND`` overrides); ``OMP_NUM_THREADS`` defaults to the
-cores divided among the ranks. When a rank exits with an error, the
-others are stopped at once and ``mpipe-run`` exits with that rank's code (128 + signal
-for a rank killed by a signal); it exits 0 only if every rank does. Multi-node runs are
-``torchrun``'s job (see docs/executor.md).
+Each process runs ``script.py args...`` as ``python script.py args...`` would
+(``python -m module args...`` with ``-m``), through the bootstrap ``executor.rank_main``,
+with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT`` (a free port) set, so the script initialises
+with ``init_distributed()`` (env init), exactly as under ``torchrun``. The backend is gloo
+on CPU, NCCL when every rank has its own GPU (``--backend`` or ``MPIPE_BACKEND``
+overrides); ``OMP_NUM_THREADS`` defaults to the cores divided among the ranks. When a rank
+exits with an error, the others are stopped at once and ``mpipe-run`` exits with that
+rank's code (128 + signal for a rank killed by a signal); it exits 0 only if every rank
+does. Multi-node runs are ``torchrun``'s job (see docs/executor.md).
 
 Output: each rank's stdout and stderr are forwarded to ``mpipe-run``'s own, line by line,
 every line prefixed with its rank as torchrun does (``[rank1]:step 3 loss 0.52``), so the
 ranks' lines never interleave mid-line, on a terminal, in a file or through a pipe.
+
+Failures: a rank whose script raises an exception it does not catch prints one line,
+``[rank1]:rank 1: PipelineError: ... (full traceback: DIR/rank1.log)``, and exits 1; its
+full traceback (chained causes included) is in ``DIR/rank1.log``. ``DIR`` is ``--log-dir``
+or a fresh temporary directory (``mpipe-run-logs-*``), which is removed when every rank
+succeeds and kept when one fails; the launcher's line about the failure names it
+(``mpipe-run: rank 1 exited with code 1; stopping the other ranks (tracebacks in DIR)``).
+``--verbose`` prints each failing rank's full traceback instead of its one line (the log
+files are still written). ``SystemExit`` (``sys.exit(2)``) and ``KeyboardInterrupt`` end a
+rank as they would under plain Python.
 """
 
 from __future__ import annotations
@@ -24,12 +35,18 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import IO
+
+from .rank_main import LOG_ENV, VERBOSE_ENV
+
+BOOTSTRAP = "mpipe_verified.executor.rank_main"
 
 
 def free_port() -> int:
@@ -93,16 +110,36 @@ def _forward_output(procs: list[subprocess.Popen]) -> list[threading.Thread]:
     return threads
 
 
+def rank_command(script: str, args: list[str], module: bool = False) -> list[str]:
+    """The argv that runs ``script`` (a module with ``module``) on one rank, through the
+    bootstrap ``executor.rank_main``."""
+    return [sys.executable, "-m", BOOTSTRAP, "-m" if module else "--", script, *args]
+
+
+def rank_log(log_dir: str, rank: int) -> str:
+    return os.path.join(log_dir, f"rank{rank}.log")
+
+
 def launch(nproc: int, command: list[str], backend: str | None = None,
-           timeout: float | None = None, env: dict | None = None, quiet: bool = False) -> int:
+           timeout: float | None = None, env: dict | None = None, quiet: bool = False,
+           log_dir: str | None = None, verbose: bool = False) -> int:
     """Run ``command`` (argv) as ``nproc`` ranks; returns the exit code described in the
-    module docstring."""
+    module docstring. With ``log_dir``, rank ``r``'s bootstrap (``rank_command``) writes an
+    uncaught exception's traceback to ``log_dir/rank{r}.log``; ``verbose`` has it print
+    the traceback rather than one line."""
     if nproc < 1:
         raise ValueError("--nproc must be >= 1")
     port = free_port()
-    procs = [subprocess.Popen(command, env=rank_env(r, nproc, port, env, backend, timeout),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for r in range(nproc)]
+    envs = [rank_env(r, nproc, port, env, backend, timeout) for r in range(nproc)]
+    for r, e in enumerate(envs):
+        e.pop(LOG_ENV, None)  # not an outer mpipe-run's
+        if log_dir is not None:
+            e[LOG_ENV] = rank_log(log_dir, r)
+            if os.path.exists(e[LOG_ENV]):  # an earlier run's
+                os.remove(e[LOG_ENV])
+        e[VERBOSE_ENV] = "1" if verbose else "0"
+    procs = [subprocess.Popen(command, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for e in envs]
     pumps = _forward_output(procs)
 
     def forward(signum, _frame):
@@ -118,8 +155,13 @@ def launch(nproc: int, command: list[str], backend: str | None = None,
             if failed:
                 rank, code = failed[0]
                 if not quiet:
+                    where = (f" (tracebacks in {log_dir})"
+                             if log_dir is not None and _has_logs(log_dir, nproc) else "")
+                    for t in pumps[2 * rank:2 * rank + 2]:  # the rank's last lines first
+                        t.join(timeout=1.0)
                     sys.stderr.write(f"mpipe-run: rank {rank} exited with code {_code(code)}; "
-                                     "stopping the other ranks\n")
+                                     f"stopping the other ranks{where}\n")
+                    sys.stderr.flush()
                 _stop(procs)
                 return _code(code)
             if all(c == 0 for c in codes):
@@ -131,6 +173,10 @@ def launch(nproc: int, command: list[str], backend: str | None = None,
         _stop(procs)
         for t in pumps:  # the ranks are gone: their last lines are on the way
             t.join(timeout=5.0)
+
+
+def _has_logs(log_dir: str, nproc: int) -> bool:
+    return any(os.path.exists(rank_log(log_dir, r)) for r in range(nproc))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,20 +192,36 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a communication op may wait before the ranks give up "
                          "(MPIPE_TIMEOUT; default 300; start-up has its own, "
                          "MPIPE_STARTUP_TIMEOUT, default 1800)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="a rank that fails prints its full traceback (default: one line "
+                         "naming the exception and its log file)")
+    ap.add_argument("--log-dir", metavar="DIR", default=None,
+                    help="where each failing rank writes its full traceback, rankN.log "
+                         "(default: a temporary directory, removed if every rank succeeds)")
     ap.add_argument("-m", "--module", action="store_true",
                     help="SCRIPT names a module: run python -m SCRIPT (as torchrun -m)")
     ap.add_argument("script", metavar="SCRIPT", help="Python script (or, with -m, module) "
                                                      "to run on every rank")
-    ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    rest = ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    rest.required = False  # so that a missing SCRIPT is reported alone
     ns = ap.parse_args(argv)
     if ns.nproc < 1:
         ap.error("--nproc must be >= 1")
-    if ns.module:
-        return launch(ns.nproc, [sys.executable, "-m", ns.script, *ns.args], ns.backend,
-                      ns.timeout)
-    if not os.path.exists(ns.script):
+    if not ns.module and not os.path.exists(ns.script):
         ap.error(f"no such script: {ns.script}")
-    return launch(ns.nproc, [sys.executable, ns.script, *ns.args], ns.backend, ns.timeout)
+    if ns.log_dir is not None:
+        log_dir, temporary = ns.log_dir, False
+        os.makedirs(log_dir, exist_ok=True)
+    else:
+        log_dir, temporary = tempfile.mkdtemp(prefix="mpipe-run-logs-"), True
+    code = 1
+    try:
+        code = launch(ns.nproc, rank_command(ns.script, ns.args, ns.module), ns.backend,
+                      ns.timeout, log_dir=log_dir, verbose=ns.verbose)
+        return code
+    finally:
+        if temporary and (code == 0 or not os.listdir(log_dir)):
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
