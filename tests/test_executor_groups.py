@@ -13,7 +13,6 @@ refused at construction.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import warnings
@@ -28,9 +27,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 sys.path.insert(0, HERE)
 
 import test_executor_groups_worker as worker  # noqa: E402
+from ranks import run_ranks, whole_batch  # noqa: E402
 import train_tiny_mllm as tiny  # noqa: E402
 from mpipe_verified.executor import PipelineError, PipelineExecutor  # noqa: E402
-from mpipe_verified.executor.launch import free_port, rank_env  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
 WORKER = os.path.join(HERE, "test_executor_groups_worker.py")
@@ -38,24 +37,7 @@ WORKER = os.path.join(HERE, "test_executor_groups_worker.py")
 
 def launch(world: int, scenario: str, out: str, timeout: float = 240) -> tuple[list, list]:
     """Run the worker on ``world`` processes; ``(exit codes, outputs)``."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("MPIPE_BACKEND", "MPIPE_TIMEOUT")}
-    logs = [open(os.path.join(out, f"log.{scenario}.{r}"), "w+") for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, WORKER, out, scenario],
-                              env=rank_env(r, world, port, env, backend="gloo"),
-                              stdout=logs[r], stderr=subprocess.STDOUT) for r in range(world)]
-    deadline = time.time() + timeout
-    for p in procs:
-        try:
-            p.wait(max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    texts = []
-    for log in logs:
-        log.seek(0)
-        texts.append(log.read())
-    return [p.returncode for p in procs], texts
+    return run_ranks(WORKER, [out, scenario], world, out, timeout, log=f"log.{scenario}")
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +56,7 @@ def reference(name: str) -> tuple[float, dict]:
     encoder, body = tiny.build_model(max(6, num_stages - 2))
     if name == "zbv-tied":
         worker.tie(body)
-    batch = tiny.make_batch(0, worker.rows_for(m))
-    x = body[0](encoder(batch.segments["vision"]), batch.body)
-    for layer in list(body)[1:]:
-        x = layer(x)
-    loss = tiny.loss_fn(x, batch.target)
-    loss.backward()
-    grads = {f"vision.{n}": p.grad for n, p in encoder.named_parameters()}
-    grads.update({f"body.{n}": p.grad for n, p in body.named_parameters()})
-    return float(loss.detach()), grads
+    return whole_batch(encoder, body, tiny.make_batch(0, worker.rows_for(m)), tiny.loss_fn)
 
 
 @pytest.mark.parametrize("name", list(worker.CASES))

@@ -30,7 +30,7 @@ _EXPORTS = {
     "PipelineExecutor": ".interpreter", "Evaluation": ".interpreter",
     "Batch": ".batch",
     "init_distributed": ".comm",
-    "PipelineError": ".errors", "PayloadMismatchError": ".errors", "PeerError": ".errors",
+    "PipelineError": ".errors", "BatchError": ".errors", "PayloadMismatchError": ".errors", "PeerError": ".errors",
     "CertificateError": ".errors",
     "StageSequential": ".partition", "balanced_cuts": ".partition",
     "infer_payload_shapes": ".partition", "split_sequential": ".partition",
@@ -39,7 +39,7 @@ _EXPORTS = {
     "certify": ".certify", "NotVerifiedError": ".certify",
     "group_adjacent_comms": ".grouping",
     "pipeline_mesh": ".topology",
-    "Certificate": "..verify.report", "check_certificate": "..verify.report",
+    "Certificate": "..verify.report", "check_certificate": ".errors",
 }
 
 __all__ = sorted(_EXPORTS)

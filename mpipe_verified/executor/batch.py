@@ -17,13 +17,16 @@ from typing import Any, Mapping
 import attrs
 import torch
 
+from .errors import BatchError
+
 
 def _split(value, m: int) -> list:
     if value is None:
         return [None] * m
     if isinstance(value, torch.Tensor):
         if value.shape[0] < m:
-            raise ValueError(f"cannot split a batch of {value.shape[0]} into {m} microbatches")
+            raise BatchError(f"cannot split a batch of {value.shape[0]} rows into {m} "
+                             "microbatches (each needs at least one row)")
         return list(torch.tensor_split(value, m))
     if isinstance(value, (tuple, list)):
         parts = [_split(v, m) for v in value]
@@ -33,7 +36,7 @@ def _split(value, m: int) -> list:
         return [{k: p[i] for k, p in parts.items()} for i in range(m)]
     if isinstance(value, _CONSTANTS):
         return [value] * m
-    raise TypeError(f"batch fields must be tensors, tuples, lists or dicts of them (or "
+    raise BatchError(f"batch fields must be tensors, tuples, lists or dicts of them (or "
                     f"plain values), got {type(value).__name__}")
 
 
@@ -79,7 +82,7 @@ class Batch:
             n = _rows(value)
             if n:
                 return n
-        raise ValueError("the batch has no tensors")
+        raise BatchError("the batch has no tensors")
 
     def split(self, m: int) -> list["Batch"]:
         bodies, targets = _split(self.body, m), _split(self.target, m)

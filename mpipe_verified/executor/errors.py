@@ -3,11 +3,27 @@ position in the rank's program) and what went wrong."""
 
 from __future__ import annotations
 
-from ..verify.report import CertificateError
+from ..verify import report
 
 
 class PipelineError(RuntimeError):
-    """The executor could not run a plan (bad model for the plan, a failed op)."""
+    """The executor could not run a plan (bad model for the plan, a failed op). Every
+    error the executor raises is one, so ``except PipelineError`` catches them all."""
+
+
+class CertificateError(report.CertificateError, PipelineError):
+    """The executor refused a plan: no certificate, one that does not match the plan, or
+    ranks that run different plans (also a ``verify.report.CertificateError``)."""
+
+
+def check_certificate(plan, certificate, comm_model: str = "rendezvous") -> None:
+    """``verify.report.check_certificate``, its refusal raised as the executor's
+    ``CertificateError`` (a ``PipelineError``, and still a ``verify.report``
+    ``CertificateError``)."""
+    try:
+        report.check_certificate(plan, certificate, comm_model)
+    except report.CertificateError as err:
+        raise CertificateError(str(err)) from None
 
 
 class PayloadMismatchError(PipelineError):
@@ -15,8 +31,14 @@ class PayloadMismatchError(PipelineError):
     (shape, dtype, or which activation/gradient it is)."""
 
 
+class BatchError(PipelineError, ValueError):
+    """A batch that cannot be split as the plan needs (fewer rows than microbatches, no
+    tensors, a field of another type); raised before any communication of the step."""
+
+
 class PeerError(PipelineError):
     """A communication op failed: a peer died, closed its connection or timed out."""
 
 
-__all__ = ["CertificateError", "PipelineError", "PayloadMismatchError", "PeerError"]
+__all__ = ["BatchError", "CertificateError", "PipelineError", "PayloadMismatchError",
+           "PeerError"]

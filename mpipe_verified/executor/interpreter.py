@@ -67,6 +67,7 @@ digest before the first op runs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import os
@@ -83,10 +84,11 @@ from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, SO
 from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
-from ..verify.report import Certificate, CertificateError, check_certificate
-from . import comm, model_checks, packed, split_backward, topology, tree
+from ..verify.report import Certificate
+from . import buffers, clipping, comm, loss, model_checks, packed, split_backward, topology, tree
 from .batch import Batch
-from .errors import PeerError, PipelineError
+from .errors import BatchError, CertificateError, PeerError, PipelineError, check_certificate
+from .stage_setup import StageSetup  # torch.compile and checkpointing (docs/executor.md)
 
 _WATCHDOG: comm.Watchdog | None = None
 _MISSING = object()
@@ -199,7 +201,8 @@ class PipelineExecutor:
                  loss_reduction: str = "mean", overlap_comms: bool = True,
                  group=None, mesh=None, pp_dim: str = "pp", dp_group=None,
                  dp_dim: str | None = None,
-                 startup_timeout: float | datetime.timedelta | None = None) -> None:
+                 startup_timeout: float | datetime.timedelta | None = None,
+                 ignore_index: int | None = None, loss_weight: Callable | None = None) -> None:
         # Refuse before anything else: no process group, no traffic.
         check_certificate(plan, certificate, RENDEZVOUS)
         self.plan, self.certificate = plan, certificate
@@ -215,9 +218,9 @@ class PipelineExecutor:
         self._defer_receives: bool | None = None  # None: decided by the backend (connect)
         self.timeout_s = comm.timeout_seconds(timeout)
         self.startup_s = comm.startup_seconds(startup_timeout)
-        if loss_reduction not in ("mean", "sum"):
-            raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        loss.check_options(loss_reduction, ignore_index, loss_weight)
         self.loss_reduction = loss_reduction
+        self.ignore_index, self.loss_weight = ignore_index, loss_weight
         self.loss_fn = loss_fn
         self.program = plan.programs[self.rank]
         self.stages = self._local_stages(stages)
@@ -230,6 +233,7 @@ class PipelineExecutor:
                        for m in (*self.stages.values(), *self.segments.values())}
         self._direct = {id(m): split_backward.direct_allowed(m)
                         for m in (*self.stages.values(), *self.segments.values())}
+        self._setup = StageSetup(self.rank, self.program)  # before any forward compiles
         self._check_payloads()
         self._instrs = self._compile()
         self._received = frozenset(t for op in self.program for c in p2p_of(op)
@@ -389,6 +393,9 @@ class PipelineExecutor:
             self._same_layouts(topo.dp_group, topo.replicas, ["all parameters"],
                                [self.parameters()], replicas=True)
         self._run_groups(topo)
+        self._copies = self._buffer_copies(topo)
+        for copies, _, broadcasts in self._copies.values():
+            copies.start_up(broadcasts)
         if self._defer_receives is None:  # see the module docstring (comm modes)
             self._defer_receives = dist.get_backend(self._pp) != "gloo"
         self.messages = packed.Messages(self.rank, self.device, self.check_messages)
@@ -400,13 +407,65 @@ class PipelineExecutor:
         self._pp = topology.run_group(topo.pp_ranks, self.timeout_s)
         self._peer = [dist.get_group_rank(self._pp, g) for g in topo.pp_ranks]
         wanted = sorted({tuple(sorted(op.ranks)) for op in self.program
-                         if isinstance(op, Collective)})
+                         if isinstance(op, Collective)}
+                        | {holders for name in self.segments
+                           if len(holders := self._holders(name)) > 1})
         for ranks in wanted:
             members = tuple(topo.pp_ranks[r] for r in ranks)
             self._groups[ranks] = (self._pp if len(ranks) == len(topo.pp_ranks)
                                    else topology.run_group(members, self.timeout_s))
         self._dp = (topology.run_group(topo.dp_ranks, self.timeout_s)
                     if topo.replicas > 1 else None)
+
+    def _holders(self, name: str) -> tuple[int, ...]:
+        """The plan ranks that hold a copy of segment ``name``: every rank whose program
+        runs or exchanges it, and its home (the same on every rank)."""
+        seg = self.plan.cut.get(name)
+        ranks = {r for r, program in enumerate(self.plan.programs) for op in program
+                 if any(c.segment == name for c in computes_of(op))
+                 or (isinstance(op, Collective) and (collective_segment(op) or ("",))[-1]
+                     == name)}
+        return tuple(sorted(ranks | ({seg.home} if seg is not None else set())))
+
+    def _buffer_copies(self, topo: topology.Topology) -> dict:
+        """``id(module) -> (Copies, reduces, broadcasts)`` for each module of this rank
+        that has buffers and other copies (``buffers``): a segment held by several ranks
+        (summed over its holders, broadcast from home), any module when there are
+        replicas (over the data-parallel group, from replica 0)."""
+        out = {}
+        for label, module in self._labelled_modules():
+            if next(module.buffers(), None) is None:
+                continue
+            reduces, broadcasts = [], []
+            if label.startswith("segment"):
+                name = label.split("'")[1]
+                holders = self._holders(name)
+                if len(holders) > 1:
+                    group = self._groups[holders]
+                    reduces.append(self._summing(group, f"ranks {list(holders)}"))
+                    home = topo.pp_ranks[self.plan.cut.get(name).home]
+                    broadcasts.append(self._broadcasting(group, home, "its home"))
+            if self._dp is not None:
+                reduces.append(self._summing(self._dp, "its replicas"))
+                broadcasts.append(self._broadcasting(self._dp, topo.dp_ranks[0], "replica 0"))
+            if reduces:
+                m = self.plan.num_microbatches * topo.replicas
+                out[id(module)] = (buffers.Copies(module, m), reduces, broadcasts)
+        return out
+
+    def _summing(self, group, peers: str):
+        def reduce(t: torch.Tensor) -> None:
+            d = t.to(self.device)
+            self._wait([dist.all_reduce(d, group=group, async_op=True)],
+                       "the buffer statistics all-reduce", peers)
+            t.copy_(d)
+        return reduce
+
+    def _broadcasting(self, group, root: int, peers: str):
+        def broadcast(t: torch.Tensor) -> None:
+            self._wait([dist.broadcast(t, root, group=group, async_op=True)],
+                       "the buffer broadcast", peers)
+        return broadcast
 
     def close(self) -> None:
         """Leave the process group cleanly: wait until every rank is done (so no rank tears
@@ -510,16 +569,44 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------ a training step
 
-    def step(self, batch: Batch, broadcast_loss: bool = True, return_losses: bool = False):
-        """``zero_grad``, ``run``, then the optimizer step. Returns the batch loss (on
-        every rank when ``broadcast_loss``, else on the last stage's rank, None
-        elsewhere); with ``return_losses``, ``(loss, losses)`` where ``losses[mb]`` is
-        microbatch ``mb``'s own loss (unweighted; a sink's loss added in)."""
+    def step(self, batch: Batch, broadcast_loss: bool = True, return_losses: bool = False,
+             max_grad_norm: float | None = None):
+        """``zero_grad``, ``run``, with ``max_grad_norm`` ``clip_grad_norm_``, then the
+        optimizer step. Returns the batch loss (on every rank when ``broadcast_loss``,
+        else on the last stage's rank, None elsewhere); with ``return_losses``, ``(loss,
+        losses)`` where ``losses[mb]`` is microbatch ``mb``'s own loss (unweighted; a
+        sink's loss added in)."""
         self.zero_grad()
         result = self.run(batch, broadcast_loss, return_losses)
+        if max_grad_norm is not None:
+            self.clip_grad_norm_(max_grad_norm)
         if self.optimizer is not None:
             self.optimizer.step()
         return result
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the whole model: the norm of every
+        gradient of the pipeline (each parameter counted once: a cut segment's on its
+        home rank; replicas, equal after their sum, once) is computed with one all-reduce
+        over the pipeline, every rank scales its own gradients alike, and every rank gets
+        the norm (before clipping). A collective: call it on every rank of the pipeline,
+        after ``run`` and before the optimizer step."""
+        if not self._connected:
+            raise PipelineError(f"rank {self.rank}: clip_grad_norm_ needs the gradients of "
+                                "a run first")
+
+        def reduce(t: torch.Tensor, is_max: bool) -> None:
+            op = dist.ReduceOp.MAX if is_max else dist.ReduceOp.SUM
+            self._wait([dist.all_reduce(t, op=op, group=self._pp, async_op=True)],
+                       "the gradient-norm all-reduce", "its pipeline")
+
+        try:
+            return clipping.clip_grad_norm(self.parameters(), max_norm, norm_type, reduce,
+                                           self.device, error_if_nonfinite)
+        except PeerError:
+            self._failed = True
+            raise
 
     def run(self, batch: Batch, broadcast_loss: bool = True, return_losses: bool = False):
         """Run the plan once on ``batch``: forward, backward and the plan's collectives;
@@ -532,6 +619,7 @@ class PipelineExecutor:
         except PipelineError:
             self._failed = True  # its peers wait in vain: close() then skips its barrier
             raise
+        self._check_batch(batch)
         self._evaluating = False
         self.connect()
         kept = self._set_aside_summed_grads()
@@ -576,6 +664,7 @@ class PipelineExecutor:
             raise PipelineError(f"rank {self.rank}: eval needs a forward-only plan (this one "
                                 "trains): derive it from forward_only(term), or "
                                 "family(..., forward_only=True)")
+        self._check_batch(batch)
         self._evaluating = True
         self._outputs: dict = {}
         self.connect()
@@ -619,6 +708,17 @@ class PipelineExecutor:
                 "a gradient then; build a new PipelineExecutor (and optimizer) after changing "
                 "a module's parameters or their requires_grad")
 
+    def _check_batch(self, batch: Batch) -> None:
+        """Refuse, before any communication, a batch the plan's microbatches cannot be cut
+        from (the executor stays usable: the next batch may be fine)."""
+        if not isinstance(batch, Batch):
+            raise BatchError(f"rank {self.rank}: step/run/eval take a Batch, got "
+                             f"{type(batch).__name__}")
+        try:
+            batch.split(self.plan.num_microbatches)
+        except BatchError as err:
+            raise BatchError(f"rank {self.rank}: the batch: {err}") from None
+
     def _labelled_modules(self):
         yield from ((f"stage {s}", m) for s, m in self.stages.items())
         yield from ((f"segment {name!r}", m) for name, m in self.segments.items())
@@ -657,16 +757,20 @@ class PipelineExecutor:
     def _pass(self, batch: Batch) -> None:
         """Run the plan's ops once on ``batch`` (training or, ``_evaluating``, eval), once
         connected."""
-        m = self.plan.num_microbatches
-        batch = batch.to(self.device)
-        total = batch.rows()
-        if self.topology.replicas > 1:  # contiguous row blocks, by replica
-            batch = batch.split(self.topology.replicas)[self.topology.dp_rank]
+        m, replicas = self.plan.num_microbatches, self.topology.replicas
+        mine = 0 if replicas == 1 else self.topology.dp_rank
+        try:
+            blocks = [batch] if replicas == 1 else batch.split(replicas)  # row blocks
             if self._evaluating:  # eval: this replica's outputs and loss, over its rows
-                total = batch.rows()
-        self._mbs = batch.split(m)
-        self._weights = [(_rows(mb) / total) if self.loss_reduction == "mean" else 1.0
-                         for mb in self._mbs]
+                blocks, mine = [blocks[mine]], 0
+            every = [block.split(m) for block in blocks]
+        except BatchError as err:  # every rank holds the same batch: all refuse alike
+            raise BatchError(f"rank {self.rank}: the batch over {replicas} replicas of "
+                             f"{m} microbatches: {err}") from None
+        self._mbs = [mb.to(self.device) for mb in every[mine]]
+        self._weights = loss.microbatch_weights(every, mine, self.loss_reduction,
+                                                self.ignore_index, self.loss_weight)
+        self._row_weights = loss.microbatch_weights(every, mine, self.loss_reduction)
         self._loss = None
         self._mb_losses: dict = {}  # mb -> its own loss (a sink's added in)
         self.store = {}
@@ -674,8 +778,15 @@ class PipelineExecutor:
         self._unread: list[_Pending] = []
         self._stored_refs: dict[int, int] = {}
         self._stored_live = self.stored_peak = 0
+        self._mb_base = mine * m  # this replica's first microbatch in the whole batch
+        copies = {} if self._evaluating else self._copies
         try:
-            self._run_plan()
+            with contextlib.ExitStack() as recording:
+                for c, _, _ in copies.values():
+                    recording.enter_context(c.begin())
+                self._run_plan()
+            for c, reduces, broadcasts in copies.values():
+                c.agree(reduces, broadcasts)
         except PipelineError:
             self._failed = True  # close() then skips its barrier
             raise
@@ -690,12 +801,12 @@ class PipelineExecutor:
         self._posted, self._unread = None, []
         self.store = {}
 
-    def _reduce_replicas(self, loss: float) -> float:
+    def _reduce_replicas(self, value: float) -> float:
         """Sum this rank's gradients and loss over its replicas (after the plan: every
         p2p of it has completed, so this cannot interleave with the pipeline's)."""
         params = self.parameters()
         flat = topology.flatten_grads(params).to(self.device)
-        total = torch.tensor([loss], dtype=torch.float64, device=self.device)
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
         self._wait([dist.all_reduce(flat, group=self._dp, async_op=True),
                     dist.all_reduce(total, group=self._dp, async_op=True)],
                    "the data-parallel all-reduce", "its replicas")
@@ -817,7 +928,9 @@ class PipelineExecutor:
                 kwargs = dict(data.kwargs)
             shipped = [comm.ShippedInput(raw, comm.rng_state(self.device))
                        for t in raw_token if t in keep]  # before the forward draws
-            y = module(*args, **kwargs)
+            with self._recording(module, mb):
+                y = module(*args, **kwargs)
+            self._setup.check(c, module, y)  # a graph no backward here can run: refused
             out = y
             if sink or (not seg and s == self.last_stage):
                 out = self._loss_of(c, y, data)
@@ -830,6 +943,12 @@ class PipelineExecutor:
         for t, value in zip(raw_token, shipped):
             produced[t] = value
         return produced
+
+    def _recording(self, module: nn.Module, mb: int):
+        """Around a forward: record its buffer updates when ``module`` has other copies."""
+        held = None if self._evaluating else self._copies.get(id(module))
+        return contextlib.nullcontext() if held is None else held[0].recording(
+            self._mb_base + mb)
 
     def _segment_data(self, c: Compute, data: Batch):
         """A source segment's input (a sink's target) in the microbatch."""
@@ -851,13 +970,14 @@ class PipelineExecutor:
                 return y
         target = self._segment_data(c, data) if name else data.target
         fn = self.segment_loss_fns[name] if name else self.loss_fn
-        loss = fn(y, target)
-        weighted = loss * self._weights[c.mb]
-        value = loss.detach()
-        self._mb_losses[c.mb] = (self._mb_losses[c.mb] + value if c.mb in self._mb_losses
-                                 else value)
-        self._loss = weighted.detach() if self._loss is None else self._loss + weighted.detach()
-        return weighted
+        value = loss.checked(fn(y, target), f"segment_loss_fns[{name!r}]" if name
+                             else "loss_fn", self.rank)
+        weight = (self._row_weights if name else self._weights)[c.mb]
+        root, share = loss.weighted(value, weight, y)
+        own = value.detach().double()
+        self._mb_losses[c.mb] = own + self._mb_losses[c.mb] if c.mb in self._mb_losses else own
+        self._loss = share if self._loss is None else self._loss + share
+        return root
 
     def _input(self, t: tuple, c: Compute, x, wanted: bool) -> tuple:
         """``(value for the forward, its tensors that take a gradient, their paths)``; the
@@ -914,9 +1034,11 @@ class PipelineExecutor:
         module = self._module(c)
         shipped: comm.ShippedInput = self._needed(needs, "input")
         cuda = self.device is not None and self.device.type == "cuda"
-        with torch.random.fork_rng(devices=[self.device] if cuda else []), torch.enable_grad():
+        with torch.random.fork_rng(devices=[self.device] if cuda else []), \
+                torch.enable_grad(), buffers.unchanged(module):  # the forward's update counted
             comm.set_rng_state(shipped.rng, self.device)
             y = module(shipped.tensor)
+            self._setup.check(c, module, y)
         (stored,) = produces(c)
         return {stored: _Saved((), y, self._params[id(module)])}
 
@@ -1107,13 +1229,6 @@ def _received(value, payload=None):
     if p.kind == GRAD and p.to_segment is not None:
         return _PerSource({p.to_segment: value})
     return value
-
-
-def _rows(mb: Batch) -> int:
-    try:
-        return mb.rows()
-    except ValueError:
-        return 1
 
 
 __all__ = ["Evaluation", "PipelineExecutor"]

@@ -29,6 +29,7 @@ from torch import nn
 from ..ir import Plan
 from . import certify as certify_plan  # the function (the package resolves the name)
 from .batch import Batch
+from .errors import PipelineError
 from .interpreter import PipelineExecutor
 from .partition import infer_payload_shapes, signature, with_payload_shapes
 
@@ -48,7 +49,7 @@ class ShapeCache:
                  optimizer: Callable | None = None, certify: Callable = certify_plan,
                  meta: bool = False, max_plans: int = 32, **options) -> None:
         if max_plans < 1:
-            raise ValueError(f"max_plans must be at least 1, got {max_plans}")
+            raise PipelineError(f"max_plans must be at least 1, got {max_plans}")
         self.plan, self.stages = plan, list(stages)
         self.segments = dict(segments or {})
         self.loss_fn, self.certify, self.meta = loss_fn, certify, meta

@@ -124,16 +124,24 @@ def forget_run_groups() -> None:
 
 def flatten_grads(params) -> torch.Tensor:
     """Every parameter's gradient (zeros where none) in one tensor (``torch.cat``
-    promotes mixed dtypes), the layout ``unflatten_grads`` reads back."""
+    promotes mixed dtypes), then one flag per parameter (1 where it has a gradient): the
+    layout ``unflatten_grads`` reads back. Summed over ranks, a flag says how many had a
+    gradient."""
     if not params:
         return torch.zeros(0)
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in params])
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+             for p in params]
+    flags = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype,
+                         device=grads[0].device)
+    return torch.cat([*grads, flags])
 
 
 def unflatten_grads(params, flat: torch.Tensor) -> None:
-    """Write ``flat``'s gradients back to ``params`` (each in its own dtype)."""
-    offset = 0
-    for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype, copy=True)
+    """Write ``flat``'s gradients back to ``params`` (each in its own dtype); a
+    parameter that no rank of the sum had a gradient for keeps None, as autograd leaves
+    an unused parameter (so an optimizer's weight decay and momentum skip it)."""
+    offset, flags = 0, flat[flat.numel() - len(params):].tolist()
+    for p, flag in zip(params, flags):
+        p.grad = (flat[offset:offset + p.numel()].view_as(p).to(p.dtype, copy=True)
+                  if flag else None)
         offset += p.numel()

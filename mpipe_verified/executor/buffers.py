@@ -1,0 +1,205 @@
+"""Module buffers (BatchNorm's running statistics, a counter a forward keeps) when a
+module has several copies: a cut segment run on several ranks (its owners, its home), a
+stage or segment held by every data-parallel replica.
+
+The reference is one process running the step's microbatches one after another, in row
+order (replica 0's microbatches first): a BatchNorm then updates its running statistics
+once per microbatch, in that order. Each copy here sees only the microbatches it ran, so
+after the plan its copies are brought to that one state:
+
+- **Statistics** (the ``running_mean``/``running_var``/``num_batches_tracked`` of a
+  ``BatchNorm`` that tracks them) are *replayed*. While the plan runs, each update of a
+  copy is recorded as the batch statistic it used (the update is ``r' = (1 - a) r + a s``,
+  so ``s = (r' - (1 - a) r) / a``), keyed by the microbatch's place in the whole batch.
+  After the plan the copies sum these records (each microbatch's are on exactly one copy)
+  and every copy applies them to the statistics it held when the step started, in row
+  order, with BatchNorm's own rule (``momentum``, or the cumulative average when it is
+  None). A recompute (``R``) changes no buffer: it re-runs a forward whose update was
+  already recorded.
+- **Other buffers** that any copy changed during the step are broadcast from one copy, as
+  DistributedDataParallel broadcasts buffers: the segment's home rank, then replica 0.
+  Nothing is known of how such a buffer combines, so the first copy's value is the one
+  kept (a buffer no forward changes costs one flag).
+
+Copies start equal: ``start_up`` broadcasts every buffer the same way when the executor
+connects. The collectives run after the plan, outside it, like the replicas' gradient sum:
+every copy has finished its own plan by then and meets them in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+Reduce = Callable[[torch.Tensor], None]  # sums a tensor in place over a group of copies
+Broadcast = Callable[[torch.Tensor], None]  # replaces a tensor in place by the root's
+
+
+def statistics_of(module: nn.Module) -> list[_BatchNorm]:
+    """The BatchNorm layers of ``module`` whose running statistics a forward updates."""
+    return [m for m in module.modules() if isinstance(m, _BatchNorm)
+            and m.track_running_stats and m.running_mean is not None]
+
+
+def other_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``module``'s buffers that are not such statistics, by name."""
+    stats = {id(b) for m in statistics_of(module) for b in m.buffers(recurse=False)}
+    return [(n, b) for n, b in module.named_buffers() if id(b) not in stats]
+
+
+@contextlib.contextmanager
+def unchanged(module: nn.Module):
+    """Run a block that must leave every buffer of ``module`` as it was (a recompute): it
+    runs on scratch copies, and the original tensors are put back untouched (copying the
+    old values back in place would bump versions a saved graph still checks)."""
+    saved = [(m, dict(m._buffers)) for m in module.modules()]
+    for m, slots in saved:
+        for name, b in slots.items():
+            if b is not None:
+                m._buffers[name] = b.clone()
+    try:
+        yield
+    finally:
+        for m, slots in saved:
+            m._buffers.clear()
+            m._buffers.update(slots)
+
+
+class Copies:
+    """The buffers of one module with several copies: records updates while the plan runs
+    (``recording``) and makes the copies agree after it (``agree``)."""
+
+    def __init__(self, module: nn.Module, microbatches: int) -> None:
+        self.module, self.microbatches = module, microbatches
+        self.norms = statistics_of(module)
+        self.others = other_buffers(module)
+        self._start: list = []
+        self._records: dict[int, list] = {}
+        self._before: dict[int, tuple] = {}
+        self._mb: int | None = None
+
+    # -------------------------------------------------------------- during the plan
+
+    def begin(self) -> contextlib.ExitStack:
+        """At the start of a step: remember the buffers as they are, and record every
+        statistics update until the returned stack is closed."""
+        self._start = [(m.running_mean.clone(), m.running_var.clone(),
+                        int(m.num_batches_tracked)) for m in self.norms]
+        self._others_start = [b.clone() for _, b in self.others]
+        self._records = {id(m): [] for m in self.norms}
+        stack = contextlib.ExitStack()
+        for m in self.norms:
+            stack.callback(m.register_forward_pre_hook(self._pre).remove)
+            stack.callback(m.register_forward_hook(self._post).remove)
+        return stack
+
+    @contextlib.contextmanager
+    def recording(self, mb: int):
+        """Around a forward of global microbatch ``mb`` (its place in the whole batch)."""
+        self._mb = mb
+        try:
+            yield
+        finally:
+            self._mb = None
+
+    def _pre(self, norm: _BatchNorm, _args) -> None:
+        if self._mb is not None and norm.training:
+            self._before[id(norm)] = (norm.running_mean.clone(), norm.running_var.clone(),
+                                      int(norm.num_batches_tracked))
+
+    def _post(self, norm: _BatchNorm, _args, _out) -> None:
+        before = self._before.pop(id(norm), None)
+        if before is None or int(norm.num_batches_tracked) == before[2]:
+            return
+        a = _factor(norm, int(norm.num_batches_tracked))
+        mean, var = ((now.detach() - (1 - a) * was) / a
+                     for now, was in ((norm.running_mean, before[0]),
+                                      (norm.running_var, before[1])))
+        self._records[id(norm)].append((self._mb, mean, var))
+
+    # -------------------------------------------------------------- after the plan
+
+    def agree(self, reduces: list[Reduce], broadcasts: list[Broadcast]) -> None:
+        """Make every copy hold the one-process state: ``reduces`` sum over the copies
+        (the pipeline's, then the replicas'), ``broadcasts`` take the first copy's value
+        (home, then replica 0). Every copy calls this at the same point of its step."""
+        m = self.microbatches
+        counts = torch.zeros(len(self.norms) * m + len(self.others), dtype=torch.float64)
+        for k, norm in enumerate(self.norms):
+            for mb, _, _ in self._records[id(norm)]:
+                counts[k * m + mb] += 1
+        for j, (_, b) in enumerate(self.others):
+            counts[len(self.norms) * m + j] = float(not torch.equal(b, self._others_start[j]))
+        counts = _reduced(counts, reduces)
+        if self.norms:
+            self._replay(counts[:len(self.norms) * m].view(len(self.norms), m), reduces)
+        changed = counts[len(self.norms) * m:]
+        for (_, b), flag in zip(self.others, changed.tolist()):
+            if flag:
+                for broadcast in broadcasts:
+                    broadcast(b)
+
+    def _replay(self, counts: torch.Tensor, reduces: list[Reduce]) -> None:
+        """Sum every copy's recorded statistics, then apply them to the step's starting
+        statistics in microbatch order."""
+        calls = counts.long()
+        widest = int(calls.max()) if calls.numel() else 0
+        if widest == 0:
+            self._restore_start()
+            return
+        slots = []
+        for k, norm in enumerate(self.norms):
+            c = norm.running_mean.numel()
+            stats = torch.zeros(self.microbatches, widest, 2, c, dtype=torch.float64)
+            seen = [0] * self.microbatches
+            for mb, mean, var in self._records[id(norm)]:
+                stats[mb, seen[mb], 0] = mean.double().cpu()
+                stats[mb, seen[mb], 1] = var.double().cpu()
+                seen[mb] += 1
+            slots.append(stats)
+        flat = _reduced(torch.cat([s.reshape(-1) for s in slots]), reduces)
+        at = 0
+        for k, (norm, stats) in enumerate(zip(self.norms, slots)):
+            summed = flat[at:at + stats.numel()].view_as(stats)
+            at += stats.numel()
+            mean, var, tracked = self._start[k]
+            mean, var = mean.clone(), var.clone()
+            for mb in range(self.microbatches):
+                for j in range(int(calls[k, mb])):
+                    tracked += 1
+                    a = _factor(norm, tracked)
+                    s = summed[mb, j].to(mean.dtype).to(mean.device)
+                    mean = a * s[0] + (1 - a) * mean
+                    var = a * s[1] + (1 - a) * var
+            with torch.no_grad():
+                norm.running_mean.copy_(mean)
+                norm.running_var.copy_(var)
+                norm.num_batches_tracked.fill_(tracked)
+
+    def _restore_start(self) -> None:
+        with torch.no_grad():
+            for norm, (mean, var, tracked) in zip(self.norms, self._start):
+                norm.running_mean.copy_(mean)
+                norm.running_var.copy_(var)
+                norm.num_batches_tracked.fill_(tracked)
+
+    def start_up(self, broadcasts: list[Broadcast]) -> None:
+        """Make the copies start equal: every buffer from the first copy."""
+        for b in self.module.buffers():
+            for broadcast in broadcasts:
+                broadcast(b)
+
+
+def _factor(norm: _BatchNorm, tracked: int) -> float:
+    """The weight BatchNorm gives a new batch statistic at its ``tracked``-th update."""
+    return norm.momentum if norm.momentum is not None else 1.0 / tracked
+
+
+def _reduced(t: torch.Tensor, reduces: list[Reduce]) -> torch.Tensor:
+    for reduce in reduces:
+        reduce(t)
+    return t
