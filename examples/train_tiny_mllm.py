@@ -23,6 +23,16 @@ verified), then runs it with ``PipelineExecutor``; rank 0 prints ``step K loss X
 ``(dp, pp)`` device mesh; each replica takes its block of the batch's rows).
 ``--check-grads`` compares, after the first step, every gradient with a single-process
 run on the whole batch; rank 0 prints ``grads match a single-process run: max abs diff X``.
+
+A real training loop's parts: ``--pad`` gives each caption a random length and marks the
+rest of its target ``IGNORE`` (-100), which the loss ignores and the executor weights
+microbatches by (``ignore_index``: the step's loss is the mean over valid tokens);
+``--batchnorm`` puts a BatchNorm in the vision encoder (its running statistics are kept
+as one process would keep them); ``--clip C`` clips the global gradient norm to ``C``;
+``--bf16`` runs every module under bf16 autocast (the logits and the loss are bf16). With
+``--batchnorm`` or ``--bf16`` the single-process run of ``--check-grads`` takes the
+microbatches one after another, as the pipeline does (batch statistics and bf16 rounding
+are per microbatch).
 """
 
 from __future__ import annotations
@@ -51,19 +61,34 @@ SCHEDULES = (*FAMILIES, "transpose")
 MODES = ("recompute", "owner", "frozen")
 IMAGE = (3, 4, 4)
 SOUND = (4, 8)
+IGNORE = -100  # a padded target position (--pad)
 
 
 # ---------------------------------------------------------------- model
 
 
 class VisionEncoder(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
+    def __init__(self, dim: int, hidden: int, batchnorm: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(math.prod(IMAGE), hidden)
+        self.norm = nn.BatchNorm1d(hidden) if batchnorm else nn.Identity()
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(images.flatten(1))))
+        return self.fc2(F.gelu(self.norm(self.fc1(images.flatten(1)))))
+
+
+class Autocast(nn.Module):
+    """``inner`` under bf16 autocast (``--bf16``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        device = inputs[0].device.type
+        with torch.autocast(device, dtype=torch.bfloat16):
+            return self.inner(*inputs)
 
 
 class AudioEncoder(nn.Module):
@@ -120,13 +145,15 @@ class Head(nn.Module):
 
 
 def build_model(layers: int = 6, dim: int = 32, vocab: int = 64, length: int = 8,
-                seed: int = 0) -> tuple[nn.Module, nn.Sequential]:
+                seed: int = 0, batchnorm: bool = False, bf16: bool = False
+                ) -> tuple[nn.Module, nn.Sequential]:
     """``(encoder, body)``; the same seed gives the same weights on every rank."""
     torch.manual_seed(seed)
-    encoder = VisionEncoder(dim, 2 * dim)
-    body = nn.Sequential(Embed(vocab, dim, length), *[Block(dim) for _ in range(layers)],
-                         Head(dim, vocab))
-    return encoder, body
+    encoder = VisionEncoder(dim, 2 * dim, batchnorm)
+    layers = [Embed(vocab, dim, length), *[Block(dim) for _ in range(layers)], Head(dim, vocab)]
+    if bf16:
+        return Autocast(encoder), nn.Sequential(*map(Autocast, layers))
+    return encoder, nn.Sequential(*layers)
 
 
 def build_audio(dim: int = 32, seed: int = 0) -> nn.Module:
@@ -136,14 +163,16 @@ def build_audio(dim: int = 32, seed: int = 0) -> nn.Module:
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy over the microbatch."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    """Mean next-token cross entropy over the microbatch's valid (not ``IGNORE``) targets."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                           ignore_index=IGNORE)
 
 
 def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: int = 8,
-               seed: int = 0, audio: bool = False) -> Batch:
+               seed: int = 0, audio: bool = False, pad: bool = False) -> Batch:
     """Synthetic image–caption pairs (with ``audio``, and a sound per pair): class
-    prototypes (fixed by ``seed``) plus noise."""
+    prototypes (fixed by ``seed``) plus noise. With ``pad`` each caption keeps a random
+    number of target tokens (0 to ``length``) and the rest are ``IGNORE``."""
     g = torch.Generator().manual_seed(seed)
     prototypes = torch.randn(classes, *IMAGE, generator=g)
     captions = torch.randint(0, vocab, (classes, length + 1), generator=g)
@@ -155,7 +184,11 @@ def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: 
     if audio:  # drawn after the rest: the other fields stay as without it
         sounds = torch.randn(classes, *SOUND, generator=g)
         segments["audio"] = sounds[labels] + 0.3 * torch.randn(rows, *SOUND, generator=g)
-    return Batch(body=text[:, :-1], target=text[:, 1:], segments=segments)
+    target = text[:, 1:]
+    if pad:  # drawn last, like the audio
+        kept = torch.randint(0, length + 1, (rows, 1), generator=g)
+        target = target.masked_fill(torch.arange(length)[None, :] >= kept, IGNORE)
+    return Batch(body=text[:, :-1], target=target, segments=segments)
 
 
 # ---------------------------------------------------------------- plan
@@ -189,10 +222,12 @@ def prepare(schedule: str, pp: int, microbatches: int, rows: int, mode: str = "r
 
 
 def build_models(num_stages: int, mode: str, layers: int, dim: int, seed: int,
-                 audio_mode: str | None = None) -> tuple[dict[str, nn.Module], nn.Module]:
+                 audio_mode: str | None = None, batchnorm: bool = False, bf16: bool = False
+                 ) -> tuple[dict[str, nn.Module], nn.Module]:
     """``(encoders by segment name in cut order, full body)`` for a plan of
     ``num_stages`` stages, a frozen mode's encoder frozen (the same weights every call)."""
-    vision, full = build_model(max(layers, num_stages - 2), dim, seed=seed)
+    vision, full = build_model(max(layers, num_stages - 2), dim, seed=seed,
+                               batchnorm=batchnorm, bf16=bf16)
     encoders = {"vision": vision}
     if audio_mode is not None:
         encoders["audio"] = build_audio(dim, seed)
@@ -205,13 +240,15 @@ def build_models(num_stages: int, mode: str, layers: int, dim: int, seed: int,
 def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
                      mode: str = "recompute", ownership: str = "full", body: str = "1f1b",
                      layers: int = 6, dim: int = 32, seed: int = 0,
-                     audio_mode: str | None = None):
+                     audio_mode: str | None = None, batchnorm: bool = False,
+                     bf16: bool = False):
     """``prepare`` with the audio encoder too when ``audio_mode`` is given: returns
     ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order."""
     term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode)
     plan = lower(term.derive())
     num_stages = plan.placement.num_stages
-    encoders, full = build_models(num_stages, mode, layers, dim, seed, audio_mode)
+    encoders, full = build_models(num_stages, mode, layers, dim, seed, audio_mode,
+                                  batchnorm, bf16)
     stages = split_sequential(full, num_stages)
     batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
     shapes = infer_payload_shapes(stages, batch, microbatches, encoders)
@@ -222,19 +259,31 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
 
 
 def reference_grads(num_stages: int, rows: int, mode: str, layers: int, dim: int, seed: int,
-                    audio_mode: str | None = None) -> dict[str, torch.Tensor]:
-    """Every trainable parameter's gradient of one single-process, full-batch run of the
-    freshly built model (``vision.NAME``, ``audio.NAME``, ``body.NAME``) with the plan's
-    ``num_stages``."""
-    encoders, body = build_models(num_stages, mode, layers, dim, seed, audio_mode)
-    batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
-    x = body[0](*(e(batch.segments[n]) for n, e in encoders.items()), batch.body)
-    for layer in list(body)[1:]:
-        x = layer(x)
-    loss_fn(x, batch.target).backward()
+                    audio_mode: str | None = None, batchnorm: bool = False,
+                    bf16: bool = False, pad: bool = False, clip: float | None = None,
+                    pieces: int = 1) -> dict[str, torch.Tensor]:
+    """Every trainable parameter's gradient of one single-process run of the freshly
+    built model (``vision.NAME``, ``audio.NAME``, ``body.NAME``) with the plan's
+    ``num_stages`` on the first step's batch, clipped to ``clip``: the whole batch at
+    once, or with ``batchnorm``/``bf16`` its ``pieces`` microbatches (of every replica, in
+    row order) one after another, each loss weighted by its share of the valid targets."""
+    encoders, body = build_models(num_stages, mode, layers, dim, seed, audio_mode,
+                                  batchnorm, bf16)
+    batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None, pad=pad)
+    parts = batch.split(pieces) if batchnorm or bf16 else [batch]
+    valid = [int((mb.target != IGNORE).sum()) for mb in parts]
+    for mb, count in zip(parts, valid):
+        x = body[0](*(e(mb.segments[n]) for n, e in encoders.items()), mb.body)
+        for layer in list(body)[1:]:
+            x = layer(x)
+        if count:  # a microbatch of padding only adds nothing
+            (loss_fn(x, mb.target) * (count / sum(valid))).backward()
     named = [(f"{s}.{n}", p) for s, e in encoders.items() for n, p in e.named_parameters()]
     named += [(f"body.{n}", p) for n, p in body.named_parameters()]
-    return {n: p.grad for n, p in named if p.requires_grad}
+    trained = [(n, p) for n, p in named if p.requires_grad]
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_([p for _, p in trained], clip)
+    return {n: p.grad for n, p in trained}
 
 
 def check_grads(executor: PipelineExecutor, encoders: dict[str, nn.Module], full: nn.Module,
@@ -291,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-grads", action="store_true",
                     help="after the first step, compare every gradient with a "
                          "single-process full-batch run")
+    ap.add_argument("--pad", action="store_true",
+                    help="captions of random length, the rest of each target ignored "
+                         "(ignore_index): the loss is the mean over valid tokens")
+    ap.add_argument("--batchnorm", action="store_true",
+                    help="a BatchNorm in the vision encoder")
+    ap.add_argument("--clip", type=float, default=None, metavar="C",
+                    help="clip the global gradient norm to C every step")
+    ap.add_argument("--bf16", action="store_true", help="every module under bf16 autocast")
     ap.add_argument("--timeout", type=float, default=None, help="seconds (MPIPE_TIMEOUT)")
     args = ap.parse_args(argv)
 
@@ -311,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         plan, encoders, stages, full = prepare_encoders(args.schedule, pp, m, rows // args.dp,
                                                         args.mode, args.ownership, args.body,
                                                         args.layers, args.dim, args.seed,
-                                                        audio_mode)
+                                                        audio_mode, args.batchnorm, args.bf16)
     except ValueError as err:
         print(f"rank {rank}: cannot build the plan: {err}", file=sys.stderr)
         return 2
@@ -323,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {v.property}: {v.message}", file=sys.stderr)
         return 1
     want = (reference_grads(plan.placement.num_stages, rows, args.mode, args.layers,
-                            args.dim, args.seed, audio_mode) if args.check_grads else None)
+                            args.dim, args.seed, audio_mode, args.batchnorm, args.bf16,
+                            args.pad, args.clip, m * args.dp) if args.check_grads else None)
     try:
         groups = {}
         if args.dp > 1:
@@ -331,14 +389,15 @@ def main(argv: list[str] | None = None) -> int:
             groups = {"mesh": pipeline_mesh(pp), "pp_dim": "pp", "dp_dim": "dp"}
         executor = PipelineExecutor(
             plan, report.certificate, stages=stages, segments=encoders,
-            loss_fn=loss_fn, timeout=args.timeout,
+            loss_fn=loss_fn, ignore_index=IGNORE, timeout=args.timeout,
             optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr), **groups)
         if rank == 0:
             print(f"{args.schedule}: {world} ranks ({pp} pipeline x {args.dp} data-parallel), "
                   f"{plan.placement.num_stages} stages, {m} microbatches, {plan.num_ops} ops; "
                   f"plan verified ({report.certificate.digest[:12]})", flush=True)
         for step in range(args.steps):
-            loss = executor.step(make_batch(step, rows, seed=args.seed, audio=args.audio))
+            loss = executor.step(make_batch(step, rows, seed=args.seed, audio=args.audio,
+                                            pad=args.pad), max_grad_norm=args.clip)
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
             if step == 0 and want is not None and not check_grads(executor, encoders, full, want):

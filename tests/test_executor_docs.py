@@ -1,5 +1,5 @@
-"""The scripts of docs/executor.md's sections on pipeline groups, tied parameters, frozen
-segments and timeouts run as written (from the repository root, on gloo processes) and
+"""The scripts of docs/executor.md's sections on the loss contract, pipeline groups, tied
+parameters, frozen segments and timeouts run as written (from the repository root, on gloo processes) and
 print what the docs say they print."""
 
 from __future__ import annotations
@@ -64,3 +64,13 @@ def test_the_timeouts_script_runs_as_written(tmp_path):
     (script,) = scripts("## Timeouts")
     done = run(tmp_path, script, 2)
     assert done.returncode == 0 and "Error" not in done.stderr, done.stdout + done.stderr
+
+
+def test_the_loss_contract_script_runs_as_written(tmp_path):
+    """Padded targets, a BatchNorm encoder, clipping and AdamW on 2 ranks: three losses."""
+    (script,) = scripts("## The loss contract")
+    done = run(tmp_path, script, 2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    losses = re.findall(r"^\[rank0\]:step (\d) loss ([0-9.]+)$", done.stdout, re.M)
+    assert [int(k) for k, _ in losses] == [0, 1, 2], done.stdout
+    assert all(0 < float(v) < 10 for _, v in losses), done.stdout

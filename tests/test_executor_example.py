@@ -62,6 +62,24 @@ def test_example_checks_grads_of_two_replicas_of_a_two_rank_pipeline():
     assert len(found) == 1 and float(found[0]) <= 1e-5, done.stdout
 
 
+@pytest.mark.parametrize("nproc, flags", [
+    (2, ["--schedule", "transpose", "--mode", "owner", "--clip", "1.0"]),
+    (4, ["--schedule", "zb-h1", "--dp", "2"]),
+])
+def test_example_checks_grads_of_a_real_training_loop(nproc, flags):
+    """Padded captions (ignore_index), a BatchNorm in the encoder, bf16 autocast, global
+    clipping: every gradient after the first step equals one process's."""
+    done = subprocess.run(
+        [MPIPE_RUN, "--nproc", str(nproc), "--backend", "gloo",
+         os.path.join(ROOT, "examples", "train_tiny_mllm.py"), *flags, "--steps", "2",
+         "--pad", "--batchnorm", "--bf16", "--check-grads"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.findall(r"^\[rank0\]:grads match a single-process run: max abs diff (\S+)$",
+                       done.stdout, re.M)
+    assert len(found) == 1 and float(found[0]) <= 1e-5, done.stdout
+
+
 def test_example_refuses_a_dp_that_does_not_divide_the_world():
     done = subprocess.run(
         [MPIPE_RUN, "--nproc", "3", "--backend", "gloo",
