@@ -770,7 +770,9 @@ class PipelineExecutor:
         self._mbs = [mb.to(self.device) for mb in every[mine]]
         self._weights = loss.microbatch_weights(every, mine, self.loss_reduction,
                                                 self.ignore_index, self.loss_weight)
-        self._row_weights = loss.microbatch_weights(every, mine, self.loss_reduction)
+        self._row_weights = (self._weights if self.ignore_index is None
+                             and self.loss_weight is None
+                             else loss.microbatch_weights(every, mine, self.loss_reduction))
         self._loss = None
         self._mb_losses: dict = {}  # mb -> its own loss (a sink's added in)
         self.store = {}
@@ -973,8 +975,7 @@ class PipelineExecutor:
         value = loss.checked(fn(y, target), f"segment_loss_fns[{name!r}]" if name
                              else "loss_fn", self.rank)
         weight = (self._row_weights if name else self._weights)[c.mb]
-        root, share = loss.weighted(value, weight, y)
-        own = value.detach().double()
+        root, own, share = loss.weighted(value, weight, y)
         self._mb_losses[c.mb] = own + self._mb_losses[c.mb] if c.mb in self._mb_losses else own
         self._loss = share if self._loss is None else self._loss + share
         return root

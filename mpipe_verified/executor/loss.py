@@ -76,6 +76,11 @@ def microbatch_weights(blocks: Sequence[Sequence[Batch]], mine: int, reduction: 
     microbatches; the weights of all of them sum to 1 (``"mean"``; 0 if nothing counts)."""
     if reduction == "sum":
         return [1.0] * len(blocks[mine])
+    if ignore_index is None and loss_weight is None and all(
+            isinstance(mb.target, torch.Tensor) for block in blocks for mb in block):
+        counts = [[mb.target.shape[0] for mb in block] for block in blocks]  # rows
+        total = sum(map(sum, counts))
+        return [c / total for c in counts[mine]]
     counts = [[count_of(mb, ignore_index, loss_weight) for mb in block] for block in blocks]
     total = sum(sum(c) for c in counts)
     return [c / total if total else 0.0 for c in counts[mine]]
@@ -85,7 +90,7 @@ def checked(loss, who: str, rank: int):
     """``loss`` if it keeps the contract (one floating-point scalar tensor), else a
     one-line ``PipelineError`` naming ``who`` (``loss_fn`` or a sink's loss)."""
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
-        return loss.reshape(())
+        return loss if loss.dim() == 0 else loss.reshape(())
     if isinstance(loss, torch.Tensor):
         what = f"a {tuple(loss.shape)} {str(loss.dtype).removeprefix('torch.')} tensor"
     else:
@@ -113,10 +118,11 @@ def zero_root(output, loss: torch.Tensor):
     return sum((v * 0).sum() for v in leaves)
 
 
-def weighted(loss: torch.Tensor, weight: float, output):
-    """``(what the backward starts from, the float64 contribution to the step's loss)``:
-    the loss times its weight, accumulated in float64 whatever the loss's dtype (a bf16
-    loss summed in bf16 loses the third digit)."""
+def weighted(loss: torch.Tensor, weight: float, output) -> tuple:
+    """``(what the backward starts from, the loss in float64, its weighted share of the
+    step's loss in float64)``: the step's loss is accumulated in float64 whatever the
+    loss's dtype (a bf16 loss summed in bf16 loses the third digit)."""
+    own = loss.detach().double()
     if weight == 0:
-        return zero_root(output, loss), torch.zeros((), dtype=torch.float64, device=loss.device)
-    return loss * weight, loss.detach().double() * weight
+        return zero_root(output, loss), own, torch.zeros_like(own)
+    return loss * weight, own, own * weight
