@@ -209,3 +209,19 @@ def test_a_missing_script_is_named_alone():
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == (
         "mpipe-run: error: the following arguments are required: SCRIPT")
+
+
+def test_a_line_that_already_names_its_rank_gets_the_prefix_once(tmp_path):
+    """torch's exception hook prefixes a rank's traceback lines with ``[rankN]: ``;
+    ``mpipe-run`` does not add a second ``[rankN]:``."""
+    write(tmp_path / "script.py", """
+        import os
+        r = os.environ["RANK"]
+        print(f"[rank{r}]: Traceback (as torch writes it)")
+        print(f"plain {r}")
+    """)
+    done = run(["--nproc", "2", "script.py"], tmp_path, tmpdir=tmp_path / "tmp")
+    assert done.returncode == 0, done.stderr
+    lines = sorted(done.stdout.splitlines())
+    assert lines == ["[rank0]: Traceback (as torch writes it)", "[rank0]:plain 0",
+                     "[rank1]: Traceback (as torch writes it)", "[rank1]:plain 1"], lines

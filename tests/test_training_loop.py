@@ -103,7 +103,7 @@ def reference(case: dict, world: int) -> dict:
         else:
             value = fn(forward(encoder, body, batch), batch.target)
             value.backward()
-            loss = float(value)
+            loss = float(value.detach())
         losses.append(loss)
         if case.get("clip"):
             norm = float(torch.nn.utils.clip_grad_norm_(params, case["clip"]))
@@ -215,6 +215,51 @@ def test_a_loss_fn_breaking_the_contract_is_named(two):
     assert texts[0] != "accepted" and texts[0].startswith("PeerError"), texts[0]
 
 
+def test_a_batch_that_does_not_fit_is_refused_by_every_rank_before_the_plan(two):
+    """An epoch's smaller last batch, and an autocast the layouts were not inferred under:
+    ``BatchError`` on both ranks, naming ShapeCache and autocast, before any of the plan's
+    traffic; the executor then trains on a batch that fits."""
+    for r in range(2):
+        small, bf16, then = open(os.path.join(two, f"fit.{r}.txt")).read().split("\n")
+        for line in (small, bf16):
+            assert line.startswith("BatchError: rank "), line
+            assert ("ShapeCache" in line and "autocast" in line) or "refused it" in line
+        assert "float32 but the plan's payload is (2, " in small or "refused it" in small
+        assert "bfloat16 but the plan's payload is" in bf16 or "refused it" in bf16, bf16
+        assert then.startswith("then: ")
+    texts = [open(os.path.join(two, f"fit.{r}.txt")).read() for r in range(2)]
+    assert all(any("ShapeCache" in t.split("\n")[k] for t in texts) for k in (0, 1)), texts
+
+
+def test_eval_runs_every_module_in_eval_mode_and_restores_it(two):
+    """A body with dropout and a BatchNorm, left in training mode: two ``eval`` calls give
+    the same outputs, those of one process's ``model.eval()``; no buffer moves; every
+    module is back in training mode afterwards."""
+    encoder, body = worker.eval_model()
+    encoder.eval(), body.eval()
+    batch = tiny.make_batch(0, worker.rows(2))
+    with torch.no_grad():
+        want = [forward(encoder, body, mb) for mb in batch.split(worker.microbatches({}))]
+    last = torch.load(os.path.join(two, "eval.1.pt"))
+    assert last["outputs"][0] is not None
+    for got in last["outputs"]:
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    for r in range(2):
+        saved = torch.load(os.path.join(two, f"eval.{r}.pt"))
+        assert all(saved["training"])
+        assert all(torch.equal(saved["before"][n], b) for n, b in saved["after"].items())
+
+
+def test_a_saved_state_resumes_with_the_same_losses(two):
+    """``state_dict`` after 2 Adam steps, loaded into freshly built modules and executor:
+    steps 3 and 4 give the very losses of the run that went on (a fresh start does not)."""
+    for r in range(2):
+        got = torch.load(os.path.join(two, f"resume.{r}.pt"))
+        assert got["steps"] == 4
+        assert got["resumed"] == got["straight"], got
+        assert got["fresh"] != got["straight"], got
+
+
 def unconnected(m: int = 4, **options):
     plan, encoder, stages, _ = tiny.prepare("1f1b", 2, m, 2 * m)
     return PipelineExecutor(plan, certify(plan), stages=stages, segments={"vision": encoder},
@@ -294,3 +339,54 @@ def test_every_refusal_is_a_pipeline_error():
         PipelineExecutor(plan, None, stages=stages, segments={"vision": encoder},
                          loss_fn=tiny.loss_fn, rank=0)
     assert isinstance(err.value, CertificateError)
+
+
+def test_the_executor_package_star_import_gives_its_functions():
+    """``from mpipe_verified.executor import *`` binds every name of ``__all__`` to what
+    the docs call it (``certify`` the function, not a submodule)."""
+    import subprocess
+
+    code = ("from mpipe_verified.executor import *\n"
+            "import mpipe_verified.executor as e, types\n"
+            "bad = [n for n in e.__all__ if isinstance(globals()[n], types.ModuleType)]\n"
+            "assert not bad and callable(certify), bad\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_world_larger_than_the_plan_points_to_group_and_mesh(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(PipelineError, match=r"rank 3 is outside the plan's ranks 0\.\.1 \(the "
+                       r"world has 4 processes\): to run the pipeline on a part of the world "
+                       r".*pass group= or mesh="):
+        plan, encoder, stages, _ = tiny.prepare("1f1b", 2, 4, 8)
+        PipelineExecutor(plan, certify(plan), stages=stages, segments={"vision": encoder},
+                         loss_fn=tiny.loss_fn)
+
+
+def test_split_layers_cuts_any_list_of_layers():
+    """Given costs, parameter counts, named boundaries; measured costs are one positive
+    number per layer and leave the layers as they were."""
+    from torch import nn
+
+    from mpipe_verified.executor import measured_costs, split_layers
+
+    layers = [nn.Linear(4, 4), nn.Linear(4, 64), nn.Linear(64, 4), nn.Linear(4, 4)]
+    by_params = split_layers(layers, 2)
+    assert [len(s) for s in by_params] == [2, 2]
+    given = split_layers(layers, 2, costs=[5, 1, 1, 1])
+    assert [list(dict(s.named_children())) for s in given] == [["0"], ["1", "2", "3"]]
+    named = [(f"l{i}", m) for i, m in enumerate(layers)]
+    cut = split_layers(named, 3, boundaries=["l1", "l3"])
+    assert [list(dict(s.named_children())) for s in cut] == [["l0"], ["l1", "l2"], ["l3"]]
+    x = torch.randn(8, 4)
+    assert torch.equal(cut[2](cut[1](cut[0](x))), layers[3](layers[2](layers[1](layers[0](x)))))
+    with pytest.raises(ValueError, match="boundaries must name 2 of the layers"):
+        split_layers(named, 3, boundaries=["l9", "l3"])
+    before = [p.detach().clone() for m in layers for p in m.parameters()]
+    costs = measured_costs(layers, x, repeats=2)
+    assert len(costs) == 4 and all(c > 0 for c in costs)
+    assert all(p.grad is None for m in layers for p in m.parameters())
+    assert all(torch.equal(a, p) for a, p in zip(before, (p for m in layers
+                                                           for p in m.parameters())))

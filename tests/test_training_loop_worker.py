@@ -10,8 +10,8 @@ unused parameter, a bf16 head), runs ``steps`` steps and saves to ``OUT/NAME.RAN
 the step losses, the gradients of the last step (after clipping, with ``clip``), the
 clipping norm, every buffer of every module this rank holds (copies of a segment
 included) and, with an optimizer, every parameter this rank holds. The 2-rank launch ends
-with a loss function that returns a tuple: every rank writes what it raised to
-``OUT/contract.RANK.txt``.
+with batches that do not fit the plan (``OUT/fit.RANK.txt``) and a loss function that
+returns a tuple: every rank writes what it raised to ``OUT/contract.RANK.txt``.
 """
 
 from __future__ import annotations
@@ -222,6 +222,98 @@ def run_case(case: dict, world: int, out: str, groups: dict) -> None:
     ex.close()
 
 
+def misfits(out: str) -> None:
+    """A transpose plan (owner mode: the encoder's outputs travel) annotated for 8-row
+    batches gets the epoch's smaller last batch (6 rows), then a bf16 autocast its layouts
+    were not inferred under: every rank refuses each with a
+    ``BatchError`` before the plan starts (``OUT/fit.RANK.txt``, one message a line) and
+    then trains on a batch that fits."""
+    case = {"name": "fit", "schedule": "transpose", "mode": "owner"}  # encoder outputs sent
+    plan, encoder, body, stages = build(case, 2)
+    ex = PipelineExecutor(plan, certify(plan), stages=stages, segments={"vision": encoder},
+                          loss_fn=tiny.loss_fn, timeout=20, group=dist.group.WORLD)
+    lines = []
+    for attempt in (lambda: ex.run(tiny.make_batch(0, 6)),
+                    lambda: _under_bf16(ex, tiny.make_batch(0, 8))):
+        try:
+            attempt()
+            lines.append("accepted")
+        except PipelineError as err:
+            lines.append(f"{type(err).__name__}: {err}")
+    lines.append(f"then: {ex.run(tiny.make_batch(0, 8)):.4f}")
+    with open(os.path.join(out, f"fit.{dist.get_rank()}.txt"), "w") as f:
+        f.write("\n".join(lines))
+    ex.close()
+
+
+def _under_bf16(ex, batch):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return ex.run(batch)
+
+
+def evaluation(out: str) -> None:
+    """A body with dropout and a BatchNorm, in training mode, evaluated twice by a
+    forward-only plan: ``OUT/eval.RANK.pt`` holds both calls' last-stage outputs, the
+    buffers before and after, and every module's mode after."""
+    from mpipe_verified.algebra import ForwardOnly
+
+    case = {"bn": True, "dropout": True}
+    term = ForwardOnly(tiny.build_term("1f1b", PP, microbatches(case)))
+    plan = lower(term.derive())
+    encoder, body = eval_model()
+    stages = split_sequential(body, plan.placement.num_stages)
+    batch = tiny.make_batch(0, rows(2))
+    plan = with_payload_shapes(plan, infer_payload_shapes(stages, batch, microbatches(case),
+                                                          {"vision": encoder}))
+    ex = PipelineExecutor(plan, certify(plan), stages=stages, segments={"vision": encoder},
+                          loss_fn=tiny.loss_fn, group=dist.group.WORLD)
+    before = {n: b.clone() for n, b in body.named_buffers()}
+    first, second = ex.eval(batch), ex.eval(batch)
+    torch.save({"outputs": [None if e is None else e.outputs for e in (first, second)],
+                "before": before, "after": dict(body.named_buffers()),
+                "training": [m.training for m in (*body.modules(), *encoder.modules())]},
+               os.path.join(out, f"eval.{dist.get_rank()}.pt"))
+    ex.close()
+
+
+def eval_model():
+    """The tiny MLLM with a BatchNorm and a dropout in its body."""
+    encoder, body = tiny.build_model(6)
+    torch.manual_seed(13)
+    layers = list(body)
+    layers.insert(2, SeqNorm(32))
+    layers.insert(4, nn.Dropout(0.5))
+    return encoder, nn.Sequential(*layers)
+
+
+def resume(out: str) -> None:
+    """Adam, 4 steps; the same from a state saved after 2 steps into freshly built
+    modules; and from freshly built modules without the state (``OUT/resume.RANK.pt``:
+    the three runs' last two losses)."""
+    def executor():
+        plan, encoder, body, stages = build({"schedule": "zb-h1"}, 2)
+        return PipelineExecutor(plan, certify(plan), stages=stages,
+                                segments={"vision": encoder}, loss_fn=tiny.loss_fn,
+                                group=dist.group.WORLD,
+                                optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2))
+
+    def train(ex, steps):
+        return [ex.step(tiny.make_batch(step, rows(2))) for step in steps]
+
+    first = executor()
+    train(first, range(2))
+    path = os.path.join(out, f"state.{dist.get_rank()}.pt")
+    torch.save(first.state_dict(), path)
+    straight = train(first, range(2, 4))
+    resumed = executor()
+    resumed.load_state_dict(torch.load(path))
+    again = train(resumed, range(resumed.steps, 4))
+    fresh = train(executor(), range(2, 4))
+    torch.save({"straight": straight, "resumed": again, "fresh": fresh,
+                "steps": resumed.steps}, os.path.join(out, f"resume.{dist.get_rank()}.pt"))
+    first.close()
+
+
 def broken_contract(out: str) -> None:
     """A loss function returning ``(loss, logits)``: the last stage's rank must refuse it
     with one line naming ``loss_fn``; its peer then fails too (the step is over)."""
@@ -249,6 +341,9 @@ def main() -> int:
     for case in CASES[world]:
         run_case(case, world, out, groups)
     if world == PP:
+        evaluation(out)
+        resume(out)
+        misfits(out)
         broken_contract(out)
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -85,7 +85,8 @@ from ..ir import computes_of, p2p_of
 from ..semantics import (GRADS, PARAMS, RENDEZVOUS, Chain, Token, collective_segment,
                          produces)
 from ..verify.report import Certificate
-from . import buffers, clipping, comm, loss, model_checks, packed, split_backward, topology, tree
+from . import (batch_fit, buffers, clipping, comm, loss, model_checks, packed, partition,
+               split_backward, topology, tree)
 from .batch import Batch
 from .errors import BatchError, CertificateError, PeerError, PipelineError, check_certificate
 from .stage_setup import StageSetup  # torch.compile and checkpointing (docs/executor.md)
@@ -244,27 +245,35 @@ class PipelineExecutor:
             for op in self.program for c in p2p_of(op)
             if type(c) is Send and c.payload.kind == GRAD and c.payload.leaves is not None}
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
+        self.steps = 0  # optimizer steps taken by step() (state_dict keeps it)
         self._connected = self._failed = False
         self._groups: dict[tuple[int, ...], object] = {}
         self.store: dict = {}
         self.stored_peak = 0  # most stored activations held at once in the last run
         self._evaluating = False
+        self._fitting = None  # the signature of the last batch found to fit the plan
+        self._first_sends = batch_fit.first_sends(self.program, plan.cut)
 
     # ------------------------------------------------------------ set-up checks
 
     def _rank(self, rank: int | None) -> int:
         if rank is None and self._pp_group is not None:
             rank = dist.get_rank(self._pp_group)
+        world = None
         if rank is None:
             if dist.is_initialized():
-                rank = dist.get_rank()
+                rank, world = dist.get_rank(), dist.get_world_size()
             elif "RANK" in os.environ:
-                rank = int(os.environ["RANK"])
+                rank, world = int(os.environ["RANK"]), os.environ.get("WORLD_SIZE")
             else:
                 raise PipelineError("no rank given and RANK is not set")
         if not 0 <= rank < self.plan.num_ranks:
-            raise PipelineError(f"rank {rank} is outside the plan's ranks "
-                                f"0..{self.plan.num_ranks - 1}")
+            whole = (f" (the world has {world} processes)" if world is not None else "")
+            raise PipelineError(
+                f"rank {rank} is outside the plan's ranks 0..{self.plan.num_ranks - 1}"
+                f"{whole}: to run the pipeline on a part of the world (with data-parallel "
+                "replicas), pass group= or mesh= (e.g. executor.pipeline_mesh), or launch "
+                "as many processes as the plan has ranks")
         return rank
 
     def _local_stages(self, stages) -> dict[int, nn.Module]:
@@ -582,7 +591,54 @@ class PipelineExecutor:
             self.clip_grad_norm_(max_grad_norm)
         if self.optimizer is not None:
             self.optimizer.step()
+        self.steps += 1
         return result
+
+    def state_dict(self) -> dict:
+        """What this rank needs to resume training exactly: its stage modules' and
+        segment modules' state (every copy it holds), the optimizer's, the steps taken
+        (``step`` calls), the random generators' states (CPU, and this rank's CUDA
+        device), and the plan's digest and rank (a state loads only into an executor of
+        the same plan, as the same rank). Every rank saves its own."""
+        cuda = self.device is not None and self.device.type == "cuda"
+        return {"plan": self.certificate.digest, "rank": self.rank, "steps": self.steps,
+                "stages": {s: m.state_dict() for s, m in self.stages.items()},
+                "segments": {n: m.state_dict() for n, m in self.segments.items()},
+                "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+                "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(self.device) if cuda else None}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore what ``state_dict`` saved (on this rank, of this plan; the modules'
+        keys strictly)."""
+        if state.get("plan") != self.certificate.digest or state.get("rank") != self.rank:
+            raise PipelineError(
+                f"rank {self.rank}: the state is of plan {str(state.get('plan'))[:16]}… rank "
+                f"{state.get('rank')}, not of this executor's plan "
+                f"{self.certificate.digest[:16]}… rank {self.rank}: load each rank's own state "
+                "into an executor of the plan it was saved from")
+        if set(state["stages"]) != set(self.stages) or set(state["segments"]) != set(
+                self.segments):
+            raise PipelineError(f"rank {self.rank}: the state holds stages "
+                                f"{sorted(state['stages'])} and segments "
+                                f"{sorted(state['segments'])}, this rank "
+                                f"{sorted(self.stages)} and {sorted(self.segments)}")
+        for s, m in self.stages.items():
+            m.load_state_dict(state["stages"][s])
+        for n, m in self.segments.items():
+            m.load_state_dict(state["segments"][n])
+        if (state["optimizer"] is None) != (self.optimizer is None):
+            raise PipelineError(f"rank {self.rank}: the state was saved "
+                                f"{'without' if state['optimizer'] is None else 'with'} an "
+                                "optimizer, this executor has "
+                                f"{'one' if self.optimizer is not None else 'none'}")
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+        torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") is not None and self.device is not None \
+                and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -626,6 +682,8 @@ class PipelineExecutor:
         try:
             self._pass(batch)
             return self._losses_out(broadcast_loss, return_losses)
+        except BatchError:  # refused by every rank before the plan began: still usable
+            raise
         except PipelineError:
             self._failed = True  # close() then skips its barrier
             raise
@@ -657,9 +715,11 @@ class PipelineExecutor:
 
     @torch.no_grad()
     def eval(self, batch: Batch) -> Evaluation | None:
-        """Run a forward-only plan on ``batch`` under ``torch.no_grad``: an ``Evaluation``
-        on a rank that holds the last stage or runs a sink, None elsewhere. No gradient
-        and no optimizer state changes."""
+        """Run a forward-only plan on ``batch`` under ``torch.no_grad`` with every module
+        in eval mode (dropout off, BatchNorm on its running statistics; each module's
+        own mode is restored afterwards): an ``Evaluation`` on a rank that holds the last
+        stage or runs a sink, None elsewhere. No gradient, buffer or optimizer state
+        changes."""
         if not self.plan.forward_only:
             raise PipelineError(f"rank {self.rank}: eval needs a forward-only plan (this one "
                                 "trains): derive it from forward_only(term), or "
@@ -668,7 +728,8 @@ class PipelineExecutor:
         self._evaluating = True
         self._outputs: dict = {}
         self.connect()
-        self._pass(batch)
+        with _eval_mode([*self.stages.values(), *self.segments.values()]):
+            self._pass(batch)
         losses = self._mb_losses
         sinks = {name: dict(sorted(outs.items())) for name, outs in self._outputs.items()
                  if name}
@@ -719,6 +780,35 @@ class PipelineExecutor:
         except BatchError as err:
             raise BatchError(f"rank {self.rank}: the batch: {err}") from None
 
+    def _check_fit(self, batch: Batch) -> None:
+        """Refuse, on every rank and before the plan's first op, a batch whose first sends
+        would not match the plan's payloads (``batch_fit``): checked once per batch
+        signature, every rank of the pipeline and its replicas agreeing (one all-reduce
+        of a flag per rank), so all of them raise ``BatchError`` together."""
+        key = partition.signature(attrs.evolve(batch, target=None))
+        if key == self._fitting:
+            return
+        sources = [s.name for s in self.plan.cut.segments if s.side == SOURCE]
+        detail = batch_fit.first_mismatch(
+            self._mbs, self._first_sends, self.stages.get(0),
+            {n: m for n, m in self.segments.items() if n in sources}, sources,
+            self.messages.check_outgoing)
+        flags = torch.zeros(len(self.topology.pp_ranks), device=self.device)
+        flags[self.rank] = detail is not None
+        self._wait([dist.all_reduce(flags, group=self._pp, async_op=True)],
+                   "the batch check", "its pipeline")
+        if self._dp is not None:
+            self._wait([dist.all_reduce(flags, group=self._dp, async_op=True)],
+                       "the batch check", "its replicas")
+        if detail is not None:
+            raise BatchError(batch_fit.refusal(self.rank, detail))
+        refusing = [r for r, f in enumerate(flags.tolist()) if f]
+        if refusing:
+            raise BatchError(f"rank {self.rank}: the batch does not fit the plan: plan "
+                             f"rank(s) {refusing} refused it before any communication (their "
+                             "message says why)")
+        self._fitting = key
+
     def _labelled_modules(self):
         yield from ((f"stage {s}", m) for s, m in self.stages.items())
         yield from ((f"segment {name!r}", m) for name, m in self.segments.items())
@@ -768,6 +858,7 @@ class PipelineExecutor:
             raise BatchError(f"rank {self.rank}: the batch over {replicas} replicas of "
                              f"{m} microbatches: {err}") from None
         self._mbs = [mb.to(self.device) for mb in every[mine]]
+        self._check_fit(batch)
         self._weights = loss.microbatch_weights(every, mine, self.loss_reduction,
                                                 self.ignore_index, self.loss_weight)
         self._row_weights = (self._weights if self.ignore_index is None
@@ -1188,6 +1279,19 @@ class PipelineExecutor:
         self._wait([dist.all_reduce(flat, group=group, async_op=True)], where, peers)
         topology.unflatten_grads(trainable, flat)  # each gradient back in its parameter's dtype
         return {}
+
+
+@contextlib.contextmanager
+def _eval_mode(modules: list):
+    """Every module (and submodule) in eval mode, each one's own mode restored after."""
+    modes = [(m, m.training) for top in modules for m in top.modules()]
+    try:
+        for top in modules:
+            top.eval()
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def _layout_print(layout: list) -> bytes:

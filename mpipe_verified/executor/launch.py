@@ -90,11 +90,13 @@ def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
 
 def _pump(pipe: IO[bytes], out: IO[bytes], prefix: bytes, lock: threading.Lock) -> None:
     """Copy ``pipe`` to ``out`` a whole line at a time, each line after ``prefix`` (a last
-    line without its newline gets one)."""
+    line without its newline gets one; a line that already starts with it, as torch's
+    own exception hook writes a rank's traceback, ``[rank1]: Traceback``, gets it once)."""
     with pipe:
         for line in iter(pipe.readline, b""):
             with lock:
-                out.write(prefix + line + (b"" if line.endswith(b"\n") else b"\n"))
+                out.write((line if line.startswith(prefix) else prefix + line)
+                          + (b"" if line.endswith(b"\n") else b"\n"))
                 out.flush()
 
 

@@ -6,6 +6,12 @@
   stage gets the source segments' outputs, then the batch's own body input, and the
   batch's keyword inputs), the rest are chained. Parameter names keep the original
   indices (``"3.fc.weight"``).
+- ``split_layers(layers, S, costs=None, boundaries=None)`` does the same for any list of
+  layers (a model that is not an ``nn.Sequential``: ``[model.embed, *model.blocks,
+  model.head]``, or ``(name, module)`` pairs): balanced by the ``costs`` given (one number
+  per layer; ``measured_costs`` times each layer's forward and backward on an example
+  input), by parameter count without them, or cut before the layers named in
+  ``boundaries``.
 - ``with_payload_shapes(plan, fn)`` writes the layout into every send and receive of a
   plan: ``fn(payload)`` returns ``(shape, dtype)`` (one tensor: ``Payload.shape``/``dtype``)
   or a tuple of ``ir.Leaf`` (a structure: ``Payload.leaves``). Do it *before* verifying:
@@ -19,7 +25,7 @@
   takes no gradient: its gradient payload is ``leaves=()``); any other output (tuples,
   lists, dicts, None) is annotated leaf by leaf, and its gradient has a leaf for each
   float leaf that requires a gradient where it is produced. That forward leaves no trace
-  (``_model_state_kept``): every module given (stages and segments, with all their
+  (``model_state_kept``): every module given (stages and segments, with all their
   submodules) keeps its buffers (BatchNorm statistics, counters), parameters, ``.grad``
   and ``training`` flag, and the random number generators (CPU, and the CUDA devices in
   use) their state, bitwise, whether it ran on real or meta tensors, fell back from meta
@@ -96,6 +102,76 @@ def split_sequential(seq: nn.Sequential, num_stages: int,
     return [StageSequential(OrderedDict(named[a:b])) for a, b in zip(starts, starts[1:])]
 
 
+def _named_layers(layers) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` per layer: pairs as given, a module's children by name, else
+    each module by its index."""
+    if isinstance(layers, nn.Module):
+        return list(layers.named_children())
+    items = list(layers)
+    if all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], nn.Module)
+           for x in items):
+        return [(str(n), m) for n, m in items]
+    if not all(isinstance(x, nn.Module) for x in items):
+        raise TypeError("layers must be modules, (name, module) pairs, or a module whose "
+                        "children are the layers")
+    return [(str(i), m) for i, m in enumerate(items)]
+
+
+def split_layers(layers, num_stages: int, costs: Sequence[float] | None = None,
+                 boundaries: Sequence[str] | None = None) -> list[StageSequential]:
+    """``layers`` (modules in model order, ``(name, module)`` pairs, or a module whose
+    children they are) cut into ``num_stages`` contiguous stages, each a
+    ``StageSequential`` sharing the layers: before each layer named in ``boundaries``
+    (``num_stages - 1`` names, in order), else balanced so that the largest stage's sum
+    of ``costs`` (one per layer; parameter count without them) is as small as possible.
+    Each stage's first layer takes every input of the stage, the others chain."""
+    named = _named_layers(layers)
+    if boundaries is not None:
+        names = [n for n, _ in named]
+        if len(boundaries) != num_stages - 1 or any(b not in names for b in boundaries):
+            raise ValueError(f"boundaries must name {num_stages - 1} of the layers "
+                             f"{names}, in order; got {list(boundaries)}")
+        starts = [0, *(names.index(b) for b in boundaries)]
+        if starts != sorted(set(starts)):
+            raise ValueError(f"boundaries {list(boundaries)} are not in layer order, or "
+                             "one names the first layer")
+    else:
+        weights = ([float(parameter_count(m)) for _, m in named] if costs is None
+                   else [float(c) for c in costs])
+        if len(weights) != len(named):
+            raise ValueError(f"{len(weights)} costs for {len(named)} layers")
+        starts = balanced_cuts(weights, num_stages)
+    starts.append(len(named))
+    return [StageSequential(OrderedDict(named[a:b])) for a, b in zip(starts, starts[1:])]
+
+
+def measured_costs(layers, *inputs, repeats: int = 3, **kwargs) -> list[float]:
+    """Seconds each layer takes for a forward and a backward on ``inputs`` (the first
+    layer's; each later layer gets the one before's output), the median of ``repeats``
+    runs after one warm-up; the layers, their buffers and the random generators are left
+    as they were. For ``split_layers(..., costs=...)``."""
+    import time
+
+    named = _named_layers(layers)
+    modules = [m for _, m in named]
+    runs: list[list[float]] = [[] for _ in modules]
+    with model_state_kept(modules, inputs, kwargs):
+        for attempt in range(repeats + 1):
+            args, kw = inputs, kwargs
+            for k, module in enumerate(modules):
+                start = time.perf_counter()
+                with torch.enable_grad():
+                    y = module(*args, **kw)
+                    outs = [v for _, v in tree.flatten(y)
+                            if v is not None and v.is_floating_point() and v.requires_grad]
+                    if outs:
+                        torch.autograd.backward(outs, [torch.ones_like(v) for v in outs])
+                if attempt:
+                    runs[k].append(time.perf_counter() - start)
+                args, kw = (tree.detach(y, keep_flag=True),), {}
+    return [sorted(r)[len(r) // 2] for r in runs]
+
+
 def with_payload_shapes(plan: Plan, fn: Callable[[Payload], tuple | None]) -> Plan:
     """A copy of ``plan`` whose every ``SEND``/``RECV`` payload carries ``fn(payload)``:
     ``(shape, dtype)`` (``dtype`` a ``torch.dtype`` or its name) for one tensor, a tuple
@@ -144,7 +220,7 @@ def _cuda_devices(*values) -> list[int]:
 
 
 @contextlib.contextmanager
-def _model_state_kept(modules: Iterable[nn.Module], *values) -> Iterator[None]:
+def model_state_kept(modules: Iterable[nn.Module], *values) -> Iterator[None]:
     """Whatever the body does to ``modules`` (each with all its submodules) and to the
     random number generators, they are bitwise as before when it ends, by return or by
     exception: every buffer slot holds its original object (one the body replaced, set to
@@ -209,16 +285,16 @@ def infer_payload_shapes(stages: Sequence[nn.Module], batch: Batch, num_microbat
     ``meta=True`` runs it on the meta device (if an op has no meta kernel, real tensors
     are used). The modules and the random number generators are left bitwise as they were
     (buffers, parameters, ``.grad``, ``training`` flags, CPU and CUDA generator states;
-    see ``_model_state_kept``), also when the forward raises."""
+    see ``model_state_kept``), also when the forward raises."""
     segments = dict(segments or {})
     modules = [*stages, *segments.values()]
     try:
-        with _model_state_kept(modules, batch):
+        with model_state_kept(modules, batch):
             return _infer(stages, batch, num_microbatches, segments, meta)
     except (NotImplementedError, RuntimeError):
         if not meta:
             raise
-        with _model_state_kept(modules, batch):
+        with model_state_kept(modules, batch):
             return _infer(stages, batch, num_microbatches, segments, False)
 
 

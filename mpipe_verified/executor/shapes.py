@@ -27,7 +27,7 @@ import attrs
 from torch import nn
 
 from ..ir import Plan
-from . import certify as certify_plan  # the function (the package resolves the name)
+from .certification import certify as certify_plan
 from .batch import Batch
 from .errors import PipelineError
 from .interpreter import PipelineExecutor
