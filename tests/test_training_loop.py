@@ -49,6 +49,13 @@ def two(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("loop3"))
+    launch(3, out)
+    return out
+
+
+@pytest.fixture(scope="module")
 def four(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("loop4"))
     launch(4, out)
@@ -80,7 +87,7 @@ def count(case: dict, mb: Batch) -> float:
 def reference(case: dict, world: int) -> dict:
     """One process: the same fresh model and data, the same steps, clipping and optimizer."""
     m, dp = worker.microbatches(case), worker.replicas(world)
-    term = tiny.build_term(case["schedule"], worker.PP, m, case.get("mode", "recompute"))
+    term = worker.case_term(case, world)
     encoder, body = worker.case_model(case, term.derive().placement.num_stages)
     fn = worker.loss_fn(case)
     params = [p for p in (*encoder.parameters(), *body.parameters()) if p.requires_grad]
@@ -99,7 +106,7 @@ def reference(case: dict, world: int) -> dict:
                 value = fn(forward(encoder, body, mb), mb.target)
                 if c:
                     (value * (c / sum(counts))).backward()
-                    loss += float(value) * c / sum(counts)
+                    loss += float(value.detach()) * c / sum(counts)
         else:
             value = fn(forward(encoder, body, batch), batch.target)
             value.backward()
@@ -168,11 +175,20 @@ def test_padded_targets_weigh_microbatches_by_valid_tokens(two, name):
 
 @pytest.mark.parametrize("name", [c["name"] for c in worker.CASES[2] if c.get("bn")])
 def test_buffers_equal_one_process_in_every_mode(two, name):
-    """A BatchNorm in a cut encoder (owner, recompute, frozen, inline) and in the body:
-    after two steps every copy of every module holds one process's running statistics
-    (its microbatches in row order, each counted once: a recompute changes nothing)."""
+    """A BatchNorm in a cut encoder (owner, recompute, frozen, inline; every forward off
+    its home rank; momentum 0 and None; a copy changed by the caller between steps) and
+    in the body: after two steps every copy of every module holds one process's running
+    statistics (its microbatches in row order, each counted once: a recompute changes
+    nothing)."""
     want = check_case(two, name)
     assert int(want["buffers"]["vision.bn.num_batches_tracked"]) == 8
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in worker.CASES[3]])
+def test_a_segment_whose_home_runs_none_of_it(three, name):
+    """Three ranks, the encoder's forwards on ranks 1 and 2 only (given owners): its home
+    rank holds no copy, and its copies' statistics still equal one process's."""
+    check_case(three, name)
 
 
 def test_replicas_buffers_unused_parameters_and_clipping(four):
@@ -180,7 +196,7 @@ def test_replicas_buffers_unused_parameters_and_clipping(four):
     microbatches; a parameter no forward uses keeps no gradient on any replica, so SGD's
     weight decay and momentum leave it as it was; padding and clipping over the whole
     world."""
-    for name in ("dp-bn-owner", "dp-pad-clip"):
+    for name in ("dp-bn-owner", "dp-pad-clip", "dp-int16-buffer"):
         check_case(four, name)
     want = check_case(four, "dp-unused")
     unused = [n for n in want["grads"] if ".branch." in n]
@@ -390,3 +406,34 @@ def test_split_layers_cuts_any_list_of_layers():
     assert all(p.grad is None for m in layers for p in m.parameters())
     assert all(torch.equal(a, p) for a, p in zip(before, (p for m in layers
                                                            for p in m.parameters())))
+
+
+def test_clipping_follows_torch_for_infinite_and_nan_norms():
+    """One rank's clipping (the reduction a no-op) against torch's own, for finite, inf
+    and NaN gradients."""
+    from torch import nn
+
+    from mpipe_verified.executor.clipping import clip_grad_norm
+
+    for bad in (None, float("inf"), float("nan")):
+        mine, theirs = nn.Linear(3, 2), nn.Linear(3, 2)
+        for model in (mine, theirs):
+            torch.manual_seed(0)
+            for p in model.parameters():
+                p.grad = torch.randn_like(p)
+                if bad is not None:
+                    p.grad[0] = bad
+        got = clip_grad_norm(list(mine.parameters()), 0.5, 2.0, lambda t, is_max: None,
+                             "cpu")
+        want = torch.nn.utils.clip_grad_norm_(list(theirs.parameters()), 0.5)
+        assert torch.allclose(got, want, rtol=1e-6, equal_nan=True), (got, want)
+        for a, b in zip(mine.parameters(), theirs.parameters()):
+            assert torch.allclose(a.grad, b.grad, equal_nan=True, rtol=1e-6, atol=1e-7)
+
+
+def test_an_evaluation_batch_without_a_target_is_weighted_by_rows():
+    from mpipe_verified.executor.loss import microbatch_weights
+
+    batch = Batch(body=torch.zeros(8, 4))
+    assert microbatch_weights([batch.split(4)], 0, "mean", ignore_index=-100) == [0.25] * 4
+    assert microbatch_weights([batch.split(4)], 0, "mean", loss_weight=len) == [0.25] * 4

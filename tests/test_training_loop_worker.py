@@ -33,6 +33,7 @@ import train_tiny_mllm as tiny  # noqa: E402
 from mpipe_verified.executor import (Batch, PipelineError, PipelineExecutor,  # noqa: E402
                                      certify, infer_payload_shapes, init_distributed,
                                      pipeline_mesh, split_sequential, with_payload_shapes)
+from mpipe_verified.algebra import Transpose, family  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
 
 PP, IGNORE = 2, -100
@@ -48,21 +49,40 @@ CASES = {
         {"name": "bf16-1f1b", "schedule": "1f1b", "bf16": True},
         {"name": "bf16-zbv", "schedule": "zbv", "bf16": True},
         {"name": "clip-1f1b", "schedule": "1f1b", "clip": 0.05},
-        {"name": "clip-owner", "schedule": "transpose", "mode": "owner", "clip": 0.05}],
+        {"name": "clip-owner", "schedule": "transpose", "mode": "owner", "clip": 0.05},
+        # the encoder's forwards all on rank 1, none on its home rank 0
+        {"name": "bn-given-off-home", "schedule": "transpose", "mode": "frozen", "bn": True,
+         "owners": (1, 1, 1, 1), "steps": 2},
+        {"name": "bn-momentum-0", "schedule": "transpose", "mode": "owner", "bn": True,
+         "momentum": 0.0, "steps": 2},
+        {"name": "bn-momentum-none", "schedule": "transpose", "mode": "owner", "bn": True,
+         "momentum": None, "steps": 2},
+        # rank 1 runs its copy of the encoder in training mode between the steps
+        {"name": "bn-drift", "schedule": "transpose", "mode": "owner", "bn": True,
+         "drift": True, "steps": 2}],
+    3: [{"name": "given-3", "schedule": "transpose", "mode": "frozen", "owners": (1, 2, 1, 2),
+         "steps": 2},
+        {"name": "bn-given-3", "schedule": "transpose", "mode": "owner", "bn": True,
+         "owners": (1, 2, 1, 2), "steps": 2}],
     4: [{"name": "dp-unused", "schedule": "zb-h1", "unused": True, "optimizer": True,
          "steps": 2},
         {"name": "dp-bn-owner", "schedule": "transpose", "mode": "owner", "bn": True,
          "steps": 2},
-        {"name": "dp-pad-clip", "schedule": "1f1b", "pad": True, "clip": 0.05}],
+        {"name": "dp-pad-clip", "schedule": "1f1b", "pad": True, "clip": 0.05},
+        {"name": "dp-int16-buffer", "schedule": "zb-h1", "int16": True}],
 }
 
 
 def microbatches(case: dict) -> int:
-    return 2 * PP
+    return 4
+
+
+def pp_of(world: int) -> int:
+    return 3 if world == 3 else PP
 
 
 def replicas(world: int) -> int:
-    return world // PP
+    return world // pp_of(world)
 
 
 def rows(world: int) -> int:
@@ -93,6 +113,18 @@ class SeqNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.bn(x.transpose(1, 2)).transpose(1, 2)
+
+
+class Tagged(nn.Module):
+    """A block with an int16 buffer no forward changes (gloo cannot broadcast int16)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("tag", torch.arange(4, dtype=torch.int16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
 
 
 class Unused(nn.Module):
@@ -126,7 +158,10 @@ def case_model(case: dict, num_stages: int) -> tuple[nn.Module, nn.Sequential]:
     if case.get("bn"):
         torch.manual_seed(11)
         encoder = BNEncoder(32, 64)
+        encoder.bn.momentum = case.get("momentum", 0.1)
         layers.insert(2, SeqNorm(32))
+    if case.get("int16"):
+        layers[1] = Tagged(layers[1])
     if case.get("unused"):
         torch.manual_seed(12)
         layers[-2] = Unused(32)
@@ -180,9 +215,17 @@ def optimizer(params):
 # ---------------------------------------------------------------- one rank
 
 
+def case_term(case: dict, world: int):
+    m, pp = microbatches(case), pp_of(world)
+    if case.get("owners"):
+        return Transpose(family("1f1b", pp, m), segment="vision", mode=case["mode"],
+                         ownership="given", owners=case["owners"])
+    return tiny.build_term(case["schedule"], pp, m, case.get("mode", "recompute"))
+
+
 def build(case: dict, world: int):
     m = microbatches(case)
-    term = tiny.build_term(case["schedule"], PP, m, case.get("mode", "recompute"))
+    term = case_term(case, world)
     plan = lower(term.derive())
     encoder, body = case_model(case, plan.placement.num_stages)
     stages = split_sequential(body, plan.placement.num_stages)
@@ -206,6 +249,8 @@ def run_case(case: dict, world: int, out: str, groups: dict) -> None:
             norm = float(ex.clip_grad_norm_(case["clip"]))
         if ex.optimizer is not None:
             ex.optimizer.step()
+        if case.get("drift") and ex.rank == 1 and step == 0:  # the caller's own forward
+            encoder(case_batch(case, 7, world).segments["vision"])
     names = {id(p): f"vision.{n}" for n, p in encoder.named_parameters()}
     names.update({id(p): f"body.{n}" for n, p in body.named_parameters()})
     held = {id(b): f"vision.{n}" for n, b in encoder.named_buffers()}
@@ -336,7 +381,7 @@ def main() -> int:
     torch.set_num_threads(1)
     init_distributed()
     groups = {"group": dist.group.WORLD}  # close() then leaves the process group up
-    if world > PP:
+    if world == 4:
         groups = {"mesh": pipeline_mesh(PP), "pp_dim": "pp", "dp_dim": "dp"}
     for case in CASES[world]:
         run_case(case, world, out, groups)

@@ -116,17 +116,25 @@ class Copies:
         if before is None or int(norm.num_batches_tracked) == before[2]:
             return
         a = _factor(norm, int(norm.num_batches_tracked))
-        mean, var = ((now.detach() - (1 - a) * was) / a
-                     for now, was in ((norm.running_mean, before[0]),
-                                      (norm.running_var, before[1])))
+        if a == 0:  # momentum 0: the statistics stay; the update only counts
+            mean, var = torch.zeros_like(before[0]), torch.zeros_like(before[1])
+        else:  # in float64: a bf16 statistic rounds less on the way back
+            mean, var = ((now.detach().double() - (1 - a) * was.double()) / a
+                         for now, was in ((norm.running_mean, before[0]),
+                                          (norm.running_var, before[1])))
         self._records[id(norm)].append((self._mb, mean, var))
 
     # -------------------------------------------------------------- after the plan
 
-    def agree(self, reduces: list[Reduce], broadcasts: list[Broadcast]) -> None:
+    def agree(self, reduces: list[Reduce], broadcasts: list[Broadcast],
+              first: bool) -> None:
         """Make every copy hold the one-process state: ``reduces`` sum over the copies
         (the pipeline's, then the replicas'), ``broadcasts`` take the first copy's value
-        (home, then replica 0). Every copy calls this at the same point of its step."""
+        (home, then replica 0); ``first``: this is that copy, whose starting statistics
+        every copy replays from (so copies that drifted apart outside a step, e.g. a
+        forward of the caller's own, agree again). Every copy calls this at the same
+        point of its step."""
+        self._first = first
         m = self.microbatches
         counts = torch.zeros(len(self.norms) * m + len(self.others), dtype=torch.float64)
         for k, norm in enumerate(self.norms):
@@ -147,10 +155,7 @@ class Copies:
         """Sum every copy's recorded statistics, then apply them to the step's starting
         statistics in microbatch order."""
         calls = counts.long()
-        widest = int(calls.max()) if calls.numel() else 0
-        if widest == 0:
-            self._restore_start()
-            return
+        widest = max(int(calls.max()) if calls.numel() else 0, 1)
         slots = []
         for k, norm in enumerate(self.norms):
             c = norm.running_mean.numel()
@@ -161,30 +166,32 @@ class Copies:
                 stats[mb, seen[mb], 1] = var.double().cpu()
                 seen[mb] += 1
             slots.append(stats)
-        flat = _reduced(torch.cat([s.reshape(-1) for s in slots]), reduces)
-        at = 0
+        starts = torch.zeros(sum(2 * n.running_mean.numel() + 1 for n in self.norms),
+                             dtype=torch.float64)
+        if self._first:  # the first copy's starting statistics, for every copy
+            starts.copy_(torch.cat([torch.cat([m.double().reshape(-1).cpu(),
+                                               v.double().reshape(-1).cpu(),
+                                               torch.tensor([float(t)], dtype=torch.float64)])
+                                    for m, v, t in self._start]))
+        flat = _reduced(torch.cat([*(s.reshape(-1) for s in slots), starts]), reduces)
+        at, begin = 0, flat.numel() - starts.numel()
         for k, (norm, stats) in enumerate(zip(self.norms, slots)):
             summed = flat[at:at + stats.numel()].view_as(stats)
             at += stats.numel()
-            mean, var, tracked = self._start[k]
-            mean, var = mean.clone(), var.clone()
+            c = norm.running_mean.numel()
+            start = flat[begin:begin + 2 * c + 1]
+            begin += 2 * c + 1
+            mean, var, tracked = start[:c], start[c:2 * c], int(start[-1])
             for mb in range(self.microbatches):
                 for j in range(int(calls[k, mb])):
                     tracked += 1
                     a = _factor(norm, tracked)
-                    s = summed[mb, j].to(mean.dtype).to(mean.device)
-                    mean = a * s[0] + (1 - a) * mean
-                    var = a * s[1] + (1 - a) * var
+                    s = summed[mb, j]  # in float64, stored as the buffer's dtype stores it
+                    mean = _stored(a * s[0] + (1 - a) * mean, norm.running_mean.dtype)
+                    var = _stored(a * s[1] + (1 - a) * var, norm.running_var.dtype)
             with torch.no_grad():
-                norm.running_mean.copy_(mean)
-                norm.running_var.copy_(var)
-                norm.num_batches_tracked.fill_(tracked)
-
-    def _restore_start(self) -> None:
-        with torch.no_grad():
-            for norm, (mean, var, tracked) in zip(self.norms, self._start):
-                norm.running_mean.copy_(mean)
-                norm.running_var.copy_(var)
+                norm.running_mean.copy_(mean.view_as(norm.running_mean))
+                norm.running_var.copy_(var.view_as(norm.running_var))
                 norm.num_batches_tracked.fill_(tracked)
 
     def start_up(self, broadcasts: list[Broadcast]) -> None:
@@ -197,6 +204,11 @@ class Copies:
 def _factor(norm: _BatchNorm, tracked: int) -> float:
     """The weight BatchNorm gives a new batch statistic at its ``tracked``-th update."""
     return norm.momentum if norm.momentum is not None else 1.0 / tracked
+
+
+def _stored(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` (float64) rounded as a buffer of ``dtype`` holds it, kept in float64."""
+    return value.to(dtype).double()
 
 
 def _reduced(t: torch.Tensor, reduces: list[Reduce]) -> torch.Tensor:

@@ -48,8 +48,9 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, norm_t
         raise PipelineError(f"the total norm of order {norm_type} of the gradients is "
                             f"{value}: clip_grad_norm_(error_if_nonfinite=True) refuses it")
     dtype = grads[0].dtype if grads else torch.float32
-    coef = min(1.0, float(max_norm) / (value + 1e-6))
-    if coef < 1.0:
-        for g in grads:
-            g.mul_(coef)
+    coef = float(max_norm) / (value + 1e-6)  # as torch: a NaN norm makes every gradient NaN
+    if not coef < 1.0 and not math.isnan(coef):
+        return torch.tensor(value, dtype=dtype, device=device)
+    for g in grads:
+        g.mul_(coef)
     return torch.tensor(value, dtype=dtype, device=device)

@@ -403,7 +403,7 @@ class PipelineExecutor:
                                [self.parameters()], replicas=True)
         self._run_groups(topo)
         self._copies = self._buffer_copies(topo)
-        for copies, _, broadcasts in self._copies.values():
+        for copies, _, broadcasts, _ in self._copies.values():
             copies.start_up(broadcasts)
         if self._defer_receives is None:  # see the module docstring (comm modes)
             self._defer_receives = dist.get_backend(self._pp) != "gloo"
@@ -428,38 +428,41 @@ class PipelineExecutor:
 
     def _holders(self, name: str) -> tuple[int, ...]:
         """The plan ranks that hold a copy of segment ``name``: every rank whose program
-        runs or exchanges it, and its home (the same on every rank)."""
-        seg = self.plan.cut.get(name)
-        ranks = {r for r, program in enumerate(self.plan.programs) for op in program
-                 if any(c.segment == name for c in computes_of(op))
-                 or (isinstance(op, Collective) and (collective_segment(op) or ("",))[-1]
-                     == name)}
-        return tuple(sorted(ranks | ({seg.home} if seg is not None else set())))
+        runs or exchanges it (those given its module; the same on every rank)."""
+        return tuple(sorted({
+            r for r, program in enumerate(self.plan.programs) for op in program
+            if any(c.segment == name for c in computes_of(op))
+            or (isinstance(op, Collective) and (collective_segment(op) or ("",))[-1] == name)}))
 
     def _buffer_copies(self, topo: topology.Topology) -> dict:
-        """``id(module) -> (Copies, reduces, broadcasts)`` for each module of this rank
-        that has buffers and other copies (``buffers``): a segment held by several ranks
-        (summed over its holders, broadcast from home), any module when there are
-        replicas (over the data-parallel group, from replica 0)."""
+        """``id(module) -> (Copies, reduces, broadcasts, first)`` for each module of this
+        rank that has buffers and other copies (``buffers``): a segment held by several
+        ranks (summed over its holders, broadcast from its home, or its lowest holder when
+        home holds none), any module when there are replicas (over the data-parallel
+        group, from replica 0); ``first``: this rank holds the copy broadcast from."""
         out = {}
         for label, module in self._labelled_modules():
             if next(module.buffers(), None) is None:
                 continue
-            reduces, broadcasts = [], []
+            reduces, broadcasts, first = [], [], True
             if label.startswith("segment"):
                 name = label.split("'")[1]
                 holders = self._holders(name)
                 if len(holders) > 1:
                     group = self._groups[holders]
+                    home = self.plan.cut.get(name).home
+                    root = home if home in holders else holders[0]
                     reduces.append(self._summing(group, f"ranks {list(holders)}"))
-                    home = topo.pp_ranks[self.plan.cut.get(name).home]
-                    broadcasts.append(self._broadcasting(group, home, "its home"))
+                    broadcasts.append(self._broadcasting(group, topo.pp_ranks[root],
+                                                         f"rank {root}"))
+                    first = self.rank == root
             if self._dp is not None:
                 reduces.append(self._summing(self._dp, "its replicas"))
                 broadcasts.append(self._broadcasting(self._dp, topo.dp_ranks[0], "replica 0"))
+                first = first and topo.dp_rank == 0
             if reduces:
                 m = self.plan.num_microbatches * topo.replicas
-                out[id(module)] = (buffers.Copies(module, m), reduces, broadcasts)
+                out[id(module)] = (buffers.Copies(module, m), reduces, broadcasts, first)
         return out
 
     def _summing(self, group, peers: str):
@@ -471,9 +474,13 @@ class PipelineExecutor:
         return reduce
 
     def _broadcasting(self, group, root: int, peers: str):
-        def broadcast(t: torch.Tensor) -> None:
-            self._wait([dist.broadcast(t, root, group=group, async_op=True)],
+        def broadcast(t: torch.Tensor) -> None:  # as bytes: gloo has no int16 or float8
+            raw = t.detach().contiguous().reshape(-1).view(torch.uint8).to(self.device,
+                                                                            copy=True)
+            self._wait([dist.broadcast(raw, root, group=group, async_op=True)],
                        "the buffer broadcast", peers)
+            with torch.no_grad():
+                t.copy_(raw.to(t.device).view(t.dtype).view(t.shape))
         return broadcast
 
     def close(self) -> None:
@@ -585,6 +592,7 @@ class PipelineExecutor:
         else on the last stage's rank, None elsewhere); with ``return_losses``, ``(loss,
         losses)`` where ``losses[mb]`` is microbatch ``mb``'s own loss (unweighted; a
         sink's loss added in)."""
+        self._check_batch(batch)  # a refused batch leaves the gradients as they were
         self.zero_grad()
         result = self.run(batch, broadcast_loss, return_losses)
         if max_grad_norm is not None:
@@ -859,8 +867,14 @@ class PipelineExecutor:
                              f"{m} microbatches: {err}") from None
         self._mbs = [mb.to(self.device) for mb in every[mine]]
         self._check_fit(batch)
-        self._weights = loss.microbatch_weights(every, mine, self.loss_reduction,
-                                                self.ignore_index, self.loss_weight)
+        try:
+            self._weights = loss.microbatch_weights(every, mine, self.loss_reduction,
+                                                    self.ignore_index, self.loss_weight)
+        except PipelineError as err:  # the same on every rank: all refuse alike
+            raise BatchError(f"rank {self.rank}: {err}") from None
+        except Exception as err:  # the user's loss_weight
+            raise BatchError(f"rank {self.rank}: loss_weight failed: "
+                             f"{type(err).__name__}: {err}") from None
         self._row_weights = (self._weights if self.ignore_index is None
                              and self.loss_weight is None
                              else loss.microbatch_weights(every, mine, self.loss_reduction))
@@ -875,11 +889,11 @@ class PipelineExecutor:
         copies = {} if self._evaluating else self._copies
         try:
             with contextlib.ExitStack() as recording:
-                for c, _, _ in copies.values():
+                for c, *_ in copies.values():
                     recording.enter_context(c.begin())
                 self._run_plan()
-            for c, reduces, broadcasts in copies.values():
-                c.agree(reduces, broadcasts)
+            for c, reduces, broadcasts, first in copies.values():
+                c.agree(reduces, broadcasts, first)
         except PipelineError:
             self._failed = True  # close() then skips its barrier
             raise

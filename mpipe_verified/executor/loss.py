@@ -49,7 +49,10 @@ def check_options(reduction: str, ignore_index: int | None, loss_weight: Callabl
 
 def count_of(mb: Batch, ignore_index: int | None, loss_weight: Callable | None) -> float:
     """What microbatch ``mb``'s mean loss averages over: its rows, its valid targets, or
-    ``loss_weight(target)``."""
+    ``loss_weight(target)`` (rows when the batch has no target: an evaluation without a
+    loss)."""
+    if mb.target is None:
+        ignore_index = loss_weight = None
     if loss_weight is not None:
         value = loss_weight(mb.target)
         value = float(value.sum()) if isinstance(value, torch.Tensor) else float(value)

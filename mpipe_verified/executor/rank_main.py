@@ -153,4 +153,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 1:  # reported: leave at once, before torch's and gloo's threads tear down
+        sys.stdout.flush()  # (a pending collective's thread aborts an orderly exit)
+        sys.stderr.flush()
+        os._exit(1)
+    sys.exit(code)
