@@ -15,6 +15,7 @@ this once per batch signature and lets every rank agree before the plan starts.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Mapping, Sequence
 
 import attrs
@@ -27,6 +28,22 @@ from .errors import PayloadMismatchError
 from .partition import model_state_kept, signature
 
 Check = Callable[[object, object, str], None]  # check_outgoing(value, payload, where)
+_CHECKING = [False]
+
+
+def checking() -> bool:
+    """Whether the forward now running is the executor's fit check (no step's work: a
+    module that logs or counts its calls can leave this one out)."""
+    return _CHECKING[0]
+
+
+@contextlib.contextmanager
+def _check_running():
+    _CHECKING[0] = True
+    try:
+        yield
+    finally:
+        _CHECKING[0] = False
 
 
 def first_sends(program: Sequence, cut) -> dict[tuple, object]:
@@ -57,7 +74,7 @@ def first_mismatch(mbs: Sequence[Batch], sends: Mapping[tuple, object],
         return None
     modules = [m for m in (stage0, *segments.values()) if m is not None]
     seen: set = set()
-    with torch.no_grad(), model_state_kept(modules, list(mbs)):
+    with torch.no_grad(), model_state_kept(modules, list(mbs)), _check_running():
         for mb, data in enumerate(mbs):  # one microbatch of each shape this rank sends
             key = signature(attrs.evolve(data, target=None))
             if key in seen or not any(k[2] == mb for k in sends):
