@@ -24,9 +24,9 @@ demo: $(STAMP)
 	$(BIN)/mpipe-verify show examples/zb-h1.toml
 	$(BIN)/mpipe-verify check examples/zb-h1.toml
 	$(BIN)/mpipe-verify export examples/zb-h1.toml --to torch-csv -o out/zb-h1.csv
-	$(BIN)/mpipe-verify check out/zb-h1.csv --certificate-out out/zb-h1.cert.json
+	$(BIN)/mpipe-verify check out/zb-h1.csv --certificate-out out/zb-h1.csv.cert.json
 	@echo "lowered plan written to out/zb-h1.csv and verified as written"
-	$(BIN)/mpipe-verify recheck out/zb-h1.csv out/zb-h1.cert.json
+	$(BIN)/mpipe-verify recheck out/zb-h1.csv out/zb-h1.csv.cert.json
 	$(BIN)/mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule transpose --steps 20
 
 test: $(STAMP)

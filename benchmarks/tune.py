@@ -1,12 +1,17 @@
 """`mpipe-verify tune` on the shipped multimodal examples, and transpose derive growth
 (docs/tune.md).
 
-Run:  python benchmarks/tune.py               (8 and 64 ranks, trainable; ~10 minutes)
-      python benchmarks/tune.py --quick       (8 ranks only, trainable and frozen)
-      python benchmarks/tune.py --derive-only (derive growth only)
+Run:  python benchmarks/tune.py --quick       (the 8-rank searches, trainable and frozen:
+                                               ~30 s on 2 shared cores, docs/tune.md)
+      python benchmarks/tune.py --derive-only (derive growth only: ~1 minute)
+      python benchmarks/tune.py --spec mllm_transpose_64.toml  (that search only)
+      python benchmarks/tune.py               (all three: the 8-rank searches, the 64-rank
+                                               search and derive growth: ~10-20 minutes)
 
 1. For each example: the whole search (``tune.tune``, budget-free, its placement phase
-   included) and its wall time;
+   included), its wall time and its CPU time (this process and the solver processes it
+   waited for: on a shared machine the wall time depends on the load, the CPU time
+   less);
    the shipped plan's makespan (the spec as written), the tuned plan's and the baseline's
    (the fastest plain family with the encoder inline that fits), all on the spec's one
    model, and the speedups as ratios of those makespans (from one run); the best
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import pathlib
+import resource
 import sys
 import time
 
@@ -30,29 +37,37 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
+from mpipe_verified.comparison import faster  # noqa: E402
 from mpipe_verified.formats.spec import load_spec  # noqa: E402
 from mpipe_verified.tune import tune  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that were waited for."""
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
 def search(name: str) -> None:
     spec = load_spec(EXAMPLES / name)
-    start = time.monotonic()
+    start, cpu = time.monotonic(), _cpu()
     result = tune(spec)
-    seconds = time.monotonic() - start
+    seconds, cpu = time.monotonic() - start, _cpu() - cpu
     own = next(t for t in result.tried if t.order == 0)
     best, base = result.best.tried, result.baseline.tried if result.baseline else None
-    print(f"| {name} | {len(result.tried)} | {seconds:.1f} | {own.makespan:,.1f} "
+    print(f"| {name} | {len(result.tried)} | {seconds:.1f} | {cpu:.1f} | {own.makespan:,.1f} "
           f"| {best.makespan:,.1f} ({best.candidate.label}, {best.peak:.1f} GB, "
-          f"{result.best.status}) | {own.makespan / best.makespan:.3f}x "
+          f"{result.best.status}) | {faster(best.makespan, own.makespan)} "
           f"| {base.makespan:,.1f} ({base.candidate.label}) "
-          f"| {base.makespan / best.makespan:.3f}x |", flush=True)
+          f"| {faster(best.makespan, base.makespan)} |", flush=True)
     heuristic = min((t for t in result.tried if t.fits and t.candidate.ownership != "given"),
                     key=lambda t: (t.makespan, t.order))
     print(f"  best without the placement phase: {heuristic.makespan:,.1f} "
-          f"({heuristic.candidate.label}); with it {best.makespan:,.1f}: "
-          f"{heuristic.makespan / best.makespan:.4f}x", flush=True)
+          f"({heuristic.candidate.label}); with it {best.makespan:,.1f}, "
+          + ("the same" if heuristic.makespan == best.makespan else
+             f"{heuristic.makespan / best.makespan:.4f}x faster"), flush=True)
     for p in result.placements:
         s = p.solution
         print(f"  placement of {p.group}: {s.status}, "
@@ -98,19 +113,30 @@ def derive_growth() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help="the 8-rank searches only (no 64-rank search, no derive growth)")
     ap.add_argument("--derive-only", action="store_true")
+    ap.add_argument("--spec", action="append", metavar="NAME",
+                    help="search only this example (repeatable; no derive growth)")
     args = ap.parse_args()
+    print(f"# {os.cpu_count()} cores, load average "
+          + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
     if not args.derive_only:
-        names = (("mllm_transpose.toml", "mllm_transpose_frozen.toml") if args.quick
-                 else ("mllm_transpose.toml", "mllm_transpose_64.toml"))
-        print("| spec | tried | tune (s) | shipped (ms) | tuned (ms) | vs shipped "
-              "| inline baseline (ms) | vs baseline |")
-        print("|---|---:|---:|---:|---|---:|---|---:|")
+        names = ("mllm_transpose.toml", "mllm_transpose_frozen.toml")
+        if args.spec:
+            names = tuple(args.spec)
+        elif not args.quick:
+            names += ("mllm_transpose_64.toml",)
+        print("| spec | tried | tune wall (s) | tune CPU (s) | shipped (ms) | tuned (ms) "
+              "| tuned than shipped | inline baseline (ms) | tuned than baseline |")
+        print("|---|---:|---:|---:|---:|---|---:|---|---:|")
         for name in names:
             search(name)
         print()
-    derive_growth()
+    if not (args.quick or args.spec):
+        derive_growth()
+    print("# load average at the end "
+          + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ of ``add_target_arguments`` and ``load_target``)::
 
     mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]
                         [--format auto|spec|torch-csv|plan-json]
-                        --to torch-csv|chrome-trace|plan-json [--compute-only] [-o OUT]
+                        --to torch-csv|chrome-trace|plan-json [--compute-only]
+                        [--allow-unverified] [-o OUT]
     mpipe-verify show   SPEC|FILE | --family ... [--format ...] [--width N]
                         [--svg OUT [--arrows] [--memory]]
     mpipe-verify check  SPEC|FILE... | --family ... [--format ...]
-                        [--comm-model rendezvous|eager] [--memory-limit N] [--json | -q]
+                        [--comm-model rendezvous|eager] [--memory-limit N]
+                        [--json | -q | -v] [--expand | --laws] [--no-cache]
                         [--sarif OUT] [--junit OUT] [--svg OUT [--arrows] [--memory]]
                         [--only-schedules] [--stages S] [--microbatches M] [--ranks R]
                         [--certificate-out CERT.json]
@@ -40,6 +42,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from typing import TYPE_CHECKING, Callable, NamedTuple, NoReturn, Sequence
 
 from . import __version__
@@ -51,13 +54,14 @@ from .formats.files import read_text
 from .formats.output import write_output
 from .formats.timeline import as_plan
 from .formats.torch_csv import (format_torch_csv, holds_actions, parse_torch_csv,
-                                 with_torch_markers, without_markers, write_torch_csv)
+                                 with_torch_markers, without_markers)
 from .ir import Group, Op, Plan, Recv, Schedule, Send
 from .progress import Progress
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
 from .show import figures, render_grid
-from .verify import Report, parametric, verify, verify_split
+from .verify import parametric, verify, verify_split
+from .verify.report import Locator, Shown, render as render_check
 
 if TYPE_CHECKING:
     from .formats.spec import Spec
@@ -331,21 +335,35 @@ def compute_only(target: Schedule | Plan) -> Schedule:
 
 # ---------------------------------------------------------------- export
 
+if TYPE_CHECKING:
+    from .verify.report import Report
+
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a schedule or its lowered plan to a file format",
                        description="Write the lowered plan (default) or the compute-only "
-                                   "schedule in another format.")
+                                   "schedule in another format. A plan is written only if "
+                                   "check (default options) verifies it: a violated "
+                                   "property exits 1, an undecided check 3, and nothing is "
+                                   "written (chrome-trace, a picture, is drawn for any "
+                                   "plan).")
     add_target_arguments(p)
     p.add_argument("--to", required=True, choices=EXPORT_TARGETS, help="output format")
     p.add_argument("--compute-only", action="store_true",
                    help="write the compute-only schedule instead of the lowered plan "
                         "(chrome-trace: leave out the comm tracks and flows)")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="write the plan even if it is violated or undecided, with a "
+                        "warning on stderr naming the properties (exit 0)")
     p.add_argument("-o", "--output", metavar="OUT", help="output file (default: stdout)")
     p.set_defaults(run=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
+    """Build the output text and the plan's verdict (``_export_verdict``), then write the
+    text; a plan that does not verify is refused (its exit code, one line on stderr,
+    nothing written) unless ``--allow-unverified``. Every step is linear in the plan's
+    ops, but for the laws' proof, whose time does not depend on the size."""
     target, spec, name = load_target(args)
     model = model_of(spec)
     if args.to == "chrome-trace":  # timed with the spec's cost model (standard costs else)
@@ -355,11 +373,34 @@ def run_export(args: argparse.Namespace) -> int:
         write_output(args.output or "-", dump_trace(chrome_trace(run, name,
                                                                  args.compute_only)))
         return 0
-    out = compute_only(target) if args.compute_only else as_plan(target, model.duration)
+    from concurrent.futures import ThreadPoolExecutor
+    instance = _family_instance(args, spec, target)
+    with ThreadPoolExecutor(1) as pool:  # the laws' provers run while the plan is built
+        laws = None if instance is None else pool.submit(parametric.answer, *instance,
+                                                         model.limit, RENDEZVOUS)
+        plan = as_plan(target, model.duration)  # what check judges (and writes, lowered)
+        text, newline = _export_text(args, target, plan, name)
+        report = _export_verdict(plan, model, None if laws is None else laws.result())
+    if not report.verified:
+        what = f"{name}: {report.status.upper()} ({', '.join(_unproved(report))})"
+        if not args.allow_unverified:
+            print(f"{PROG}: {what}: nothing written (mpipe-verify check shows why; "
+                  "--allow-unverified writes it anyway)", file=sys.stderr)
+            return report.exit_code
+        print(f"{PROG}: warning: {what}: written anyway (--allow-unverified)",
+              file=sys.stderr)
+    write_output(args.output or "-", text, newline)
+    return 0
+
+
+def _export_text(args: argparse.Namespace, target: Schedule | Plan, plan: Plan,
+                 name: str) -> tuple[str, str]:
+    """The text ``export`` writes of ``plan`` (``target`` with ``--compute-only``) and
+    its line end for ``write_output``; ``UsageError`` for what the format cannot say."""
+    out = compute_only(target) if args.compute_only else plan
     if args.to == "plan-json":
         from .formats.plan_json import format_plan_json
-        write_output(args.output or "-", format_plan_json(out))
-        return 0
+        return format_plan_json(out), "\n"
     if out.forward_only:
         raise UsageError(f"{name}: a forward-only plan cannot be written as a torch CSV (the "
                          "format cannot declare it, so the file would read back as an "
@@ -368,13 +409,57 @@ def run_export(args: argparse.Namespace) -> int:
     # plan with comms as written, which needs torch's REDUCE_GRAD/UNSHARD/RESHARD cells
     out = without_markers(out) if args.compute_only else with_torch_markers(out)
     try:
-        if args.output is None:
-            sys.stdout.write(format_torch_csv(out))
-        else:
-            write_torch_csv(out, args.output)
+        return format_torch_csv(out), ""  # csv.writer's own \r\n line ends
     except ValueError as e:
         raise UsageError(f"{name}: cannot write it as a torch CSV: {e}") from None
-    return 0
+
+
+def _export_verdict(plan: Plan, model: Model, laws: Report | None) -> Report:
+    """What ``check`` with its default options (rendezvous, the spec's memory limit)
+    says of ``plan``: ``laws``, the report of a standard family instance's laws
+    (``parametric.answer``, as ``check`` asks it; ``_family_instance``) when they
+    answered, else the plan judged op by op (``verify``; on two cores from
+    ``TWO_PROCESS_OPS`` ops). The markers ``export`` adds move no data, so the verdict
+    holds for the file written too."""
+    if laws is not None:
+        return laws
+    judge = verify_split if plan.num_ops >= TWO_PROCESS_OPS else verify
+    return judge(plan, model.limit, RENDEZVOUS, model.memory)
+
+
+def _family_instance(args: argparse.Namespace, spec: Spec | None,
+                     target: Schedule | Plan) -> tuple[str, dict] | None:
+    """``(family, params)`` when ``target`` is a standard family instance that the laws
+    may answer for (``--family`` without an encoder cost, or a spec whose expression is
+    a family term and has no cost model); else None."""
+    if args.family is not None:
+        if getattr(args, "encoder_cost", None) is not None:
+            return None
+        return args.family, family_params(args, family_term(args))
+    if spec is None or spec.cost is not None or not isinstance(target, Schedule):
+        return None
+    term = spec.term
+    for fam in FAMILIES:
+        chunks = getattr(term, "chunks", None) if fam == "interleaved-1f1b" else None
+        try:
+            same = family(fam, getattr(term, "ranks", 0), getattr(term, "microbatches", 0),
+                          chunks) == term
+        except (ParameterError, TypeError):
+            same = False
+        if same:
+            return fam, {"pp": term.ranks, "microbatches": term.microbatches,
+                         "chunks": chunks}
+    return None
+
+
+def _unproved(report: Report) -> list[str]:
+    """The properties ``report`` does not prove, in report order: the violated ones, or
+    else the undecided ones."""
+    props = report.stats.get("properties", {})
+    violated = {v.property for v in report.violations}
+    names = [p for p in props if p in violated] or [
+        p for p, info in props.items() if info.get("status") != "proved"]
+    return names or sorted(violated) or ["undecided"]
 
 
 # ---------------------------------------------------------------- show
@@ -459,10 +544,23 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print no report: the exit code tells (bad input still names the "
                         "file on stderr)")
-    p.add_argument("--expand", action="store_true",
-                   help="check a family instance op by op even when the family's laws "
-                        "prove it for every size (by default those laws answer, in time "
-                        "independent of the size)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="the full report: each property's proof (facts and Z3 runs, or the "
+                        "law and its scope), every op's position, the whole trace of each "
+                        "counterexample, every rank's peak and the certificate")
+    road = p.add_mutually_exclusive_group()
+    road.add_argument("--expand", action="store_true",
+                      help="check a standard family instance op by op, whatever its size "
+                           "(by default check picks the faster road: op by op for a small "
+                           "plan, the family's laws proven for every size for a big one)")
+    road.add_argument("--laws", action="store_true",
+                      help="answer a standard family instance by the family's laws "
+                           "whatever its size, where they cover it (a parametric "
+                           "certificate)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="prove the family's laws now rather than take a proof this same "
+                        "package cached (in $XDG_CACHE_HOME/mpipe-verify, else "
+                        "~/.cache/mpipe-verify), and keep none")
     g = p.add_argument_group(
         "declared sizes, with --microbatches M (a CSV carries none: a dropped stage row "
         "or last microbatch reads as a smaller schedule); missing work is a completeness "
@@ -498,8 +596,9 @@ TWO_PROCESS_OPS = 50_000  # plans this big are verified on two cores (verify_spl
 
 def run_check(args: argparse.Namespace) -> int:
     _check_picture_arguments(args)
-    if args.quiet and args.json:
-        raise UsageError("--quiet prints nothing; drop --json or --quiet")
+    if args.quiet and (args.json or args.verbose):
+        raise UsageError(f"--quiet prints nothing; drop {'--json' if args.json else '--verbose'}"
+                         " or --quiet")
     for flag in ("svg", "sarif", "junit"):
         if args.json and getattr(args, flag) == "-":
             raise UsageError(f"--{flag} - and --json both write to stdout; give --{flag} a "
@@ -555,8 +654,8 @@ def run_check(args: argparse.Namespace) -> int:
     if args.json and not to_stdout and results:  # bad inputs too, as error objects
         docs = [doc for doc, _ in results]
         print(json.dumps(docs[0] if len(targets) == 1 else docs, indent=2))
-    elif not args.quiet and not to_stdout and shown:
-        print("\n\n".join(text for _, text in shown))
+    elif not args.quiet and not to_stdout and shown:  # --verbose: a blank line between
+        print(("\n\n" if args.verbose else "\n").join(text for _, text in shown))
     return code
 
 
@@ -599,9 +698,10 @@ def _not_a_schedule(args: argparse.Namespace) -> bool:
 def _check_one(args: argparse.Namespace, progress: Progress
                ) -> tuple[sarif.Checked, dict, str]:
     """Verify one input; returns its SARIF/JUnit record, JSON object and text report."""
+    started = time.perf_counter()
     spec = None
     progress.phase(f"{display_name(args)}: reading")
-    quick = _parametric_family(args, progress)
+    quick = _parametric_family(args, progress, started)
     if quick is not None:
         return quick
     target, spec, name = load_target(args)
@@ -610,7 +710,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     limit = model.limit
     if not as_written:
         progress.phase(f"{name}: lowering")
-    quick = _parametric_spec(args, spec, target, name, limit, progress)
+    quick = _parametric_spec(args, spec, target, name, limit, progress, started)
     if quick is not None:
         return quick
     plan = as_plan(target, model.duration)  # ordered for the spec's own costs
@@ -646,9 +746,18 @@ def _check_one(args: argparse.Namespace, progress: Progress
         progress.phase(f"{name}: verifying under the eager model")
         passes = passes_under(plan, limit, model.memory, args.solver_rlimit)
         doc["passes_under"] = passes
+    files = {sarif.SPEC: "a TOML spec file", sarif.PLAN_JSON: "a plan-json file",
+             sarif.PLAN_JSON_LOWERED: "a plan-json file"}
+    source = (text if text is not None else (lambda: read_text(name, files[kind]))
+              if kind in files else None)
+    shown = Shown(name, plan.num_microbatches, time.perf_counter() - started,
+                  lowered_file=kind in (sarif.TORCH_CSV_LOWERED, sarif.PLAN_JSON_LOWERED),
+                  passes_under=None if passes is None else tuple(passes),
+                  locate=Locator(kind, source, plan, None if as_written else target),
+                  json_paths=kind == sarif.PLAN_JSON, as_written=as_written)
     return (sarif.Checked(name, report, kind, text), doc,
-            render_report(report, name, as_written, passes,
-                          json_paths=kind == sarif.PLAN_JSON))
+            render_check(report, shown, args.verbose) if not (args.quiet or args.json)
+            else "")
 
 
 def family_params(args: argparse.Namespace, term) -> dict:
@@ -661,11 +770,12 @@ def family_params(args: argparse.Namespace, term) -> dict:
     return params
 
 
-def _parametric_family(args: argparse.Namespace, progress: Progress):
-    """``check --family`` answered by the family's laws (``verify.parametric``), or None
-    for the ordinary check: ``--expand``, a picture, ``--solver-rlimit`` (a cap on the
-    instance's queries), an encoder cost, the eager model, or an instance the laws do not
-    cover."""
+def _parametric_family(args: argparse.Namespace, progress: Progress, started: float):
+    """``check --family`` answered by the family's laws (``verify.parametric.answer``:
+    the road it picks), or None for the ordinary check: ``--expand``, a picture,
+    ``--solver-rlimit`` (a cap on the instance's queries), an encoder cost, the eager
+    model, an instance the laws do not cover, or one small enough that op by op is
+    faster."""
     if (args.family is None or args.expand or args.svg is not None
             or args.solver_rlimit is not None or getattr(args, "encoder_cost", None) is not None):
         return None
@@ -678,10 +788,11 @@ def _parametric_family(args: argparse.Namespace, progress: Progress):
         params = family_params(args, family_term(args))
     except ParameterError:
         return None  # load_target reports it
-    return _answer(args, args.family, params, args.memory_limit, name, progress)
+    return _answer(args, args.family, params, args.memory_limit, name, progress, started)
 
 
-def _parametric_spec(args, spec, target, name: str, limit, progress: Progress):
+def _parametric_spec(args, spec, target, name: str, limit, progress: Progress,
+                     started: float):
     """A spec whose expression is a standard family term with no cost model, answered by
     the family's laws like ``--family`` (None otherwise). Declared sizes (``--stages``,
     ``--microbatches``, ``--ranks``) make ``target`` another schedule than the term's:
@@ -702,14 +813,18 @@ def _parametric_spec(args, spec, target, name: str, limit, progress: Progress):
             same = False
         if same:
             params = {"pp": term.ranks, "microbatches": term.microbatches, "chunks": chunks}
-            return _answer(args, fam, params, limit, name, progress)
+            return _answer(args, fam, params, limit, name, progress, started)
     return None
 
 
-def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress):
-    """The parametric report's SARIF record, JSON object and text, or None."""
-    progress.phase(f"{name}: proving the {fam} laws with Z3")
-    report = parametric.prove(fam, params, limit, args.comm_model)
+def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress,
+            started: float):
+    """The parametric report's SARIF record, JSON object and text, or None (the road
+    ``parametric.answer`` picks is op by op, or the laws did not answer)."""
+    report = parametric.answer(
+        fam, params, limit, args.comm_model,
+        mode=parametric.LAWS if args.laws else parametric.AUTO, cache=not args.no_cache,
+        proving=lambda: progress.phase(f"{name}: proving the {fam} laws with Z3"))
     if report is None:
         return None
     claim = report.certificate.parametric
@@ -722,24 +837,9 @@ def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress):
     doc["lowered"] = True
     doc["proof"] = {"kind": parametric.PARAMETRIC, "laws": list(claim.laws),
                     "family": fam, "params": claim.mapping}
-    return sarif.Checked(name, report, sarif.FAMILY), doc, render_parametric(report, name)
-
-
-def render_parametric(report: Report, name: str) -> str:
-    """The text report of a parametric proof: the law proving each property."""
-    claim, stats = report.certificate.parametric, report.stats
-    shown = ", ".join(f"{k}={v}" for k, v in claim.params if v is not None)
-    lines = [f"{name}: {report.status.upper()} ({stats['ranks']} ranks, "
-             f"{stats['comm_model']}, lowered by mpipe; proven for every size by the "
-             f"{claim.family} laws, at {shown})"]
-    for prop, info in stats["properties"].items():
-        lines.append(f"  {prop:<13} {info['status']:<9} law {info['law']} ({info['scope']})")
-    lines.append(f"  {stats['obligations']} obligations proven by Z3 now in "
-                 f"{stats['seconds']:.2f}s")
-    peaks = ", ".join(f"{r}: {p:g}" for r, p in sorted(report.peak_memory.items()))
-    lines.append(f"  peak memory per rank: {peaks} (the memory law's formula)")
-    lines.append(f"  certificate: parametric sha256 {report.certificate.digest}")
-    return "\n".join(lines)
+    shown = Shown(name, int(params["microbatches"]), time.perf_counter() - started)
+    return (sarif.Checked(name, report, sarif.FAMILY), doc,
+            render_check(report, shown, args.verbose))
 
 
 def passes_under(plan: Plan, limit, memory: MemoryModel, rlimit: int | None) -> list[str]:
@@ -747,13 +847,6 @@ def passes_under(plan: Plan, limit, memory: MemoryModel, rlimit: int | None) -> 
     completion (``["eager"]`` or ``[]``), as the verifier judges it under each."""
     report = verify(plan, limit, EAGER, memory, rlimit=rlimit)
     return [EAGER] if report.stats["properties"]["deadlock"]["status"] == "proved" else []
-
-
-EAGER_ONLY = ("under the eager model (buffered sends) this plan runs to completion, so it "
-              "works with small tensors or on gloo and hangs at scale: PyTorch's runtime "
-              "posts every SEND/RECV with batch_isend_irecv, which on NCCL completes one "
-              "rank's comm ops in posting order and a send only once its receive runs when "
-              "the message is larger than NCCL's internal buffers, as real activations are")
 
 
 def _input_kind(args: argparse.Namespace, is_spec: bool, as_written: bool = True) -> str:
@@ -767,42 +860,6 @@ def _input_kind(args: argparse.Namespace, is_spec: bool, as_written: bool = True
     return sarif.TORCH_CSV if as_written else sarif.TORCH_CSV_LOWERED
 
 
-def render_report(report: Report, name: str, as_written: bool,
-                  passes: list[str] | None = None, json_paths: bool = False) -> str:
-    """Human-readable verdict: one line per property, then each counterexample with its
-    positions (CSV row/column when the file was checked as written; with ``json_paths``,
-    a plan-json file checked as written, the op's JSON path). ``passes``: the weaker
-    models a rendezvous deadlock passes under (``passes_under``); with eager among them
-    the deadlock's report says in one sentence why that still hangs on NCCL."""
-    stats = report.stats
-    lines = [f"{name}: {report.status.upper()} ({stats['ranks']} ranks, {stats['ops']} ops, "
-             f"{stats['comm_model']}{'' if as_written else ', lowered by mpipe'})"]
-    for prop, info in stats["properties"].items():
-        extra = (f"{info['facts']} facts in {info['runs']} Z3 runs" if "facts" in info
-                 else f"{info.get('confirmed', 0)} counterexamples confirmed by Z3"
-                 + (f" (+{info['unlisted']} more found, not listed)" if info.get("unlisted")
-                    else "")
-                 if info["status"] == "violated" else info.get("reason", ""))
-        lines.append(f"  {prop:<13} {info['status']:<9} {extra}")
-    for v in report.violations:
-        lines.append(f"{v.property}: {v.message}")
-        for rank, index, op in v.ops:
-            where = (f"$.programs[{rank}][{index}]" if as_written and json_paths
-                     else f"row {rank + 1}, column {index + 1}" if as_written
-                     else "lowered plan")
-            lines.append(f"    at rank {rank}, position {index} ({where}): {op}")
-        lines.extend(f"    {t}" for t in v.trace)
-        if v.property == "deadlock" and passes and EAGER in passes:
-            lines.append(f"    note: {EAGER_ONLY}.")
-    for reason in report.undecided:
-        lines.append(f"undecided: {reason}")
-    peaks = ", ".join(f"{r}: {p:g}" for r, p in sorted(report.peak_memory.items()))
-    lines.append(f"  peak memory per rank: {peaks}")
-    if report.certificate is not None:
-        lines.append(f"  certificate: sha256 {report.certificate.digest}")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- laws
 
 
@@ -810,17 +867,29 @@ def _add_laws(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("laws", help="prove the algebra's laws and the families' invariants "
                                     "with Z3",
                        description="Prove every law of proofs/ with Z3: one line per law "
-                                   "(status, name, seconds, scope). Exit 0: all proved; "
-                                   "1: a law failed; 3: a law is unknown (none failed).")
+                                   "(status, name, seconds, scope). Every Z3 check is "
+                                   "bounded by Z3's deterministic resource limit, never by "
+                                   "the clock, so the verdicts do not depend on the "
+                                   "machine's speed or load. Exit 0: all proved; 1: a law "
+                                   "failed; 3: a law is undecided (none failed), the line "
+                                   "saying which limit stopped it.")
     p.add_argument("--json", action="store_true",
                    help='print {"laws": [{"name", "status", "scope", "seconds", '
-                        '"statement", ...}]}')
+                        '"statement", "rlimit_used", ...}]}')
     p.add_argument("--law", action="append", metavar="NAME",
                    help="prove only this law (repeatable; the deliberately false demo laws "
                         "false_* are run only when named)")
     p.add_argument("--list", action="store_true", help="list the laws without proving them")
-    p.add_argument("--timeout", type=float, default=20.0, metavar="S",
-                   help="Z3 time limit per proof obligation, in seconds (default 20)")
+    p.add_argument("--rlimit", type=int, metavar="R",
+                   help="Z3 resource units per proof step (one obligation's refutation), "
+                        "a deterministic budget: a step that uses it up leaves its law "
+                        "'unknown (resource limit)' (default 10000000, about 10x what the "
+                        "costliest shipped law uses; docs/proofs.md)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="outer wall-clock guard on each Z3 check, in seconds (default "
+                        "300): only against a check that never returns, far above what "
+                        "any shipped law takes, so it never decides one; a check it stops "
+                        "leaves its law 'undecided (time)'")
     p.add_argument("--jobs", type=int, metavar="N",
                    help="laws proved at once, each in its own process (default: one per "
                         "CPU; 0: one after another in this process)")
@@ -831,9 +900,7 @@ def run_laws(args: argparse.Namespace) -> int:
     import time
 
     from .proofs import core, registry  # installed from the repository's proofs/
-    if not 0 < args.timeout < float("inf"):
-        raise UsageError(f"--timeout must be a finite number of seconds > 0, got "
-                         f"{args.timeout:g}")
+    budget = _laws_budget(args, core)
     if args.jobs is not None and args.jobs < 0:
         raise UsageError(f"--jobs must be >= 0, got {args.jobs}")
     try:
@@ -846,7 +913,7 @@ def run_laws(args: argparse.Namespace) -> int:
             print(f"{law.name:<40} {law.scope}")
         return 0
     started = time.perf_counter()
-    results = core.run_all(laws, int(args.timeout * 1000), args.jobs)
+    results = core.run_all(laws, budget, args.jobs)
     if args.json:
         print(json.dumps({"laws": [r.to_json() for r in results]}, indent=2))
     else:
@@ -855,10 +922,27 @@ def run_laws(args: argparse.Namespace) -> int:
             print(f"{r.status:<8} {r.name:<40} {r.seconds:7.2f}s  {r.scope}{detail}")
         counts = {s: sum(r.status == s for r in results)
                   for s in (core.PROVED, core.FAILED, core.UNKNOWN)}
+        by = core.undecided_counts(results)
+        why = (" (" + ", ".join(f"{n} by {limit}" for limit, n in sorted(by.items())) + ")"
+               if by else "")
         print(f"total: {len(results)} laws, {counts[core.PROVED]} proved, "
-              f"{counts[core.FAILED]} failed, {counts[core.UNKNOWN]} unknown "
-              f"({time.perf_counter() - started:.1f}s)")
+              f"{counts[core.FAILED]} failed, {counts[core.UNKNOWN]} unknown{why} "
+              f"({time.perf_counter() - started:.1f}s; rlimit {budget.rlimit} per step)")
     return core.exit_code(results)
+
+
+def _laws_budget(args: argparse.Namespace, core):
+    """``laws``' ``core.Budget``: ``--rlimit`` (resource units per proof step) and
+    ``--timeout`` (the outer wall-clock guard), each defaulting to the laws' own."""
+    rlimit = core.DEFAULT_RLIMIT if args.rlimit is None else args.rlimit
+    guard = core.GUARD_SECONDS if args.timeout is None else args.timeout
+    if not 1 <= rlimit <= core.RLIMIT_MAX:
+        raise UsageError(f"--rlimit must be an integer from 1 to {core.RLIMIT_MAX}, got "
+                         f"{rlimit}")
+    if not 0 < guard < float("inf"):
+        raise UsageError(f"--timeout must be a finite number of seconds > 0, got "
+                         f"{guard:g}")
+    return core.Budget(rlimit=rlimit, guard_seconds=guard)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_export, _add_show,
@@ -1121,12 +1205,14 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                                    "and every ownership, the costs re-cut to each stage "
                                    "count as simulate --compare does. Prints the fastest "
                                    "verified plan that fits, the Pareto front of step time "
-                                   "against peak memory and the speedup over the fastest "
-                                   "family with the segment inline (docs/tune.md). Exit 0: a "
+                                   "against peak memory and how much faster it is than the "
+                                   "fastest plain family that fits (with the segment "
+                                   "inline, for a spec with a cut; docs/tune.md). Exit 0: a "
                                    "verified plan was found; 1: none fits and verifies.")
     p.add_argument("spec", metavar="SPEC", help="a spec file (.toml) that fixes the model")
     p.add_argument("--budget", type=_budget, metavar="SECONDS",
-                   help="stop the search after this long (the best so far is verified)")
+                   help="bound the search (the spec's loading included) to this many "
+                        "seconds; the best candidate evaluated by then is verified after it")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("-o", "--output", metavar="BEST.toml",
                    help="write the best plan as a spec that check and simulate reproduce")
@@ -1137,11 +1223,13 @@ def run_tune(args: argparse.Namespace) -> int:
     from .formats.spec import load_spec
     from .formats.spec_writer import spec_text
     from .tune import document, render, tune
+    import time
+    start = time.monotonic()  # --budget counts from here
     spec = load_spec(args.spec)
     progress = Progress(prefix=f"{PROG} tune")
     result = tune(spec, args.budget, lambda n, best: progress.phase(
-        f"{n} candidates tried, best so far "
-        f"{'-' if best is None else f'{best.makespan:.6g}'}"))
+        f"{n} candidates evaluated, best so far "
+        f"{'-' if best is None else f'{best.makespan:.6g}'}"), start=start)
     progress.done()
     doc = document(result, args.spec)
     if args.output and result.best is not None:

@@ -24,8 +24,12 @@ same model and times it the same way:
 
 The document (``--json``) holds ``makespan``, ``bubble_fraction``, ``peak_memory`` (per rank),
 per-rank ``busy`` and ``bubble``, and ``compare: {FAMILY: {makespan, bubble_fraction,
-peak_memory, within_limit, status, speedup}}`` where ``speedup`` is the baseline's makespan
-over the spec's.
+peak_memory, within_limit, status, speedup}}`` where ``speedup`` is *this spec's* speedup
+over the family: the family's makespan over the spec's (above 1: the spec is faster; below
+1: the family is faster), and ``inline_segment``: the cut segment the baselines keep on
+its home rank (null for a spec without a cut: the baselines are the bare families). The
+text form says it in words, from the family's side: ``zbv ... 1.294x faster`` (than this
+spec) or ``1.294x slower``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from .ir import Plan, Schedule
 from .formats.timeline import as_plan
 from .semantics import EAGER, RENDEZVOUS
 from .show import figure, figures
-from .sim import CostModel, SimResult, simulate
+from .sim import CostModel, SimResult, check_deadline, simulate
 from .verify import Report, verify
 
 
@@ -64,16 +68,22 @@ class Timed:
 
 
 def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
-              check: bool = True, target: Schedule | Plan | None = None) -> Timed:
+              check: bool = True, target: Schedule | Plan | None = None,
+              deadline: float | None = None) -> Timed:
     """Lower (a schedule), verify (with ``check``) and simulate ``spec`` with its costs
     (a checked plan only when it runs to completion: verified, or over its memory limit
-    alone)."""
+    alone). ``deadline`` (a ``time.monotonic()`` value, ``tune --budget``): raise
+    ``sim.DeadlinePassed`` between these steps, and inside the simulation, once it has
+    passed."""
     target = spec.schedule if target is None else target
     plan = as_plan(target, spec.duration)
     limit = spec.memory_limit if memory_limit is None else memory_limit
+    check_deadline(deadline)
     report = verify(plan, limit, RENDEZVOUS, spec.memory_model) if check else None
+    check_deadline(deadline)
     run = (None if report is not None and not _runs(report) else
-           simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model))
+           simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model,
+                    deadline))
     return Timed(str(spec.term), plan, report, run, limit)
 
 
@@ -137,6 +147,9 @@ def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
         return doc, mine, {}
     out: dict[str, Timed] = {}
     doc["compare"] = {}
+    if compare:
+        doc["inline_segment"] = (spec.term.segment if isinstance(spec.term, Transpose)
+                                 else None)
     for family in compare:
         try:
             base = baseline_spec(spec, family)
@@ -209,17 +222,32 @@ def render_simulation(doc: dict) -> str:
         lines.append(f"  {r:>4}  {_num(doc['busy'][r]):>10}  {doc['bubble'][r]:>7.1%}  "
                      f"{_num(doc['peak_memory'][r]):>11}")
     if doc.get("compare"):
-        lines.append("compared on the same model and costs (the segment inline on its home "
-                     "rank):")
+        segment = doc.get("inline_segment")
+        lines.append("compared on the same model and costs" + (
+            f" (the segment {segment!r} inline on its home rank):" if segment else ":"))
         lines.append(f"  {'family':<18} {'makespan':>10}  {'bubble':>7}  {'peak memory':>11}  "
-                     f"{'fits limit':>10}  {'speedup':>8}")
+                     f"{'fits limit':>10}  {'than this spec':>15}")
         for fam, e in doc["compare"].items():
             peak = max(e["peak_memory"].values(), default=0.0)
             fits = {None: "-", True: "yes", False: "NO"}[e["within_limit"]]
             lines.append(f"  {fam:<18} {_num(e['makespan']):>10}  {e['bubble_fraction']:>7.1%}  "
-                         f"{_num(peak):>11}  {fits:>10}  {e['speedup']:>7.3f}x")
-        lines.append("  (speedup: the family's makespan over this spec's)")
+                         f"{_num(peak):>11}  {fits:>10}  "
+                         f"{faster(e['makespan'], doc['makespan']):>15}")
+        lines.append(f"  (than this spec: each family's makespan against this spec's "
+                     f"{_num(doc['makespan'])})")
     return "\n".join(lines) + "\n"
+
+
+def faster(makespan: float | None, than: float | None) -> str:
+    """A run of ``makespan`` against one of ``than``, in words from the first one's side:
+    ``1.294x faster`` (``than / makespan``), ``1.294x slower`` (``makespan / than``) or
+    ``as fast`` (equal to the printed precision); ``-`` without both figures."""
+    if not makespan or not than:
+        return "-"
+    ratio = than / makespan
+    if f"{max(ratio, 1 / ratio):.3f}" == "1.000":
+        return "as fast"
+    return f"{ratio:.3f}x faster" if ratio > 1 else f"{1 / ratio:.3f}x slower"
 
 
 class ScheduleTerm:

@@ -524,7 +524,7 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
         solver.from_string(QUERY_DECLS + f"(assert {_violated(chunk)})")
         answer = solver.check()
         if answer == z3.unknown:
-            return "unknown", solver.reason_unknown()
+            return "unknown", _why_unknown(solver, rlimit)
         if answer == z3.sat:
             model = solver.model()
             i, j = (model.eval(z3.Int(v), model_completion=True).as_long() for v in "ij")
@@ -535,13 +535,34 @@ def _decide(runs: list, rlimit: int | None) -> tuple[str, str]:
     return "proved", ""
 
 
+# Z3 resource units per query when the caller gives no ``rlimit``: a deterministic cap
+# (the count does not depend on the machine's speed or load), 400x the costliest query
+# measured (about 250,000 units: a 64-microbatch transpose example; a query holds at most
+# ``CHUNK`` runs). The wall-clock limit is only an outer guard against a check that never
+# returns, above what this budget takes even on a loaded machine.
+QUERY_RLIMIT = 100_000_000
+GUARD_MS = 600_000
+
+
 def _solver(rlimit: int | None) -> z3.Solver:
-    """A fresh solver; ``rlimit`` caps its resources, and no check runs past 10 minutes."""
+    """A fresh solver within ``rlimit`` resource units (``QUERY_RLIMIT`` when None; Z3
+    applies it from the count at each check), and no check runs past 10 minutes."""
     solver = z3.Solver()
-    solver.set("timeout", 600_000)
-    if rlimit is not None:
-        solver.set("rlimit", rlimit)
+    solver.set("timeout", GUARD_MS)
+    solver.set("rlimit", QUERY_RLIMIT if rlimit is None else rlimit)
     return solver
+
+
+def _why_unknown(solver: z3.Solver, rlimit: int | None) -> str:
+    """Which limit left a query undecided: the resource limit, the wall-clock guard, or
+    Z3's own reason."""
+    reason = solver.reason_unknown()
+    if "timeout" in reason:
+        return f"undecided (time: the {GUARD_MS // 1000} s wall-clock guard stopped Z3)"
+    if reason in ("canceled", "max. resource limit exceeded"):
+        budget = QUERY_RLIMIT if rlimit is None else rlimit
+        return f"unknown (resource limit: rlimit {budget} used up)"
+    return reason
 
 
 def _word(answer, violated) -> str:

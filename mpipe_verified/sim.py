@@ -21,10 +21,15 @@ supplies the *costs*:
 Timing defaults to the eager model: a real backend posts sends asynchronously (``isend``)
 so a sender does not stall until its receiver arrives. Whether the plan is *safe* under
 strict rendezvous is the verifier's question, not the simulator's.
+
+A caller with a time limit (``tune --budget``) passes ``deadline`` (a ``time.monotonic()``
+value): ``simulate`` raises ``DeadlinePassed`` at its next step once it has passed (after
+the run, and before each rank's memory curve).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import attrs
@@ -306,20 +311,34 @@ class SimulationError(Exception):
     """The plan cannot run to completion (it deadlocks); verify it for the cycle."""
 
 
+class DeadlinePassed(Exception):
+    """A caller's time limit passed before the work was done (see the module docstring)."""
+
+
+def check_deadline(deadline: float | None) -> None:
+    """Raise ``DeadlinePassed`` once ``time.monotonic()`` has reached ``deadline``."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise DeadlinePassed
+
+
 def simulate(plan: Plan, duration: Callable[[Op], float] = standard_duration,
              comm: CommCost = NO_COMM_COST, memory: MemoryModel = UNIT_MEMORY,
-             comm_model: str = EAGER) -> SimResult:
-    """Time ``plan`` under §2 with the given costs."""
+             comm_model: str = EAGER, deadline: float | None = None) -> SimResult:
+    """Time ``plan`` under §2 with the given costs (``deadline``: see the module
+    docstring)."""
     run = execute(plan, comm_model, duration, comm.time)
     if not run.completed:
         w = run.waits[0]
         raise SimulationError(f"the plan does not run to completion: rank {w.rank} position "
                               f"{w.index}: {w.reason}")
+    check_deadline(deadline)
     makespan = run.makespan
     busy = tuple(sum(duration(op) for op in prog) for prog in plan.programs)
     bubble = tuple((1.0 - b / makespan) if makespan else 0.0 for b in busy)
-    curves = [memory_curve(plan, rank, memory, run.start, run.finish)
-              for rank in range(plan.num_ranks)]
+    curves = []
+    for rank in range(plan.num_ranks):
+        check_deadline(deadline)
+        curves.append(memory_curve(plan, rank, memory, run.start, run.finish))
     peaks = {rank: peak for rank, (_, peak) in enumerate(curves)}
     return SimResult(makespan, busy, bubble, peaks, tuple(c for c, _ in curves), run.start,
                      run.finish)

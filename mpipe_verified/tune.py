@@ -32,14 +32,24 @@ its optimum, ``bounded`` when its resource limit stopped it first), timed like t
 It is ranked with them, so it wins only if its simulated makespan is lower; a solve that
 stops without an assignment adds nothing (the heuristic ownerships stand).
 
-``budget`` (seconds) stops the search between candidates (and bounds each solve); the
-spec's own term is always tried, and the winner and baseline are verified after the
-search. Without a budget the result depends only on the spec (the order and the ranking
-are fixed, and each solve is bounded by Z3's deterministic resource limit).
+``budget`` (seconds from ``start``; the CLI starts the clock before it loads the spec)
+bounds the whole search: the families' derivations (the space is derived lazily, each
+family when its first candidate is due, once), each candidate's derivation, lowering and
+simulation, and the placement phase. The deadline is checked between candidates, between
+those steps and inside the simulation (``sim.DeadlinePassed``), and a solve's process is
+stopped at it, so the search overruns the budget by at most one step of one candidate.
+Then the winner and the baseline are verified (the *final verification*, after the
+budget): the spec and plan of the running best and baseline are kept from the search and
+verified as they are, not derived and lowered again (the same plan, so the same verdict).
+If the budget runs out before the spec's own term is timed, the final step times and
+verifies it, so the spec's own schedule is always tried. Without a budget the result
+depends only on the spec (the order and the ranking are fixed, and each solve is bounded
+by Z3's deterministic resource limit).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from typing import Callable, Iterator
 
@@ -47,24 +57,30 @@ import attrs
 
 from .algebra import families, placement, terms
 from .algebra.transpose import GIVEN, OWNERSHIPS, SOURCE, Transpose
-from .comparison import on_body, time_spec
+from .comparison import faster, on_body, time_spec
 from .errors import ParameterError
 from .formats.spec import Spec
-from .ir import WEIGHT_GRAD, Schedule, computes_of
+from .formats.timeline import as_plan
+from .ir import WEIGHT_GRAD, Plan, Schedule, computes_of
+from .semantics import RENDEZVOUS
 from .show import figure
-from .sim import SimulationError
+from .sim import DeadlinePassed, SimulationError, check_deadline
+from .verify import verify
 
 CHUNKS = (2, 3, 4)
 LAGS = ("1", "2", "r")
 HEURISTICS = OWNERSHIPS  # the ownership rules every candidate is tried with
 REFINE = 3  # (body, mode) groups whose placement is solved with Z3's Optimize
+OWN = "the spec's own schedule"
 
 
 @attrs.frozen
 class Candidate:
     """One schedule of the search: its label (``family[/vN][+defer_w(L)] mode/ownership``),
     its body term (None: the spec's own term) and the changes to a transpose. ``on``
-    builds it on a model (derived only then: the space is walked lazily)."""
+    builds it on a model (derived only then: the space is walked lazily). ``source`` is
+    the same body over its family's schedule derived once (``Derived``), what the search
+    derives it from; it prints and derives as ``body`` and is dropped once timed."""
 
     label: str
     family: str  # the body family ("" for the spec's own term)
@@ -73,6 +89,7 @@ class Candidate:
     body: object = None
     changes: tuple[tuple[str, object], ...] = ()
     group: str = ""  # a transpose's body label and mode: candidates that share a body
+    source: object = attrs.field(default=None, eq=False, repr=False)
 
     def on(self, model: Spec) -> Spec:
         if self.body is None:
@@ -119,8 +136,11 @@ class Result:
     pareto: tuple[Tried, ...]
     total: int  # candidates in the space (tried or not), the placement phase's included
     complete: bool  # every candidate was tried (the budget did not stop the search)
-    seconds: float
+    seconds: float  # the whole run: the search and the final verification
     placements: tuple[Placement, ...] = ()
+    search_seconds: float = 0.0  # the search alone (what ``budget`` bounds)
+    budget: float | None = None
+    segment: str | None = None  # the cut segment (None: the spec has no cut)
 
 
 @attrs.frozen
@@ -138,21 +158,37 @@ class Derived:
         return str(self.term)
 
 
-def _bodies(p: int, m: int) -> Iterator[tuple[str, str, object, bool]]:
-    """``(family, label, body term, plain)`` for every body of the search space."""
+def _families(p: int, m: int) -> Iterator[tuple[str, str, object]]:
+    """``(family, label, term)`` for every family term that builds for ``p`` and ``m``
+    (not derived: cheap)."""
     for name in families.FAMILIES:
         for chunks in (CHUNKS if name == "interleaved-1f1b" else (None,)):
             label = name if chunks is None else f"{name}/v{chunks}"
             try:
-                body = families.family(name, p, m, chunks)
-                split = any(c.kind == WEIGHT_GRAD for prog in body.derive().programs
-                            for op in prog for c in computes_of(op))
+                yield name, label, families.family(name, p, m, chunks)
             except ParameterError:
                 continue
-            yield name, label, body, True
-            base = body if split else terms.SplitBW(body)
-            for lag in LAGS:
-                yield name, f"{label}+defer_w({lag})", terms.DeferW(base, lag), False
+
+
+def _bodies(p: int, m: int, deadline: float | None = None
+            ) -> Iterator[tuple[str, str, object, bool, object]]:
+    """``(family, label, body term, plain, source)`` for every body of the search space,
+    each family derived once (``source``: the body over that derivation, ``Derived``);
+    ``deadline``: ``DeadlinePassed`` before a derivation once it has passed."""
+    for name, label, body in _families(p, m):
+        check_deadline(deadline)
+        try:
+            derived = Derived(body, body.derive())
+        except ParameterError:
+            continue
+        split = any(c.kind == WEIGHT_GRAD for prog in derived.schedule.programs
+                    for op in prog for c in computes_of(op))
+        yield name, label, body, True, derived
+        base, over = (body, derived) if split else (terms.SplitBW(body),
+                                                    terms.SplitBW(derived))
+        for lag in LAGS:
+            yield (name, f"{label}+defer_w({lag})", terms.DeferW(base, lag), False,
+                   terms.DeferW(over, lag))
 
 
 def _modes(t: Transpose) -> tuple[str, ...]:
@@ -161,45 +197,77 @@ def _modes(t: Transpose) -> tuple[str, ...]:
     return ("recompute", "owner") if t.side == SOURCE else ("owner",)
 
 
-def candidates(spec: Spec) -> Iterator[Candidate]:
-    """The search space of ``spec``'s model, in search order (the spec's own term first)."""
+def _own(spec: Spec) -> Candidate:
+    term = spec.term
+    return Candidate(OWN, "", False, term.ownership if isinstance(term, Transpose) else None)
+
+
+def candidates(spec: Spec, deadline: float | None = None) -> Iterator[Candidate]:
+    """The search space of ``spec``'s model, in search order (the spec's own term first),
+    walked lazily (each family derived when its first candidate is due)."""
     s = spec.schedule
     term = spec.term
-    own = term.ownership if isinstance(term, Transpose) else None
-    yield Candidate("the spec's own schedule", "", False, own)
-    for name, label, body, plain in _bodies(s.num_ranks, s.num_microbatches):
+    yield _own(spec)
+    for name, label, body, plain, source in _bodies(s.num_ranks, s.num_microbatches,
+                                                    deadline):
         if not isinstance(term, Transpose):
-            yield Candidate(label, name, plain, None, body)
+            yield Candidate(label, name, plain, None, body, source=source)
             continue
         for mode in _modes(term):
             for ownership in HEURISTICS:
                 yield Candidate(f"{label} {mode}/{ownership}", name, plain, ownership, body,
-                                (("mode", mode), ("ownership", ownership)), f"{label} {mode}")
+                                (("mode", mode), ("ownership", ownership)), f"{label} {mode}",
+                                source)
 
 
-def _time(model: Spec, c: Candidate, order: int, body: Derived | None) -> Tried | None:
+def space_size(spec: Spec) -> int:
+    """How many candidates ``candidates(spec)`` yields, counted without deriving (a family
+    that builds but does not derive would count here and not there)."""
+    s = spec.schedule
+    term = spec.term
+    per_body = len(_modes(term)) * len(HEURISTICS) if isinstance(term, Transpose) else 1
+    return 1 + sum(1 for _ in _families(s.num_ranks, s.num_microbatches)) * (
+        1 + len(LAGS)) * per_body
+
+
+def _time(model: Spec, c: Candidate, order: int, body: Derived | None,
+          deadline: float | None = None) -> tuple[Tried | None, tuple[Spec, Plan] | None]:
     """``c`` on ``model`` with its body already derived (``body``), timed (None when it
-    does not derive on this model)."""
+    does not derive on this model), with its spec (the candidate's own terms) and plan."""
     try:
-        timed = time_spec((c if body is None else attrs.evolve(c, body=body)).on(model),
-                          check=False)
+        spec = (c if body is None else attrs.evolve(c, body=body)).on(model)
+        check_deadline(deadline)
+        timed = time_spec(spec, check=False, deadline=deadline)
     except (ParameterError, SimulationError):
-        return None
+        return None, None
     peak = max(timed.run.peak_memory.values(), default=0.0)
-    return Tried(c, str(timed.term), timed.run.makespan, peak,
-                 timed.within_limit() is not False, order)
+    if body is not None:  # the same spec over the candidate's own terms (what -o writes)
+        spec = attrs.evolve(spec, term=attrs.evolve(spec.term, body=c.body)
+                            if isinstance(spec.term, Transpose) else c.body)
+    c = attrs.evolve(c, source=None)
+    return (Tried(c, str(timed.term), timed.run.makespan, peak,
+                  timed.within_limit() is not False, order), (spec, timed.plan))
 
 
-def _verified(model: Spec, ranked, check: Callable[[Tried], bool] = lambda t: True
-              ) -> Verified | None:
-    """The first of ``ranked`` that ``check`` admits, fits and is verified."""
+def _verified(model: Spec, ranked, kept: dict, done: dict,
+              check: Callable[[Tried], bool] = lambda t: True) -> Verified | None:
+    """The first of ``ranked`` that ``check`` admits, fits and is verified (with the
+    spec's limit and memory model, as ``time_spec`` verifies). ``kept``: the spec and plan
+    of candidates timed in the search, by order (else derived and lowered again);
+    ``done``: the verdicts so far, by order."""
     for t in ranked:
         if not (t.fits and check(t)):
             continue
-        spec = t.candidate.on(model)
-        timed = time_spec(spec)
-        if timed.report.verified:
-            return Verified(t, timed.report.status, spec)
+        if t.order not in done:
+            if t.order in kept:
+                spec, plan = kept[t.order]
+            else:
+                spec = t.candidate.on(model)
+                plan = as_plan(spec.schedule, spec.duration)
+            report = verify(plan, spec.memory_limit, RENDEZVOUS, spec.memory_model)
+            done[t.order] = Verified(t, report.status, spec) if report.verified else None
+        if done[t.order] is not None:
+            return done[t.order]
     return None
 
 
@@ -212,25 +280,27 @@ def pareto(tried) -> tuple[Tried, ...]:
     return tuple(out)
 
 
-def refine(spec: Spec, tried, left: Callable[[], float | None], cache: dict
+def refine(spec: Spec, tried, deadline: float | None, cache: dict, built: dict | None = None
            ) -> Iterator[Placement]:
     """The placement phase (see the module docstring): for the ``REFINE`` fastest groups
-    of ``tried`` that fit, the owners solved with Z3's ``Optimize``, within ``left()``
-    seconds (None: no wall-clock limit), timed as one more candidate each."""
+    of ``tried`` that fit, the owners solved with Z3's ``Optimize``, timed as one more
+    candidate each (its spec and plan into ``built``, by order); ``deadline`` (None: no
+    wall-clock limit) stops it (``DeadlinePassed``) between its steps and bounds each
+    solve."""
     best: dict[str, Tried] = {}
     for t in sorted(tried, key=lambda t: (t.makespan, t.order)):
         if t.fits and t.candidate.group and t.candidate.ownership in HEURISTICS:
             best.setdefault(t.candidate.group, t)
     order = max((t.order for t in tried), default=0)
     for group, t in list(best.items())[:REFINE]:
-        seconds = left()
-        if seconds is not None and seconds <= 0:
-            return
+        check_deadline(deadline)
         body = Derived(t.candidate.body, t.candidate.body.derive())
+        check_deadline(deadline)
         model = attrs.evolve(t.candidate, body=body).on(spec)
+        check_deadline(deadline)
         problem = model.term.placement_problem(model.cost)
         if problem not in cache:
-            cache[problem] = placement.solve(problem, timeout=seconds)
+            cache[problem] = _solve(problem, deadline)
         solution = cache[problem]
         found = None
         if solution.owners is not None:
@@ -240,47 +310,121 @@ def refine(spec: Spec, tried, left: Callable[[], float | None], cache: dict
                              ownership=GIVEN, changes=(
                                  ("mode", mode), ("ownership", GIVEN),
                                  ("owners", solution.owners)))
-            found = _time(spec, c, order, body)
+            found, made = _time(spec, c, order, body, deadline)
+            if built is not None and found is not None:
+                built[order] = made
         yield Placement(group, solution, found)
 
 
-def tune(spec: Spec, budget: float | None = None,
-         progress: Callable[[int, Tried | None], None] = lambda n, best: None) -> Result:
-    """Search ``spec``'s schedule space, then solve the placement of its best transpose
-    candidates (see the module docstring)."""
+def _solve(problem: placement.Problem, deadline: float | None) -> placement.Solution:
+    """``placement.solve`` (Z3 bounded by its resource limit) without a deadline; with
+    one, Z3 gets the time left as its timeout and its process is stopped at the deadline
+    whatever Z3 does (``placement.solve`` would wait up to ``timeout`` plus its start-up
+    allowance), so the solve ends by the deadline."""
+    if deadline is None:
+        return placement.solve(problem)
     start = time.monotonic()
-    space = list(candidates(spec))
+    left = deadline - start
+    if left <= 0:
+        raise DeadlinePassed
+    context = multiprocessing.get_context(  # fork: no re-import of the caller's script
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_solve_in, args=(
+        problem, min(left, placement.HARD_SECONDS), send), daemon=True)
+    worker.start()
+    send.close()
+    try:
+        if receive.poll(max(0.0, deadline - time.monotonic())):
+            return receive.recv()
+        return placement.Solution(None, None, None, placement.NONE, time.monotonic() - start)
+    except EOFError:  # the worker died (e.g. out of memory)
+        return placement.Solution(None, None, None, placement.NONE, time.monotonic() - start)
+    finally:
+        worker.kill()
+        worker.join()
+        receive.close()
+
+
+def _solve_in(problem: placement.Problem, timeout: float, send) -> None:
+    send.send(placement.optimize(problem, placement.RLIMIT, timeout))
+
+
+def tune(spec: Spec, budget: float | None = None,
+         progress: Callable[[int, Tried | None], None] = lambda n, best: None,
+         start: float | None = None) -> Result:
+    """Search ``spec``'s schedule space, then solve the placement of its best transpose
+    candidates, then verify the best and the baseline (see the module docstring).
+    ``budget`` (seconds from ``start``, a ``time.monotonic()`` value, default now) bounds
+    the search: it stops at the next step (a derivation, lowering, simulation or solve)
+    once the time is spent."""
+    start = time.monotonic() if start is None else start
+    deadline = None if budget is None else start + budget
     tried: list[Tried] = []
+    placements: list[Placement] = []
     best: Tried | None = None
+    base: Tried | None = None  # the running baseline (see _baseline)
+    kept: dict[int, tuple[Spec, Plan]] = {}  # the running best's and baseline's plans
     body: Derived | None = None
-    complete = True
-    for order, c in enumerate(space):
-        if order and budget is not None and time.monotonic() - start >= budget:
-            complete = False
-            break
-        if c.body is not None and (body is None or body.term is not c.body):
-            body = Derived(c.body, c.body.derive())  # the last body only: bounded memory
-        t = _time(spec, c, order, body if c.body is not None else None)
+    complete, walked = True, False  # walked: every candidate of the space was tried
+    total = 0
+    made: dict[int, tuple[Spec, Plan]] = {}  # the placement phase's specs and plans
+    try:
+        for order, c in enumerate(candidates(spec, deadline)):
+            total = order + 1
+            check_deadline(deadline)
+            if c.body is not None and (body is None or body.term is not c.body):
+                body = None  # the last body only: bounded memory
+                body = Derived(c.body, c.source.derive())
+            t, built = _time(spec, c, order, body if c.body is not None else None, deadline)
+            if t is not None:
+                tried.append(t)
+                best, base = _keep(best, base, t, built, kept)
+            progress(order + 1, best)
+        walked, body = True, None
+        for found in refine(spec, tried, deadline, {}, made):
+            placements.append(found)
+            if found.tried is not None:
+                tried.append(found.tried)
+                best, base = _keep(best, base, found.tried,
+                                   made.pop(found.tried.order, None), kept)
+            progress(len(tried), best)
+    except DeadlinePassed:
+        complete = False
+        if not walked:
+            total = space_size(spec)
+    searched = time.monotonic() - start
+    if not tried:  # the budget ran out before the spec's own schedule was timed
+        t, built = _time(spec, _own(spec), 0, None)
         if t is not None:
             tried.append(t)
-            best = _better(best, t)
-        progress(order + 1, best)
-    def left() -> float | None:
-        return None if budget is None else budget - (time.monotonic() - start)
-    placements = []
-    for found in refine(spec, tried, left, {}):
-        placements.append(found)
-        if found.tried is not None:
-            tried.append(found.tried)
-            best = _better(best, found.tried)
-        progress(len(tried), best)
+            best, base = _keep(best, base, t, built, kept)
     ranked = sorted(tried, key=lambda t: (t.makespan, t.order))
-    winner = _verified(spec, ranked)
-    baseline = _verified(spec, ranked, lambda t: t.candidate.plain and (
-        t.candidate.ownership in (None, "inline")))
-    return Result(winner, baseline, tuple(tried), pareto(tried),
-                  len(space) + len(placements), complete,
-                  time.monotonic() - start, tuple(placements))
+    done: dict[int, Verified | None] = {}
+    winner = _verified(spec, ranked, kept, done)
+    baseline = _verified(spec, ranked, kept, done, _baseline)
+    term = spec.term
+    return Result(winner, baseline, tuple(tried), pareto(tried), total + len(placements),
+                  complete, time.monotonic() - start, tuple(placements), searched, budget,
+                  term.segment if isinstance(term, Transpose) else None)
+
+
+def _baseline(t: Tried) -> bool:
+    """A baseline candidate: a plain family with the segment inline (or no cut)."""
+    return t.candidate.plain and t.candidate.ownership in (None, "inline")
+
+
+def _keep(best: Tried | None, base: Tried | None, t: Tried, built, kept: dict
+          ) -> tuple[Tried | None, Tried | None]:
+    """The running best and baseline after ``t``, keeping only their specs and plans
+    (``built``: ``t``'s) for the final verification."""
+    best2 = _better(best, t)
+    base2 = _better(base, t) if _baseline(t) else base
+    if built is not None and t in (best2, base2):
+        kept[t.order] = built
+    for old in {best, base} - {best2, base2, None}:
+        kept.pop(old.order, None)
+    return best2, base2
 
 
 def _better(best: Tried | None, t: Tried) -> Tried | None:
@@ -314,9 +458,10 @@ def document(result: Result, source: str) -> dict:
            "pareto": [_entry(t) for t in result.pareto],
            "baseline": verified(result.baseline), "tried": len(result.tried),
            "candidates": result.total, "complete": result.complete,
-           "seconds": round(result.seconds, 3),
+           "budget": result.budget, "seconds": round(result.seconds, 3),
+           "search_seconds": round(result.search_seconds, 3), "segment": result.segment,
            "placements": [solved(p) for p in result.placements]}
-    if result.best and result.baseline:
+    if result.best and result.baseline:  # the best's speedup over the baseline
         doc["baseline"]["speedup"] = round(result.baseline.tried.makespan
                                            / result.best.tried.makespan, 6)
     return doc
@@ -324,9 +469,12 @@ def document(result: Result, source: str) -> dict:
 
 def render(doc: dict) -> str:
     """The text form of a ``tune`` document."""
-    lines = [f"{doc['source']}: tried {doc['tried']} of {doc['candidates']} candidates "
-             f"in {doc['seconds']:.1f} s" + ("" if doc["complete"] else
-                                            " (stopped by --budget)")]
+    search = doc.get("search_seconds", doc["seconds"])
+    counts = (f"{doc['tried']} of {doc['candidates']} candidates evaluated in {search:.1f} s, "
+              f"the final verification {max(0.0, doc['seconds'] - search):.1f} s")
+    budget = doc.get("budget")
+    lines = [f"{doc['source']}: " + (counts if doc["complete"] else
+                                     f"the budget ran out (--budget {budget:g} s): {counts}")]
     best, base = doc["best"], doc["baseline"]
     if best is None:
         lines.append("no candidate fits the memory limit and is verified")
@@ -335,9 +483,14 @@ def render(doc: dict) -> str:
                      f"memory {best['peak_memory']:.6g}, {best['status'].upper()}")
         lines.append(f"  {best['expression']}")
     if base is not None:
-        speed = f", {base['speedup']:.3f}x faster" if "speedup" in base else ""
-        lines.append(f"baseline (the fastest plain family that fits, any segment inline): "
-                     f"{base['schedule']}: makespan {base['makespan']:.6g}{speed}")
+        segment = doc.get("segment")
+        what = (f"the fastest plain family with the segment {segment!r} inline that fits"
+                if segment else "the fastest plain family that fits")
+        lines.append(f"baseline ({what}): {base['schedule']}: makespan {base['makespan']:.6g}")
+        if best is not None:
+            than = faster(best["makespan"], base["makespan"])
+            lines.append(f"  the best is {than} than the baseline" if than != "as fast" else
+                         "  the best is as fast as the baseline")
     for p in doc["placements"]:
         got = "no assignment" if p["owners"] is None else (
             f"largest overflow {p['largest_overflow']:.6g}, makespan "

@@ -5,7 +5,19 @@ An ``Obligation`` is ``hypotheses ⊢ goal``. Z3 is given the hypotheses and ``N
 
 - ``unsat`` for every obligation: the law is **proved**;
 - ``sat`` for some obligation: the law **failed**, and the model is the counterexample;
-- anything else (``unknown``, timeout, resource limit): the law is **unknown**, never proved.
+- anything else: the law is **unknown**, never proved, and says which limit stopped it
+  (``unknown (resource limit)``, ``undecided (time)``, or Z3's own reason).
+
+Every Z3 check is bounded by Z3's ``rlimit``, a count of solver steps that does not
+depend on the machine's speed or load: each proof step (one obligation's refutation)
+gets ``Budget.rlimit`` units, each vacuity check ``Budget.vacuity_rlimit``. Z3 counts
+resource units per context, cumulatively, but applies a solver's ``rlimit`` parameter
+relative to the count when ``check`` starts (``scoped_rlimit``), so each step gets its
+whole budget whatever ran before it in the process. The shipped laws' budgets are set
+from their measured use with a wide margin (docs/proofs.md, "Budgets"): they always
+decide, on any machine, under any load. A wall-clock limit (``Budget.guard_seconds``)
+remains only as an outer guard against a check that never returns; it reports
+``undecided (time)`` and is far above what any shipped law takes.
 
 Hypotheses are definitions (the defining equations of a derived function) and the law's
 preconditions; ``lemmas`` are formulas proven by earlier obligations of the same law,
@@ -26,7 +38,7 @@ cover every case, each with the unfolding equations it needs as lemmas (Z3's rec
 function unfolding gets lost in larger contexts). Strong induction appears as its step:
 "if the claim holds at every smaller point, it holds here".
 
-``run_all`` checks each law in a fresh forked process, so no law's verdict or time
+``run_all`` checks each law in a fresh forked process, so no law's resource use or time
 depends on what Z3 did before it.
 """
 
@@ -43,9 +55,44 @@ from mpipe_verified.ir import PROPERTIES
 
 PROVED, FAILED, UNKNOWN = "proved", "failed", "unknown"
 ALL_SIZES = "all sizes"
-# What a family invariant proves: the verifier's five properties (``ir.PROPERTIES``).
-DEFAULT_TIMEOUT_MS = 20_000
-VACUITY_TIMEOUT_MS = 1_000
+# What stopped an undecided step (``LawResult.undecided_by``): Z3's resource limit, the
+# outer wall-clock guard, or Z3's own ``unknown`` (incomplete theory, quantifiers).
+BY_RLIMIT, BY_TIME, BY_SOLVER = "resource limit", "time", "solver"
+# Z3 resource units per proof step and per vacuity check (see docs/proofs.md, "Budgets",
+# for the measured use of every shipped law and the margin these leave).
+DEFAULT_RLIMIT = 10_000_000
+VACUITY_RLIMIT = 2_500_000
+RLIMIT_MAX = 2**32 - 1  # Z3's rlimit parameter is an unsigned 32-bit number
+# Outer wall-clock guard on each Z3 check, in seconds: never what decides a shipped law.
+GUARD_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The limits of every Z3 check of a law: ``rlimit`` resource units per obligation's
+    refutation, ``vacuity_rlimit`` per vacuity check (deterministic), and the outer
+    wall-clock guard ``guard_seconds`` on each check."""
+
+    rlimit: int = DEFAULT_RLIMIT
+    vacuity_rlimit: int = VACUITY_RLIMIT
+    guard_seconds: float = GUARD_SECONDS
+
+    def __post_init__(self) -> None:
+        for name in ("rlimit", "vacuity_rlimit"):
+            value = getattr(self, name)
+            if type(value) is not int or not 1 <= value <= RLIMIT_MAX:
+                raise ValueError(f"{name} must be an integer from 1 to {RLIMIT_MAX}, "
+                                 f"got {value!r}")
+        if not 0 < self.guard_seconds < float("inf"):
+            raise ValueError(f"guard_seconds must be a finite number > 0, got "
+                             f"{self.guard_seconds!r}")
+
+    @property
+    def guard_ms(self) -> int:
+        return min(max(1, int(self.guard_seconds * 1000)), RLIMIT_MAX)  # a uint, too
+
+
+DEFAULT_BUDGET = Budget()
 
 
 BOUNDED = "bounded:"
@@ -88,11 +135,20 @@ class LawResult:
     obligations: int = 0
     family: str | None = None
     property: str | None = None
+    # Z3 resource units of the law's costliest refutation and vacuity check (what the
+    # budgets are measured against), and what left it undecided (``BY_*``), if anything.
+    rlimit_used: int = 0
+    vacuity_rlimit_used: int = 0
+    undecided_by: str | None = None
 
     def to_json(self) -> dict:
         out = {"name": self.name, "status": self.status, "scope": self.scope,
                "seconds": round(self.seconds, 3), "statement": self.statement,
-               "obligations": self.obligations, "detail": self.detail}
+               "obligations": self.obligations, "detail": self.detail,
+               "rlimit_used": self.rlimit_used,
+               "vacuity_rlimit_used": self.vacuity_rlimit_used}
+        if self.undecided_by is not None:
+            out["undecided_by"] = self.undecided_by
         if self.family is not None:
             out["family"], out["property"] = self.family, self.property
         return out
@@ -137,12 +193,12 @@ class Law:
         return self.for_all_sizes()
 
     def result(self, status: str, seconds: float, detail: str = "",
-               obligations: int = 0) -> "LawResult":
+               obligations: int = 0, **used) -> "LawResult":
         return LawResult(self.name, self.statement, self.scope, status, seconds, detail,
-                         obligations, self.family, self.property)
+                         obligations, self.family, self.property, **used)
 
-    def __call__(self, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LawResult:
-        return check(self, timeout_ms)
+    def __call__(self, budget: Budget = DEFAULT_BUDGET) -> LawResult:
+        return check(self, budget)
 
     def obligations(self) -> list[Obligation]:
         return list(self.build())
@@ -172,10 +228,53 @@ def law(name: str, statement: str, scope: str, weight: int = 1, family: str | No
     return wrap
 
 
-def _solver(timeout_ms: int) -> z3.Solver:
-    s = z3.Then("simplify", "solve-eqs", "smt").solver()
-    s.set("timeout", timeout_ms)
-    return s
+def _solver() -> z3.Solver:
+    return z3.Then("simplify", "solve-eqs", "smt").solver()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One Z3 check: ``answer`` (``z3.sat``/``unsat``/``unknown``), the resource units it
+    used, and, when unknown, what stopped it (``BY_*``) and Z3's reason."""
+
+    answer: z3.CheckSatResult
+    used: int
+    undecided_by: str | None = None
+    reason: str = ""
+
+    def why(self, rlimit: int, guard_seconds: float) -> str:
+        """The words for an undecided step."""
+        if self.undecided_by == BY_RLIMIT:
+            return f"unknown (resource limit: rlimit {rlimit} used up)"
+        if self.undecided_by == BY_TIME:
+            return (f"undecided (time: the {guard_seconds:g} s wall-clock guard stopped it "
+                    f"after {self.used} resource units)")
+        return f"unknown (z3: {self.reason})"
+
+
+def _count(ctx: z3.Context) -> int:
+    """The context's resource count so far (Z3 counts per context, cumulatively)."""
+    stats = z3.Solver(ctx=ctx).statistics()
+    return int(stats.get_key_value("rlimit count")) if "rlimit count" in stats.keys() else 0
+
+
+def run_check(s: z3.Solver, rlimit: int, guard_ms: int) -> Step:
+    """``s.check()`` within ``rlimit`` resource units (relative to the context's count
+    when the check starts) and the wall-clock guard ``guard_ms``."""
+    s.set("rlimit", rlimit)
+    s.set("timeout", guard_ms)
+    before = _count(s.ctx)
+    answer = s.check()
+    stats = s.statistics()
+    after = (int(stats.get_key_value("rlimit count")) if "rlimit count" in stats.keys()
+             else _count(s.ctx))
+    used = max(0, after - before)
+    if answer != z3.unknown:
+        return Step(answer, used)
+    reason = s.reason_unknown()
+    by = (BY_RLIMIT if used >= rlimit else BY_TIME if "timeout" in reason
+          else BY_SOLVER)
+    return Step(answer, used, by, reason)
 
 
 def _model_excerpt(solver: z3.Solver, limit: int = 600) -> str:
@@ -196,44 +295,67 @@ def _model_excerpt(solver: z3.Solver, limit: int = 600) -> str:
 GROUND_TACTIC = ("propagate-values", "smt")
 
 
-def refute(ob: Obligation, timeout_ms: int) -> tuple[str, str]:
-    """Ask Z3 for a model of the hypotheses and the negated goal: ``(status, detail)``."""
+@dataclass(frozen=True)
+class Refutation:
+    """``refute``'s answer: ``status`` (``PROVED``/``FAILED``/``UNKNOWN``), ``detail``,
+    the resource units used and, when unknown, what stopped it (``BY_*``)."""
+
+    status: str
+    detail: str
+    used: int
+    undecided_by: str | None = None
+
+
+def refute(ob: Obligation, budget: Budget = DEFAULT_BUDGET) -> Refutation:
+    """Ask Z3 for a model of the hypotheses and the negated goal, within ``budget.rlimit``
+    resource units (and the outer guard)."""
     if ob.smt is not None:
         s = z3.Then(*GROUND_TACTIC).solver()
-        s.set("timeout", timeout_ms)
         s.from_string(ob.smt[0] + f"(assert (not {ob.smt[1]}))")
     else:
-        s = _solver(timeout_ms)
+        s = _solver()
         s.add(*ob.hypotheses)
         s.add(*ob.lemmas)
         s.add(z3.Not(ob.goal))
-    result = s.check()
-    if result == z3.unsat:
-        return PROVED, ""
-    if result == z3.sat:
-        return FAILED, f"{ob.name}: counterexample {_model_excerpt(s)}"
-    return UNKNOWN, f"{ob.name}: z3 {s.reason_unknown()}"
+    step = run_check(s, budget.rlimit, budget.guard_ms)
+    if step.answer == z3.unsat:
+        return Refutation(PROVED, "", step.used)
+    if step.answer == z3.sat:
+        return Refutation(FAILED, f"{ob.name}: counterexample {_model_excerpt(s)}", step.used)
+    return Refutation(UNKNOWN, f"{ob.name}: "
+                      f"{step.why(budget.rlimit, budget.guard_seconds)}",
+                      step.used, step.undecided_by)
 
 
-def vacuous(ob: Obligation) -> str | None:
+def vacuous(ob: Obligation, budget: Budget = DEFAULT_BUDGET) -> str | None:
     """``"vacuous"`` when Z3 shows the hypotheses inconsistent, ``"unchecked"`` when it
-    cannot tell quickly, ``None`` when they are satisfiable (or there are none). With an
-    ``example``, Z3 first checks the hypotheses at that point (a model by construction)."""
+    cannot tell within ``budget.vacuity_rlimit``, ``None`` when they are satisfiable (or
+    there are none). With an ``example``, Z3 first checks the hypotheses at that point (a
+    model by construction)."""
+    return _vacuity(ob, budget)[0]
+
+
+def _vacuity(ob: Obligation, budget: Budget) -> tuple[str | None, int]:
+    """``vacuous``'s answer and the resource units of its costliest check."""
     if ob.smt is not None:  # ground facts defining functions at distinct points (by
-        return None         # construction, see proofs.families): consistent
+        return None, 0      # construction, see proofs.families): consistent
     if not ob.hypotheses:
-        return None
+        return None, 0
+    used = 0
     if ob.example:
-        s = _solver(VACUITY_TIMEOUT_MS)
+        s = _solver()
         s.add(*[_at(h, ob.example) for h in ob.hypotheses])
-        if s.check() == z3.sat:
-            return None
-    s = _solver(VACUITY_TIMEOUT_MS)
+        step = run_check(s, budget.vacuity_rlimit, budget.guard_ms)
+        used = step.used
+        if step.answer == z3.sat:
+            return None, used
+    s = _solver()
     s.add(*ob.hypotheses)
-    result = s.check()
-    if result == z3.unsat:
-        return "vacuous"
-    return None if result == z3.sat else "unchecked"
+    step = run_check(s, budget.vacuity_rlimit, budget.guard_ms)
+    used = max(used, step.used)
+    if step.answer == z3.unsat:
+        return "vacuous", used
+    return (None if step.answer == z3.sat else "unchecked"), used
 
 
 def _at(formula, example):
@@ -248,20 +370,23 @@ def _at(formula, example):
     return formula
 
 
-def check(law: Law, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LawResult:
-    """Refute every obligation of ``law`` (see the module docstring for the verdicts)."""
+def check(law: Law, budget: Budget = DEFAULT_BUDGET) -> LawResult:
+    """Refute every obligation of ``law`` within ``budget`` (see the module docstring for
+    the verdicts)."""
     started = time.perf_counter()
     status, details, count = PROVED, [], 0
     try:
         obligations = law.obligations()
     except Exception as e:  # a law that cannot even be stated is not proved
         return law.result(UNKNOWN, time.perf_counter() - started, f"could not build: {e!r}")
-    unchecked = []
+    unchecked, used, vacuity_used, undecided_by = [], 0, 0, None
     for ob in obligations:
         count += 1
-        verdict, detail = refute(ob, timeout_ms)
+        r = refute(ob, budget)
+        verdict, detail, used = r.status, r.detail, max(used, r.used)
         if verdict == PROVED:
-            v = vacuous(ob)
+            v, units = _vacuity(ob, budget)
+            vacuity_used = max(vacuity_used, units)
             if v == "vacuous":
                 verdict, detail = FAILED, f"{ob.name}: hypotheses are inconsistent (vacuous)"
             elif v == "unchecked":
@@ -272,37 +397,41 @@ def check(law: Law, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LawResult:
             break
         if verdict == UNKNOWN:
             status = UNKNOWN
+            undecided_by = undecided_by or r.undecided_by
             details.append(detail)
     if unchecked and status == PROVED:
         details.append("hypotheses not shown satisfiable within "
-                       f"{VACUITY_TIMEOUT_MS} ms: {', '.join(unchecked)}")
-    return law.result(status, time.perf_counter() - started, "; ".join(details), count)
+                       f"rlimit {budget.vacuity_rlimit}: {', '.join(unchecked)}")
+    return law.result(status, time.perf_counter() - started, "; ".join(details), count,
+                      rlimit_used=used, vacuity_rlimit_used=vacuity_used,
+                      undecided_by=undecided_by if status == UNKNOWN else None)
 
 
 _PENDING: list[Law] = []  # the laws of the current ``run_all``, read by forked workers
 
 
-def _worker(index: int, timeout_ms: int, conn) -> None:
+def _worker(index: int, budget: Budget, conn) -> None:
     law = _PENDING[index]
     try:
-        result = check(law, timeout_ms)
+        result = check(law, budget)
     except BaseException as e:  # noqa: BLE001 - a crashed law decides nothing
         result = law.result(UNKNOWN, 0.0, f"worker failed: {e!r}")
     conn.send(result)
     conn.close()
 
 
-def run_all(laws: Sequence[Law], timeout_ms: int = DEFAULT_TIMEOUT_MS,
+def run_all(laws: Sequence[Law], budget: Budget = DEFAULT_BUDGET,
             jobs: int | None = None) -> list[LawResult]:
-    """Check ``laws``, each in a fresh forked process (``jobs`` at a time; default: one
-    per CPU): Z3's global state then never carries over from one law to the next, so a
-    law's verdict and time do not depend on which laws ran before it. Without ``fork``
-    (or with ``jobs=0``) the laws run one after another in this process."""
+    """Check ``laws`` within ``budget``, each in a fresh forked process (``jobs`` at a
+    time; default: one per CPU): Z3's global state then never carries over from one law
+    to the next, so a law's resource use and time do not depend on which laws ran before
+    it. Without ``fork`` (or with ``jobs=0``) the laws run one after another in this
+    process."""
     import multiprocessing as mp  # here: a prover of one family's laws never forks
     import multiprocessing.connection  # noqa: F401 - mp.connection.wait
     laws = list(laws)
     if jobs == 0 or "fork" not in mp.get_all_start_methods() or not laws:
-        return [check(law, timeout_ms) for law in laws]
+        return [check(law, budget) for law in laws]
     jobs = max(1, jobs or os.cpu_count() or 1)
     ctx = mp.get_context("fork")
     _PENDING[:] = laws
@@ -314,7 +443,7 @@ def run_all(laws: Sequence[Law], timeout_ms: int = DEFAULT_TIMEOUT_MS,
             while todo and len(running) < jobs:
                 i = todo.pop(0)
                 reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker, args=(i, timeout_ms, writer), daemon=True)
+                proc = ctx.Process(target=_worker, args=(i, budget, writer), daemon=True)
                 proc.start()
                 writer.close()
                 running[reader] = (i, proc)
@@ -333,6 +462,16 @@ def run_all(laws: Sequence[Law], timeout_ms: int = DEFAULT_TIMEOUT_MS,
             reader.close()
         _PENDING.clear()
     return results  # type: ignore[return-value]
+
+
+def undecided_counts(results: Sequence[LawResult]) -> dict[str, int]:
+    """How many undecided laws each limit (``BY_*``) stopped."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if r.status == UNKNOWN:
+            key = r.undecided_by or BY_SOLVER
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def exit_code(results: Sequence[LawResult]) -> int:

@@ -20,7 +20,7 @@ import sys
 from typing import Mapping
 
 from . import registry
-from .core import ALL_SIZES, PROPERTIES, PROVED, Law, check
+from .core import ALL_SIZES, PROPERTIES, PROVED, Law, LawResult, check
 
 
 def needed_laws(family: str, params: Mapping[str, object]) -> list[Law] | None:
@@ -62,22 +62,31 @@ def distinct_obligations(family: str, params: Mapping[str, object]) -> list:
 
 def prove_part(family: str, params: Mapping[str, object], index: int,
                jobs: int) -> tuple[bool, int]:
-    """Prove every ``jobs``-th distinct obligation from ``index``: ``(all proved, with
-    their hypotheses shown satisfiable, and there is at least one obligation, how many
-    distinct obligations there are)``."""
+    """Prove every ``jobs``-th distinct obligation from ``index`` within the laws' default
+    budget (``core.DEFAULT_BUDGET``: Z3's resource limit, as ``mpipe-verify laws``):
+    ``(all proved, with their hypotheses shown satisfiable, and there is at least one
+    obligation, how many distinct obligations there are)``."""
+    return _prove_part(family, params, index, jobs)[:2]
+
+
+def _prove_part(family: str, params: Mapping[str, object], index: int,
+                jobs: int) -> tuple[bool, int, LawResult]:
     obligations = distinct_obligations(family, params)
     part = obligations[index::jobs]
     result = check(Law(f"{family} part {index}", "", ALL_SIZES, lambda: part))
     settled = result.status == PROVED and not result.detail  # no vacuity left unchecked
-    return settled and bool(obligations), len(obligations)
+    return settled and bool(obligations), len(obligations), result
 
 
 def main(argv: list[str]) -> None:
     import mpipe_verified
     family, params, index, jobs = argv[0], json.loads(argv[1]), int(argv[2]), int(argv[3])
-    proved, count = prove_part(family, params, index, jobs)
+    proved, count, result = _prove_part(family, params, index, jobs)
     print(json.dumps({"proved": proved, "obligations": count,
-                      "package": os.path.abspath(mpipe_verified.__file__)}))
+                      "package": os.path.abspath(mpipe_verified.__file__),
+                      "rlimit_used": result.rlimit_used,
+                      "vacuity_rlimit_used": result.vacuity_rlimit_used,
+                      "undecided_by": result.undecided_by}))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Sequence
 from . import (families, family_dualpipev, family_interleaved, family_transpose,
                family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
                sequences)
-from .core import DEFAULT_TIMEOUT_MS, Law, LawResult, run_all
+from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
     # sequences: seq, par, the empty term, split/merge
@@ -108,7 +108,8 @@ def select(names: Sequence[str] | None = None) -> list[Law]:
     return [BY_NAME[n] for n in names]
 
 
-def run(names: Sequence[str] | None = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+def run(names: Sequence[str] | None = None, budget: Budget = DEFAULT_BUDGET,
         jobs: int | None = None) -> list[LawResult]:
-    """Check the named laws (``select``), each in a fresh process (``core.run_all``)."""
-    return run_all(select(names), timeout_ms, jobs)
+    """Check the named laws (``select``) within ``budget``, each in a fresh process
+    (``core.run_all``)."""
+    return run_all(select(names), budget, jobs)

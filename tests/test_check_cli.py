@@ -1,7 +1,9 @@
 """``mpipe-verify check`` (docs/semantics.md §6): exit codes, the ``--json`` schema, the undecided
-path (``--solver-rlimit``), memory limits, and the human-readable counterexamples of
-``render_report``. Mostly in-process through ``cli.main``; a few runs go through the
-installed console script to check the real process contract (stdout, stderr, exit code).
+path (``--solver-rlimit``), memory limits, and the text report (``verify.report.render``:
+one line per file, ``FILE:LINE:COL: PROPERTY: message`` per counterexample, the full
+report with ``--verbose``). Mostly in-process through ``cli.main``; a few runs go through
+the installed console script to check the real process contract (stdout, stderr, exit
+code).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import attrs
 import pytest
 
 from plan_edits import defer_receives, lowered, with_program
-from mpipe_verified.cli import main, render_report
+from mpipe_verified.cli import main
 from mpipe_verified.formats.torch_csv import format_torch_csv
 from mpipe_verified.ir import Plan, Recv
 from mpipe_verified.verify import PROPERTIES, verify
+from mpipe_verified.verify.report import Locator, Shown, render
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 STATUSES = {"proved", "violated", "unknown"}
 
 
@@ -146,8 +150,10 @@ def test_a_deadlock_that_passes_under_eager_says_it_hangs_at_scale(capsys, tmp_p
     assert code == 1 and doc["passes_under"] == ["eager"]
     code, out, _ = check(capsys, eager_ok)
     note = [line for line in out.splitlines() if "batch_isend_irecv" in line]
-    assert code == 1 and len(note) == 1 and "hangs at scale" in note[0]
-    assert note[0].strip().startswith("note: under the eager model")
+    assert code == 1 and len(note) == 1 and "on NCCL at scale it hangs" in note[0]
+    assert note[0].startswith("    note: this deadlock needs rendezvous")
+    for reassuring in ("runs to completion", "works", "fine", "passes under"):
+        assert reassuring not in note[0]
     code, doc = check_json(capsys, str(recv_first))
     assert code == 1 and [v["property"] for v in doc["violations"]] == ["deadlock"]
     assert doc["passes_under"] == []
@@ -165,14 +171,19 @@ def test_memory_limit_one_below_peak_exit_1_and_at_peak_exit_0(capsys, tmp_path,
     assert code == 0 and peak == 4
     code, out, err = check(capsys, *argv, "--memory-limit", str(peak - 1))
     assert code == 1 and err == ""
-    line = next(x for x in out.splitlines() if x.startswith("memory: "))
-    m = re.fullmatch(r"memory: rank (\d+) position (\d+) \((\S+)\): memory peak 4 exceeds the "
-                     r"limit 3 with (\d+) live tensors", line)
+    name = "--family zb-h1" if source == "family" else argv[0]
+    line = next(x for x in out.splitlines() if ": memory: " in x)
+    m = re.fullmatch(re.escape(name) + r"(:\d+:\d+)?: memory: rank (\d+) position (\d+) "
+                     r"\((\S+)\): memory peak 4 exceeds the limit 3 with (\d+) live tensors",
+                     line)
     assert m, line
-    rank, position, op, live = int(m[1]), int(m[2]), m[3], int(m[4])
+    rank, position, op, live = int(m[2]), int(m[3]), m[4], int(m[5])
     assert rank == 0 and live == 4
     assert str(lowered("zb-h1", 4, 8).programs[rank][position]) == op
-    assert out.count("    live: activation of 0F") == 4
+    # as written: the op's cell; a family has no file, so no position
+    assert m[1] == (None if source == "family" else f":{rank + 1}:{position + 1}")
+    assert out.count("    live: activation of 0F") == 4  # the story: four lines at most
+    assert "more lines" not in out
     code, out, err = check(capsys, *argv, "--memory-limit", str(peak))
     assert (code, err) == (0, "") and "VERIFIED" in out
 
@@ -215,21 +226,26 @@ def test_deadlock_text_is_a_per_rank_wait_for_trace(capsys, tmp_path):
     path = write(tmp_path, "deferred.csv", defer_receives(lowered("1f1b", 2, 2)))
     code, out, _ = check(capsys, path)
     assert code == 1
-    assert out.splitlines()[0] == f"{path}: VIOLATED (2 ranks, 16 ops, rendezvous)"
-    assert re.search(r"^  deadlock +violated +1 counterexamples confirmed by Z3$", out, re.M)
-    for prop in ("completeness", "dependency", "matching", "memory"):
-        assert re.search(rf"^  {prop} +proved +\d+ facts in \d+ Z3 runs$", out, re.M)
-    assert ("deadlock: wait-for cycle under rendezvous: rank 0@3 0SEND_F1 -> "
-            "rank 1@3 1SEND_B0") in out
-    assert "    at rank 0, position 3 (row 1, column 4): 0SEND_F1" in out
-    assert "    at rank 1, position 3 (row 2, column 4): 1SEND_B0" in out
-    assert ("    rank 0, position 3: 0SEND_F1 waits for rank 1 to reach position 4 "
-            "(1RECV_F1)") in out
-    assert ("    rank 1, position 3: 1SEND_B0 waits for rank 0 to reach position 4 "
-            "(0RECV_B0)") in out
-    # the row/column point at the very cells of the file
+    lines = out.splitlines()
+    assert re.fullmatch(re.escape(path) + r": VIOLATED \(1 deadlock counterexample; 2 ranks, "
+                        r"2 microbatches, 16 ops, peak memory 2, \d+\.\d\d s\)", lines[0])
+    assert lines[1] == (f"{path}:1:4: deadlock: wait-for cycle under rendezvous: rank 0@3 "
+                        "0SEND_F1 -> rank 1@3 1SEND_B0")
+    assert lines[2:4] == [
+        "    rank 0, position 3: 0SEND_F1 waits for rank 1 to reach position 4 (1RECV_F1)",
+        "    rank 1, position 3: 1SEND_B0 waits for rank 0 to reach position 4 (0RECV_B0)"]
+    assert "facts in" not in out and "certificate" not in out  # --verbose only
+    # the line and column point at the very cell of the file
     rows = [line.split(",") for line in pathlib.Path(path).read_text().splitlines()]
     assert rows[0][3] == "0SEND_F1" and rows[1][3] == "1SEND_B0"
+    code, out, _ = check(capsys, path, "--verbose")
+    assert out.startswith(f"{path}: VIOLATED (1 deadlock counterexample; 2 ranks, ")
+    assert re.search(r"^  deadlock +violated +1 counterexample confirmed by Z3$", out, re.M)
+    for prop in ("completeness", "dependency", "matching", "memory"):
+        assert re.search(rf"^  {prop} +proved +\d+ facts? in \d+ Z3 runs?$", out, re.M)
+    assert "    at rank 0, position 3 (1:4): 0SEND_F1" in out
+    assert "    at rank 1, position 3 (2:4): 1SEND_B0" in out
+    assert "  peak memory per rank: 0: 2, 1: 1" in out
 
 
 def test_mismatch_text_prints_both_ends(capsys, tmp_path):
@@ -237,14 +253,14 @@ def test_mismatch_text_prints_both_ends(capsys, tmp_path):
     f0, s0, f1, s1 = plan.programs[0][:4]
     path = write(tmp_path, "swapped.csv", with_program(plan, 0, (f0, f1, s1, s0)
                                                        + plan.programs[0][4:]))
-    code, out, _ = check(capsys, path)
+    code, out, _ = check(capsys, path, "--verbose")
     assert code == 1
-    assert ("matching: send/recv mismatch on channel 0->1: rank 0 position 2 sends 0SEND_F1 "
-            "but the matching receive at rank 1 position 0 is 1RECV_F0") in out
+    assert (f"{path}:1:3: matching: send/recv mismatch on channel 0->1: rank 0 position 2 "
+            "sends 0SEND_F1 but the matching receive at rank 1 position 0 is 1RECV_F0") in out
     assert "    send end: rank 0, position 2, 0SEND_F1" in out
     assert "    recv end: rank 1, position 0, 1RECV_F0" in out
-    assert "    at rank 0, position 2 (row 1, column 3): 0SEND_F1" in out
-    assert "    at rank 1, position 0 (row 2, column 1): 1RECV_F0" in out
+    assert "    at rank 0, position 2 (1:3): 0SEND_F1" in out
+    assert "    at rank 1, position 0 (2:1): 1RECV_F0" in out
 
 
 def test_completeness_and_dependency_text_name_the_op_and_what_is_missing(capsys, tmp_path):
@@ -253,10 +269,9 @@ def test_completeness_and_dependency_text_name_the_op_and_what_is_missing(capsys
     path = write(tmp_path, "noF.csv", with_program(plan, 1, rank1))
     code, out, _ = check(capsys, path)
     assert code == 1
-    assert "completeness: 1F0 (forward) never runs on rank 1" in out
-    assert ("dependency: rank 1 position 2: 1B0 needs the stored forward of stage 1 "
-            "microbatch 0, which is never computed or received on rank 1") in out
-    assert "    at rank 1, position 2 (row 2, column 3): 1B0" in out
+    assert f"{path}:2:1: completeness: 1F0 (forward) never runs on rank 1" in out
+    assert (f"{path}:2:3: dependency: rank 1 position 2: 1B0 needs the stored forward of "
+            "stage 1 microbatch 0, which is never computed or received on rank 1") in out
     # a duplicate names the op and its count; a missing backward says what would do
     rank0 = list(plan.programs[0])
     rank0.insert(0, rank0[0])
@@ -270,15 +285,18 @@ def test_completeness_and_dependency_text_name_the_op_and_what_is_missing(capsys
             "B, or I then W)") in out
 
 
-def test_render_report_of_a_lowered_plan_says_so():
+def test_render_of_a_lowered_plan_names_no_cell():
     report = verify(lowered("gpipe", 2, 2), memory_limit=1)
-    text = render_report(report, "--family gpipe", as_written=False)
-    assert text.splitlines()[0] == ("--family gpipe: VIOLATED (2 ranks, 16 ops, rendezvous, "
-                                    "lowered by mpipe)")
+    text = render(report, Shown("--family gpipe", 2, as_written=False,
+                                locate=Locator("family")), verbose=True)
+    assert text.splitlines()[0] == ("--family gpipe: VIOLATED (2 memory counterexamples; "
+                                    "2 ranks, 2 microbatches, 16 ops, peak memory 2, limit 1)")
     assert "(lowered plan)" in text and "row " not in text
+    assert "--family gpipe: memory: rank 0 position " in text
     assert "peak memory per rank: 0: 2, 1: 2" in text
-    verified = render_report(verify(lowered("gpipe", 2, 2)), "g", as_written=False)
+    verified = render(verify(lowered("gpipe", 2, 2)), Shown("g", 2), verbose=True)
     assert "certificate: sha256 " + verify(lowered("gpipe", 2, 2)).certificate.digest in verified
+    assert "certificate" not in render(verify(lowered("gpipe", 2, 2)), Shown("g", 2))
 
 
 def test_big_plan_two_process_path_says_whether_it_lowered(capsys, tmp_path, monkeypatch):
@@ -320,7 +338,8 @@ def test_text_report_counts_findings_past_the_cap(tmp_path, capsys):
     _, doc = check_json(capsys, path)
     unlisted = doc["stats"]["properties"]["dependency"]["unlisted"]
     assert code == 1 and unlisted > 0
-    assert f"(+{unlisted} more found, not listed)" in out
+    assert f"{path}: dependency: {unlisted} more counterexamples found, not listed" in out
+    assert f"(+{unlisted} more found, not listed)" in check(capsys, path, "--verbose")[1]
 
 
 # ---------------------------------------------------------------- declared sizes
@@ -388,3 +407,151 @@ def test_json_and_another_output_on_stdout_are_refused(capsys, flag):
     code, out, err = check(capsys, *family_argv("1f1b", 2, 2), flag, "-", "--json")
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert f"{flag} - and --json both write to stdout" in err
+
+
+# ---------------------------------------------------------------- the CI-shaped report
+
+
+def test_a_verified_file_prints_at_most_two_lines(capsys):
+    """One line per file (``FILE: VERIFIED (summary)``), a second only for ranks whose
+    peaks differ; several files one after another, no blank line between."""
+    zbv, one = str(EXAMPLES / "zbv.toml"), str(EXAMPLES / "1f1b.toml")
+    code, out, err = check(capsys, zbv)
+    assert (code, err) == (0, "") and len(out.splitlines()) == 1
+    assert re.fullmatch(re.escape(zbv) + r": VERIFIED \(4 ranks, 8 microbatches, 384 ops, "
+                        r"peak memory 8, \d+\.\d\d s\)\n", out), out
+    code, out, err = check(capsys, one, zbv)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3 and "" not in lines
+    assert lines[0].startswith(f"{one}: VERIFIED (4 ranks, 8 microbatches, 160 ops, peak "
+                               "memory 4, ")
+    assert lines[1] == "  peak memory per rank: 0: 4, 1: 3, 2: 2, 3: 1"
+    assert lines[2].startswith(f"{zbv}: VERIFIED")
+    for spec in sorted(EXAMPLES.glob("*.toml")):
+        if "broken" in spec.name or "_64" in spec.name:
+            continue
+        code, out, _ = check(capsys, str(spec))
+        assert code == 0 and len(out.splitlines()) <= 2, (spec, out)
+    code, out, _ = check(capsys, zbv, "--verbose")  # the proof and the certificate
+    assert "  dependency    proved    " in out and "  certificate: sha256 " in out
+    assert check(capsys, zbv, "-q")[1:] == ("", "")
+    code, out, err = check(capsys, zbv, "-q", "--verbose")
+    assert code == 2 and out == "" and "--quiet prints nothing" in err
+
+
+def test_broken_csv_prints_its_row_and_cell(capsys):
+    path = str(EXAMPLES / "broken.csv")
+    code, out, _ = check(capsys, path)
+    lines = out.splitlines()
+    assert code == 1 and lines[0].startswith(f"{path}: VIOLATED (1 deadlock counterexample; ")
+    assert lines[1].startswith(f"{path}:3:6: deadlock: wait-for cycle under rendezvous")
+    assert (EXAMPLES / "broken.csv").read_text().splitlines()[2].split(",")[5] == "2SEND_F1"
+
+
+def test_missing_work_of_a_compute_only_csv_points_at_its_cells(capsys, tmp_path):
+    """The 1F1B schedule without its last row, declared 4 ranks: each missing op points at
+    the row rank 3 would be on; a dependency at the op's own cell; a send the lowering
+    inserted at the cell of the compute op it serves. And nothing in the report reads as
+    if the plan worked somewhere: no note of the eager model for an incomplete plan."""
+    compute = tmp_path / "1f1b.csv"
+    assert main(["export", str(EXAMPLES / "1f1b.toml"), "--to", "torch-csv",
+                 "--compute-only", "-o", str(compute)]) == 0
+    rows = compute.read_text().splitlines()
+    path = tmp_path / "3-rows.csv"
+    path.write_text("\n".join(rows[:3]) + "\n")
+    capsys.readouterr()
+    for verbose in ([], ["--verbose"]):
+        code, out, _ = check(capsys, str(path), "--stages", "4", "--ranks", "4",
+                             "--microbatches", "8", *verbose)
+        assert code == 1
+        assert f"{path}:4:1: completeness: 3F0 (forward) never runs on rank 3" in out
+        cells = rows[2].split(",")
+        m = re.search(re.escape(str(path)) + r":3:(\d+): dependency: rank 2 position \d+: "
+                      r"2B0 needs", out)
+        assert m and cells[int(m[1]) - 1] == "2B0", out
+        m = re.search(re.escape(str(path)) + r":3:(\d+): matching: rank 2 position \d+: "
+                      r"2SEND_F2 to rank 3", out)
+        assert m and cells[int(m[1]) - 1] == "2F2"
+        assert "compute-only, lowered by mpipe" in out.splitlines()[0]
+        for reassuring in ("note:", "runs to completion", "gloo", "works"):
+            assert reassuring not in out, reassuring
+        code, doc = check_json(capsys, str(path), "--stages", "4", "--ranks", "4",
+                               "--microbatches", "8")
+        assert doc["passes_under"] == ["eager"]  # the JSON is as it was
+
+
+def test_a_plan_json_violation_points_at_the_op_s_line(capsys, tmp_path):
+    good = tmp_path / "good.json"
+    assert main(["export", *family_argv("1f1b", 2, 2), "--to", "plan-json",
+                 "-o", str(good)]) == 0
+    lines = good.read_text().splitlines()
+    drop = next(i for i, line in enumerate(lines) if '"op": "recv", "src": 0' in line)
+    bad = tmp_path / "bad.json"
+    kept = lines[:drop] + lines[drop + 1:]
+    bad.write_text("\n".join(kept) + "\n")
+    capsys.readouterr()
+    code, out, _ = check(capsys, str(bad))
+    assert code == 1
+    for found in re.finditer(re.escape(str(bad)) + r":(\d+):(\d+): (\w+): rank (\d+) "
+                             r"position (\d+): (\S+)", out):
+        line, col = int(found[1]), int(found[2])
+        assert kept[line - 1][col - 1] == "{", found[0]
+        doc = json.loads(bad.read_text())
+        op = doc["programs"][int(found[4])][int(found[5])]
+        assert json.loads(kept[line - 1].strip().rstrip(",")) == op
+    assert re.search(re.escape(str(bad)) + r":\d+:7: dependency: ", out)
+    code, out, _ = check(capsys, str(bad), "--verbose")
+    assert re.search(r"    at rank 1, position \d+ \(\$\.programs\[1\]\[\d+\], \d+:7\): ", out)
+
+
+def test_a_spec_violation_points_at_its_schedule_expression(capsys):
+    path = str(EXAMPLES / "broken.toml")
+    code, out, _ = check(capsys, path)
+    line = (EXAMPLES / "broken.toml").read_text().splitlines()[7]
+    assert code == 1 and line.startswith("expression = ")
+    assert f"{path}:8:1: memory: rank 0 position 12 (0F6): memory peak 7 exceeds the limit 4" in out
+    assert out.splitlines()[0].startswith(f"{path}: VIOLATED (4 memory counterexamples; ")
+    # seven live tensors: three of them and how many more, all seven with --verbose
+    assert out.count("    live: activation of 0F") == 3
+    assert out.count("    ... 4 more lines (--verbose)") == 4
+    code, out, _ = check(capsys, path, "--verbose")
+    assert out.count("    live: activation of 0F") == 7 and "more lines" not in out
+
+
+def test_counts_agree_with_their_nouns(capsys):
+    """"1 counterexample", "1 rank", "1 microbatch", "1 live tensor", "1 fact", "1 Z3
+    run" in the text report (the JSON keeps the passes' own message)."""
+    argv = [*family_argv("1f1b", 1, 1), "--memory-limit", "0"]
+    code, out, _ = check(capsys, *argv, "--verbose")
+    assert code == 1
+    assert "(1 memory counterexample; 1 rank, 1 microbatch, 2 ops, peak memory 1, limit 0" in out
+    assert "with 1 live tensor" in out and "1 counterexample confirmed by Z3" in out
+    for wrong in ("1 counterexamples", "1 ranks", "1 microbatches", "1 live tensors",
+                  "1 facts", "1 Z3 runs", "1 ops", "1 obligations"):
+        assert not re.search(rf"(?<![\d.]){wrong}\b", out), wrong
+    assert re.search(r"\b1 fact in|\b1 Z3 run\b|facts in \d+ Z3 runs", out)
+    _, doc = check_json(capsys, *argv)
+    assert doc["violations"][0]["message"].endswith("with 1 live tensors")
+    from mpipe_verified.verify.report import agreeing, counted
+    assert [counted(n, w) for n, w in ((1, "rank"), (2, "rank"), (1, "microbatch"),
+                                        (3, "microbatch"), (0, "op"))] == [
+        "1 rank", "2 ranks", "1 microbatch", "3 microbatches", "0 ops"]
+    assert agreeing("(1 sends, 11 receives on 0->1) with 1 live tensors") == (
+        "(1 send, 11 receives on 0->1) with 1 live tensor")
+    # recheck's reasons for a parametric certificate of another size agree too
+    from mpipe_verified.verify import parametric
+    claim = parametric.Parametric.of("1f1b", {"pp": 2, "microbatches": 2, "chunks": None}, [])
+    why = parametric.mismatch(lowered("1f1b", 1, 1), claim)
+    assert why.startswith("the plan has 1 rank and 1 microbatch, the certificate's "), why
+    claim = parametric.Parametric.of("1f1b", {"pp": 1, "microbatches": 1, "chunks": 5}, [])
+    assert "derive at least 5 forwards, the plan has 2 steps" in parametric.mismatch(
+        lowered("1f1b", 1, 1), claim)
+
+
+def test_an_undecided_file_names_each_undecided_property(capsys):
+    code, out, _ = check(capsys, *family_argv("gpipe", 2, 2), "--solver-rlimit", "1")
+    lines = out.splitlines()
+    assert code == 3 and lines[0].startswith("--family gpipe: UNDECIDED (5 properties not "
+                                             "decided; 2 ranks, 2 microbatches, 16 ops")
+    assert all(line.startswith("--family gpipe: undecided: ") for line in lines[1:])
+    assert len(lines) == 6

@@ -136,9 +136,9 @@ def test_par_of_plans_exchanging_messages_can_deadlock():
     """``false_par_exchanging`` fails with a counterexample: two plans that each exchange
     messages, put side by side, deadlock."""
     ob, = registry.BY_NAME["false_par_exchanging"].obligations()
-    verdict, detail = core.refute(ob, 10_000)
-    assert verdict == "failed"
-    assert "P_kind_0_0" in detail
+    refutation = core.refute(ob)
+    assert refutation.status == "failed"
+    assert "P_kind_0_0" in refutation.detail
 
 
 def test_a_wrong_algebra_law_fails():
@@ -161,17 +161,101 @@ def test_inconsistent_hypotheses_are_not_a_proof():
     assert result.status == "failed" and "vacuous" in result.detail
 
 
-def test_an_undecided_obligation_is_unknown_never_proved():
+def _fermat3() -> Law:
     x, y, zz = z3.Ints("x y z")
 
     @law("fermat3", "no positive cubes add up", "all sizes")
-    def fermat3():  # Z3 cannot settle this (nonlinear integers) in 50 ms
+    def fermat3():  # Z3 cannot settle this (nonlinear integers) in any budget used here
         yield Obligation("x^3 + y^3 != z^3",
                          z3.Implies(z3.And(x > 0, y > 0, zz > 0),
                                     x * x * x + y * y * y != zz * zz * zz))
-    result = core.check(fermat3, timeout_ms=50)
+    return fermat3
+
+
+def test_an_undecided_obligation_is_unknown_never_proved():
+    result = core.check(_fermat3(), core.Budget(rlimit=20_000))
     assert result.status == "unknown"
+    assert result.undecided_by == core.BY_RLIMIT
+    assert "x^3 + y^3 != z^3: unknown (resource limit: rlimit 20000 used up)" == result.detail
+    assert result.rlimit_used >= 20_000
+    assert result.to_json()["undecided_by"] == "resource limit"
     assert core.exit_code([result]) == 3
+
+
+def test_the_wall_clock_guard_is_reported_as_time_not_as_resource_limit():
+    """A budget Z3 cannot use up in time: the outer guard stops the check, and the law
+    says so ("undecided (time)"), distinct from the resource limit."""
+    result = core.check(_fermat3(), core.Budget(rlimit=core.RLIMIT_MAX, guard_seconds=0.05))
+    assert result.status == "unknown" and result.undecided_by == core.BY_TIME
+    assert "undecided (time: the 0.05 s wall-clock guard" in result.detail
+    assert core.exit_code([result]) == 3
+
+
+# ---------------------------------------------------------------- deterministic budgets
+
+
+def test_verdicts_come_from_the_resource_limit_not_the_wall_clock():
+    """A shipped law's steps within a tiny resource budget are unknown by the resource
+    limit, within the default budget proved, both with a wall-clock guard (a day) that
+    never comes into play: the verdict is a function of the budget alone."""
+    law_ = registry.BY_NAME["par_deadlock_free"]
+    day = 86_400.0
+    tiny = core.check(law_, core.Budget(rlimit=50, guard_seconds=day))
+    assert tiny.status == "unknown" and tiny.undecided_by == core.BY_RLIMIT
+    assert "unknown (resource limit: rlimit 50 used up)" in tiny.detail
+    assert core.exit_code([tiny]) == 3
+    full = core.check(law_, core.Budget(guard_seconds=day))
+    assert (full.status, full.detail, full.undecided_by) == ("proved", "", None)
+    assert 0 < full.rlimit_used <= core.DEFAULT_RLIMIT // 5
+
+
+def test_each_z3_check_gets_its_whole_budget_whatever_ran_before():
+    """Z3 counts resource units per context, cumulatively; the budget of a check counts
+    from where the count stands when it starts, so a step after a costly one (here, one
+    that used up a budget larger than the next step's) still gets all of its own."""
+    law_ = registry.BY_NAME["seq_assoc"]
+    burnt = core.check(_fermat3(), core.Budget(rlimit=200_000))
+    assert burnt.undecided_by == core.BY_RLIMIT
+    after = core.check(law_, core.Budget(rlimit=100_000))
+    assert after.status == "proved", after.detail
+
+
+def test_budgets_keep_their_margin_over_every_shipped_law(all_laws_json):
+    """The budgets are set from the laws' measured resource use (docs/proofs.md,
+    "Budgets"): every law's costliest step and vacuity check stay within a fifth of
+    them, so the shipped laws decide on any machine, under any load; every vacuity check
+    is decided."""
+    entries = json.loads(all_laws_json.stdout)["laws"]
+    for entry in entries:
+        assert 0 <= entry["rlimit_used"] <= core.DEFAULT_RLIMIT // 5, entry["name"]
+        assert entry["vacuity_rlimit_used"] <= core.VACUITY_RLIMIT // 5, entry["name"]
+        assert entry["detail"] == "", entry
+        assert "undecided_by" not in entry
+
+
+def test_the_family_provers_use_the_laws_budget():
+    """``check`` answered by a family's laws proves them in fresh interpreters
+    (``proofs.covering``) within the same deterministic budget, and says how much of it
+    the costliest step used."""
+    from mpipe_verified.proofs import covering
+    params = {"pp": 4, "microbatches": 8, "chunks": None}
+    proved, count, result = covering._prove_part("1f1b", params, 0, 2)
+    assert proved and count > 0
+    assert 0 < result.rlimit_used <= core.DEFAULT_RLIMIT // 5
+    assert result.undecided_by is None
+
+
+def test_the_kernel_s_queries_have_a_resource_limit_by_default():
+    """The verification kernel's queries are bounded by Z3's resource limit even when the
+    caller gives none (``kernel.QUERY_RLIMIT``); running out is reported as the resource
+    limit."""
+    from mpipe_verified import kernel
+    from mpipe_verified.verify import verify
+    assert kernel.QUERY_RLIMIT > 0
+    report = verify(lower(family("1f1b", 2, 2).derive()), rlimit=1)
+    assert report.status == "undecided"
+    assert any("resource limit" in u for u in report.undecided), report.undecided
+    assert verify(lower(family("1f1b", 2, 2).derive())).verified
 
 
 def test_exit_codes():
@@ -208,15 +292,31 @@ def test_cli_exit_3_on_an_unknown_law(capsys, monkeypatch):
     undecided = Law("undecided", "nonlinear", "all sizes", lambda: [Obligation(
         "cubes", z3.Implies(z3.And(x > 0, y > 0, zz > 0), x * x * x + y * y * y != zz * zz * zz))])
     monkeypatch.setattr(registry, "select", lambda names: [undecided, LAWS[0]])
-    code = main(["laws", "--json", "--timeout", "0.05", "--jobs", "0"])
+    code = main(["laws", "--json", "--rlimit", "20000", "--jobs", "0"])
     out = json.loads(capsys.readouterr().out)
     assert code == 3
     assert [e["status"] for e in out["laws"]] == ["unknown", "proved"]
+    assert out["laws"][0]["undecided_by"] == "resource limit"
+    assert "undecided_by" not in out["laws"][1]
+    code = main(["laws", "--rlimit", "20000", "--jobs", "0"])
+    text = capsys.readouterr().out
+    assert code == 3
+    assert "cubes: unknown (resource limit: rlimit 20000 used up)" in text
+    assert "1 unknown (1 by resource limit)" in text.splitlines()[-1]
+
+
+def test_cli_rlimit_and_timeout_help_say_what_they_bound(capsys):
+    assert main(["laws", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"default {core.DEFAULT_RLIMIT}" in out
+    assert f"default {core.GUARD_SECONDS:g})" in out and "outer wall-clock guard" in out
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["laws", "--law", "no_such_law"], "unknown law"),
     (["laws", "--timeout", "0"], "--timeout"),
+    (["laws", "--rlimit", "0"], "--rlimit"),
+    (["laws", "--rlimit", str(2**32)], "--rlimit"),
     (["laws", "--jobs", "-1"], "--jobs"),
 ])
 def test_cli_bad_usage_exits_2(capsys, argv, needle):

@@ -1,7 +1,8 @@
 """``check --family`` answered by the family's proven laws (``verify.parametric``): the
 answer agrees with the op-by-op check, does not grow with the instance, compares the
 memory limit with the proven peak, and its certificate certifies only the plan its
-parameters derive."""
+parameters derive. (A small instance is checked op by op unless ``--laws`` is given:
+these tests give it; ``test_law_cache.py`` tests the road ``check`` picks.)"""
 
 from __future__ import annotations
 
@@ -24,6 +25,14 @@ from test_check_cli import check_json as check, family_argv
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test with an empty law-proof cache of its own (``XDG_CACHE_HOME``, which the
+    console-script runs inherit): the laws are proven in the test, never taken from a
+    proof an earlier run left."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 @pytest.mark.parametrize("name, p, m, v", [("1f1b", 4, 8, None), ("1f1b", 5, 3, None),
                                            ("gpipe", 3, 4, None),
                                            ("interleaved-1f1b", 4, 6, 3),
@@ -31,7 +40,7 @@ SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
                                            ("dualpipev", 3, 7, None),
                                            ("zb-h1", 4, 6, None), ("zb-h2", 3, 5, None)])
 def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m, v):
-    code, proof = check(capsys, *family_argv(name, p, m, v))
+    code, proof = check(capsys, *family_argv(name, p, m, v), "--laws")
     expanded_code, expanded = check(capsys, *family_argv(name, p, m, v), "--expand")
     assert code == expanded_code == 0
     assert proof["proof"]["kind"] == "parametric" and expanded["proof"] == {"kind": "instance"}
@@ -54,10 +63,10 @@ def test_time_does_not_grow_with_the_instance():
 
 
 def test_memory_limit_against_the_proven_peak(capsys):
-    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--memory-limit", "4")
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--memory-limit", "4", "--laws")
     assert code == 0 and doc["proof"]["kind"] == "parametric"
     assert doc["certificate"]["memory_limit"] == [4.0] * 4
-    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--memory-limit", "3")
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--memory-limit", "3", "--laws")
     assert code == 1 and doc["proof"] == {"kind": "instance"}  # the op-by-op counterexample
     assert [v["property"] for v in doc["violations"]] == ["memory"]
     assert doc["violations"][0]["ranks"] == [0]
@@ -65,13 +74,13 @@ def test_memory_limit_against_the_proven_peak(capsys):
 
 def test_cells_without_all_sizes_laws_are_checked_op_by_op(capsys):
     # m >= p with a last round shorter than p (10 = 4 + 4 + 2 on 3 ranks): bounded only
-    code, doc = check(capsys, *family_argv("interleaved-1f1b", 3, 10, 2))
+    code, doc = check(capsys, *family_argv("interleaved-1f1b", 3, 10, 2), "--laws")
     assert code == 0 and doc["proof"] == {"kind": "instance"}
-    code, doc = check(capsys, *family_argv("zb-h1", 4, 3))  # ZB-H1 with m < p: bounded
+    code, doc = check(capsys, *family_argv("zb-h1", 4, 3), "--laws")  # ZB-H1 with m < p: bounded
     assert code == 0 and doc["proof"] == {"kind": "instance"}
-    code, doc = check(capsys, *family_argv("zb-h2", 4, 6))  # ZB-H2 with m < 2p - 1
+    code, doc = check(capsys, *family_argv("zb-h2", 4, 6), "--laws")  # ZB-H2 with m < 2p - 1
     assert code == 0 and doc["proof"] == {"kind": "instance"}
-    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--comm-model", "eager")
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--comm-model", "eager", "--laws")
     assert code == 0 and doc["proof"] == {"kind": "instance"}
 
 
@@ -91,7 +100,7 @@ def test_1024_ranks_are_answered_by_the_family_s_laws(name, m, v, first, last):
 
 
 def test_the_text_report_names_the_laws(capsys):
-    assert main(["check", *family_argv("gpipe", 2, 3)]) == 0
+    assert main(["check", *family_argv("gpipe", 2, 3), "--laws", "--verbose"]) == 0
     out = capsys.readouterr().out
     for prop in ("completeness", "dependency", "matching", "deadlock", "memory"):
         law = next(x for x in registry.LAWS if x.family == "gpipe" and x.property == prop)
@@ -102,12 +111,12 @@ def test_the_text_report_names_the_laws(capsys):
 def test_a_spec_naming_a_family_is_answered_by_its_laws(capsys, tmp_path):
     spec = tmp_path / "f.toml"
     spec.write_text('[schedule]\nexpression = "one_f_one_b(4, 6)"\n')
-    code, doc = check(capsys, str(spec))
+    code, doc = check(capsys, str(spec), "--laws")
     assert code == 0 and doc["proof"]["kind"] == "parametric"
     assert doc["proof"]["params"] == {"pp": 4, "microbatches": 6, "chunks": None}
     costly = tmp_path / "c.toml"
     costly.write_text('[schedule]\nexpression = "one_f_one_b(4, 6)"\n[cost]\nF = 1\nB = 3\n')
-    code, doc = check(capsys, str(costly))
+    code, doc = check(capsys, str(costly), "--laws")
     assert code == 0 and doc["proof"] == {"kind": "instance"}  # costs reorder the plan
 
 
@@ -117,7 +126,7 @@ def test_declared_sizes_on_a_family_spec_are_checked_op_by_op(capsys, tmp_path):
     incomplete)."""
     spec = tmp_path / "f.toml"
     spec.write_text('[schedule]\nexpression = "one_f_one_b(4, 6)"\n')
-    code, doc = check(capsys, str(spec), "--microbatches", "9")
+    code, doc = check(capsys, str(spec), "--microbatches", "9", "--laws")
     assert code == 1 and doc["proof"] == {"kind": "instance"}
     assert not doc["verified"]
 
@@ -169,7 +178,8 @@ def test_a_zbv_certificate_is_refused_for_dualpipev_of_the_same_sizes():
 
 def test_recheck_of_a_parametric_certificate(tmp_path, capsys):
     cert, good, bad = (str(tmp_path / n) for n in ("c.json", "good.json", "bad.json"))
-    assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", cert, "-q"]) == 0
+    assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", cert, "-q",
+                 "--laws"]) == 0
     assert main(["export", *family_argv("1f1b", 3, 5), "--to", "plan-json", "-o", good]) == 0
     assert main(["export", *family_argv("gpipe", 3, 5), "--to", "plan-json", "-o", bad]) == 0
     capsys.readouterr()
@@ -189,7 +199,7 @@ def test_a_parametric_certificate_is_rechecked_by_the_kernel_not_the_laws(
     from mpipe_verified.verify import parametric
     cert, good = str(tmp_path / "c.json"), str(tmp_path / "good.json")
     assert main(["check", *family_argv("zb-h1", 3, 5), "--memory-limit", "9",
-                 "--certificate-out", cert, "-q"]) == 0
+                 "--certificate-out", cert, "-q", "--laws"]) == 0
     assert main(["export", *family_argv("zb-h1", 3, 5), "--to", "plan-json", "-o", good]) == 0
     capsys.readouterr()
 
@@ -223,7 +233,7 @@ def test_a_malformed_parametric_certificate_is_not_established(tmp_path, capsys,
     """Refused before any plan is derived or verified."""
     cert, good = tmp_path / "c.json", str(tmp_path / "good.json")
     assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", str(cert),
-                 "-q"]) == 0
+                 "-q", "--laws"]) == 0
     assert main(["export", *family_argv("1f1b", 3, 5), "--to", "plan-json", "-o", good]) == 0
     cert.write_text(json.dumps({**json.loads(cert.read_text()), **edit}))
     capsys.readouterr()
@@ -257,7 +267,7 @@ def test_a_prover_that_does_not_prove_its_part_leaves_the_check_to_the_instance(
     fake.write_text(f'#!/bin/sh\nif [ "$6" = 0 ]; then {first}; else {second}; fi\n')
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
-    code, doc = check(capsys, *family_argv("1f1b", 4, 8))
+    code, doc = check(capsys, *family_argv("1f1b", 4, 8), "--laws")
     assert code == 0 and doc["proof"] == {"kind": "instance"}
 
 
@@ -300,7 +310,7 @@ def test_a_parametric_claim_with_odd_parameters_is_refused_before_deriving(tmp_p
     import time
     cert, plan = tmp_path / "c.json", str(tmp_path / "i.json")
     argv = family_argv("interleaved-1f1b", 2, 4)
-    assert main(["check", *argv, "--certificate-out", str(cert), "-q"]) == 0
+    assert main(["check", *argv, "--certificate-out", str(cert), "-q", "--laws"]) == 0
     assert main(["export", *argv, "--to", "plan-json", "-o", plan]) == 0
     data = json.loads(cert.read_text())
     claim = data["parametric"]
@@ -335,7 +345,7 @@ def test_a_claim_bigger_than_its_plan_is_refused_before_deriving(tmp_path, capsy
     import time
     cert = tmp_path / "c.json"
     assert main(["check", *family_argv("1f1b", 4, 8), "--certificate-out", str(cert),
-                 "-q"]) == 0
+                 "-q", "--laws"]) == 0
     plan = tmp_path / "tiny.json"
     plan.write_text(json.dumps({
         "format": "mpipe-plan-json", "version": 1, "type": "plan", "num_ranks": 4,
@@ -362,7 +372,7 @@ def test_a_parametric_certificate_with_odd_properties_is_not_established(tmp_pat
                                                                          properties):
     cert, good = tmp_path / "c.json", str(tmp_path / "good.json")
     assert main(["check", *family_argv("1f1b", 3, 5), "--certificate-out", str(cert),
-                 "-q"]) == 0
+                 "-q", "--laws"]) == 0
     assert main(["export", *family_argv("1f1b", 3, 5), "--to", "plan-json", "-o", good]) == 0
     cert.write_text(json.dumps({**json.loads(cert.read_text()), "properties": properties}))
     capsys.readouterr()
@@ -386,7 +396,7 @@ def test_a_forged_transpose_claim_is_refused_before_its_plan_is_derived(tmp_path
             [{"op": "recv", "src": 0, "payload": {"kind": "act", "stage": 0, "mb": 0}}]]}))
     cert = tmp_path / "c.json"
     assert main(["check", *family_argv("1f1b", 2, 2), "--certificate-out", str(cert),
-                 "-q"]) == 0
+                 "-q", "--laws"]) == 0
     data = json.loads(cert.read_text())
     data["parametric"] = {**data["parametric"], "family": "transpose", "laws": []}
     forged = _parametric(data, microbatches=m, body="1f1b", side="source", mode="recompute",

@@ -246,8 +246,11 @@ def test_a_plan_without_comm_ops_is_lowered_like_a_compute_only_csv(tmp_path, ca
 
 def test_violations_as_written_name_the_ops_json_path(capsys):
     code, out, _ = _run(capsys, "check", str(FIXTURE_DIR / "recv_first_deadlock.json"))
+    assert code == 1 and "recv_first_deadlock.json:11:7: deadlock: " in out  # 0RECV_B0's
+    code, out, _ = _run(capsys, "check", "--verbose",
+                        str(FIXTURE_DIR / "recv_first_deadlock.json"))
     assert code == 1 and "deadlock" in out
-    assert "($.programs[0][0])" in out and "($.programs[1][0])" in out
+    assert "($.programs[0][0], 11:7)" in out and "($.programs[1][0], 15:7)" in out
 
 
 # ---------------------------------------------------------------- bad input

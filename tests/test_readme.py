@@ -145,3 +145,36 @@ def test_readme_parsing():
             "```console\n$ mpipe-verify c\noutput line\n```\n```\nmake demo\n```\n")
     assert readme_commands(text) == ["mpipe-verify a --b   # exit 1", "mpipe-verify c"]
     assert expected_code(readme_commands(text)[0]) == 1
+
+
+def _demo_commands() -> list[str]:
+    """The ``mpipe-verify`` lines of the Makefile's ``demo`` target, as shell commands
+    (``$(BIN)/`` dropped: this environment's command is first on ``PATH``)."""
+    text = (ROOT / "Makefile").read_text()
+    body = text.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    return [line.strip().replace("$(BIN)/", "") for line in body.splitlines()
+            if "mpipe-verify " in line]
+
+
+def test_make_demo_and_the_readme_recheck_do_not_share_a_certificate(tmp_path):
+    """``make demo`` certifies out/zb-h1.csv and the README's recheck block out/zb-h1.json:
+    each writes its own certificate, so either runs again after the other (they used to
+    share out/zb-h1.cert.json, and a recheck then met the other plan's certificate)."""
+    demo = _demo_commands()
+    block = [c for c in COMMANDS if "zb-h1.json" in c and expected_code(c) == 0]
+    written = lambda cmds: {m.group(1) for c in cmds
+                            for m in re.finditer(r"--certificate-out (\S+)", c)}
+    assert written(demo) and written(block) and not written(demo) & written(block)
+    for cmds in (demo, block):
+        for cert in written(cmds):  # each recheck reads the certificate its check wrote
+            assert any(c.startswith("mpipe-verify recheck") and c.endswith(cert)
+                       for c in cmds), (cert, cmds)
+    work = tmp_path / "repo"
+    shutil.copytree(ROOT / "examples", work / "examples")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
+               + os.environ.get("PATH", ""))
+    steps = [c for c in demo if not c.startswith("mpipe-verify show")]
+    for command in [*steps, *block, *steps, *block]:
+        proc = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=300, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-2000:])

@@ -344,3 +344,56 @@ def test_of_term_keeps_a_transposes_own_costs():
     assert spec.duration(Compute("F", 0, 0, "vision")) == 0.0  # parameter-free: free
     plan = lower(spec.schedule, spec.duration)  # zero-cost producers still lower soundly
     assert verify(plan).verified
+
+
+def test_compare_says_which_schedule_is_faster(capsys):
+    """The text names the direction: ZBV (25.5) against this 1F1B spec (33) is "1.294x
+    faster", never a "speedup" below 1; a family as fast says so; a spec without a cut
+    says nothing about a segment, and a transpose spec names the segment kept inline."""
+    code, out, _ = _run(capsys, "simulate", str(EXAMPLES / "1f1b.toml"), "--compare", "zbv",
+                        "gpipe")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert rows["zbv"].split()[1] == "25.5" and rows["zbv"].endswith("1.294x faster")
+    assert rows["gpipe"].endswith("as fast")
+    assert "compared on the same model and costs:\n" in out and "than this spec" in out
+    assert "(than this spec: each family's makespan against this spec's 33)" in out
+    assert "speedup" not in out and "segment" not in out and "0.773" not in out
+    doc = json.loads(_run(capsys, "simulate", str(EXAMPLES / "1f1b.toml"), "--compare", "zbv",
+                          "--json")[1])
+    assert doc["inline_segment"] is None
+    assert doc["compare"]["zbv"]["speedup"] == pytest.approx(25.5 / 33)  # this spec's
+    code, out, _ = _run(capsys, "simulate", str(EXAMPLES / "mllm_transpose.toml"), "--compare",
+                        "1f1b")
+    assert ("compared on the same model and costs (the segment 'vision' inline on its home "
+            "rank):") in out
+    row = next(line for line in out.splitlines() if line.startswith("  1f1b "))
+    assert row.endswith("1.573x slower")
+
+
+def test_faster_in_words():
+    from mpipe_verified.comparison import faster
+    assert faster(25.5, 33) == "1.294x faster"
+    assert faster(33, 25.5) == "1.294x slower"
+    assert faster(33, 33) == "as fast" and faster(None, 33) == "-"
+
+
+def test_a_passed_deadline_stops_the_simulation():
+    """``tune --budget`` passes its deadline down: ``simulate`` and ``time_spec`` raise
+    ``DeadlinePassed`` once it has passed, and time as before without one."""
+    import time
+
+    from mpipe_verified.comparison import time_spec
+    from mpipe_verified.formats.spec import load_spec
+    from mpipe_verified.sim import DeadlinePassed
+    spec = load_spec(EXAMPLES / "mllm_transpose.toml")
+    plan = lower(spec.schedule, spec.duration)
+    past = time.monotonic() - 1.0
+    with pytest.raises(DeadlinePassed):
+        simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, deadline=past)
+    with pytest.raises(DeadlinePassed):
+        time_spec(spec, check=False, deadline=past)
+    later = time.monotonic() + 3600.0
+    assert (simulate(plan, spec.duration, spec.comm_cost, spec.memory_model,
+                     deadline=later).makespan
+            == time_spec(spec, check=False).run.makespan)

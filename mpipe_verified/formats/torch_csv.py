@@ -124,9 +124,7 @@ def format_torch_csv(plan: Plan | Schedule) -> str:
     """
     _check_writable(plan)
     buf = io.StringIO(newline="")
-    writer = csv.writer(buf)
-    for program in plan.programs:
-        writer.writerow([str(op) for op in program])
+    csv.writer(buf).writerows(plan.programs)  # each op written as str(op)
     return buf.getvalue()
 
 
@@ -144,7 +142,7 @@ def with_torch_markers(plan: Plan) -> Plan:
     compute step, the next three stages to compute kept unsharded). A plan that already
     has markers is returned as it is. Markers move no data: the plan's semantics, and so
     what was verified, are unchanged."""
-    if any(type(op) is Marker for prog in plan.programs for op in prog):
+    if any(Marker in map(type, prog) for prog in plan.programs):
         return plan
     programs = tuple(_with_markers(prog, plan.num_microbatches) for prog in plan.programs)
     return attrs.evolve(plan, programs=programs)
@@ -157,11 +155,73 @@ def without_markers(plan: Plan | Schedule) -> Plan | Schedule:
 
 
 def _with_markers(program: tuple[Op, ...], m: int) -> tuple[Op, ...]:
-    steps = [_compute_stages(op) for op in program]
+    """``program`` with torch's markers (``with_torch_markers``), in time linear in it.
+
+    Before each step that computes, the stages not among its upcoming ones
+    (``_upcoming``) are resharded, in stage order (torch walks a set), and its upcoming
+    stages not yet unsharded are unsharded, in their order; after a stage's last backward
+    step and the sends right after it comes its ``REDUCE_GRAD`` (``_reduce_after``),
+    before any marker of the next step; at the end every stage still unsharded is
+    resharded, in stage order.
+
+    Invariant of the walk over the computing steps: ``active`` holds the stages unsharded
+    and not resharded since, in the order they were unsharded, and after a step it holds
+    exactly that step's upcoming stages; so a step whose upcoming list is the previous
+    one's (the same object, ``_upcoming``) adds no marker. Markers go into ``inserts``
+    as ``(position, 0 for REDUCE_GRAD else 1, markers)``; the program is then copied in
+    slices between those positions."""
+    computing = [(index, stages) for index, op in enumerate(program)
+                 if type(op) not in _COMPUTES_NOTHING  # the common ops inline
+                 and (stages := (op.stage,) if type(op) is Compute else _compute_stages(op))]
+    inserts: list[tuple[int, int, list[Op]]] = [
+        (index + 1, 0, [Marker(stage, "REDUCE_GRAD") for stage in stages])
+        for index, stages in _reduce_after(program, computing, m).items()]
+    active: list[int] = []
+    current: list[int] | None = None
+    for (index, _), upcoming in zip(computing, _upcoming(computing)):
+        if upcoming is current:
+            continue
+        current = upcoming
+        wanted = set(upcoming)
+        markers: list[Op] = [Marker(stage, "RESHARD")
+                             for stage in sorted(s for s in active if s not in wanted)]
+        active = [s for s in active if s in wanted]
+        kept = set(active)
+        fresh = [s for s in upcoming if s not in kept]
+        active += fresh
+        markers += [Marker(stage, "UNSHARD") for stage in fresh]
+        if markers:
+            inserts.append((index, 1, markers))
+    out: list[Op] = []
+    at = 0
+    for position, _, markers in sorted(inserts, key=lambda insert: insert[:2]):
+        out += program[at:position]
+        out += markers
+        at = position
+    out += program[at:]
+    out += [Marker(stage, "RESHARD") for stage in sorted(active)]
+    return tuple(out)
+
+
+_COMPUTES_NOTHING = frozenset((Send, Recv, Idle, Marker))  # op types: computes_of is ()
+
+
+def _compute_stages(op: Op) -> tuple[int, ...]:
+    """The distinct stages ``op`` computes, in its order (empty: it computes nothing)."""
+    return tuple(dict.fromkeys(c.stage for c in computes_of(op)))
+
+
+def _reduce_after(program: tuple[Op, ...], computing: list[tuple[int, tuple[int, ...]]],
+                  m: int) -> dict[int, list[int]]:
+    """Step index -> the stages whose ``REDUCE_GRAD`` follows that step: for each stage,
+    the step doing its ``m``-th ``B``/``W``, moved past the ``Send`` steps right after it
+    (torch emits the step's sends before its ``REDUCE_GRAD``); ``computing``: the
+    ``(index, stages)`` of the steps that compute. Stages in the order their ``m``-th
+    backward comes; a stage with fewer has none."""
     backwards: dict[int, int] = {}
     last: dict[int, int] = {}  # stage -> index of the step doing its m-th B/W
-    for index, op in enumerate(program):
-        for c in computes_of(op):
+    for index, _ in computing:
+        for c in computes_of(program[index]):
             if c.kind in ("B", "W"):
                 backwards[c.stage] = backwards.get(c.stage, 0) + 1
                 if backwards[c.stage] == m:
@@ -169,39 +229,52 @@ def _with_markers(program: tuple[Op, ...], m: int) -> tuple[Op, ...]:
     reduce_after: dict[int, list[int]] = {}
     for stage, index in last.items():
         while index + 1 < len(program) and type(program[index + 1]) is Send:
-            index += 1  # torch emits the step's sends before its REDUCE_GRAD
+            index += 1
         reduce_after.setdefault(index, []).append(stage)
-    out: list[Op] = []
-    active: list[int] = []
-    for index, op in enumerate(program):
-        if steps[index]:
-            upcoming = _next_stages(steps[index:])
-            for stage in sorted(s for s in active if s not in upcoming):  # torch: set order
-                active.remove(stage)
-                out.append(Marker(stage, "RESHARD"))
-            for stage in [s for s in upcoming if s not in active]:
-                active.append(stage)
-                out.append(Marker(stage, "UNSHARD"))
-        out.append(op)
-        out.extend(Marker(stage, "REDUCE_GRAD") for stage in reduce_after.get(index, ()))
-    out.extend(Marker(stage, "RESHARD") for stage in sorted(active))
-    return tuple(out)
+    return reduce_after
 
 
-def _compute_stages(op: Op) -> tuple[int, ...]:
-    return tuple(dict.fromkeys(c.stage for c in computes_of(op)))
+def _upcoming(computing: list[tuple[int, tuple[int, ...]]]) -> list[list[int]]:
+    """For each step that computes (``computing``: ``(index, stages)`` in program order,
+    ``stages`` not empty), the stages torch's ``_add_unshard_reshard`` keeps unsharded
+    before it: the distinct stages computed by that step and the ones after it, in the
+    order they are first computed (an overlapped step's in its own order), taken step by
+    step until there are ``PREFETCH_STAGES`` or more (an overlapped step may bring
+    several at once) or the steps run out. Consecutive equal answers are one list object.
+
+    One backward pass; a step costs its own stages plus at most ``PREFETCH_STAGES - 1``
+    and the widest step's stages, so the pass is linear in the steps. Invariant: entering
+    a step with stages ``T``, ``ahead`` is the answer of the next computing step as
+    ``(stage, index of the step first computing it)`` pairs, ordered by that index (so
+    one step's pairs are adjacent). In first-computation order from this step, the
+    stages are ``T``, then those after it that are not in ``T``, in their order; ``ahead``
+    is a prefix of the latter's, whole steps of ``PREFETCH_STAGES`` or more stages (or
+    all there are), so ``T + (ahead - T)`` holds at least as many stages, whole steps
+    again, and cutting it (``_cut``) gives this step's answer exactly."""
+    answers: list[list[int]] = [[]] * len(computing)
+    ahead: list[tuple[int, int]] = []
+    later: list[int] = []  # the answer of the next computing step
+    for k in range(len(computing) - 1, -1, -1):
+        index, stages = computing[k]
+        if len(stages) == 1:  # the common step: one stage
+            s = stages[0]
+            ahead = _cut([(s, index)] + [p for p in ahead if p[0] != s])
+        else:
+            mine = set(stages)
+            ahead = _cut([(s, index) for s in stages] + [p for p in ahead if p[0] not in mine])
+        answer = [s for s, _ in ahead]
+        answers[k] = later = later if answer == later else answer
+    return answers
 
 
-def _next_stages(steps: list[tuple[int, ...]]) -> list[int]:
-    """The next ``PREFETCH_STAGES`` distinct stages to compute (an overlapped step adds
-    all of its stages), in order."""
-    seen: list[int] = []
-    for stages in steps:
-        fresh = [s for s in stages if s not in seen]
-        seen.extend(fresh if len(stages) > 1 else fresh[:1])
-        if len(seen) >= PREFETCH_STAGES:
-            break
-    return seen
+def _cut(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The shortest prefix of ``pairs`` (``(stage, step)``, adjacent by step) made of
+    whole steps holding ``PREFETCH_STAGES`` or more stages; all of ``pairs`` if there is
+    none."""
+    for k in range(PREFETCH_STAGES, len(pairs)):
+        if pairs[k][1] != pairs[k - 1][1]:
+            return pairs[:k]
+    return pairs
 
 
 def write_torch_csv(plan: Plan | Schedule, out: str | os.PathLike[str] | IO[str]) -> None:
@@ -584,20 +657,48 @@ def _p2p(route: tuple | None, mb: int, payloads: dict[tuple, Payload]) -> Send |
 # ------------------------------------------------------------------- writing
 
 def _check_writable(plan: Plan | Schedule) -> None:
+    """Raise ``ValueError`` for the first op, rank by rank, that the torch CSV format
+    cannot say (``format_torch_csv``). Constant time per op: the common ops (a ``Compute``
+    without segment, a ``Send``/``Recv`` of the body to its stage's rank, ``Idle``,
+    ``Marker``) pass a quick test; any other op is judged by ``_unwritable``, which also
+    words the error."""
     place = plan.placement
+    to_rank = place.stage_to_rank
+    stages = len(to_rank)
     for rank, program in enumerate(plan.programs):
         for i, op in enumerate(program):
-            where = f"rank {rank}, op {i} ({op})"
-            if not isinstance(op, (Compute, Overlap, Send, Recv, Idle, Marker)):
-                raise ValueError(f"{where}: the torch CSV format has no "
-                                 f"{type(op).__name__} action")
-            subs = op.ops if isinstance(op, Overlap) else (op,)
-            if any(getattr(getattr(x, "payload", x), "segment", "") for x in subs):
-                raise ValueError(f"{where}: the torch CSV format has no segments")
-            if isinstance(op, (Send, Recv)):
+            t = type(op)
+            if t is Compute:
+                if not op.segment:
+                    continue
+            elif t is Send:
                 p = op.payload
-                peer_stage = p.consumer_stage if isinstance(op, Send) else p.stage
-                if not (0 <= peer_stage < place.num_stages
-                        and place.rank_of(peer_stage) == op.peer):
-                    raise ValueError(f"{where}: peer rank {op.peer} is not the rank of stage "
-                                     f"{peer_stage}; the torch CSV format cannot express it")
+                if not p.segment and 0 <= (s := p.consumer_stage) < stages \
+                        and to_rank[s] == op.dst:
+                    continue
+            elif t is Recv:
+                p = op.payload
+                if not p.segment and 0 <= p.stage < stages and to_rank[p.stage] == op.src:
+                    continue
+            elif t is Idle or t is Marker:
+                continue
+            problem = _unwritable(op, place)
+            if problem is not None:
+                raise ValueError(f"rank {rank}, op {i} ({op}): {problem}")
+
+
+def _unwritable(op: Op, place: Placement) -> str | None:
+    """Why the torch CSV format cannot say ``op`` (on a plan placed by ``place``), or
+    ``None`` if it can."""
+    if not isinstance(op, (Compute, Overlap, Send, Recv, Idle, Marker)):
+        return f"the torch CSV format has no {type(op).__name__} action"
+    subs = op.ops if isinstance(op, Overlap) else (op,)
+    if any(getattr(getattr(x, "payload", x), "segment", "") for x in subs):
+        return "the torch CSV format has no segments"
+    if isinstance(op, (Send, Recv)):
+        p = op.payload
+        peer_stage = p.consumer_stage if isinstance(op, Send) else p.stage
+        if not (0 <= peer_stage < place.num_stages and place.rank_of(peer_stage) == op.peer):
+            return (f"peer rank {op.peer} is not the rank of stage {peer_stage}; the torch "
+                    "CSV format cannot express it")
+    return None

@@ -3,12 +3,26 @@
 A family instance ``(family, params)`` is *covered* when, for each of the five properties,
 the registry has a law about that family whose scope is all sizes and holds ``params``
 (``Law.proves``), and the memory law states its per-rank peak (``Law.peak``). Then
-``prove`` proves those laws now (their distinct obligations, in freshly started
-interpreters; nothing is cached, so a law that no longer holds never yields VERIFIED) and
-compares the memory limit with the proven peak at ``params``: the answer costs the laws'
-time, whatever the instance's size.
+``prove`` proves those laws (their distinct obligations, in freshly started
+interpreters, or from a cached proof of the same laws by this very package: ``Cache``)
+and compares the memory limit with the proven peak at ``params``: the answer costs the
+laws' time, whatever the instance's size.
 Anything else (a bounded cell, a law that is not proved, a peak over the limit, the eager
 model) is left to the ordinary instance check, which also finds the counterexamples.
+
+``answer`` picks the faster road for an instance (``road``): op by op for a small plan
+(``estimated_ops`` below ``EXPAND_BELOW``: building, lowering and checking it costs less
+than loading the laws), the laws from a cached proof when one is there, op by op again up
+to ``PROVE_ABOVE`` (cheaper than proving the laws now), and the laws proven now beyond.
+Either road's VERIFIED comes from the kernel or from proven laws.
+
+The cache (``Cache``) lives in the user's cache directory (``$XDG_CACHE_HOME``, else
+``~/.cache``, then ``mpipe-verify/laws``). An entry records that the laws ``L`` of a
+family were proved, with ``n`` distinct obligations, by this package: it is keyed by the
+SHA-256 of every file of the package's source (``package_digest``: ``mpipe_verified`` and
+its ``proofs``), Z3's version and Python's, and the family and law names; any change to
+the code is another key. An entry that cannot be read, does not parse, names another key
+or fails its own checksum is ignored (and overwritten by the next proof), never trusted.
 
 ``params`` is the family's parameters as a mapping: ``pp``, ``microbatches``, ``chunks``
 (None where the family fixes them) and, for ``transpose``, ``body``, ``mode``,
@@ -24,8 +38,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import attrs
 
@@ -71,10 +86,86 @@ class Parametric:
         return cls.of(str(data["family"]), params, [str(x) for x in data["laws"]])
 
 
+# Roads (``road``), by the plan's estimated size in ops (``estimated_ops``). Measured on
+# the 2-core development machine: building, lowering and checking a plan op by op costs
+# about 40 us an op on top of starting the command, loading the laws about 0.2 s, and
+# proving a family's laws now 1.8 to 3.9 s (ZBV, DualPipeV the most).
+EXPAND_BELOW = 5_000  # op by op, always: cheaper than even loading the laws
+PROVE_ABOVE = 60_000  # the laws proven now beat the op-by-op check beyond this
+INSTANCE_ROAD, CACHED_ROAD, PROVE_ROAD = "instance", "cached", "prove"
+AUTO, LAWS = "auto", "laws"
+
+
+def estimated_ops(family: str, params: Mapping[str, object]) -> int:
+    """About how many ops the instance's lowered plan has (an upper estimate, from the
+    parameters alone): a forward and a backward (or ``I`` and ``W``) per stage and
+    microbatch, four transfers per stage boundary and microbatch, and for ``transpose``
+    the segment's work and transfers per microbatch and its collectives."""
+    from ..algebra.transpose import TRANSPOSE
+    p, m = int(params["pp"]), int(params["microbatches"])
+    body = params.get("body", family) if family == TRANSPOSE else family
+    chunks = (int(params.get("chunks") or 2) if body == "interleaved-1f1b"
+              else 2 if body in ("zbv", "dualpipev") else 1)
+    stages = p * chunks
+    ops = 3 * stages * m + 4 * max(stages - 1, 0) * m
+    if family == TRANSPOSE:
+        ops += 8 * m + 4 * p
+    return ops
+
+
+def road(family: str, params: Mapping[str, object], mode: str = AUTO,
+         cached: Callable[[], bool] = lambda: False) -> str:
+    """How ``answer`` decides an instance the laws cover: ``instance`` (op by op),
+    ``cached`` (the laws, from a cached proof) or ``prove`` (the laws, proven now).
+    ``mode`` ``laws`` takes the laws whatever the size; ``cached()`` says whether a
+    cached proof is there (asked only where it matters)."""
+    if mode == LAWS:
+        return CACHED_ROAD if cached() else PROVE_ROAD
+    ops = estimated_ops(family, params)
+    if ops < EXPAND_BELOW:
+        return INSTANCE_ROAD
+    if cached():
+        return CACHED_ROAD
+    return INSTANCE_ROAD if ops <= PROVE_ABOVE else PROVE_ROAD
+
+
+def answer(family: str, params: Mapping[str, object], limit=None,
+           comm_model: str = RENDEZVOUS, mode: str = AUTO, cache: bool = True,
+           proving: Callable[[], None] = lambda: None):
+    """The verified ``Report`` of the road ``road`` picks, or None for the op-by-op
+    check (the instance is small, the laws do not cover it, or they were not proved).
+    ``cache``: use and fill the cache; ``proving()`` is called before the laws are
+    proven now."""
+    if comm_model != RENDEZVOUS:
+        return None
+    if mode != LAWS and estimated_ops(family, params) < EXPAND_BELOW:
+        return None  # before the laws are even loaded
+    from ..proofs.covering import needed_laws
+    laws = needed_laws(family, params)
+    if laws is None:
+        return None
+    names = [law.name for law in laws]
+    store = Cache() if cache else None
+    count = None
+
+    def cached() -> bool:
+        nonlocal count
+        count = store.proved(family, names) if store is not None else None
+        return count is not None
+    way = road(family, params, mode, cached)
+    if way == INSTANCE_ROAD:
+        return None
+    if way == PROVE_ROAD:
+        proving()
+    return prove(family, params, limit, comm_model, cache=store, proved=count)
+
+
 def prove(family: str, params: Mapping[str, object], limit=None,
-          comm_model: str = RENDEZVOUS):
-    """A verified ``Report`` from the family's laws, proven now, or None (see the module
-    docstring for when)."""
+          comm_model: str = RENDEZVOUS, cache: "Cache | None" = None,
+          proved: int | None = None):
+    """A verified ``Report`` from the family's laws, or None (see the module docstring
+    for when). ``proved``: the obligations of a cached proof of those laws (``Cache``),
+    else they are proven now and, with ``cache``, the proof is stored."""
     from ..proofs.covering import memory_law, needed_laws
     from .properties import memory_limits
     from .report import PROPERTIES, Certificate, Report
@@ -90,17 +181,153 @@ def prove(family: str, params: Mapping[str, object], limit=None,
         return None  # the instance check refuses the limit with its own message
     if _over_limit(peaks, limits):
         return None  # the instance check finds and reports the overrun
-    proved, count = prove_laws(family, params)
-    if not proved:
-        return None
-    claim = Parametric.of(family, params, [law.name for law in laws])
+    names = [law.name for law in laws]
+    count = proved
+    if count is None:
+        before = _digest_or_none() if cache is not None else None
+        ok, count = prove_laws(family, params)
+        if not ok:
+            return None
+        if before is not None and _digest_or_none() == before:  # unchanged while proving
+            cache.store(family, names, count, before)
+    claim = Parametric.of(family, params, names)
     stats = {"ranks": ranks, "comm_model": comm_model,
              "properties": {law.property: {"status": "proved", "law": law.name,
                                            "scope": law.scope} for law in laws},
              "obligations": count, "seconds": round(time.perf_counter() - started, 4)}
     certificate = Certificate(claim.digest(), PROPERTIES, limits, comm_model,
                               parametric=claim)
-    return Report("verified", (), dict(enumerate(peaks)), stats, certificate)
+    return Report("verified", (), dict(enumerate(peaks)), stats, certificate,
+                  cached=proved is not None)
+
+
+# ---------------------------------------------------------------- cached law proofs
+
+CACHE_FORMAT = "mpipe-verify-law-proof/1"
+CACHE_MAX_BYTES = 1 << 16  # an entry is a few hundred bytes; anything bigger is not one
+
+
+def package_digest() -> str:
+    """SHA-256 over every file of this package's source: ``mpipe_verified`` and its
+    ``proofs`` (wherever they are installed), each by its path under its root and its
+    bytes; compiled bytecode (``__pycache__``) left out. Any edit changes it."""
+    import mpipe_verified
+    from .. import proofs
+    roots = [("mpipe_verified", os.path.dirname(os.path.abspath(mpipe_verified.__file__)))]
+    here = os.path.dirname(os.path.abspath(proofs.__file__))
+    if not here.startswith(roots[0][1] + os.sep):  # an editable install keeps it apart
+        roots.append(("proofs", here))
+    return tree_digest(roots)
+
+
+def _digest_or_none() -> str | None:
+    """``package_digest()``, or None when the package cannot be read as a whole (a file
+    removed while it is read): then no proof is cached."""
+    try:
+        return package_digest()
+    except OSError:
+        return None
+
+
+def tree_digest(roots: Sequence[tuple[str, str]]) -> str:
+    """SHA-256 over the files under each ``(label, directory)`` of ``roots``, each by
+    ``label/relative path``, length and bytes, in sorted order (``__pycache__`` and
+    compiled bytecode left out): ``package_digest`` of any tree."""
+    h = hashlib.sha256()
+    for label, root in roots:
+        found = []
+        for parent, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            found += [os.path.join(parent, f) for f in files if not f.endswith((".pyc", ".pyo"))]
+        for path in sorted(found):
+            with open(path, "rb") as f:
+                data = f.read()
+            name = f"{label}/{os.path.relpath(path, root)}".encode()
+            h.update(b"%d:%s%d:" % (len(name), name, len(data)))
+            h.update(data)
+    return h.hexdigest()
+
+
+def cache_dir() -> str | None:
+    """``$XDG_CACHE_HOME/mpipe-verify/laws`` (an absolute ``XDG_CACHE_HOME`` only, as the
+    XDG spec says), else ``~/.cache/mpipe-verify/laws``; None without a home."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "mpipe-verify", "laws")
+
+
+class Cache:
+    """Cached proofs of a family's laws by this package (see the module docstring):
+    ``proved(family, laws)`` gives the obligations of a valid entry or None, ``store``
+    writes one (atomically; a cache that cannot be written is left alone)."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory if directory is not None else cache_dir()
+        self._digest: str | None = None
+
+    def key(self, family: str, laws: Sequence[str], digest: str | None = None) -> dict:
+        import z3
+        if digest is None:
+            self._digest = self._digest or package_digest()
+            digest = self._digest
+        return {"format": CACHE_FORMAT, "package": digest, "z3": z3.get_full_version(),
+                "python": sys.version, "family": family, "laws": list(laws)}
+
+    def path(self, key: dict) -> str | None:
+        if self.directory is None:
+            return None
+        name = hashlib.sha256(_canonical(key).encode()).hexdigest()
+        return os.path.join(self.directory, f"{name}.json")
+
+    def proved(self, family: str, laws: Sequence[str]) -> int | None:
+        """The obligations of a valid entry for these laws of ``family``, else None."""
+        try:
+            key = self.key(family, laws)
+            path = self.path(key)
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                raw = f.read(CACHE_MAX_BYTES + 1)
+            if len(raw) > CACHE_MAX_BYTES:
+                return None
+            entry = json.loads(raw.decode("utf-8"))
+            if (type(entry) is not dict or set(entry) != {"key", "proved", "obligations",
+                                                           "check"}
+                    or entry["key"] != key or entry["proved"] is not True
+                    or type(entry["obligations"]) is not int or entry["obligations"] < 1
+                    or entry["check"] != _checksum(entry)):
+                return None
+            return entry["obligations"]
+        except (OSError, ValueError, TypeError, RecursionError):
+            return None  # unreadable or malformed: ignored, never trusted
+
+    def store(self, family: str, laws: Sequence[str], obligations: int,
+              digest: str | None = None) -> None:
+        from ..formats.output import write_output
+        try:
+            key = self.key(family, laws, digest)
+            path = self.path(key)
+            if path is None:
+                return
+            entry = {"key": key, "proved": True, "obligations": int(obligations)}
+            entry["check"] = _checksum(entry)
+            write_output(path, json.dumps(entry, indent=1, sort_keys=True) + "\n")
+        except OSError:
+            pass  # a read-only or full cache: the proof just is not kept
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(entry: dict) -> str:
+    """SHA-256 of the entry without its ``check``: a damaged entry does not match."""
+    return hashlib.sha256(_canonical({k: v for k, v in entry.items()
+                                      if k != "check"}).encode()).hexdigest()
 
 
 def _over_limit(peaks: tuple, limits) -> bool:
@@ -193,16 +420,18 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
     if set(p) != keys:
         return f"its parameters are {sorted(p)}, the family's {sorted(keys)}"
     if (p.get("pp"), p.get("microbatches")) != (plan.num_ranks, plan.num_microbatches):
-        return (f"the plan has {plan.num_ranks} ranks and {plan.num_microbatches} "
-                f"microbatches, the certificate's parameters pp={p.get('pp')} and "
-                f"microbatches={p.get('microbatches')}")
+        from .report import counted
+        return (f"the plan has {counted(plan.num_ranks, 'rank')} and "
+                f"{counted(plan.num_microbatches, 'microbatch')}, the certificate's "
+                f"parameters pp={p.get('pp')} and microbatches={p.get('microbatches')}")
     if p["chunks"] is not None and (type(p["chunks"]) is not int or p["chunks"] < 1):
         return f"chunks={p['chunks']!r} is not a number of chunks"
     # a forward per rank, chunk and mb at least, each in a step of its own or beside a
     forwards = plan.num_ranks * (p["chunks"] or 1) * plan.num_microbatches  # backward:
     if forwards > plan.num_ops:  # checked before the term (its placement) is even built
-        return (f"its parameters derive at least {forwards} forwards, the plan has "
-                f"{plan.num_ops} steps")
+        from .report import counted
+        return (f"its parameters derive at least {counted(forwards, 'forward')}, the plan "
+                f"has {counted(plan.num_ops, 'step')}")
     try:  # the laws' names before the plan: deriving it costs far more
         term = _term(claim)
         laws = needed_laws(claim.family, claim.mapping)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import json
+import re
+from typing import Callable
 
 import attrs
 
@@ -117,6 +120,7 @@ class Report:
     witness: kernel.Witness | None = None  # what the kernel proved the plan from
     sizes: kernel.Sizes | None = None
     limits: tuple | None = None  # the per-rank limits exactly as the kernel proved them
+    cached: bool = False  # a parametric report from a cached proof of its laws
 
     def portable_certificate(self, plan: Plan) -> dict:
         """The certificate with its witness, as ``mpipe-verify recheck`` reads it
@@ -147,3 +151,355 @@ class Report:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
+
+
+# ---------------------------------------------------------------- the text report
+#
+# ``check``'s text output (docs/semantics.md §6, "Text report"): by default one line per
+# input, ``NAME: STATUS (summary)``, a second line for a VERIFIED input only when its
+# ranks' peaks differ, then for a violation one ``NAME:LINE:COL: PROPERTY: message`` line
+# each with its short story; ``verbose`` adds the per-property proof lines (facts and Z3
+# runs, or the law and its scope), every op's position, the whole trace, the peaks of
+# every rank and the certificate.
+
+STORY_LINES = 4  # trace lines shown under a violation by default (all with --verbose)
+PEAKS_SHOWN = 8  # ranks whose peaks a default report lists one by one
+
+EAGER_NOTE = ("note: this deadlock needs rendezvous: with buffered sends (the eager model, "
+              "as on gloo or with messages smaller than NCCL's buffers) no rank blocks "
+              "here, which is how such a plan passes a small test; on NCCL at scale it "
+              "hangs, because PyTorch posts every SEND/RECV with batch_isend_irecv and a "
+              "large send completes only once its receive runs")
+
+_PLURALS = {"microbatch": "microbatches"}
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in agreement: ``1 rank``, ``2 ranks``, ``1 microbatch``."""
+    return f"{n} {noun if n == 1 else _PLURALS.get(noun, noun + 's')}"
+
+
+# nouns the passes' messages count (``properties``, ``semantics``): their text agrees
+_SINGULAR = {"live tensors": "live tensor", "sends": "send", "receives": "receive",
+             "counterexamples": "counterexample", "facts": "fact", "ranks": "rank",
+             "ops": "op", "steps": "step", "forwards": "forward",
+             "microbatches": "microbatch", "times": "time"}
+_COUNTED = re.compile(r"\b1 (" + "|".join(_SINGULAR) + r")\b")
+
+
+def agreeing(text: str) -> str:
+    """``text`` with a count of one in agreement with its noun (``1 live tensors`` ->
+    ``1 live tensor``, ``1 sends`` -> ``1 send``)."""
+    return _COUNTED.sub(lambda m: "1 " + _SINGULAR[m.group(1)], text)
+
+
+def num(x) -> str:
+    """A figure as the text report prints it: ``4``, ``2.5`` (never ``4.0`` or
+    ``1e+06``)."""
+    value = float(x)
+    return str(int(x)) if value.is_integer() else repr(round(value, 6))
+
+
+@attrs.frozen
+class Shown:
+    """What the text report says of one input beside its ``Report``: its ``name``, its
+    ``microbatches``, the wall ``seconds`` its check took, ``lowered_file`` (a
+    compute-only file that mpipe lowered before checking), ``passes_under`` (the weaker
+    comm models a rendezvous deadlock passes under), ``locate`` (rank, position) ->
+    ``(line, column)`` in the input file or None (``Locator``), and ``json_paths`` (a
+    plan-json file checked as written: positions are also shown as JSON paths)."""
+
+    name: str
+    microbatches: int | None = None
+    seconds: float | None = None
+    lowered_file: bool = False
+    passes_under: tuple[str, ...] | None = None
+    locate: Callable[[int | None, int | None], tuple[int, int] | None] = lambda r, i: None
+    json_paths: bool = False
+    as_written: bool = True
+
+
+def render(report: Report, shown: Shown, verbose: bool = False) -> str:
+    """The text report of one input (see the comment above)."""
+    lines = [f"{shown.name}: {report.status.upper()} ({_summary(report, shown)})"]
+    claim = report.certificate.parametric if report.certificate is not None else None
+    if verbose:
+        lines += (_law_lines(report, claim) if claim is not None
+                  else _property_lines(report))
+    elif report.verified:
+        peaks = _peak_line(report)
+        if peaks is not None and len(set(report.peak_memory.values())) > 1:
+            lines.append(peaks)
+    violated = {v.property for v in report.violations}
+    note = (shown.passes_under is not None and "eager" in shown.passes_under
+            and violated == {"deadlock"})  # nothing else wrong: only then a note
+    for v in report.violations:
+        lines += _violation(v, shown, verbose, note)
+    for prop, info in report.stats.get("properties", {}).items():
+        if info.get("unlisted"):
+            lines.append(f"{shown.name}: {prop}: {info['unlisted']} more "
+                         f"{'counterexample' if info['unlisted'] == 1 else 'counterexamples'}"
+                         f" found, not listed")
+    lines += [f"{shown.name}: undecided: {reason}" for reason in report.undecided]
+    if verbose:
+        peaks = _peak_line(report, every=True)
+        if peaks is not None:
+            lines.append(peaks + (" (the memory law's formula)" if claim is not None else ""))
+        if report.certificate is not None:
+            kind = "parametric sha256" if claim is not None else "sha256"
+            lines.append(f"  certificate: {kind} {report.certificate.digest}")
+    return "\n".join(lines)
+
+
+def _summary(report: Report, shown: Shown) -> str:
+    stats, parts = report.stats, []
+    if report.violations:
+        counts: dict[str, int] = {}
+        for v in report.violations:
+            counts[v.property] = counts.get(v.property, 0) + 1
+        total = len(report.violations)
+        if len(counts) == 1:
+            prop = next(iter(counts))
+            parts.append(f"{total} {prop} {'counterexample' if total == 1 else 'counterexamples'}")
+        else:
+            parts.append(counted(total, "counterexample") + ": " + ", ".join(
+                f"{n} {p}" for p, n in counts.items()))
+    elif report.undecided:
+        n = len(report.undecided)
+        parts.append(f"{n} {'property' if n == 1 else 'properties'} not decided")
+    facts = [counted(stats["ranks"], "rank")]
+    if shown.microbatches is not None:
+        facts.append(counted(shown.microbatches, "microbatch"))
+    claim = report.certificate.parametric if report.certificate is not None else None
+    if claim is not None:
+        facts.append(f"by the {claim.family} laws for all sizes"
+                     + (" (cached proof)" if report.cached else ""))
+    elif "ops" in stats:
+        facts.append(counted(stats["ops"], "op"))
+    if shown.lowered_file:
+        facts.append("compute-only, lowered by mpipe")
+    if stats.get("comm_model", "rendezvous") != "rendezvous":
+        facts.append(f"{stats['comm_model']} model")
+    if report.peak_memory and not report.undecided:
+        peak = max(report.peak_memory.values())
+        limits = set(report.limits or ())
+        if not limits and report.certificate is not None:
+            limits = set(report.certificate.memory_limit or ())
+        facts.append(f"peak memory {num(peak)}"
+                     + (f", limit {num(next(iter(limits)))}" if len(limits) == 1 else
+                        ", per-rank limits" if limits else ""))
+    if shown.seconds is not None:
+        facts.append(f"{shown.seconds:.2f} s")
+    return "; ".join([*parts, ", ".join(facts)]) if parts else ", ".join(facts)
+
+
+def _peak_line(report: Report, every: bool = False) -> str | None:
+    """``  peak memory per rank: 0: 4, 1: 3, ...`` (by default at most ``PEAKS_SHOWN``
+    ranks, then the last one and the highest)."""
+    peaks = sorted(report.peak_memory.items())
+    if not peaks:
+        return None
+    if every or len(peaks) <= PEAKS_SHOWN:
+        return "  peak memory per rank: " + ", ".join(f"{r}: {num(p)}" for r, p in peaks)
+    top = max(peaks, key=lambda rp: (rp[1], -rp[0]))
+    shown = [f"{r}: {num(p)}" for r, p in peaks[:PEAKS_SHOWN - 2]]
+    return (f"  peak memory per rank: {', '.join(shown)}, ..., {peaks[-1][0]}: "
+            f"{num(peaks[-1][1])} (highest {num(top[1])}, on rank {top[0]})")
+
+
+def _property_lines(report: Report) -> list[str]:
+    lines = []
+    for prop, info in report.stats["properties"].items():
+        facts = (f"{counted(info['facts'], 'fact')} in {counted(info['runs'], 'Z3 run')}"
+                 if "facts" in info else "")
+        if info["status"] == "violated":
+            n = info.get("confirmed", 0)
+            extra = (f"{counted(n, 'counterexample')} confirmed by Z3"
+                     + (f" (+{info['unlisted']} more found, not listed)"
+                        if info.get("unlisted") else ""))
+        elif info["status"] == "proved":
+            extra = facts
+        else:
+            extra = "; ".join(filter(None, [info.get("reason", ""), facts]))
+        lines.append(f"  {prop:<13} {info['status']:<9} {extra}".rstrip())
+    return lines
+
+
+def _law_lines(report: Report, claim) -> list[str]:
+    stats = report.stats
+    shown = ", ".join(f"{k}={v}" for k, v in claim.params if v is not None)
+    lines = [f"  proven for every size by the {claim.family} laws, at {shown}"]
+    for prop, info in stats["properties"].items():
+        lines.append(f"  {prop:<13} {info['status']:<9} law {info['law']} ({info['scope']})")
+    when = ("earlier by this same package (cached proof)" if report.cached
+            else f"now in {stats['seconds']:.2f} s")
+    lines.append(f"  {counted(stats['obligations'], 'obligation')} proven by Z3 {when}")
+    return lines
+
+
+def _violation(v: Violation, shown: Shown, verbose: bool, note: bool) -> list[str]:
+    first = v.ops[0] if v.ops else None
+    rank = first[0] if first else (v.ranks[0] if v.ranks else None)
+    where = shown.locate(rank, first[1] if first else None)
+    head = shown.name + (f":{where[0]}:{where[1]}" if where else "")
+    lines = [f"{head}: {v.property}: {agreeing(v.message)}"]
+    story = list(v.trace)
+    if verbose:
+        for r, i, op in v.ops:
+            at = shown.locate(r, i)
+            path = f"$.programs[{r}][{i}], " if shown.json_paths else ""
+            file_at = (f"{path}{at[0]}:{at[1]}" if at else
+                       "lowered plan" if not shown.as_written else path.rstrip(", "))
+            lines.append(f"    at rank {r}, position {i}" + (f" ({file_at})" if file_at else "")
+                         + f": {op}")
+    elif len(story) > STORY_LINES:
+        more = len(story) - STORY_LINES + 1
+        story = story[:STORY_LINES - 1] + [f"... {counted(more, 'more line')} (--verbose)"]
+    lines += [f"    {agreeing(t)}" for t in story]
+    if note and v.property == "deadlock":
+        lines.append(f"    {EAGER_NOTE}")
+    return lines
+
+
+# ---------------------------------------------------------------- positions in the input
+
+
+class Locator:
+    """``(line, column)`` in the input file of an op of the checked plan, by its rank and
+    position (``None`` for a position: the rank itself; ``None`` for both: the input):
+
+    - ``torch-csv`` checked as written: the op's cell, row ``rank + 1`` (its line) and
+      cell ``position + 1`` (its column, counted in cells);
+    - ``torch-csv-lowered`` (compute-only, lowered by mpipe): the rank's row and the cell
+      of the op, or, for a send or receive the lowering inserted, of the compute op it
+      serves (a send: the compute before it on its rank; a receive: the one after it);
+      column 1 when there is none;
+    - ``plan-json`` (and ``plan-json-lowered``, the same way as a lowered CSV): the line
+      and character column where the op's object ``$.programs[rank][position]`` starts,
+      else where the rank's list starts, else where ``programs`` is named;
+    - ``spec``: the line and column of the ``expression`` (or ``family``) key of its
+      ``[schedule]`` table, else of the table's header: a spec has no op positions;
+    - ``family``: no file, None.
+
+    A rank the file has no row or list for (declared with ``--ranks``) is placed where
+    its row would be: line ``rank + 1`` of a CSV."""
+
+    def __init__(self, kind: str, text: "str | Callable[[], str] | None" = None,
+                 plan: Plan | None = None, schedule=None) -> None:
+        """``text``: the file's text, or a function that reads it (only a spec and a
+        plan-json file need it, and only when an op is located)."""
+        self.kind, self._source, self.plan, self.schedule = kind, text, plan, schedule
+        self._json = None
+
+    @property
+    def text(self) -> str:
+        if callable(self._source):
+            self._source = self._source()
+        return self._source or ""
+
+    def __call__(self, rank: int | None, position: int | None) -> tuple[int, int] | None:
+        kind = self.kind
+        if kind == "family":
+            return None
+        if kind == "spec":
+            return _spec_position(self.text)
+        if rank is None:
+            return (1, 1)
+        index = position
+        if position is not None and kind.endswith("-lowered"):
+            index = self._in_file(rank, position)
+        if kind.startswith("torch-csv"):
+            return (rank + 1, 1 if index is None else index + 1)
+        return self._json_position(rank, index)
+
+    def _in_file(self, rank: int, position: int) -> int | None:
+        """The index in the file's program of the op at ``position`` of the lowered plan
+        (or of the compute op a transfer inserted by the lowering serves)."""
+        from ..ir import Recv, computes_of
+        plan, schedule = self.plan, self.schedule
+        if plan is None or schedule is None or rank >= min(plan.num_ranks,
+                                                          len(schedule.programs)):
+            return None
+        program, written = plan.programs[rank], schedule.programs[rank]
+        if not 0 <= position < len(program):
+            return None
+        op = program[position]
+        if not computes_of(op):
+            step = 1 if isinstance(op, Recv) else -1
+            if op in written:  # a collective the file holds itself
+                return written.index(op)
+            j = position + step
+            while 0 <= j < len(program) and not computes_of(program[j]):
+                j += step
+            if not 0 <= j < len(program):
+                return None
+            op = program[j]
+        return written.index(op) if op in written else None
+
+    def _json_position(self, rank: int, index: int | None) -> tuple[int, int] | None:
+        if self._json is None:
+            self._json = _json_programs(self.text)
+        named, ranks, ops = self._json
+        if rank < len(ranks):
+            if index is not None and index < len(ops[rank]):
+                return ops[rank][index]
+            return ranks[rank]
+        return named or (1, 1)
+
+
+def _spec_position(text: str) -> tuple[int, int]:
+    """The ``expression``/``family`` key of the ``[schedule]`` table, else its header."""
+    table, header = None, None
+    for n, line in enumerate(text.splitlines(), 1):
+        if m := re.match(r"\s*\[\s*([^\]]*?)\s*\]", line):
+            table = m.group(1)
+            if table == "schedule":
+                header = (n, line.index("[") + 1)
+        elif table == "schedule" and (m := re.match(r"(\s*)(expression|family)\s*=", line)):
+            return (n, len(m.group(1)) + 1)
+    return header or (1, 1)
+
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}:,]')
+
+
+def _json_programs(text: str):
+    """``(where "programs" is named, where each rank's list starts, where each op object
+    starts)`` in a plan-json text, as ``(line, column)`` pairs (a light scan of its
+    strings and brackets; the reader has already checked the text)."""
+    stack: list[str] = []
+    named, ranks, ops = None, [], []
+    key, prev = None, None
+    for m in _JSON_TOKEN.finditer(text):
+        t, at = m.group(), m.start()
+        if t[0] == '"':
+            if stack == ["obj"] and prev in ("{", ","):
+                try:
+                    key = (json.loads(t), at)
+                except ValueError:
+                    key = None
+        elif t == "[":
+            if stack == ["obj"] and key is not None and key[0] == "programs" and prev == ":":
+                named = key[1]
+                stack.append("programs")
+            elif stack and stack[-1] == "programs":
+                ranks.append(at)
+                ops.append([])
+                stack.append("rank")
+            else:
+                stack.append("arr")
+        elif t == "{":
+            if stack and stack[-1] == "rank":
+                ops[-1].append(at)
+            stack.append("obj")
+        elif t in "]}":
+            if stack:
+                stack.pop()
+        prev = t if t[0] != '"' else '"'
+    starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]
+
+    def where(offset: int) -> tuple[int, int]:
+        line = bisect.bisect_right(starts, offset)
+        return (line, offset - starts[line - 1] + 1)
+    return (None if named is None else where(named), [where(a) for a in ranks],
+            [[where(a) for a in row] for row in ops])
