@@ -384,8 +384,13 @@ def run_export(args: argparse.Namespace) -> int:
     if not report.verified:
         what = f"{name}: {report.status.upper()} ({', '.join(_unproved(report))})"
         if not args.allow_unverified:
-            print(f"{PROG}: {what}: nothing written (mpipe-verify check shows why; "
-                  "--allow-unverified writes it anyway)", file=sys.stderr)
+            stale = args.output not in (None, "-") and os.path.isfile(args.output)
+            if stale:  # as check's --certificate-out: no earlier file passes for this one
+                os.remove(args.output)
+            print(f"{PROG}: {what}: nothing written" + (f", the earlier {args.output} removed"
+                                                         if stale else "")
+                  + " (mpipe-verify check shows why; --allow-unverified writes it anyway)",
+                  file=sys.stderr)
             return report.exit_code
         print(f"{PROG}: warning: {what}: written anyway (--allow-unverified)",
               file=sys.stderr)
@@ -432,11 +437,20 @@ def _family_instance(args: argparse.Namespace, spec: Spec | None,
     """``(family, params)`` when ``target`` is a standard family instance that the laws
     may answer for (``--family`` without an encoder cost, or a spec whose expression is
     a family term and has no cost model); else None."""
-    if args.family is not None:
-        if getattr(args, "encoder_cost", None) is not None:
+    if args.family is not None:  # the plan written is lowered with the model's costs: the
+        if getattr(args, "encoder_cost", None) is not None or (  # laws' plan is lowered
+                spec is not None and spec.cost is not None):  # with the standard ones
             return None
         return args.family, family_params(args, family_term(args))
-    if spec is None or spec.cost is not None or not isinstance(target, Schedule):
+    return _spec_family(spec, target)
+
+
+def _spec_family(spec: Spec | None, target) -> tuple[str, dict] | None:
+    """``(family, params)`` when ``target`` is exactly the plain standard family term
+    ``spec`` names (no cost model, no sizes declared beside it: the laws' schedule is the
+    term's own derivation and nothing else); else None."""
+    if (spec is None or spec.cost is not None or spec.declares
+            or not isinstance(target, Schedule)):
         return None
     term = spec.term
     for fam in FAMILIES:
@@ -795,26 +809,16 @@ def _parametric_spec(args, spec, target, name: str, limit, progress: Progress,
                      started: float):
     """A spec whose expression is a standard family term with no cost model, answered by
     the family's laws like ``--family`` (None otherwise). Declared sizes (``--stages``,
-    ``--microbatches``, ``--ranks``) make ``target`` another schedule than the term's:
-    it is then checked op by op."""
+    ``--microbatches``, ``--ranks``, or the same keys in the file's ``[schedule]``) make
+    ``target`` another schedule than the term's: it is then checked op by op."""
     declared = any(getattr(args, o, None) is not None
                    for o in ("stages", "microbatches", "ranks"))
-    if (spec is None or spec.cost is not None or args.expand or args.svg is not None
-            or args.solver_rlimit is not None or not isinstance(target, Schedule)
-            or declared):
+    if args.expand or args.svg is not None or args.solver_rlimit is not None or declared:
         return None
-    term = spec.term
-    for fam in FAMILIES:
-        chunks = getattr(term, "chunks", None) if fam == "interleaved-1f1b" else None
-        try:
-            same = family(fam, getattr(term, "ranks", 0), getattr(term, "microbatches", 0),
-                          chunks) == term
-        except (ParameterError, TypeError):
-            same = False
-        if same:
-            params = {"pp": term.ranks, "microbatches": term.microbatches, "chunks": chunks}
-            return _answer(args, fam, params, limit, name, progress, started)
-    return None
+    instance = _spec_family(spec, target)  # sizes declared in the file: op by op too
+    if instance is None:
+        return None
+    return _answer(args, *instance, limit, name, progress, started)
 
 
 def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress,
@@ -1222,9 +1226,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 def run_tune(args: argparse.Namespace) -> int:
     from .formats.spec import load_spec
     from .formats.spec_writer import spec_text
+    from .sim import now
     from .tune import document, render, tune
-    import time
-    start = time.monotonic()  # --budget counts from here
+    start = now()  # --budget counts from here (the clock tune's deadline is on)
     spec = load_spec(args.spec)
     progress = Progress(prefix=f"{PROG} tune")
     result = tune(spec, args.budget, lambda n, best: progress.phase(

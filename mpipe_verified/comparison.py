@@ -72,7 +72,7 @@ def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
               deadline: float | None = None) -> Timed:
     """Lower (a schedule), verify (with ``check``) and simulate ``spec`` with its costs
     (a checked plan only when it runs to completion: verified, or over its memory limit
-    alone). ``deadline`` (a ``time.monotonic()`` value, ``tune --budget``): raise
+    alone). ``deadline`` (a ``sim.now()`` value, ``tune --budget``): raise
     ``sim.DeadlinePassed`` between these steps, and inside the simulation, once it has
     passed."""
     target = spec.schedule if target is None else target

@@ -22,9 +22,10 @@ Timing defaults to the eager model: a real backend posts sends asynchronously (`
 so a sender does not stall until its receiver arrives. Whether the plan is *safe* under
 strict rendezvous is the verifier's question, not the simulator's.
 
-A caller with a time limit (``tune --budget``) passes ``deadline`` (a ``time.monotonic()``
-value): ``simulate`` raises ``DeadlinePassed`` at its next step once it has passed (after
-the run, and before each rank's memory curve).
+A caller with a time limit (``tune --budget``) passes ``deadline`` (a ``now()`` value,
+``time.monotonic()`` unless a test drives a fake clock through ``_now``): ``simulate``
+raises ``DeadlinePassed`` at its next step once it has passed (after the run, and before
+each rank's memory curve).
 """
 
 from __future__ import annotations
@@ -315,9 +316,19 @@ class DeadlinePassed(Exception):
     """A caller's time limit passed before the work was done (see the module docstring)."""
 
 
+_now: Callable[[], float] = time.monotonic  # the clock of every deadline (tests: a fake)
+
+
+def now() -> float:
+    """The clock deadlines are on (``time.monotonic``): ``tune`` reads its start and
+    ``check_deadline`` the time from it, so a test that replaces ``_now`` with a fake
+    clock drives every budget check deterministically."""
+    return _now()
+
+
 def check_deadline(deadline: float | None) -> None:
-    """Raise ``DeadlinePassed`` once ``time.monotonic()`` has reached ``deadline``."""
-    if deadline is not None and time.monotonic() >= deadline:
+    """Raise ``DeadlinePassed`` once ``now()`` has reached ``deadline``."""
+    if deadline is not None and _now() >= deadline:
         raise DeadlinePassed
 
 

@@ -50,7 +50,6 @@ by Z3's deterministic resource limit).
 from __future__ import annotations
 
 import multiprocessing
-import time
 from typing import Callable, Iterator
 
 import attrs
@@ -64,7 +63,7 @@ from .formats.timeline import as_plan
 from .ir import WEIGHT_GRAD, Plan, Schedule, computes_of
 from .semantics import RENDEZVOUS
 from .show import figure
-from .sim import DeadlinePassed, SimulationError, check_deadline
+from .sim import DeadlinePassed, SimulationError, check_deadline, now
 from .verify import verify
 
 CHUNKS = (2, 3, 4)
@@ -323,7 +322,7 @@ def _solve(problem: placement.Problem, deadline: float | None) -> placement.Solu
     allowance), so the solve ends by the deadline."""
     if deadline is None:
         return placement.solve(problem)
-    start = time.monotonic()
+    start = now()
     left = deadline - start
     if left <= 0:
         raise DeadlinePassed
@@ -335,11 +334,11 @@ def _solve(problem: placement.Problem, deadline: float | None) -> placement.Solu
     worker.start()
     send.close()
     try:
-        if receive.poll(max(0.0, deadline - time.monotonic())):
+        if receive.poll(max(0.0, deadline - now())):
             return receive.recv()
-        return placement.Solution(None, None, None, placement.NONE, time.monotonic() - start)
+        return placement.Solution(None, None, None, placement.NONE, now() - start)
     except EOFError:  # the worker died (e.g. out of memory)
-        return placement.Solution(None, None, None, placement.NONE, time.monotonic() - start)
+        return placement.Solution(None, None, None, placement.NONE, now() - start)
     finally:
         worker.kill()
         worker.join()
@@ -355,10 +354,10 @@ def tune(spec: Spec, budget: float | None = None,
          start: float | None = None) -> Result:
     """Search ``spec``'s schedule space, then solve the placement of its best transpose
     candidates, then verify the best and the baseline (see the module docstring).
-    ``budget`` (seconds from ``start``, a ``time.monotonic()`` value, default now) bounds
-    the search: it stops at the next step (a derivation, lowering, simulation or solve)
-    once the time is spent."""
-    start = time.monotonic() if start is None else start
+    ``budget`` (seconds from ``start``, a ``sim.now()`` value, ``time.monotonic()``,
+    default now) bounds the search: it stops at the next step (a derivation, lowering,
+    simulation or solve) once the time is spent."""
+    start = now() if start is None else start
     deadline = None if budget is None else start + budget
     tried: list[Tried] = []
     placements: list[Placement] = []
@@ -393,7 +392,7 @@ def tune(spec: Spec, budget: float | None = None,
         complete = False
         if not walked:
             total = space_size(spec)
-    searched = time.monotonic() - start
+    searched = now() - start
     if not tried:  # the budget ran out before the spec's own schedule was timed
         t, built = _time(spec, _own(spec), 0, None)
         if t is not None:
@@ -405,7 +404,7 @@ def tune(spec: Spec, budget: float | None = None,
     baseline = _verified(spec, ranked, kept, done, _baseline)
     term = spec.term
     return Result(winner, baseline, tuple(tried), pareto(tried), total + len(placements),
-                  complete, time.monotonic() - start, tuple(placements), searched, budget,
+                  complete, now() - start, tuple(placements), searched, budget,
                   term.segment if isinstance(term, Transpose) else None)
 
 

@@ -41,6 +41,13 @@ def check(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def command(capsys, *argv: str) -> tuple[int, str, str]:
+    """Any subcommand: ``(exit code, stdout, stderr)``."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def check_json(capsys, *argv: str) -> tuple[int, dict]:
     code, out, err = check(capsys, *argv, "--json")
     assert err == ""
@@ -555,3 +562,43 @@ def test_an_undecided_file_names_each_undecided_property(capsys):
                                              "decided; 2 ranks, 2 microbatches, 16 ops")
     assert all(line.startswith("--family gpipe: undecided: ") for line in lines[1:])
     assert len(lines) == 6
+
+
+@pytest.mark.parametrize("text", [
+    '[schedule]\nfamily = "1f1b"\npp = 4\nmicrobatches = 8\nstages = 12\n',
+    '[schedule]\nexpression = "one_f_one_b(pp=4, microbatches=8)"\nmicrobatches = 9\n',
+])
+def test_sizes_declared_in_the_file_are_never_answered_by_the_laws(tmp_path, capsys, text):
+    """A spec that names a family but declares other sizes beside it is another schedule
+    than the family's: even with --laws it is checked op by op (VIOLATED), and export
+    refuses it (the laws once answered VERIFIED for it)."""
+    spec = tmp_path / "declared.toml"
+    spec.write_text(text)
+    code, out, _ = command(capsys, "check", "--laws", str(spec))
+    assert code == 1 and ": VIOLATED (" in out and "completeness" in out, out
+    (tmp_path / "out.json").write_text("{}")  # an earlier run's file
+    code, _, err = command(capsys, "export", "--to", "plan-json", "-o",
+                           str(tmp_path / "out.json"), str(spec))
+    assert code == 1 and "VIOLATED" in err and not (tmp_path / "out.json").exists()
+    assert "the earlier" in err and "removed" in err
+
+
+def test_an_exported_transpose_family_is_judged_as_written(tmp_path, capsys, monkeypatch):
+    """export lowers --family transpose with its estimated costs, while the laws certify
+    the plan lowered with the standard ones (another plan): export judges the plan it
+    writes op by op, never by the laws, and the file rechecks from its own check."""
+    from mpipe_verified import cli
+
+    def laws(*_, **__):
+        raise AssertionError("export asked the laws for a plan they do not certify")
+
+    monkeypatch.setattr(cli.parametric, "answer", laws)
+    args = ["--family", "transpose", "--mode", "none", "--ownership", "inline", "--pp", "4",
+            "--microbatches", "6"]
+    plan, cert = tmp_path / "t.json", tmp_path / "t.cert.json"
+    code, _, err = command(capsys, "export", "--to", "plan-json", "-o", str(plan), *args)
+    assert code == 0, err
+    code, out, _ = command(capsys, "check", str(plan), "--certificate-out", str(cert))
+    assert code == 0, out
+    code, out, _ = command(capsys, "recheck", str(plan), str(cert))
+    assert code == 0 and "PROVEN" in out, out

@@ -51,6 +51,8 @@ OWNER, MOVED, HOME = "owner", "moved", "home"
 RLIMIT = 2_000_000  # Z3 resource units per Optimize call (about a second at 8 ranks)
 HARD_SECONDS = 60.0  # wall-clock cap on one solve, whatever Z3's own limits do
 _START = 5.0  # allowance for starting the solver's process
+_now: Callable[[], float] = time.monotonic  # the clock of ``timeout`` and ``seconds``
+# (a test replaces it with a fake clock; the process waits in ``solve`` stay real)
 
 
 @attrs.frozen
@@ -162,7 +164,7 @@ def solve(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = None) 
     """``optimize(problem, rlimit, timeout)`` in a process of its own, stopped after
     ``timeout`` (at most ``HARD_SECONDS``) plus a second: Z3 does not check its limits
     everywhere, and a solve must not hang its caller. A stopped solve has no owners."""
-    start = time.monotonic()
+    start = _now()
     limit = HARD_SECONDS if timeout is None else min(timeout, HARD_SECONDS)
     context = multiprocessing.get_context(  # fork: no re-import of the caller's script
         "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -174,9 +176,9 @@ def solve(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = None) 
     try:
         if receive.poll(limit + 1.0 + _START):
             return receive.recv()
-        return Solution(None, None, None, NONE, time.monotonic() - start)
+        return Solution(None, None, None, NONE, _now() - start)
     except EOFError:  # the worker died (e.g. out of memory)
-        return Solution(None, None, None, NONE, time.monotonic() - start)
+        return Solution(None, None, None, NONE, _now() - start)
     finally:
         worker.kill()
         worker.join()
@@ -194,7 +196,7 @@ def optimize(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = Non
     is left of ``timeout`` seconds), the next one with the previous optimum fixed. A
     solution is optimal when every call finished; its values are then Z3's optima."""
     import z3
-    start = time.monotonic()
+    start = _now()
     ctx = z3.Context()  # a fresh context: the answer does not depend on earlier Z3 use
     p, m = problem.ranks, problem.microbatches
     x = [[z3.Bool(f"x_{mb}_{r}", ctx) for r in range(p)] for mb in range(m)]
@@ -219,7 +221,7 @@ def optimize(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = Non
         opt = z3.Optimize(ctx=ctx)
         opt.set("rlimit", rlimit)
         if timeout is not None:
-            left = timeout - (time.monotonic() - start)
+            left = timeout - (_now() - start)
             if left <= 0:
                 break
             opt.set("timeout", max(1, int(left * 1000)))
@@ -234,7 +236,7 @@ def optimize(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = Non
             break
         values.append(goal.value())
         rules.append(objective <= goal.value())
-    seconds = time.monotonic() - start
+    seconds = _now() - start
     if model is None:
         return Solution(None, None, None, NONE, seconds)
     owners = tuple(next((r for r in range(p) if z3.is_true(model.eval(x[mb][r]))),

@@ -104,13 +104,16 @@ def default_cost(term: Term) -> CostModel | None:
 
 @attrs.frozen
 class Spec:
-    """A loaded spec. ``schedule`` is ``term.derive()`` (computed once, at load)."""
+    """A loaded spec. ``schedule`` is ``term.derive()`` (computed once, at load), with
+    the sizes the file declares beside it (``stages``, ``ranks``, ``microbatches``:
+    ``declares`` is then True and the schedule is no longer the term's own)."""
 
     term: Term
     schedule: Schedule = attrs.field(eq=False, repr=False)
     cost: CostModel | None = None
     memory_limit: float | tuple[float, ...] | None = None
     file: str = ""
+    declares: bool = False
 
     def duration(self, op: Op) -> float:
         """The cost model's duration, or ``standard_duration`` without one."""
@@ -405,10 +408,11 @@ class _Builder:
         except ParameterError as e:
             key = "expression" if "expression" in schedule_table else "family"
             raise self.error(f"schedule does not derive: {e}", "schedule", key) from None
+        derived = schedule
         schedule = self.declared(schedule_table, schedule)
         cost = self.cost(data, schedule, term)
         limit = self.limit(data["memory"], schedule) if "memory" in data else None
-        return Spec(term, schedule, cost, limit, self.file)
+        return Spec(term, schedule, cost, limit, self.file, declares=schedule is not derived)
 
     def declared(self, table: dict, schedule: Schedule) -> Schedule:
         """``stages``/``ranks`` (and, beside an expression, ``microbatches``): the sizes

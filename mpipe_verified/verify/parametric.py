@@ -236,9 +236,15 @@ def tree_digest(roots: Sequence[tuple[str, str]]) -> str:
     h = hashlib.sha256()
     for label, root in roots:
         found = []
-        for parent, dirs, files in os.walk(root):
+
+        def unreadable(err: OSError) -> None:  # a directory skipped would hide its edits
+            raise err
+
+        for parent, dirs, files in os.walk(root, onerror=unreadable):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             found += [os.path.join(parent, f) for f in files if not f.endswith((".pyc", ".pyo"))]
+        if not any(f.endswith(".py") for f in found):  # e.g. a package imported from a zip
+            raise OSError(f"no Python source under {root}: the package cannot be digested")
         for path in sorted(found):
             with open(path, "rb") as f:
                 data = f.read()

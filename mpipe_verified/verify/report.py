@@ -450,7 +450,7 @@ class Locator:
 def _spec_position(text: str) -> tuple[int, int]:
     """The ``expression``/``family`` key of the ``[schedule]`` table, else its header."""
     table, header = None, None
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):  # TOML's lines (not U+2028's)
         if m := re.match(r"\s*\[\s*([^\]]*?)\s*\]", line):
             table = m.group(1)
             if table == "schedule":
