@@ -95,7 +95,8 @@ ALL_NAMES = [c["name"] for c in cases(2)]
 
 
 class Launch:
-    """``world`` worker processes; records each one's exit code and exit time."""
+    """``world`` worker processes; records each one's exit code (None: still running
+    after ``LAUNCH_TIMEOUT``, a hang guard, and killed)."""
 
     def __init__(self, world: int, out_dir: str, final: str) -> None:
         self.world, self.out = world, out_dir
@@ -110,12 +111,11 @@ class Launch:
              final], env=rank_env(r, world, port, env), stdout=self.logs[r],
             stderr=subprocess.STDOUT) for r in range(world)]
         self.codes: list[int | None] = [None] * world
-        self.ended: list[float | None] = [None] * world
         deadline = time.time() + LAUNCH_TIMEOUT
         while None in self.codes and time.time() < deadline:
             for r, p in enumerate(self.procs):
                 if self.codes[r] is None and p.poll() is not None:
-                    self.codes[r], self.ended[r] = p.returncode, time.time()
+                    self.codes[r] = p.returncode
             time.sleep(0.05)
         for p in self.procs:
             if p.poll() is None:
@@ -323,14 +323,15 @@ def test_wrong_shape_is_refused_before_sending_and_a_silent_peer_times_out(launc
     assert "PeerError" in err and "timed out after 2 s" in err and "1RECV_F0" in err, err
 
 
-def test_killed_rank_ends_the_others_within_60s(launches):
+def test_killed_rank_ends_the_others_through_its_closed_connections(launches):
+    """Rank 1 SIGKILLs itself mid-step: every other rank fails at once because a peer's
+    connection closed (rank 1's, or that of a rank that failed before it), not by a wait
+    timeout (300 s, as long as the launch's hang guard)."""
     run = launches[4]
-    path = os.path.join(run.out, "killed_at")
-    assert os.path.exists(path), run.describe()
-    killed_at = float(open(path).read())
+    assert os.path.exists(os.path.join(run.out, "killed_at")), run.describe()
     assert run.codes[1] == -9, run.describe()
     for r in (0, 2, 3):
         assert run.codes[r] not in (0, None), run.describe()
-        assert run.ended[r] - killed_at < 60, (r, run.ended[r] - killed_at)
         err = run.stderr(r)
-        assert "PeerError" in err or "made no progress" in err, err[-2000:]
+        assert "PeerError" in err, err[-2000:]  # e.g. "the peer died or closed its ..."
+        assert "timed out after" not in err and "made no progress" not in err, err[-2000:]

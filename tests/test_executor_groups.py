@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
 
 import pytest
@@ -118,26 +117,24 @@ def test_world_not_a_multiple_of_the_pipeline_is_refused(tmp_path):
 
 def test_late_rank_fits_the_startup_timeout_and_failures_exit_normally(tmp_path):
     """Rank 1 connects 3 s late (wait timeout 1 s); then rank 0 refuses to send a wrong
-    shape, rank 1's receive times out after 1 s, and both leave through ``sys.exit``."""
-    started = time.time()
+    shape, rank 1's receive times out after 1 s (the wait timeout, not the start-up one:
+    gloo itself says how long it waited), and both leave through ``sys.exit``. The
+    launch's timeout is a hang guard: a rank still running then is killed (exit -9)."""
     codes, texts = launch(2, "skew", str(tmp_path), timeout=120)
     assert codes == [3, 4], "\n".join(texts)
     assert all(os.path.exists(tmp_path / f"connected.{r}") for r in range(2))
     assert "PayloadMismatchError" in texts[0] and "refusing to send act of stage 0" in texts[0]
     assert "PeerError" in texts[1] and "timed out after 1 s" in texts[1], texts[1]
-    connected = float(open(tmp_path / "connected.1").read())
-    failed = float(open(tmp_path / "failed.1").read().split("\n")[0])
-    assert failed - connected < 10  # the wait timeout, not the start-up one
-    assert time.time() - started < 110
+    assert "Timed out waiting 1000ms for recv" in texts[1], texts[1]
     assert "Traceback" not in texts[0] + texts[1]
 
 
 def test_startup_timeout_ends_a_rank_whose_peer_never_joins(tmp_path):
-    started = time.time()
+    """Rank 1 never joins (it waits for rank 0 to fail, then leaves): rank 0's 2 s
+    start-up timeout must end it, exit 5 (the launch's timeout is only a hang guard)."""
     codes, texts = launch(2, "startup", str(tmp_path), timeout=120)
-    assert codes[0] == 5, "\n".join(texts)
+    assert codes == [5, 0], "\n".join(texts)
     assert "starting the process group failed (start-up timeout 2 s)" in texts[0], texts[0]
-    assert time.time() - started < 110
 
 
 def plan_of(schedule: str, mode: str = "recompute"):

@@ -18,8 +18,9 @@ Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Scenarios:
   timeout must absorb; then stage 0 returns a wrong shape, rank 0 refuses to send it and
   rank 1's receive times out after 1 s; each exits through ``sys.exit`` (rank 0: 3,
   rank 1: 4) once both have failed (``OUT/failed.RANK``);
-- ``startup`` (2 ranks): rank 1 starts 8 s late, rank 0's start-up timeout is 2 s: it
-  must fail with a ``PeerError`` and exit 5 through ``sys.exit``.
+- ``startup`` (2 ranks): rank 1 never joins (it waits for ``OUT/startup.0``, which rank 0
+  writes once it has failed, then exits 0); rank 0's start-up timeout is 2 s: it must
+  fail with a ``PeerError`` and exit 5 through ``sys.exit``.
 """
 
 from __future__ import annotations
@@ -200,13 +201,13 @@ def run_skew(out: str, rank: int) -> int:
                           loss_fn=tiny.loss_fn, timeout=1, startup_timeout=60)
     ex.connect()
     with open(os.path.join(out, f"connected.{rank}"), "w") as f:
-        f.write(repr(time.time()))
+        f.write("connected")
     try:
         ex.step(tiny.make_batch(0, 2 * m))
     except PipelineError as err:
         sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
         with open(os.path.join(out, f"failed.{rank}"), "w") as f:
-            f.write(f"{time.time()!r}\n{err}")
+            f.write(str(err))
         deadline = time.time() + 30  # exit once both have failed (a live peer keeps
         while time.time() < deadline and not all(  # the other waiting, not closing)
                 os.path.exists(os.path.join(out, f"failed.{r}")) for r in range(PP)):
@@ -220,12 +221,17 @@ def main() -> int:
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     if scenario == "startup":
-        if rank == 1:
-            time.sleep(8)
+        failed = os.path.join(out, "startup.0")
+        if rank == 1:  # never joins; gone once rank 0 has failed (a hang guard else)
+            deadline = time.time() + 100
+            while not os.path.exists(failed) and time.time() < deadline:
+                time.sleep(0.05)
+            return 0
         try:
             init_distributed(timeout=2)
         except PeerError as err:
             sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
+            open(failed, "w").close()
             return 5
         return 0
     init_distributed()

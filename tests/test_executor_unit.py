@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 
 import attrs
@@ -551,34 +550,62 @@ def test_sender_checks_shape_and_dtype():
 
 
 def test_watchdog_ends_a_stuck_process():
+    """Armed for 0.2 s, the watchdog ends a process that would sleep for ten minutes:
+    exit 124 and its line (``timeout``: a generous hang guard, raising if it does not)."""
     code = textwrap.dedent("""
         import time
         from mpipe_verified.executor.comm import Watchdog
         w = Watchdog(3, grace_s=0.0)
         w.arm("0RECV_F1 at position 4 with rank 1", 0.2)
-        time.sleep(30)
+        time.sleep(600)
     """)
-    t = time.time()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 124 and time.time() - t < 30
+                          timeout=120)
+    assert done.returncode == 124, done.stderr
     assert "rank 3: 0RECV_F1 at position 4 with rank 1 made no progress" in done.stderr
 
 
 # ---------------------------------------------------------------- launcher
 
 
-def run_launcher(tmp_path, body: str, nproc: int = 2, timeout: float = 60):
+def run_launcher(tmp_path, body: str, nproc: int = 2, timeout: float = 120):
+    """``mpipe-run`` on ``body`` (its first argument: ``tmp_path``); ``timeout``: a
+    generous hang guard (``TimeoutExpired``), not a measure of speed."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    t = time.time()
-    done = subprocess.run([MPIPE_RUN, "--nproc", str(nproc), str(script), str(tmp_path)],
+    return subprocess.run([MPIPE_RUN, "--nproc", str(nproc), str(script), str(tmp_path)],
                           capture_output=True, text=True, timeout=timeout)
-    return done, time.time() - t
+
+
+# A rank that must be stopped: it writes its pid, then sleeps for longer than the guard
+# (a launcher that waited for it would hit the guard). The failing rank fails only once
+# that pid is written, so the stopped rank is surely running by then.
+STOPPED = """
+    import os, signal, sys, time
+
+    def stopped(out):
+        with open(os.path.join(out, "pid.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(os.path.join(out, "pid.tmp"), os.path.join(out, "pid"))
+        time.sleep(600)
+
+    def when_stopped_is_running(out):
+        while not os.path.exists(os.path.join(out, "pid")):
+            time.sleep(0.01)
+"""
+
+
+def gone(pid: int) -> bool:
+    """No process ``pid`` (the launcher waited for it: not even a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def test_launcher_sets_env_and_succeeds(tmp_path):
-    done, _ = run_launcher(tmp_path, """
+    done = run_launcher(tmp_path, """
         import os, sys
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         with open(os.path.join(sys.argv[1], "env." + os.environ["RANK"]), "w") as f:
@@ -591,30 +618,37 @@ def test_launcher_sets_env_and_succeeds(tmp_path):
 
 
 def test_launcher_forwards_a_failure_and_stops_the_others(tmp_path):
-    done, elapsed = run_launcher(tmp_path, """
-        import os, time
-        if os.environ["RANK"] == "1":
-            raise SystemExit(3)
-        time.sleep(120)
+    """Rank 1 exits 3 while rank 0 sleeps: the launcher exits 3, says so, and has
+    stopped rank 0 (its process is gone) rather than waiting for it."""
+    done = run_launcher(tmp_path, STOPPED + """
+    if os.environ["RANK"] == "1":
+        when_stopped_is_running(sys.argv[1])
+        raise SystemExit(3)
+    stopped(sys.argv[1])
     """)
-    assert done.returncode == 3 and elapsed < 30
-    assert "rank 1 exited with code 3" in done.stderr
+    assert done.returncode == 3, done.stderr
+    assert "rank 1 exited with code 3; stopping the other ranks" in done.stderr
+    assert gone(int((tmp_path / "pid").read_text()))
 
 
 def test_launcher_reports_a_killed_rank(tmp_path):
-    done, elapsed = run_launcher(tmp_path, """
-        import os, signal, time
-        if os.environ["RANK"] == "0":
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(120)
+    """Rank 0 is killed (SIGKILL) while rank 1 sleeps: the launcher exits 137 (128 + 9),
+    says so, and has stopped rank 1."""
+    done = run_launcher(tmp_path, STOPPED + """
+    if os.environ["RANK"] == "0":
+        when_stopped_is_running(sys.argv[1])
+        os.kill(os.getpid(), signal.SIGKILL)
+    stopped(sys.argv[1])
     """)
-    assert done.returncode == 137 and elapsed < 30
+    assert done.returncode == 137, done.stderr
+    assert "rank 0 exited with code 137; stopping the other ranks" in done.stderr
+    assert gone(int((tmp_path / "pid").read_text()))
 
 
 def test_launcher_forwards_whole_lines_prefixed_with_the_rank(tmp_path):
     """Ranks that write a character at a time into a pipe still come out one whole line
     each, prefixed with the rank (stdout and stderr each to its own stream)."""
-    done, _ = run_launcher(tmp_path, """
+    done = run_launcher(tmp_path, """
         import os, sys
         r = os.environ["RANK"]
         for i in range(40):
