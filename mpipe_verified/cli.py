@@ -428,8 +428,14 @@ def _export_verdict(plan: Plan, model: Model, laws: Report | None) -> Report:
     holds for the file written too."""
     if laws is not None:
         return laws
+    return _judge(plan, model.limit, RENDEZVOUS, model.memory)
+
+
+def _judge(plan: Plan, limit, comm_model: str, memory, rlimit: int | None = None) -> Report:
+    """``plan`` judged op by op, as check and export both judge it: ``verify``, or on two
+    cores (``verify_split``) from ``TWO_PROCESS_OPS`` ops."""
     judge = verify_split if plan.num_ops >= TWO_PROCESS_OPS else verify
-    return judge(plan, model.limit, RENDEZVOUS, model.memory)
+    return judge(plan, limit, comm_model, memory, rlimit=rlimit)
 
 
 def _family_instance(args: argparse.Namespace, spec: Spec | None,
@@ -731,8 +737,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     two = plan.num_ops >= TWO_PROCESS_OPS
     progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3"
                    + (" on two cores" if two else ""))
-    report = (verify_split if two else verify)(plan, limit, args.comm_model, model.memory,
-                                               rlimit=args.solver_rlimit)
+    report = _judge(plan, limit, args.comm_model, model.memory, args.solver_rlimit)
     if args.svg is not None:
         progress.phase(f"{name}: drawing")
         props = sorted({v.property for v in report.violations})

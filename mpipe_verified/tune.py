@@ -44,7 +44,10 @@ verified as they are, not derived and lowered again (the same plan, so the same 
 If the budget runs out before the spec's own term is timed, the final step times and
 verifies it, so the spec's own schedule is always tried. Without a budget the result
 depends only on the spec (the order and the ranking are fixed, and each solve is bounded
-by Z3's deterministic resource limit).
+by Z3's deterministic resource limit), but for one guard: a placement solve still running
+after ``placement.HARD_SECONDS`` (a machine too loaded to finish its resource budget in
+that time) is dropped, and the heuristic owners stand. The verified plan is whichever wins;
+its verdict never depends on time.
 """
 
 from __future__ import annotations

@@ -57,8 +57,7 @@ def first_sends(program: Sequence, cut) -> dict[tuple, object]:
             p = c.payload
             if type(c) is not Send or p.stage != 0:
                 continue
-            if (p.kind == INPUT or (p.kind == ACT and p.segment in sources)
-                    or (p.kind == ACT and not p.segment)):
+            if p.kind == INPUT or (p.kind == ACT and (not p.segment or p.segment in sources)):
                 out.setdefault((p.kind, p.segment, p.mb), p)
     return out
 

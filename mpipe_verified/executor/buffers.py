@@ -134,7 +134,6 @@ class Copies:
         every copy replays from (so copies that drifted apart outside a step, e.g. a
         forward of the caller's own, agree again). Every copy calls this at the same
         point of its step."""
-        self._first = first
         m = self.microbatches
         counts = torch.zeros(len(self.norms) * m + len(self.others), dtype=torch.float64)
         for k, norm in enumerate(self.norms):
@@ -144,14 +143,15 @@ class Copies:
             counts[len(self.norms) * m + j] = float(not torch.equal(b, self._others_start[j]))
         counts = _reduced(counts, reduces)
         if self.norms:
-            self._replay(counts[:len(self.norms) * m].view(len(self.norms), m), reduces)
+            self._replay(counts[:len(self.norms) * m].view(len(self.norms), m), reduces,
+                         first)
         changed = counts[len(self.norms) * m:]
         for (_, b), flag in zip(self.others, changed.tolist()):
             if flag:
                 for broadcast in broadcasts:
                     broadcast(b)
 
-    def _replay(self, counts: torch.Tensor, reduces: list[Reduce]) -> None:
+    def _replay(self, counts: torch.Tensor, reduces: list[Reduce], first: bool) -> None:
         """Sum every copy's recorded statistics, then apply them to the step's starting
         statistics in microbatch order."""
         calls = counts.long()
@@ -168,7 +168,7 @@ class Copies:
             slots.append(stats)
         starts = torch.zeros(sum(2 * n.running_mean.numel() + 1 for n in self.norms),
                              dtype=torch.float64)
-        if self._first:  # the first copy's starting statistics, for every copy
+        if first:  # the first copy's starting statistics, for every copy
             starts.copy_(torch.cat([torch.cat([m.double().reshape(-1).cpu(),
                                                v.double().reshape(-1).cpu(),
                                                torch.tensor([float(t)], dtype=torch.float64)])

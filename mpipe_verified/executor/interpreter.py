@@ -293,9 +293,7 @@ class PipelineExecutor:
         return {s: table[s] for s in mine}
 
     def _local_segments(self, segments: dict) -> dict[str, nn.Module]:
-        used = {c.segment for op in self.program for c in computes_of(op) if c.segment}
-        used |= {tagged[1] for op in self.program
-                 if isinstance(op, Collective) and (tagged := collective_segment(op))}
+        used = _segments_touched(self.program)
         missing = sorted(used - set(segments))
         if missing:
             raise PipelineError(f"rank {self.rank}: the plan runs segment(s) "
@@ -429,10 +427,8 @@ class PipelineExecutor:
     def _holders(self, name: str) -> tuple[int, ...]:
         """The plan ranks that hold a copy of segment ``name``: every rank whose program
         runs or exchanges it (those given its module; the same on every rank)."""
-        return tuple(sorted({
-            r for r, program in enumerate(self.plan.programs) for op in program
-            if any(c.segment == name for c in computes_of(op))
-            or (isinstance(op, Collective) and (collective_segment(op) or ("",))[-1] == name)}))
+        return tuple(r for r, program in enumerate(self.plan.programs)
+                     if name in _segments_touched(program))
 
     def _buffer_copies(self, topo: topology.Topology) -> dict:
         """``id(module) -> (Copies, reduces, broadcasts, first)`` for each module of this
@@ -441,12 +437,12 @@ class PipelineExecutor:
         home holds none), any module when there are replicas (over the data-parallel
         group, from replica 0); ``first``: this rank holds the copy broadcast from."""
         out = {}
-        for label, module in self._labelled_modules():
+        held = [(None, m) for m in self.stages.values()] + list(self.segments.items())
+        for name, module in held:
             if next(module.buffers(), None) is None:
                 continue
             reduces, broadcasts, first = [], [], True
-            if label.startswith("segment"):
-                name = label.split("'")[1]
+            if name is not None:  # a segment
                 holders = self._holders(name)
                 if len(holders) > 1:
                     group = self._groups[holders]
@@ -1293,6 +1289,14 @@ class PipelineExecutor:
         self._wait([dist.all_reduce(flat, group=group, async_op=True)], where, peers)
         topology.unflatten_grads(trainable, flat)  # each gradient back in its parameter's dtype
         return {}
+
+
+def _segments_touched(program) -> set[str]:
+    """The segments a rank's ``program`` runs (a compute of it) or exchanges (its
+    ``params:``/``grads:`` collective): the ones the rank holds a module of."""
+    used = {c.segment for op in program for c in computes_of(op) if c.segment}
+    return used | {tagged[1] for op in program
+                   if isinstance(op, Collective) and (tagged := collective_segment(op))}
 
 
 @contextlib.contextmanager

@@ -79,11 +79,6 @@ def microbatch_weights(blocks: Sequence[Sequence[Batch]], mine: int, reduction: 
     microbatches; the weights of all of them sum to 1 (``"mean"``; 0 if nothing counts)."""
     if reduction == "sum":
         return [1.0] * len(blocks[mine])
-    if ignore_index is None and loss_weight is None and all(
-            isinstance(mb.target, torch.Tensor) for block in blocks for mb in block):
-        counts = [[mb.target.shape[0] for mb in block] for block in blocks]  # rows
-        total = sum(map(sum, counts))
-        return [c / total for c in counts[mine]]
     counts = [[count_of(mb, ignore_index, loss_weight) for mb in block] for block in blocks]
     total = sum(sum(c) for c in counts)
     return [c / total if total else 0.0 for c in counts[mine]]

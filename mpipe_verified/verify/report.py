@@ -390,6 +390,7 @@ class Locator:
         plan-json file need it, and only when an op is located)."""
         self.kind, self._source, self.plan, self.schedule = kind, text, plan, schedule
         self._json = None
+        self._indices: dict[int, dict] = {}  # rank -> op -> its first index in the file
 
     @property
     def text(self) -> str:
@@ -423,18 +424,24 @@ class Locator:
         program, written = plan.programs[rank], schedule.programs[rank]
         if not 0 <= position < len(program):
             return None
+        if rank not in self._indices:  # once per rank: each lookup is then one get
+            index: dict = {}
+            for i, w in enumerate(written):
+                index.setdefault(w, i)
+            self._indices[rank] = index
+        at = self._indices[rank]
         op = program[position]
         if not computes_of(op):
             step = 1 if isinstance(op, Recv) else -1
-            if op in written:  # a collective the file holds itself
-                return written.index(op)
+            if op in at:  # a collective the file holds itself
+                return at[op]
             j = position + step
             while 0 <= j < len(program) and not computes_of(program[j]):
                 j += step
             if not 0 <= j < len(program):
                 return None
             op = program[j]
-        return written.index(op) if op in written else None
+        return at.get(op)
 
     def _json_position(self, rank: int, index: int | None) -> tuple[int, int] | None:
         if self._json is None:
