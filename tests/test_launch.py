@@ -16,9 +16,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MPIPE_RUN = os.path.join(os.path.dirname(sys.executable), "mpipe-run")
 
 CHAINED = """
-    import os
-    print("rank", os.environ["RANK"], "starts")
+    import os, sys, time
+    print("rank", os.environ["RANK"], "starts", flush=True)
+    open("started." + os.environ["RANK"], "w").close()
     if os.environ["RANK"] == "1":
+        deadline = time.monotonic() + 60  # rank 0 has printed before rank 1 fails
+        while not os.path.exists("started.0") and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             {{}}["missing"]
         except KeyError as err:
@@ -62,7 +66,7 @@ def test_a_failing_rank_prints_one_line_and_its_log_holds_the_traceback(tmp_path
     assert "KeyError: 'missing'" in text
     assert "The above exception was the direct cause of the following exception:" in text
     assert text.endswith("RuntimeError: rank 1 gave up\nsecond line of the message\n")
-    assert f'File "{tmp_path / "script.py"}", line 6, in <module>' in text
+    assert f'File "{tmp_path / "script.py"}", line 10, in <module>' in text
     assert "rank_main" not in text and "runpy" not in text  # the script's frames only
 
 
@@ -183,10 +187,14 @@ def test_a_script_runs_as_under_plain_python(tmp_path):
 
 def test_a_module_runs_as_under_python_dash_m_and_fails_in_one_line(tmp_path):
     write(tmp_path / "rankmod.py", """
-        import json, os, sys
-        with open("mod." + os.environ["RANK"], "w") as f:
+        import json, os, sys, time
+        with open("mod." + os.environ["RANK"] + ".tmp", "w") as f:
             json.dump(dict(argv=sys.argv, name=__name__, path0=sys.path[0]), f)
+        os.replace("mod." + os.environ["RANK"] + ".tmp", "mod." + os.environ["RANK"])
         if os.environ["RANK"] == "1":
+            deadline = time.monotonic() + 60  # rank 0 has written its file first
+            while not os.path.exists("mod.0") and time.monotonic() < deadline:
+                time.sleep(0.01)
             raise ValueError("bad value")
     """)
     logs = tmp_path / "logs"

@@ -141,7 +141,7 @@ def check_case(out: str, name: str) -> dict:
     want = reference(case, world)
     ranks = results(out, name, world)
     tol = 1e-6 if case.get("bf16") else 1e-5
-    covered = set()
+    covered, buffered = set(), set()
     for r, got in enumerate(ranks):
         assert got["losses"] == pytest.approx(want["losses"], abs=tol), (name, r)
         if case.get("clip"):
@@ -153,11 +153,13 @@ def check_case(out: str, name: str) -> dict:
             else:
                 assert g is not None and close(g, want["grads"][n]), (name, r, n)
         for n, b in got["buffers"].items():
+            buffered.add(n)
             assert close(b, want["buffers"][n]), (name, r, n, b, want["buffers"][n])
         if case.get("optimizer"):
             for n, p in got["params"].items():
                 assert close(p, want["params"][n]), (name, r, n)
     assert covered == want["trainable"], name
+    assert buffered == set(want["buffers"]), name  # every buffer compared on some rank
     return want
 
 
@@ -186,9 +188,13 @@ def test_buffers_equal_one_process_in_every_mode(two, name):
 
 @pytest.mark.parametrize("name", [c["name"] for c in worker.CASES[3]])
 def test_a_segment_whose_home_runs_none_of_it(three, name):
-    """Three ranks, the encoder's forwards on ranks 1 and 2 only (given owners): its home
-    rank holds no copy, and its copies' statistics still equal one process's."""
+    """Three ranks, the encoder's forwards on ranks 1 and 2 only (given owners): frozen,
+    its home rank holds no copy (in owner mode home takes part in its collectives); its
+    copies' statistics still equal one process's."""
     check_case(three, name)
+    home = results(three, name, 3)[0]
+    touched = any(n.startswith("vision.") for n in (*home["buffers"], *home["grads"]))
+    assert touched == (find(name)[0]["mode"] == "owner"), name
 
 
 def test_replicas_buffers_unused_parameters_and_clipping(four):
@@ -259,10 +265,10 @@ def test_eval_runs_every_module_in_eval_mode_and_restores_it(two):
     last = torch.load(os.path.join(two, "eval.1.pt"))
     assert last["outputs"][0] is not None
     for got in last["outputs"]:
-        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
     for r in range(2):
         saved = torch.load(os.path.join(two, f"eval.{r}.pt"))
-        assert all(saved["training"])
+        assert all(saved["training"]) and saved["before"].keys() == saved["after"].keys()
         assert all(torch.equal(saved["before"][n], b) for n, b in saved["after"].items())
 
 
