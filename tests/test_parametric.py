@@ -336,6 +336,22 @@ def test_the_provers_prove_each_distinct_obligation_once_between_them(monkeypatc
     assert proved_now and count == len(every) > 0
 
 
+def test_the_derivation_spy_sees_an_honest_claim_derived(tmp_path, capsys, monkeypatch):
+    """The control of the tests below: an honest claim's check does build, then derive,
+    its plan, so a refusal with no call recorded came before the derivation."""
+    from mpipe_verified.verify.report import Certificate
+    cert, plan = tmp_path / "c.json", tmp_path / "i.json"
+    argv = family_argv("interleaved-1f1b", 2, 4)
+    assert main(["check", *argv, "--certificate-out", str(cert), "-q", "--laws"]) == 0
+    assert main(["export", *argv, "--to", "plan-json", "-o", str(plan)]) == 0
+    from mpipe_verified.formats.plan_json import parse_plan_json
+    claim = Certificate.from_json(json.loads(cert.read_text())).parametric
+    calls = derivations(monkeypatch, build=True)
+    with pytest.raises(Derived):
+        parametric.mismatch(parse_plan_json(plan.read_text(), str(plan)), claim)
+    assert calls == ["term", "derive"]
+
+
 @pytest.mark.parametrize("params", [{"chunks": 10 ** 400}, {"chunks": 10 ** 6}, {"chunks": True},
                                     {"body": "x"}])
 def test_a_parametric_claim_with_odd_parameters_is_refused_before_deriving(tmp_path, capsys,

@@ -211,7 +211,7 @@ def test_a_solve_ends_by_its_deadline(monkeypatch):
         _solve(problem, sim.now() - 1.0)
 
 
-def test_the_space_is_counted_without_deriving_it():
+def test_the_space_size_is_the_length_of_the_derived_space():
     """``space_size`` (what a stopped search reports) is the length of the lazily
     derived space, for every small example."""
     for path in sorted(EXAMPLES.glob("*.toml")):
