@@ -52,7 +52,6 @@ its verdict never depends on time.
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Callable, Iterator
 
 import attrs
@@ -321,35 +320,14 @@ def refine(spec: Spec, tried, deadline: float | None, cache: dict, built: dict |
 def _solve(problem: placement.Problem, deadline: float | None) -> placement.Solution:
     """``placement.solve`` (Z3 bounded by its resource limit) without a deadline; with
     one, Z3 gets the time left as its timeout and its process is stopped at the deadline
-    whatever Z3 does (``placement.solve`` would wait up to ``timeout`` plus its start-up
-    allowance), so the solve ends by the deadline."""
+    whatever Z3 does (by itself ``placement.solve`` would wait up to ``timeout`` plus its
+    start-up allowance), so the solve ends by the deadline."""
     if deadline is None:
         return placement.solve(problem)
-    start = now()
-    left = deadline - start
+    left = deadline - now()
     if left <= 0:
         raise DeadlinePassed
-    context = multiprocessing.get_context(  # fork: no re-import of the caller's script
-        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    receive, send = context.Pipe(duplex=False)
-    worker = context.Process(target=_solve_in, args=(
-        problem, min(left, placement.HARD_SECONDS), send), daemon=True)
-    worker.start()
-    send.close()
-    try:
-        if receive.poll(max(0.0, deadline - now())):
-            return receive.recv()
-        return placement.Solution(None, None, None, placement.NONE, now() - start)
-    except EOFError:  # the worker died (e.g. out of memory)
-        return placement.Solution(None, None, None, placement.NONE, now() - start)
-    finally:
-        worker.kill()
-        worker.join()
-        receive.close()
-
-
-def _solve_in(problem: placement.Problem, timeout: float, send) -> None:
-    send.send(placement.optimize(problem, placement.RLIMIT, timeout))
+    return placement.solve(problem, timeout=left, wait=left)
 
 
 def tune(spec: Spec, budget: float | None = None,

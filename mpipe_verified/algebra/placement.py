@@ -160,10 +160,12 @@ def _share(owner_is: Callable[[int, int], object], negate: Callable) -> Share:
     return on
 
 
-def solve(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = None) -> Solution:
+def solve(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = None,
+          wait: float | None = None) -> Solution:
     """``optimize(problem, rlimit, timeout)`` in a process of its own, stopped after
-    ``timeout`` (at most ``HARD_SECONDS``) plus a second: Z3 does not check its limits
-    everywhere, and a solve must not hang its caller. A stopped solve has no owners."""
+    ``wait`` seconds (default: ``timeout``, at most ``HARD_SECONDS``, plus a second and
+    the process's start-up allowance): Z3 does not check its limits everywhere, and a
+    solve must not hang its caller. A stopped solve has no owners."""
     start = _now()
     limit = HARD_SECONDS if timeout is None else min(timeout, HARD_SECONDS)
     context = multiprocessing.get_context(  # fork: no re-import of the caller's script
@@ -174,7 +176,7 @@ def solve(problem: Problem, rlimit: int = RLIMIT, timeout: float | None = None) 
     worker.start()
     send.close()
     try:
-        if receive.poll(limit + 1.0 + _START):
+        if receive.poll(limit + 1.0 + _START if wait is None else max(0.0, wait)):
             return receive.recv()
         return Solution(None, None, None, NONE, _now() - start)
     except EOFError:  # the worker died (e.g. out of memory)
