@@ -43,6 +43,7 @@ import re
 import shutil
 import sys
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Callable, NamedTuple, NoReturn, Sequence
 
 from . import __version__
@@ -52,9 +53,10 @@ from .errors import InputError, ParameterError
 from .formats import sarif
 from .formats.files import read_text
 from .formats.output import write_output
+from .forking import in_two_halves
 from .formats.timeline import as_plan
-from .formats.torch_csv import (format_torch_csv, holds_actions, parse_torch_csv,
-                                 with_torch_markers, without_markers)
+from .formats.torch_csv import (holds_actions, parse_torch_csv,
+                                 torch_csv_rows, without_markers)
 from .ir import Group, Op, Plan, Recv, Schedule, Send
 from .progress import Progress
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
@@ -412,9 +414,13 @@ def _export_text(args: argparse.Namespace, target: Schedule | Plan, plan: Plan,
                          "incomplete training plan); export it to plan-json")
     # torch's compute-only reader adds its own markers and refuses ours; its runtime runs a
     # plan with comms as written, which needs torch's REDUCE_GRAD/UNSHARD/RESHARD cells
-    out = without_markers(out) if args.compute_only else with_torch_markers(out)
-    try:
-        return format_torch_csv(out), ""  # csv.writer's own \r\n line ends
+    if args.compute_only:
+        out = without_markers(out)
+    rows = partial(torch_csv_rows, out, markers=not args.compute_only)
+    try:  # a big plan's rows on two cores
+        text = (in_two_halves(rows, out.num_ranks) if sum(map(len, out.programs)) >= TWO_PROCESS_OPS
+                else rows(range(out.num_ranks)))
+        return text, ""  # csv.writer's own \r\n line ends
     except ValueError as e:
         raise UsageError(f"{name}: cannot write it as a torch CSV: {e}") from None
 

@@ -7,7 +7,8 @@ list: each compute op at its start time, and each transfer as a *pair* — the `
 appended on the producer's rank and the matching ``RECV`` on the consumer's rank — at the
 producer's finish time (transfers before computes at equal times; among transfers at
 equal times, each rank's sends before its receives along a chain of stages,
-``_send_first``). Every rank's program is the projection of that list, so the list itself is a run
+``_send_first``). Every rank's program is the projection of that list (each rank's own
+events sorted by the list's order), so the list itself is a run
 in which each pair meets at once: the plan completes under rendezvous with every op posted
 on its own (no groups needed, so the torch CSV form runs as written), and per-pair FIFO
 order holds because both ends of the k-th pair are appended by the same event. Stages on
@@ -43,41 +44,44 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
     def at_least_tiny(op: Op) -> float:
         d = duration(op)
         return d if d >= tiny or not computes_of(op) else tiny
-    timing = schedule_times(programs, placement, at_least_tiny, cut=schedule.cut,
-                            forward_only=schedule.forward_only)
-    events: list[tuple[float, int, tuple, int, int, int, tuple]] = []
-    needed: list[dict[tuple, int]] | None = None  # built only if a rank gets stuck
-    late: dict[tuple[int, int], list[Op]] = {}
-    early: dict[tuple[int, int], list[Op]] = {}
+    timing = schedule_times(programs, placement, at_least_tiny, chain=chain)
+    events: list[list[tuple]] = [[] for _ in programs]  # per rank: (time, ..., op)
     for rank, program in enumerate(programs):
-        timed = len(timing.start[rank])
-        for index, op in enumerate(program):
-            if isinstance(op, Idle):
+        starts, finishes, mine = timing.start[rank], timing.finish[rank], events[rank].append
+        for index in range(len(starts)):
+            op = program[index]
+            if type(op) is Idle:
                 continue
-            if index < timed:
-                events.append((timing.start[rank][index], 1, _NO_TIE, rank, index, 0,
-                               (rank, op)))
+            mine((starts[index], 1, _NO_TIE, rank, index, 0, op))
             for c in computes_of(op):
                 for member, (there, payload) in enumerate(chain.destinations(c, rank)):
-                    send, recv = Send(there, payload), Recv(rank, payload)
-                    if index < timed:
-                        t = timing.finish[rank][index]
-                        events.append((t, 0, _send_first(payload), rank, index, member,
-                                       (rank, send, there, recv)))
-                        continue
-                    late.setdefault((rank, index), []).append(send)
-                    if needed is None:
-                        needed = _first_needs(programs, chain)
+                    key = (finishes[index], 0, _send_first(payload), rank, index, member)
+                    mine(key + (Send(there, payload),))
+                    events[there].append(key + (Recv(rank, payload),))
+    out: list[list[Op]] = []
+    for mine in events:  # each rank's projection of the one sorted event list
+        mine.sort()  # (kind, producer rank, index, member) tell any two apart: no op compared
+        out.append([event[6] for event in mine])
+    if any(len(timing.start[rank]) < len(program) for rank, program in enumerate(programs)):
+        _append_stuck(out, programs, timing, chain)
+    return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
+                schedule.forward_only)
+
+
+def _append_stuck(out: list[list[Op]], programs, timing, chain: Chain) -> None:
+    """Append each rank's ops after its stuck point, in program order: each ``SEND`` right
+    after its producer, each ``RECV`` right before the first op that needs its token."""
+    late: dict[tuple[int, int], list[Op]] = {}
+    early: dict[tuple[int, int], list[Op]] = {}
+    needed = _first_needs(programs, chain)
+    for rank, program in enumerate(programs):
+        for index in range(len(timing.start[rank]), len(program)):
+            for c in computes_of(program[index]):
+                for there, payload in chain.destinations(c, rank):
+                    late.setdefault((rank, index), []).append(Send(there, payload))
                     consumer = needed[there].get(payload_token(payload))
                     if consumer is not None:
-                        early.setdefault((there, consumer), []).append(recv)
-    events.sort(key=lambda e: e[:6])
-    out: list[list[Op]] = [[] for _ in programs]
-    for event in events:
-        payload = event[6]  # (rank, op) or (rank, send, peer, recv)
-        out[payload[0]].append(payload[1])
-        if len(payload) == 4:
-            out[payload[2]].append(payload[3])
+                        early.setdefault((there, consumer), []).append(Recv(rank, payload))
     for rank, program in enumerate(programs):
         for index in range(len(timing.start[rank]), len(program)):
             if isinstance(program[index], Idle):
@@ -85,8 +89,6 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
             out[rank].extend(early.get((rank, index), ()))
             out[rank].append(program[index])
             out[rank].extend(late.get((rank, index), ()))
-    return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
-                schedule.forward_only)
 
 
 _NO_TIE = (0, 0)

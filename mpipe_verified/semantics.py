@@ -130,15 +130,13 @@ def produces(op: Op) -> tuple[tuple, ...]:
 def consumers_of_output(c: Compute, placement: Placement) -> tuple[tuple[int, Payload], ...]:
     """Remote ranks that need what ``c`` produces, with the payload to send them.
     Stages on the same rank exchange nothing (the lowering rule)."""
-    here = placement.rank_of(c.stage)
-    if c.kind == FORWARD and c.stage + 1 < placement.num_stages:
-        there = placement.rank_of(c.stage + 1)
-        if there != here:
-            return ((there, Payload(ACT, c.stage, c.mb, c.segment)),)
-    if c.kind in (BACKWARD, INPUT_GRAD) and c.stage > 0:
-        there = placement.rank_of(c.stage - 1)
-        if there != here:
-            return ((there, Payload(GRAD, c.stage, c.mb, c.segment)),)
+    to_rank, s = placement.stage_to_rank, c.stage
+    if c.kind == FORWARD and s + 1 < len(to_rank):
+        if to_rank[s + 1] != to_rank[s]:
+            return ((to_rank[s + 1], Payload(ACT, s, c.mb, c.segment)),)
+    elif (c.kind == BACKWARD or c.kind == INPUT_GRAD) and s > 0:
+        if to_rank[s - 1] != to_rank[s]:
+            return ((to_rank[s - 1], Payload(GRAD, s, c.mb, c.segment)),)
     return ()
 
 
@@ -170,6 +168,7 @@ class Chain:
         self._sources = tuple(seg for seg in cut.segments if seg.side == SOURCE)
         self._sinks = tuple(seg for seg in cut.segments if seg.side == SINK)
         self._backward_mbs: dict | None = None
+        self._destinations: dict[tuple[Compute, int], tuple] = {}
 
     @classmethod
     def of(cls, plan) -> "Chain":
@@ -267,7 +266,15 @@ class Chain:
 
     def destinations(self, c: Compute, here: int) -> tuple[tuple[int, Payload], ...]:
         """Remote ranks that need what ``c`` (running on ``here``) produces, with the
-        payload each one receives; same-rank consumers get nothing."""
+        payload each one receives; same-rank consumers get nothing. Computed once per
+        ``(c, here)`` (timing and lowering both ask)."""
+        key = (c, here)
+        found = self._destinations.get(key)
+        if found is None:
+            found = self._destinations[key] = self._destinations_of(c, here)
+        return found
+
+    def _destinations_of(self, c: Compute, here: int) -> tuple[tuple[int, Payload], ...]:
         seg = self._segments.get(c.segment) if c.segment else None
         out: list[tuple[int, Payload]] = []
         if seg is None:
@@ -1119,12 +1126,13 @@ class ScheduleTiming:
 def schedule_times(programs, placement: Placement,
                    duration: Callable[[Op], float] = standard_duration,
                    delay: float = 0.0, cut: Cut = NO_CUT,
-                   forward_only: bool = False) -> ScheduleTiming:
+                   forward_only: bool = False, chain: "Chain | None" = None) -> ScheduleTiming:
     """Data-flow timing of compute-only programs (§2.5 inputs across the chain, implicit
     transfers). Linear time: each rank advances until an input is missing, then waits.
     Collectives in a compute-only schedule are timed as zero-cost barriers: they finish
-    when every member has reached them."""
-    chain = Chain(placement, cut, forward_only)
+    when every member has reached them. ``chain``: the programs' chain when the caller
+    has one (its ``destinations`` are then computed once for both)."""
+    chain = chain or Chain(placement, cut, forward_only)
     n = placement.num_ranks
     have: list[dict[tuple, float]] = [dict() for _ in range(n)]
     start: list[list[float]] = [[] for _ in range(n)]
@@ -1135,38 +1143,51 @@ def schedule_times(programs, placement: Placement,
     todo = list(range(n))
     while todo:
         rank = todo.pop()
-        program, free = programs[rank], (finish[rank][-1] if finish[rank] else 0.0)
-        while len(start[rank]) < len(program):
-            op = program[len(start[rank])]
-            wanted = chain.needs(op, rank)
-            missing = [t for t in wanted if t not in have[rank]]
-            if isinstance(op, Collective) and not missing:
+        program, here, starts, finishes = programs[rank], have[rank], start[rank], finish[rank]
+        free = finishes[-1] if finishes else 0.0
+        while len(starts) < len(program):
+            op = program[len(starts)]
+            t0, missing = _ready_at(chain.needs(op, rank), here, free)
+            collective = type(op) is Collective
+            if collective and missing is None:
                 missing = _barrier_wait(op, rank, free, barriers, counts[rank], have)
-            if missing:
-                waiting[(rank, missing[0])] = rank
+                if missing is None:
+                    t0 = max(t0, here[_barrier_token(op, counts[rank])])
+                    counts[rank][_group_key(op)] = counts[rank].get(_group_key(op), 0) + 1
+            if missing is not None:
+                waiting[(rank, missing)] = rank
                 break
-            t0 = max([free] + [have[rank][t] for t in wanted])
-            if isinstance(op, Collective):
-                t0 = max(t0, have[rank][_barrier_token(op, counts[rank])])
-                counts[rank][_group_key(op)] = counts[rank].get(_group_key(op), 0) + 1
             free = t0 + duration(op)
-            start[rank].append(t0)
-            finish[rank].append(free)
+            starts.append(t0)
+            finishes.append(free)
             for token in produces(op):
-                have[rank].setdefault(token, free)
+                here.setdefault(token, free)
             for c in computes_of(op):
                 for there, payload in chain.destinations(c, rank):
                     token = payload_token(payload)
                     have[there].setdefault(token, free + delay)
                     if waiting.pop((there, token), None) is not None:
                         todo.append(there)
-            for member in (op.ranks if isinstance(op, Collective) else ()):
+            for member in (op.ranks if collective else ()):
                 if waiting.pop((member, _barrier_token(op, counts[member])), None) is not None:
                     todo.append(member)
     stuck = tuple((r, len(start[r]), Token(*tok)) for (r, tok) in waiting
                   if len(start[r]) < len(programs[r]))
     return ScheduleTiming(tuple(map(tuple, start)), tuple(map(tuple, finish)),
                           tuple(sorted(stuck)))
+
+
+def _ready_at(wanted, have: dict, free: float) -> tuple[float, tuple | None]:
+    """``(when every token of wanted is there and the rank is free, None)``, or ``(_, the
+    first missing token)``."""
+    t0 = free
+    for token in wanted:
+        at = have.get(token)
+        if at is None:
+            return t0, token
+        if at > t0:
+            t0 = at
+    return t0, None
 
 
 def _group_key(op: Collective) -> tuple:
@@ -1178,9 +1199,10 @@ def _barrier_token(op: Collective, seen: dict) -> tuple:
     return ("barrier", ",".join(map(str, _group_key(op))), seen.get(_group_key(op), 0), 0)
 
 
-def _barrier_wait(op, rank, free, barriers, seen, have) -> list:
+def _barrier_wait(op, rank, free, barriers, seen, have) -> tuple | None:
     """Record that ``rank`` reached its next collective on the group; once all members
-    have, publish the barrier token to every member. Returns the token still missing."""
+    have, publish the barrier token to every member. Returns the token still missing
+    (None: the barrier is passed)."""
     token = _barrier_token(op, seen)
     arrived = barriers.setdefault(token, {})
     arrived[rank] = free
@@ -1188,7 +1210,7 @@ def _barrier_wait(op, rank, free, barriers, seen, have) -> list:
         at = max(arrived.values())
         for member in op.ranks:
             have[member].setdefault(token, at)
-    return [] if token in have[rank] else [token]
+    return None if token in have[rank] else token
 
 
 # ---------------------------------------------------------------- columns

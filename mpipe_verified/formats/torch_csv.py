@@ -122,9 +122,18 @@ def format_torch_csv(plan: Plan | Schedule) -> str:
     and a send/receive whose peer is not the rank its placement implies (the format has no
     peer field). Payload shapes and dtypes are dropped.
     """
-    _check_writable(plan)
+    return torch_csv_rows(plan, range(plan.num_ranks))
+
+
+def torch_csv_rows(plan: Plan | Schedule, ranks: range, markers: bool = False) -> str:
+    """The rows of ``ranks`` of ``format_torch_csv(plan)`` (of ``with_torch_markers(plan)``
+    if ``markers``); the rows of consecutive ranges concatenate to the whole text."""
+    programs = plan.programs[ranks.start:ranks.stop]
+    if markers and not has_markers(plan):
+        programs = tuple(_with_markers(prog, plan.num_microbatches) for prog in programs)
+    _check_writable(plan.placement, programs, ranks.start)
     buf = io.StringIO(newline="")
-    csv.writer(buf).writerows(plan.programs)  # each op written as str(op)
+    csv.writer(buf).writerows(programs)  # each op written as str(op)
     return buf.getvalue()
 
 
@@ -142,10 +151,15 @@ def with_torch_markers(plan: Plan) -> Plan:
     compute step, the next three stages to compute kept unsharded). A plan that already
     has markers is returned as it is. Markers move no data: the plan's semantics, and so
     what was verified, are unchanged."""
-    if any(Marker in map(type, prog) for prog in plan.programs):
+    if has_markers(plan):
         return plan
     programs = tuple(_with_markers(prog, plan.num_microbatches) for prog in plan.programs)
     return attrs.evolve(plan, programs=programs)
+
+
+def has_markers(plan: Plan | Schedule) -> bool:
+    """Whether any rank of ``plan`` holds a marker cell."""
+    return any(Marker in map(type, prog) for prog in plan.programs)
 
 
 def without_markers(plan: Plan | Schedule) -> Plan | Schedule:
@@ -656,16 +670,16 @@ def _p2p(route: tuple | None, mb: int, payloads: dict[tuple, Payload]) -> Send |
 
 # ------------------------------------------------------------------- writing
 
-def _check_writable(plan: Plan | Schedule) -> None:
-    """Raise ``ValueError`` for the first op, rank by rank, that the torch CSV format
-    cannot say (``format_torch_csv``). Constant time per op: the common ops (a ``Compute``
+def _check_writable(place: Placement, programs, first_rank: int) -> None:
+    """Raise ``ValueError`` for the first op, rank by rank, of ``programs`` (ranks from
+    ``first_rank``, placed by ``place``) that the torch CSV format cannot say
+    (``format_torch_csv``). Constant time per op: the common ops (a ``Compute``
     without segment, a ``Send``/``Recv`` of the body to its stage's rank, ``Idle``,
     ``Marker``) pass a quick test; any other op is judged by ``_unwritable``, which also
     words the error."""
-    place = plan.placement
     to_rank = place.stage_to_rank
     stages = len(to_rank)
-    for rank, program in enumerate(plan.programs):
+    for rank, program in enumerate(programs, first_rank):
         for i, op in enumerate(program):
             t = type(op)
             if t is Compute:

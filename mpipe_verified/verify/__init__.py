@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import multiprocessing as mp
-import sys
 import time
 from typing import Callable, Iterator
 
 from .. import kernel
+from ..forking import can_fork, forked
 from ..ir import Plan
 from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, op_table,
                          pair_collectives, pair_p2p)
@@ -83,61 +82,20 @@ def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
     for a plan with a table, and the digest (the halves take about equal time). Same
     verdicts as ``verify``."""
     _check_model(comm_model)
-    if "fork" not in mp.get_all_start_methods():
+    if not can_fork():
         return verify(plan, memory_limit, comm_model, memory_model, rlimit)
     limits = properties.memory_limits(memory_limit, plan.num_ranks)
     clock = time.perf_counter()
     with collector_paused():  # built once, inherited by the child:
         table = op_table(plan)
         kernel.read(plan)  # after the fork, each touch of an op object copies its page
-    with collector_paused(), _forked(_comm_properties, plan, table, comm_model,
+    with collector_paused(), forked(_comm_properties, plan, table, comm_model,
                                      rlimit) as comm:
         local = _local_properties(plan, table, limits, memory_model, comm_model, rlimit)
         # while the child works: the digest a certificate would need
         digest = plan_digest(plan) if all(
             local[name][0] == "proved" for name in ("completeness", "memory")) else None
         return _report(plan, _merged(local, comm()), limits, comm_model, clock, digest)
-
-
-@contextlib.contextmanager
-def _forked(run: Callable, *args) -> Iterator[Callable[[], dict]]:
-    """``run(*args)`` in a forked child (which inherits ``args``: nothing is pickled on
-    the way in); yields a function that waits for its answer (its exception is raised
-    here). The child is gone when the block ends."""
-    context = mp.get_context("fork")
-    for stream in (sys.stdout, sys.stderr):  # else the child would write their buffers too
-        stream.flush()
-    answer, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_answer, args=(sender, run, args), daemon=True)
-    child.start()
-    sender.close()
-
-    def result() -> dict:
-        try:
-            ok, value = answer.recv()
-        except EOFError:
-            child.join()
-            raise RuntimeError(f"the verifier's child process died (exit code "
-                               f"{child.exitcode})") from None
-        if not ok:
-            raise value
-        return value
-    try:
-        yield result
-    finally:  # answered, or this process failed first: then the child is not needed
-        answer.close()
-        if child.is_alive():
-            child.terminate()
-        child.join()
-
-
-def _answer(sender, run: Callable, args: tuple) -> None:
-    try:
-        sender.send((True, run(*args)))
-    except BaseException as error:  # handed to the parent, raised there
-        sender.send((False, error))
-    finally:
-        sender.close()
 
 
 def _check_model(comm_model: str) -> None:

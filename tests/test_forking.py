@@ -1,0 +1,35 @@
+"""``forking.in_two_halves``: the rows of two halves, one written by a forked child, are
+the rows of the whole; an error in either half reaches the caller."""
+
+import pytest
+
+from mpipe_verified.algebra.families import family
+from mpipe_verified.forking import in_two_halves
+from mpipe_verified.formats.torch_csv import (format_torch_csv, torch_csv_rows,
+                                              with_torch_markers)
+from mpipe_verified.lower import lower
+
+
+def test_halves_written_apart_are_the_whole_text():
+    plan = lower(family("interleaved-1f1b", 5, 10, 2).derive())
+    whole = format_torch_csv(with_torch_markers(plan))
+    assert in_two_halves(lambda ranks: torch_csv_rows(plan, ranks, markers=True),
+                         plan.num_ranks) == whole
+    assert in_two_halves(lambda ranks: torch_csv_rows(plan, ranks), plan.num_ranks) \
+        == format_torch_csv(plan)
+
+
+def test_an_error_in_the_child_half_is_raised_here():
+    def rows(ranks: range) -> str:
+        if ranks.start > 0:
+            raise ValueError(f"rank {ranks.start}: cannot write it")
+        return "first half\n"
+    with pytest.raises(ValueError, match="rank 2: cannot write it"):
+        in_two_halves(rows, 5)
+
+
+def test_the_first_half_error_wins():
+    def rows(ranks: range) -> str:
+        raise ValueError(f"from rank {ranks.start}")
+    with pytest.raises(ValueError, match="from rank 0"):
+        in_two_halves(rows, 4)
