@@ -319,8 +319,8 @@ FAULTS = (
           "the memory pass is not given the memory limit"),
     # ---- lowering (spec and family inputs)
     Fault("lower_transfers_after_computes", LOWER,
-          "events.append((t, 0, _send_first(payload)",
-          "events.append((t, 2, _send_first(payload)",
+          "key = (finishes[index], 0, _send_first(payload)",
+          "key = (finishes[index], 2, _send_first(payload)",
           "lowering places a transfer after the computes that start when it is produced"),
     Fault("lower_first_destination_only", LOWER,
           "enumerate(chain.destinations(c, rank)):",
