@@ -65,11 +65,13 @@ _COMM = (2, 3, 4, 5)  # the steps that can block
 
 
 def _dense(x: np.ndarray) -> np.ndarray:
+    """Each value's rank among the distinct values: int64 from 0, order kept."""
     return np.unique(x, return_inverse=True)[1].reshape(-1)
 
 
 def _distinct(key: np.ndarray) -> np.ndarray:
-    """One row of each distinct value of ``key`` (ints >= 0), in the order of the values."""
+    """One row of each distinct value of ``key`` (ints >= 0, as ``_key`` makes them), in
+    the order of the values."""
     span = int(key.max()) + 1
     if span > 4 * len(key):
         return np.unique(key, return_index=True)[1]
@@ -79,14 +81,32 @@ def _distinct(key: np.ndarray) -> np.ndarray:
 
 
 def _key(*cols) -> np.ndarray:
-    """One int64 per row of the columns (ints >= 0), ordered as the rows are
-    lexicographically; renumbered densely (order kept) where a product would reach BOUND."""
-    key = cols[0]
+    """One int64 per row of the columns (any ints: -1, huge, exact), ordered as the rows
+    are lexicographically, so two rows share a key only when they are equal. Each column
+    is made digits first (``_digits``), so every key is in ``0 .. BOUND - 1``: the keys so
+    far and the digits are renumbered densely (order kept) where a product would reach
+    ``BOUND``."""
+    key = _digits(cols[0])[0]
     for col in cols[1:]:
-        if len(key) and (int(key.max()) + 1) * (int(col.max()) + 1) >= BOUND:
+        col, span = _digits(col)
+        if len(key) and (int(key.max()) + 1) * span >= BOUND:
             key, col = _dense(key), _dense(col)
-        key = key * (int(col.max()) + 1 if len(col) else 1) + col
+            span = int(col.max()) + 1
+        key = key * span + col
     return key
+
+
+def _digits(col: np.ndarray) -> tuple:
+    """``(digits, span)``: ``col``'s values as int64 ``0 <= digit < span <= BOUND``, in the
+    same order: less the least value, or renumbered densely where they span ``BOUND`` or
+    more."""
+    if not len(col):
+        return col.astype(np.int64), 1
+    low, high = int(col.min()), int(col.max())
+    if high - low >= BOUND:
+        col = _dense(col)
+        return col, int(col.max()) + 1
+    return (col - low if low else col).astype(np.int64, copy=False), high - low + 1
 
 
 class _Rules:
@@ -235,6 +255,7 @@ class _Rules:
             if op.kind == "broadcast" and role == "params":
                 extra_made.append((row, PARAMS, code[name], 0, 0))
         parts = [_rows(need, extra_need), _rows(made, extra_made)]
+        # one code per (kind, name, stage, mb), equal iff the tuples are (stage -1 too)
         token = np.split(_key(*(np.concatenate([x[c] for x in parts]) for c in range(1, 5))),
                          [len(parts[0][0])])
         nrow, mrow = parts[0][0], parts[1][0]
@@ -252,7 +273,7 @@ class _Rules:
         ends, peer = self.comm, self.p2p[1]
         send = self.kind[ends] == SEND
         src, dst = np.where(send, self.rank[ends], peer), np.where(send, peer, self.rank[ends])
-        chan = _dense(_key(src, dst)) if len(ends) else ends
+        chan = _dense(_key(src, dst)) if len(ends) else ends  # a peer may be any int
         side = chan * 2 + send
         order = np.argsort(side, kind="stable")
         start = np.searchsorted(side[order], np.arange(2 * int(chan.max(initial=-1)) + 3))
@@ -390,7 +411,7 @@ class _Facts:
         columns = [_column(c) for c in columns]  # differences may leave it
         self.count += len(keys)
         if self.where is None and len(keys) and all(c.dtype == np.int64 for c in columns):
-            order = _distinct(_key(*(x - x.min() for x in (keys, *columns))))
+            order = _distinct(_key(keys, *columns))
         else:
             order = np.argsort(keys, kind="stable")
         for part in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1) if len(keys) else ():
@@ -729,7 +750,7 @@ def _completeness(rules: _Rules, facts: _Facts, _witness) -> None:
     seg, s, b = rules.seg[rules.name[comp]], rules.stage[comp], rules.mb[comp]
     unit = np.where(seg < 0, np.where(rules.name[comp] == rules.body, s, -1),
                     np.where(s == 0, ns + seg, -1))
-    stray = (unit < 0) | (unit >= len(units)) | (b >= m)
+    stray = (unit < 0) | (unit >= len(units)) | (b < 0) | (b >= m)  # so unit, b: digits
     for row in comp[stray].tolist():
         facts.flag("stray", False, at=("stray", int(rules.rank[row]), _index(rules, row)))
     comp, unit, b = comp[~stray], unit[~stray].astype(np.int64), b[~stray].astype(np.int64)
@@ -917,6 +938,7 @@ def _moves(rules: _Rules, sizes: "Sizes") -> tuple:
                     for j in keep[first].tolist()), 1 << 32)
     gone = np.flatnonzero(comp & ((k == B) | (k == W)))
     unit = _key(*(np.concatenate([x[keep], x[gone]]) for x in (rules.name, rules.stage, rules.mb)))
+    # keys and token codes are below BOUND, so 2 * key + 1 stays in int64
     events = [(keep, 2 * unit[:len(keep)], size[back.reshape(-1)]),
               (gone, 2 * unit[len(keep):], None)]  # stored activations: even keys
     if sizes.buffer:  # receive buffers: odd keys (without sizes, no buffer is allocated)
