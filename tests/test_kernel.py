@@ -192,26 +192,6 @@ def test_two_process_verdicts_equal_one_process(make, rlimit):
     assert two.witness == one.witness
 
 
-def _raise_value_error(text):
-    raise ValueError(text)
-
-
-def test_the_forked_half_hands_back_its_answer_its_error_or_its_death():
-    """``verify_loaded``'s child: its answer comes back, an exception it raises is raised
-    in this process, and a child that dies without answering is an error, never a hang
-    or a verdict."""
-    import os
-    from mpipe_verified.verify import _forked
-    with _forked(lambda a, b: {"sum": a + b}, 2, 3) as answer:
-        assert answer() == {"sum": 5}
-    with _forked(_raise_value_error, "from the child") as answer:
-        with pytest.raises(ValueError, match="from the child"):
-            answer()
-    with _forked(os._exit, 7) as answer:
-        with pytest.raises(RuntimeError, match="exit code 7"):
-            answer()
-
-
 def test_the_kernel_imports_only_the_ir():
     """The kernel shares no code with the semantics, the passes or the lowering: of the
     package it imports the IR alone, and beyond the standard library only attrs, numpy
