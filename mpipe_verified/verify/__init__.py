@@ -72,11 +72,12 @@ def _passes_memory(asked: Asked) -> MemoryModel:
         return UNIT_MEMORY
     if isinstance(memory, MemoryModel):
         return memory
-    sizes = asked.sizes
-    stored, buffer = sizes.stored, sizes.buffer
-    kw = {"buffer": lambda p: buffer.get(p, 0)} if buffer else {}
-    return MemoryModel(stored=lambda stage, segment: stored.get((segment, stage), 1),
-                       static=sizes.static, **kw)
+    sizes = asked.sizes  # each stored and buffer size is one number of the spec: a float
+    stored = {key: float(v) for key, v in sizes.stored.items()}  # says it exactly
+    buffer = {key: float(v) for key, v in sizes.buffer.items()}
+    kw = {"buffer": lambda p: buffer.get(p, 0.0)} if buffer else {}
+    return MemoryModel(stored=lambda stage, segment: stored.get((segment, stage), 1.0),
+                       static=sizes.static, **kw)  # static parts are exact sums
 
 
 def _merged(local: dict, comm: dict) -> dict:
@@ -163,8 +164,15 @@ def _report(asked: Asked, decided: dict, clock: float, digest: str | None = None
     if verdict.status == "verified":
         certificate = Certificate(verdict.digest, PROPERTIES, _limits(verdict.limits),
                                   question.comm_model)
+    if verdict.peaks is not None:  # the peaks the kernel proved, exact sums
+        peaks = {rank: _number(peak) for rank, peak in enumerate(verdict.peaks)}
     return Report(verdict, tuple(violations), peaks, stats, certificate, tuple(undecided),
                   witness if certificate is not None else None, asked.sizes, verdict.limits)
+
+
+def _number(x):
+    """An exact peak as the report shows it: an int as it is, else the nearest float."""
+    return x if type(x) is int else float(x)
 
 
 def _detail(answer) -> dict:
