@@ -46,6 +46,8 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Callable, NamedTuple, NoReturn, Sequence
 
+import attrs
+
 from . import __version__
 from .algebra.families import FAMILIES, family
 from .algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
@@ -59,6 +61,7 @@ from .formats.torch_csv import (holds_actions, parse_torch_csv,
                                  torch_csv_rows, without_markers)
 from .ir import Group, Op, Plan, Recv, Schedule, Send
 from .progress import Progress
+from .question import Question
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
 from .show import figures, render_grid
@@ -275,13 +278,29 @@ def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
     ``--ranks`` are imposed on the result (``declared.declare``). Raises ``UsageError`` or
     ``InputError``."""
     target, spec, name = _load_target(args)
+    return _declared_target(args, target, name), spec, name
+
+
+def _declared_target(args: argparse.Namespace, target: Schedule | Plan, name: str
+                     ) -> Schedule | Plan:
+    """``target`` with the sizes ``--stages``/``--microbatches``/``--ranks`` declare
+    (``check`` only: ``args.declare``)."""
     if not getattr(args, "declare", False):
-        return target, spec, name
+        return target
     from .declared import declare
     try:
-        return declare(target, args.stages, args.microbatches, args.ranks), spec, name
+        return declare(target, args.stages, args.microbatches, args.ranks)
     except ParameterError as e:
         raise UsageError(f"{name}: {e}") from None
+
+
+def _declared_sizes(args: argparse.Namespace, spec: Spec | None) -> tuple:
+    """``(stages, microbatches, ranks)`` as the user declared them: on the command line
+    (``check``), else in the spec; None where neither does."""
+    given = ((args.stages, args.microbatches, args.ranks) if getattr(args, "declare", False)
+             else (None, None, None))
+    own = spec.declared if spec is not None else (None, None, None)
+    return tuple(g if g is not None else o for g, o in zip(given, own))
 
 
 def _load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
@@ -382,7 +401,9 @@ def run_export(args: argparse.Namespace) -> int:
                                                          model.limit, RENDEZVOUS)
         plan = as_plan(target, model.duration)  # what check judges (and writes, lowered)
         text, newline = _export_text(args, target, plan, name)
-        report = _export_verdict(plan, model, None if laws is None else laws.result())
+        question = Question.of_spec(spec, model.limit, RENDEZVOUS, _declared_sizes(args, spec),
+                                spec.own_schedule if spec is not None else target)
+        report = _export_verdict(plan, question, None if laws is None else laws.result())
     if not report.verified:
         what = f"{name}: {report.status.upper()} ({', '.join(_unproved(report))})"
         if not args.allow_unverified:
@@ -425,7 +446,7 @@ def _export_text(args: argparse.Namespace, target: Schedule | Plan, plan: Plan,
         raise UsageError(f"{name}: cannot write it as a torch CSV: {e}") from None
 
 
-def _export_verdict(plan: Plan, model: Model, laws: Report | None) -> Report:
+def _export_verdict(plan: Plan, question: Question, laws: Report | None) -> Report:
     """What ``check`` with its default options (rendezvous, the spec's memory limit)
     says of ``plan``: ``laws``, the report of a standard family instance's laws
     (``parametric.answer``, as ``check`` asks it; ``_family_instance``) when they
@@ -434,14 +455,14 @@ def _export_verdict(plan: Plan, model: Model, laws: Report | None) -> Report:
     holds for the file written too."""
     if laws is not None:
         return laws
-    return _judge(plan, model.limit, RENDEZVOUS, model.memory)
+    return _judge(plan, question)
 
 
-def _judge(plan: Plan, limit, comm_model: str, memory, rlimit: int | None = None) -> Report:
-    """``plan`` judged op by op, as check and export both judge it: ``verify``, or on two
-    cores (``verify_split``) from ``TWO_PROCESS_OPS`` ops."""
+def _judge(plan: Plan, question: Question, rlimit: int | None = None) -> Report:
+    """``plan`` judged op by op for ``question``, as check and export both judge it:
+    ``verify``, or on two cores (``verify_split``) from ``TWO_PROCESS_OPS`` ops."""
     judge = verify_split if plan.num_ops >= TWO_PROCESS_OPS else verify
-    return judge(plan, limit, comm_model, memory, rlimit=rlimit)
+    return judge(plan, rlimit=rlimit, question=question)
 
 
 def _family_instance(args: argparse.Namespace, spec: Spec | None,
@@ -730,10 +751,13 @@ def _check_one(args: argparse.Namespace, progress: Progress
     quick = _parametric_family(args, progress, started)
     if quick is not None:
         return quick
-    target, spec, name = load_target(args)
+    read, spec, name = _load_target(args)
+    target = _declared_target(args, read, name)
     as_written = isinstance(target, Plan)
     model = model_of(spec, args.memory_limit)
     limit = model.limit
+    question = Question.of_spec(spec, limit, args.comm_model, _declared_sizes(args, spec),
+                            read if spec is None else spec.own_schedule)
     if not as_written:
         progress.phase(f"{name}: lowering")
     quick = _parametric_spec(args, spec, target, name, limit, progress, started)
@@ -743,7 +767,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     two = plan.num_ops >= TWO_PROCESS_OPS
     progress.phase(f"{name}: verifying {plan.num_ops} ops with Z3"
                    + (" on two cores" if two else ""))
-    report = _judge(plan, limit, args.comm_model, model.memory, args.solver_rlimit)
+    report = _judge(plan, question, args.solver_rlimit)
     if args.svg is not None:
         progress.phase(f"{name}: drawing")
         props = sorted({v.property for v in report.violations})
@@ -769,7 +793,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     if args.comm_model == RENDEZVOUS and any(v.property == "deadlock"
                                              for v in report.violations):
         progress.phase(f"{name}: verifying under the eager model")
-        passes = passes_under(plan, limit, model.memory, args.solver_rlimit)
+        passes = passes_under(plan, question, args.solver_rlimit)
         doc["passes_under"] = passes
     files = {sarif.SPEC: "a TOML spec file", sarif.PLAN_JSON: "a plan-json file",
              sarif.PLAN_JSON_LOWERED: "a plan-json file"}
@@ -857,10 +881,10 @@ def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress,
             render_check(report, shown, args.verbose))
 
 
-def passes_under(plan: Plan, limit, memory: MemoryModel, rlimit: int | None) -> list[str]:
+def passes_under(plan: Plan, question: Question, rlimit: int | None) -> list[str]:
     """The weaker comm models under which ``plan``, deadlocked under rendezvous, runs to
-    completion (``["eager"]`` or ``[]``), as the verifier judges it under each."""
-    report = verify(plan, limit, EAGER, memory, rlimit=rlimit)
+    completion (``["eager"]`` or ``[]``), as the verifier judges ``question`` under each."""
+    report = verify(plan, rlimit=rlimit, question=attrs.evolve(question, comm_model=EAGER))
     return [EAGER] if report.stats["properties"]["deadlock"]["status"] == "proved" else []
 
 
@@ -997,7 +1021,8 @@ def run_diff(args: argparse.Namespace) -> int:
             target=path, format=args.format, family=None, pp=None, microbatches=None,
             chunks=None))
         model = model_of(spec, args.memory_limit)
-        sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm))
+        sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm,
+                          spec))
     doc = semantic_diff(*sides, comm_model=args.comm_model)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else render_diff(doc))
     return doc["exit_code"]
@@ -1102,8 +1127,10 @@ def run_recheck(args: argparse.Namespace) -> int:
     if data.get("format") == parametric.FORMAT:
         kind = parametric.PARAMETRIC
         data, reasons = parametric.witness_certificate(plan, data, args.solver_rlimit)
-    limits = (None if args.memory_limit is None
-              else (args.memory_limit,) * plan.num_ranks)
+    try:
+        limits = Question(memory_limit=args.memory_limit).limits(plan.num_ranks)
+    except ValueError as e:
+        raise UsageError(f"--memory-limit: {e}") from None
     proven, reasons = (False, reasons) if data is None else kernel.recheck(
         plan, data, args.solver_rlimit, args.comm_model, limits, required)
     data = data or given  # refused: say what the certificate itself claimed
@@ -1145,9 +1172,8 @@ def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
     ``--memory-model``'s spec (its ranks and segments must be the plan's), else the unit
     model's when ``--memory-limit`` is given (a limit means nothing under sizes the
     certificate picked), else ``(None, None)``."""
-    from . import kernel
     if args.memory_model is None:
-        return ((kernel.Sizes.of(plan, UNIT_MEMORY), "unit model")
+        return ((Question().sizes(plan), "unit model")
                 if args.memory_limit is not None else (None, None))
     from .formats.spec import load_spec
     spec = load_spec(args.memory_model)
@@ -1158,7 +1184,7 @@ def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
                          f"the segments {list(theirs[1])}, the plan {args.plan} has "
                          f"{ours[0]} ranks and {list(ours[1])}")
     try:
-        return (kernel.Sizes.of(plan, spec.memory_model),
+        return (Question.of_spec(spec, None, RENDEZVOUS).sizes(plan),
                 f"the memory model of {args.memory_model}")
     except (IndexError, KeyError, TypeError, ValueError) as e:  # e.g. sizes for fewer stages
         raise UsageError(f"{args.memory_model}: its memory model does not fit the plan "
@@ -1168,7 +1194,7 @@ def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
 def _sizes_named(kernel, plan: Plan, sizes) -> str:
     """"unit model" when a certificate's sizes are the unit model's for ``plan``."""
     try:
-        unit = kernel.Sizes.from_json(sizes) == kernel.Sizes.of(plan, UNIT_MEMORY)
+        unit = kernel.Sizes.from_json(sizes) == Question().sizes(plan)
     except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError):
         unit = False
     return "unit model" if unit else "the certificate's own"

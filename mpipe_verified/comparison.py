@@ -42,7 +42,8 @@ from .errors import ParameterError
 from .formats.spec import Spec
 from .ir import Plan, Schedule
 from .formats.timeline import as_plan
-from .semantics import EAGER, RENDEZVOUS
+from .question import Question
+from .semantics import EAGER
 from .show import figure, figures
 from .sim import CostModel, SimResult, check_deadline, simulate
 from .verify import Report, verify
@@ -79,7 +80,8 @@ def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
     plan = as_plan(target, spec.duration)
     limit = spec.memory_limit if memory_limit is None else memory_limit
     check_deadline(deadline)
-    report = verify(plan, limit, RENDEZVOUS, spec.memory_model) if check else None
+    report = verify(plan, question=Question.of_spec(spec, limit, source=target)) \
+        if check else None
     check_deadline(deadline)
     run = (None if report is not None and not _runs(report) else
            simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model,

@@ -34,6 +34,7 @@ import attrs
 
 from .formats.timeline import as_plan
 from .ir import Compute, Op, Plan, Schedule, computes_of
+from .question import Question
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .show import figure, figures, num_text
 from .sim import NO_COMM_COST, CommCost, SimulationError, simulate
@@ -51,6 +52,7 @@ class Side:
     memory: MemoryModel = UNIT_MEMORY
     memory_limit: float | tuple[float, ...] | None = None
     comm: CommCost = NO_COMM_COST
+    spec: object = None  # the spec it was read from: its memory numbers are the question's
 
 
 def compute_steps(target: Schedule | Plan) -> list[list[tuple[Compute, int]]]:
@@ -116,7 +118,9 @@ def _lis(seq: list[int]) -> set[int]:
 def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
     """One side's verdict and simulated costs, as JSON."""
     plan = as_plan(side.target, side.duration)
-    report = verify(plan, side.memory_limit, comm_model, side.memory)
+    report = (verify(plan, side.memory_limit, comm_model, side.memory) if side.spec is None
+              else verify(plan, question=Question.of_spec(side.spec, side.memory_limit,
+                                                          comm_model, source=side.target)))
     out = {"source": side.name, "status": report.status, "verified": report.verified,
            "exit_code": report.exit_code, "lowered": isinstance(side.target, Schedule),
            "ranks": plan.num_ranks, "stages": plan.placement.num_stages,

@@ -63,7 +63,7 @@ from .errors import ParameterError
 from .formats.spec import Spec
 from .formats.timeline import as_plan
 from .ir import WEIGHT_GRAD, Plan, Schedule, computes_of
-from .semantics import RENDEZVOUS
+from .question import Question
 from .show import figure
 from .sim import DeadlinePassed, SimulationError, check_deadline, now
 from .verify import verify
@@ -265,7 +265,8 @@ def _verified(model: Spec, ranked, kept: dict, done: dict,
             else:
                 spec = t.candidate.on(model)
                 plan = as_plan(spec.schedule, spec.duration)
-            report = verify(plan, spec.memory_limit, RENDEZVOUS, spec.memory_model)
+            report = verify(plan, question=Question.of_spec(spec, spec.memory_limit,
+                                                            source=spec.schedule))
             done[t.order] = Verified(t, report.status, spec) if report.verified else None
         if done[t.order] is not None:
             return done[t.order]

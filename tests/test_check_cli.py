@@ -571,6 +571,9 @@ def test_an_undecided_file_names_each_undecided_property(capsys):
 @pytest.mark.parametrize("text", [
     '[schedule]\nfamily = "1f1b"\npp = 4\nmicrobatches = 8\nstages = 12\n',
     '[schedule]\nexpression = "one_f_one_b(pp=4, microbatches=8)"\nmicrobatches = 9\n',
+    # the audit's two: a stage declared beside a family, ten microbatches beside eight
+    '[schedule]\nfamily = "1f1b"\npp = 4\nmicrobatches = 8\nstages = 5\n',
+    '[schedule]\nexpression = "zb_h2(pp=4, microbatches=8)"\nmicrobatches = 10\n',
 ])
 def test_sizes_declared_in_the_file_are_never_answered_by_the_laws(tmp_path, capsys, text):
     """A spec that names a family but declares other sizes beside it is another schedule

@@ -113,7 +113,19 @@ class Spec:
     cost: CostModel | None = None
     memory_limit: float | tuple[float, ...] | None = None
     file: str = ""
-    declares: bool = False
+    declared: tuple = (None, None, None)  # (stages, microbatches, ranks) the file declares
+    derived: Schedule | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def declares(self) -> bool:
+        """Whether the file declares sizes beside its term (the schedule is then not the
+        term's own)."""
+        return self.declared != (None, None, None)
+
+    @property
+    def own_schedule(self) -> Schedule:
+        """The term's own derivation, before the declared sizes."""
+        return self.schedule if self.derived is None else self.derived
 
     def duration(self, op: Op) -> float:
         """The cost model's duration, or ``standard_duration`` without one."""
@@ -409,15 +421,16 @@ class _Builder:
             key = "expression" if "expression" in schedule_table else "family"
             raise self.error(f"schedule does not derive: {e}", "schedule", key) from None
         derived = schedule
-        schedule = self.declared(schedule_table, schedule)
+        sizes = self.declared_sizes(schedule_table)
+        schedule = self.declared(schedule_table, schedule, sizes)
         cost = self.cost(data, schedule, term)
         limit = self.limit(data["memory"], schedule) if "memory" in data else None
-        return Spec(term, schedule, cost, limit, self.file, declares=schedule is not derived)
+        return Spec(term, schedule, cost, limit, self.file,
+                    tuple(sizes.get(k) for k in ("stages", "microbatches", "ranks")), derived)
 
-    def declared(self, table: dict, schedule: Schedule) -> Schedule:
-        """``stages``/``ranks`` (and, beside an expression, ``microbatches``): the sizes
-        the derived schedule must have (``declared.declare``), so work a term leaves out
-        is a completeness violation."""
+    def declared_sizes(self, table: dict) -> dict:
+        """``stages``/``ranks`` (and, beside an expression, ``microbatches``) as the file
+        declares them."""
         keys = ("stages", "ranks") + (("microbatches",) if "expression" in table else ())
         sizes = {}
         for key in keys:
@@ -427,6 +440,11 @@ class _Builder:
                     raise self.error(f"schedule.{key} must be an integer >= 1, got "
                                      f"{_describe(v)}", "schedule", key)
                 sizes[key] = v
+        return sizes
+
+    def declared(self, table: dict, schedule: Schedule, sizes: dict) -> Schedule:
+        """The derived schedule with the ``sizes`` declared (``declared.declare``), so
+        work a term leaves out is a completeness violation."""
         try:
             return declare(schedule, **sizes)
         except ParameterError as e:

@@ -2,11 +2,14 @@
 
 ``verify(plan, memory_limit=None, comm_model="rendezvous")`` runs each property's fast
 linear pass (``properties``) over the shared semantics: untrusted, it proposes
-counterexamples or its part of a witness. A property with findings is *violated* once
-the kernel (``..kernel``) confirms every finding from the plan alone, with Z3. A property
-without findings is *proven* once the kernel proves it from the plan and the witness,
-with Z3. A finding the kernel does not confirm, a witness it refutes, and anything Z3
-cannot decide make the report *undecided* (exit 3), never verified.
+counterexamples or its part of a witness. The trusted shell (``..question``) forms the
+question (limits, sizes, declared sizes, the input as read) and has the kernel
+(``..kernel``) decide each property: *violated* once it confirms every finding from the
+plan alone, *proven* once it proves the property from the plan and the witness. Its
+``Verdict`` is the report's status; this module only adds the explanations (the
+findings' messages, peaks as the passes computed them, timings). A finding the kernel
+does not confirm, a witness it refutes, a plan that is not the question's, and anything
+Z3 cannot decide make the report *undecided* (exit 3), never verified.
 """
 
 from __future__ import annotations
@@ -19,29 +22,62 @@ from typing import Callable, Iterator
 from .. import kernel
 from ..forking import can_fork, forked
 from ..ir import Plan
+from ..question import Asked, Question
 from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, op_table,
                          pair_collectives, pair_p2p)
 from . import properties
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
-__all__ = ["verify", "verify_loaded", "verify_split", "Report", "Violation", "Certificate", "CertificateError",
-           "check_certificate", "plan_digest", "PROPERTIES"]
+__all__ = ["verify", "verify_loaded", "verify_split", "Report", "Violation", "Certificate",
+           "CertificateError", "Question", "check_certificate", "plan_digest", "PROPERTIES"]
 
 
 def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
-           memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
-    """Judge ``plan`` under docs/semantics.md §2 with ``comm_model``. ``memory_limit``: None, a
-    number, or one number per rank (another count is a ``ValueError``). ``rlimit`` caps Z3's resources per query (for tests
-    and for callers that prefer "undecided" to waiting)."""
-    _check_model(comm_model)
-    limits = properties.memory_limits(memory_limit, plan.num_ranks)
+           memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None,
+           question: Question | None = None) -> Report:
+    """Judge ``plan`` under docs/semantics.md §2. The question: ``question``, or one
+    formed from ``comm_model``, ``memory_limit`` (None, a number, or one number per rank;
+    another count is a ``ValueError``) and ``memory_model`` (the unit model by name, or
+    the caller's own). ``rlimit`` caps Z3's resources per query (for tests and for
+    callers that prefer "undecided" to waiting)."""
+    asked = _asked(plan, question, memory_limit, comm_model, memory_model)
     clock = time.perf_counter()
     with collector_paused():
         table = op_table(plan)
-        local = _local_properties(plan, table, limits, memory_model, comm_model, rlimit)
-        comm = _comm_properties(plan, table, comm_model, rlimit)
-        return _report(plan, _merged(local, comm), limits, comm_model, clock)
+        local = _local_properties(asked, table, rlimit)
+        comm = _comm_properties(asked, table, rlimit)
+        return _report(asked, _merged(local, comm), clock)
+
+
+def question_of(memory_limit=None, comm_model: str = RENDEZVOUS,
+                memory_model: MemoryModel = UNIT_MEMORY) -> Question:
+    """The question a caller of ``verify`` asks with these arguments: the unit model by
+    name when ``memory_model`` is ``UNIT_MEMORY``, else the caller's own model."""
+    _check_model(comm_model)
+    return Question(comm_model, memory_limit,
+                    "unit" if memory_model is UNIT_MEMORY else memory_model)
+
+
+def _asked(plan, question, memory_limit, comm_model, memory_model) -> Asked:
+    return Asked(plan, question or question_of(memory_limit, comm_model, memory_model))
+
+
+def _passes_memory(asked: Asked) -> MemoryModel:
+    """The memory model the passes use: the unit model, the caller's own, or a view of
+    the sizes the trusted shell computed from a spec's numbers (so the passes' witness
+    sums what the kernel sums)."""
+    memory = asked.question.memory
+    if memory == "unit":
+        return UNIT_MEMORY
+    if isinstance(memory, MemoryModel):
+        return memory
+    sizes = asked.sizes  # each stored and buffer size is one number of the spec: a float
+    stored = {key: float(v) for key, v in sizes.stored.items()}  # says it exactly
+    buffer = {key: float(v) for key, v in sizes.buffer.items()}
+    kw = {"buffer": lambda p: buffer.get(p, 0.0)} if buffer else {}
+    return MemoryModel(stored=lambda stage, segment: stored.get((segment, stage), 1.0),
+                       static=sizes.static, **kw)  # static parts are exact sums
 
 
 def _merged(local: dict, comm: dict) -> dict:
@@ -63,39 +99,37 @@ def collector_paused() -> Iterator[None]:
 
 
 def verify_loaded(load: Callable[[], Plan], memory_limit=None, comm_model: str = RENDEZVOUS,
-                  memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None
-                  ) -> tuple[Plan, Report]:
+                  memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None,
+                  question: Question | None = None) -> tuple[Plan, Report]:
     """``(plan, verify_split(plan, ...))`` for ``plan = load()``, loaded with the
     collector paused."""
     _check_model(comm_model)
     with collector_paused():
         plan = load()
-        return plan, verify_split(plan, memory_limit, comm_model, memory_model, rlimit)
+        return plan, verify_split(plan, memory_limit, comm_model, memory_model, rlimit,
+                                  question)
 
 
 def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
-                 memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None) -> Report:
+                 memory_model: MemoryModel = UNIT_MEMORY, rlimit: int | None = None,
+                 question: Question | None = None) -> Report:
     """``verify(plan, ...)`` on two cores: a forked child inherits the plan, its op table
     and the kernel's columns (nothing is pickled; it copies only the pages whose
     reference counts it touches) and decides dependency and deadlock (and matching, for
     a plan without a table) while this process decides completeness, memory, matching
     for a plan with a table, and the digest (the halves take about equal time). Same
     verdicts as ``verify``."""
-    _check_model(comm_model)
     if not can_fork():
-        return verify(plan, memory_limit, comm_model, memory_model, rlimit)
-    limits = properties.memory_limits(memory_limit, plan.num_ranks)
+        return verify(plan, memory_limit, comm_model, memory_model, rlimit, question)
+    asked = _asked(plan, question, memory_limit, comm_model, memory_model)
     clock = time.perf_counter()
     with collector_paused():  # built once, inherited by the child:
         table = op_table(plan)
         kernel.read(plan)  # after the fork, each touch of an op object copies its page
-    with collector_paused(), forked(_comm_properties, plan, table, comm_model,
-                                     rlimit) as comm:
-        local = _local_properties(plan, table, limits, memory_model, comm_model, rlimit)
-        # while the child works: the digest a certificate would need
-        digest = plan_digest(plan) if all(
-            local[name][0] == "proved" for name in ("completeness", "memory")) else None
-        return _report(plan, _merged(local, comm()), limits, comm_model, clock, digest)
+    with collector_paused(), forked(_comm_properties, asked, table, rlimit) as comm:
+        local = _local_properties(asked, table, rlimit)
+        digest = plan_digest(plan)  # while the child works: every verdict states it
+        return _report(asked, _merged(local, comm()), clock, digest)
 
 
 def _check_model(comm_model: str) -> None:
@@ -103,66 +137,84 @@ def _check_model(comm_model: str) -> None:
         raise ValueError(f"comm model must be one of {COMM_MODELS}, got {comm_model!r}")
 
 
-def _report(plan: Plan, decided: dict, limits, comm_model: str, clock: float,
-            digest: str | None = None) -> Report:
-    """Assemble the verdict: violated if any property has confirmed violations, undecided
-    if any is unknown, verified (with a certificate and its witness) only if the kernel
-    proved all five. ``limits``: one memory bound per rank or None
-    (``properties.memory_limits``). ``digest``: ``plan_digest(plan)`` if already known."""
+def _report(asked: Asked, decided: dict, clock: float, digest: str | None = None) -> Report:
+    """The report: the kernel's verdict (``Asked.verdict``: its status, digest and
+    proved peaks), the confirmed violations' messages, the peaks as the passes computed
+    them, and, when verified, the certificate and its witness."""
+    plan, question = asked.plan, asked.question
     decided = dict(decided)
-    peaks, sizes = decided.pop("peaks"), decided.pop("sizes")
-    hints = decided.pop("hints")
+    peaks, hints = decided.pop("peaks"), decided.pop("hints")
+    witness = _witness(hints)
+    verdict = asked.verdict({name: decided[name][0] for name in PROPERTIES}, witness, digest)
     violations, undecided = [], []
-    stats = {"ops": plan.num_ops, "ranks": plan.num_ranks, "comm_model": comm_model,
-             "properties": {}}
+    stats = {"ops": plan.num_ops, "ranks": plan.num_ranks,
+             "comm_model": question.comm_model, "properties": {}}
     for name in PROPERTIES:
-        status, detail, found = decided[name]
-        stats["properties"][name] = {"status": status, **detail}
-        violations.extend(found)
-        if status == "unknown":
-            undecided.append(f"{name}: {detail.get('reason', 'solver returned unknown')}")
+        answer, detail, found = decided[name]
+        stats["properties"][name] = {"status": answer.status, **_detail(answer), **detail}
+        if answer.status == "violated" and verdict.status == "violated":
+            violations.extend(found)
+        if answer.status == "unknown":
+            undecided.append(f"{name}: {answer.reason or 'solver returned unknown'}")
+    if verdict.refusal is not None:
+        undecided.append(f"the plan judged is not the input: {verdict.refusal} "
+                         "(internal error)")
     stats["seconds"] = round(time.perf_counter() - clock, 4)
-    status = "violated" if violations else "undecided" if undecided else "verified"
-    certificate = witness = None
-    if status == "verified":
-        certificate = Certificate(digest or plan_digest(plan), PROPERTIES,
-                                  _limits(limits), comm_model)
-        witness = _witness(hints)
-    return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided),
-                  witness, sizes, limits)
+    certificate = None
+    if verdict.status == "verified":
+        certificate = Certificate(verdict.digest, PROPERTIES, _limits(verdict.limits),
+                                  question.comm_model)
+    if verdict.peaks is not None:  # the peaks the kernel proved, exact sums
+        peaks = {rank: _number(peak) for rank, peak in enumerate(verdict.peaks)}
+    return Report(verdict, tuple(violations), peaks, stats, certificate, tuple(undecided),
+                  witness if certificate is not None else None, asked.sizes, verdict.limits)
+
+
+def _number(x):
+    """An exact peak as the report shows it: an int as it is, else the nearest float."""
+    return x if type(x) is int else float(x)
+
+
+def _detail(answer) -> dict:
+    out = {} if answer.runs is None else {"facts": answer.facts, "runs": answer.runs}
+    if answer.confirmed:
+        out["confirmed"] = answer.confirmed
+    if answer.reason:
+        out["reason"] = answer.reason
+    return out
 
 
 def _witness(hints: dict) -> kernel.Witness:
-    levels, peaks, peak_at = hints["memory"] or (None, None, None)
-    return kernel.Witness(hints["deadlock"], hints["dependency"], levels, peaks, peak_at)
+    levels, peaks, peak_at = hints.get("memory") or (None, None, None)
+    return kernel.Witness(hints.get("deadlock"), hints.get("dependency"), levels, peaks,
+                          peak_at)
 
 
-def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> dict:
+def _local_properties(asked: Asked, table, rlimit) -> dict:
     """Completeness, memory and, for a plan with a ``table``, matching (the half that
-    needs no pairing, run or producers).
-    ``table``: ``semantics.op_table(plan)``; ``limits``: one memory bound per rank or None
-    (``properties.memory_limits``)."""
-    sizes = kernel.Sizes.of(plan, memory_model)
-    judge = _Judge(plan, comm_model, sizes, limits, rlimit)
+    needs no pairing, run or producers). ``table``: ``semantics.op_table(plan)``."""
+    plan, judge = asked.plan, _Judge(asked, rlimit)
     out = {"completeness": judge("completeness", lambda: properties.completeness(plan,
                                                                                  table))}
     mem = {}
 
     def memory():
-        findings, hint, mem["peaks"] = properties.memory(plan, memory_model, limits, table)
+        findings, hint, mem["peaks"] = properties.memory(plan, _passes_memory(asked),
+                                                         asked.limits, table)
         return findings, hint
     out["memory"] = judge("memory", memory)
     if table is not None:  # its transfers pair by columns: no pairing to share
         out["matching"] = judge("matching", lambda: properties.matching(plan, table=table))
-    return {**out, "peaks": mem["peaks"], "sizes": sizes, "hints": judge.hints}
+    return {**out, "peaks": mem["peaks"], "hints": judge.hints}
 
 
-def _comm_properties(plan, table, comm_model, rlimit) -> dict:
+def _comm_properties(asked: Asked, table, rlimit) -> dict:
     """Dependency, then deadlock (both by ``table``'s columns where it has one, which
     pair the transfers themselves), and matching where ``table`` is None (else
     ``_local_properties`` decides it), over one op-by-op pairing of the plan's sends,
     receives and collectives when there is no table."""
-    judge = _Judge(plan, comm_model, None, None, rlimit)
+    plan, judge = asked.plan, _Judge(asked, rlimit)
+    comm_model = asked.question.comm_model
     out = {"dependency": judge("dependency", lambda: properties.dependency(plan, table))}
     pairing = collectives = None  # a table's plan is paired by columns, only if needed
     if table is None:
@@ -175,52 +227,26 @@ def _comm_properties(plan, table, comm_model, rlimit) -> dict:
 
 
 class _Judge:
-    """Runs one property's fast pass, then has the kernel decide: every finding confirmed
-    (``violated``), or the property proven from the pass's hint (``proved``); anything
-    else is ``unknown``. Keeps each pass's hint for the witness of a certificate."""
+    """Runs one property's fast pass, then has the trusted shell decide it
+    (``Asked.decide``: the findings confirmed, or the property proven from the pass's
+    hint). Keeps each pass's hint for the witness of a certificate."""
 
-    def __init__(self, plan, comm_model, sizes, limits, rlimit) -> None:
-        self.plan, self.comm_model, self.sizes = plan, comm_model, sizes
-        self.limits, self.rlimit = limits, rlimit
+    def __init__(self, asked: Asked, rlimit) -> None:
+        self.asked, self.rlimit = asked, rlimit
         self.hints: dict = {}
 
-    def __call__(self, name: str, run) -> tuple[str, dict, list[Violation]]:
+    def __call__(self, name: str, run) -> tuple:
+        """``(Answer, timings, violations)``."""
         started = time.perf_counter()
         findings, self.hints[name] = run()
         linear = time.perf_counter() - started
-        status, detail = (self._confirm(name, findings) if findings
-                          else self._prove(name))
-        detail["linear_seconds"] = round(linear, 4)
-        detail["kernel_seconds"] = round(time.perf_counter() - started - linear, 4)
-        found = [f.violation for f in findings] if status == "violated" else []
-        return status, detail, found
-
-    def _confirm(self, name, findings) -> tuple[str, dict]:
-        answers = kernel.confirm(self.plan, name, [f.claim for f in findings],
-                                 self.comm_model, self.sizes, self.limits, self.rlimit)
-        for finding, answer in zip(findings, answers):
-            if answer == "unknown":
-                return "unknown", {"reason": "Z3 could not confirm a counterexample"}
-            if answer != "violated":
-                return "unknown", {"reason": f"the kernel did not confirm the counterexample "
-                                             f"'{finding.violation.message}' (internal error)"}
-        detail = {"confirmed": len(findings)}
-        if getattr(findings, "unlisted", 0):  # found beyond the cap: counted, not listed
-            detail["unlisted"] = findings.unlisted
-        return "violated", detail
-
-    def _prove(self, name) -> tuple[str, dict]:
-        witness = _witness({"deadlock": None, "dependency": None, "memory": None,
-                            **self.hints})
-        verdict = kernel.prove(self.plan, witness, self.comm_model, self.sizes, self.limits,
-                               self.rlimit, properties=(name,))[name]
-        detail = {"facts": verdict.facts, "runs": verdict.runs}
-        if verdict.status == "proved":
-            return "proved", detail
-        if verdict.status == "failed":
-            return "unknown", {**detail, "reason": f"the kernel refuted the passes' witness at "
-                                                   f"{verdict.detail} (internal error)"}
-        return "unknown", {**detail, "reason": verdict.detail or "unknown"}
+        answer = self.asked.decide(name, [f.claim for f in findings],
+                                   _witness({name: self.hints[name]}), self.rlimit)
+        detail = {"linear_seconds": round(linear, 4),
+                  "kernel_seconds": round(time.perf_counter() - started - linear, 4)}
+        if answer.status == "violated" and getattr(findings, "unlisted", 0):
+            detail["unlisted"] = findings.unlisted  # found beyond the cap: counted, not listed
+        return answer, detail, [f.violation for f in findings] if findings else []
 
 
 def _limits(limits) -> tuple[float, ...] | None:

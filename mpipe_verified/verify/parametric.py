@@ -168,7 +168,7 @@ def prove(family: str, params: Mapping[str, object], limit=None,
     for when). ``proved``: the obligations of a cached proof of those laws (``Cache``),
     else they are proven now and, with ``cache``, the proof is stored."""
     from ..proofs.covering import memory_law, needed_laws
-    from .properties import memory_limits
+    from ..question import Question, Verdict
     from .report import PROPERTIES, Certificate, Report
     laws = needed_laws(family, params) if comm_model == RENDEZVOUS else None
     if laws is None:
@@ -177,7 +177,7 @@ def prove(family: str, params: Mapping[str, object], limit=None,
     ranks = int(params["pp"])
     peaks = tuple(memory_law(laws).peak(params))
     try:
-        limits = memory_limits(limit, ranks)
+        limits = Question(comm_model, limit).limits(ranks)
     except ValueError:
         return None  # the instance check refuses the limit with its own message
     if _over_limit(peaks, limits):
@@ -196,9 +196,11 @@ def prove(family: str, params: Mapping[str, object], limit=None,
              "properties": {law.property: {"status": "proved", "law": law.name,
                                            "scope": law.scope} for law in laws},
              "obligations": count, "seconds": round(time.perf_counter() - started, 4)}
-    certificate = Certificate(claim.digest(), PROPERTIES, limits, comm_model,
-                              parametric=claim)
-    return Report("verified", (), dict(enumerate(peaks)), stats, certificate,
+    certificate = Certificate(claim.digest(), PROPERTIES,
+                              None if limits is None else tuple(map(float, limits)),
+                              comm_model, parametric=claim)
+    verdict = Verdict("verified", {}, claim.digest(), peaks, limits)  # the laws' verdict
+    return Report(verdict, (), dict(enumerate(peaks)), stats, certificate,
                   cached=proved is not None)
 
 

@@ -11,6 +11,7 @@ import attrs
 
 from .. import kernel
 from ..ir import Plan
+from ..question import Verdict
 from .parametric import Parametric, mismatch
 
 PROPERTIES = kernel.PROPERTIES  # the five, in report order
@@ -107,11 +108,14 @@ def check_certificate(plan: Plan, certificate: Certificate | None,
 
 @attrs.frozen
 class Report:
-    """``status``: ``verified`` (all five proven), ``violated`` (at least one confirmed
-    violation) or ``undecided`` (Z3 answered unknown / ran out of resources somewhere and
-    nothing was violated). ``exit_code`` follows docs/semantics.md §6: 0, 1, 3."""
+    """A verdict with its explanations. ``verdict``: the trusted shell's
+    (``question.Verdict``: ``verified`` when all five are proven, ``violated`` with at
+    least one confirmed violation, else ``undecided``; the plan's digest; the peaks it
+    proved), or, for a parametric report, the family's laws'. Everything else explains
+    it: the confirmed violations' messages, the peaks as the passes summed them, the
+    timings. ``exit_code`` follows docs/semantics.md §6: 0, 1, 3."""
 
-    status: str
+    verdict: Verdict
     violations: tuple[Violation, ...]
     peak_memory: dict[int, float]
     stats: dict
@@ -121,6 +125,10 @@ class Report:
     sizes: kernel.Sizes | None = None
     limits: tuple | None = None  # the per-rank limits exactly as the kernel proved them
     cached: bool = False  # a parametric report from a cached proof of its laws
+
+    @property
+    def status(self) -> str:
+        return self.verdict.status
 
     def portable_certificate(self, plan: Plan) -> dict:
         """The certificate with its witness, as ``mpipe-verify recheck`` reads it
@@ -136,10 +144,10 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return {"verified": 0, "violated": 1}.get(self.status, 3)
+        return self.verdict.exit_code
 
     def to_json(self) -> dict:
-        out = {"verified": self.verified, "status": self.status,
+        out = {"verified": self.verified, "status": self.status, "digest": self.verdict.digest,
                "violations": [v.to_json() for v in self.violations],
                "peak_memory": {str(r): v for r, v in sorted(self.peak_memory.items())},
                "stats": self.stats}

@@ -1,0 +1,169 @@
+"""The trusted shell (``question.py``): the question is formed from the user's words and
+the verdict comes from the kernel, so a bug in the code around them cannot make a broken
+plan VERIFIED. Each test plants one such bug (as ``benchmarks/fault_injection.py`` does,
+here with ``monkeypatch``) in code that the verdict used to trust: the limits, the sizes,
+the lowering, the declarations; each of these gave a false VERIFIED before the shell."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+
+from mpipe_verified import declared, lower as lowering, sim
+from mpipe_verified.algebra.families import family
+from mpipe_verified.cli import main
+from mpipe_verified.formats import timeline
+from mpipe_verified.ir import Compute, Plan, Schedule
+from mpipe_verified.lower import lower
+from mpipe_verified.question import Asked, Question
+from mpipe_verified.semantics import MemoryModel
+from mpipe_verified.verify import properties, verify
+
+
+def check(capsys, *argv: str) -> tuple[int, dict]:
+    code = main(["check", "--json", *argv])
+    out, _ = capsys.readouterr()
+    return code, json.loads(out)
+
+
+def write_csv(tmp_path, rows: list[list[str]]) -> str:
+    path = tmp_path / "plan.csv"
+    path.write_text("".join(",".join(row) + "\r\n" for row in rows), newline="")
+    return str(path)
+
+
+def test_a_lowering_that_drops_a_duplicated_forward_is_refused(tmp_path, capsys, monkeypatch):
+    """A compute-only file that runs 0F0 twice is broken (completeness). A lowering that
+    drops the duplicate made it VERIFIED; the shell compares the lowered plan's compute
+    steps with the file's and refuses it: undecided, never verified."""
+    path = write_csv(tmp_path, [["0F0", "0F0", "0F1", "0B0", "0B1"],
+                                ["1F0", "1B0", "1F1", "1B1"]])
+    code, doc = check(capsys, path)
+    assert code == 1 and doc["status"] == "violated"
+
+    real = lowering.lower
+
+    def dropping(schedule, duration=None):
+        first = schedule.programs[0]
+        kept = (first[0],) + first[2:]
+        return real(Schedule(schedule.placement, schedule.num_microbatches,
+                             (kept,) + schedule.programs[1:]), *(
+                                 () if duration is None else (duration,)))
+    monkeypatch.setattr(timeline, "lower", dropping)
+    code, doc = check(capsys, path)
+    assert code == 3 and doc["status"] == "undecided", doc
+    assert any("rank 0's steps differ from the input's" in u for u in doc["undecided"])
+
+
+def test_a_declaration_the_code_ignores_is_refused(tmp_path, capsys, monkeypatch):
+    """``--microbatches 3`` on a file with two: the missing microbatch is a completeness
+    violation. If ``declare`` ignored the count, the file's own plan was VERIFIED; the
+    shell compares the plan's sizes with the declared ones."""
+    path = write_csv(tmp_path, [["0F0", "0F1", "0B0", "0B1"],
+                                ["1F0", "1B0", "1F1", "1B1"]])
+    code, doc = check(capsys, path, "--microbatches", "3")
+    assert code == 1 and doc["status"] == "violated"
+    monkeypatch.setattr(declared, "declare", lambda target, *_, **__: target)
+    code, doc = check(capsys, path, "--microbatches", "3")
+    assert code == 3, doc
+    assert any("2 microbatches judged, 3 declared" in u for u in doc["undecided"]), doc
+
+
+def test_limits_from_the_question_not_from_the_passes(capsys, monkeypatch):
+    """A per-rank limit the untrusted code drops (``memory_limits`` returning None) made a
+    plan over its limit VERIFIED: the kernel now takes the limit as the user wrote it."""
+    argv = ["--family", "1f1b", "--pp", "2", "--microbatches", "4", "--memory-limit", "1"]
+    code, doc = check(capsys, *argv)
+    assert code == 1 and doc["status"] == "violated"
+    monkeypatch.setattr(properties, "memory_limits", lambda *_: None)
+    code, doc = check(capsys, *argv)
+    assert code == 1 and doc["status"] == "violated", doc
+
+
+SPEC = """
+[schedule]
+family = "1f1b"
+pp = 2
+microbatches = 4
+
+[cost]
+activation = [0.5, 0.25]
+
+[memory]
+limit = 2.4
+static = [1.0, 2.0]
+"""
+
+
+def test_sizes_from_the_spec_numbers_not_from_its_cost_model(tmp_path, capsys, monkeypatch):
+    """The spec's own numbers give the sizes: rank 0 peaks at 1 + 2 x 0.5 = 2 and rank
+    1 at 2 + 0.25 = 2.25, both within 2.4; with a limit of 2.2 rank 1 is over. A cost
+    model that reported the unit model instead (all static parts 0) made the second
+    VERIFIED; the shell turns the spec's numbers into sizes itself."""
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    code, doc = check(capsys, str(spec), "--expand")
+    assert code == 0, doc
+    assert doc["peak_memory"] == {"0": 2.0, "1": 2.25}
+    code, doc = check(capsys, str(spec), "--expand", "--memory-limit", "2.2")
+    assert code == 1
+    monkeypatch.setattr(sim.CostModel, "memory_model_for",
+                        lambda self, cut, ranks: MemoryModel())
+    code, doc = check(capsys, str(spec), "--expand", "--memory-limit", "2.2")
+    assert code == 1 and doc["status"] == "violated", doc
+
+
+def test_spec_sizes_are_exact_sums_of_the_numbers_written():
+    """0.1 + 0.2 is summed as the two rationals the spec's floats denote, not as floats."""
+    schedule = family("1f1b", 2, 2).derive()
+    plan = lower(schedule)
+    cost = sim.CostModel(static=(0.1, 0.2))
+    sizes = Question(memory=cost).sizes(plan)
+    assert sizes.static == (Fraction(0.1), Fraction(0.2))
+    assert Question().sizes(plan).static == (0, 0)
+
+
+def test_the_report_status_is_the_kernels_verdict():
+    """The printed status, exit code and digest are the shell's ``Verdict``; a plan whose
+    passes found nothing but which is not the question's is never verified."""
+    schedule = family("1f1b", 2, 2).derive()
+    plan = lower(schedule)
+    report = verify(plan, question=Question(source=schedule))
+    assert report.status == report.verdict.status == "verified"
+    assert report.exit_code == 0 and report.verdict.digest == report.certificate.digest
+    other = family("gpipe", 2, 2).derive()
+    report = verify(plan, question=Question(source=other))
+    assert report.status == "undecided" and report.exit_code == 3
+    assert report.certificate is None and report.to_json()["digest"] == report.verdict.digest
+
+
+def test_refusal_names_what_differs():
+    schedule = family("1f1b", 2, 4).derive()
+    plan = lower(schedule)
+    assert Question(source=schedule).refusal(plan) is None
+    assert Question(declared=(None, 5, None)).refusal(plan) == "4 microbatches judged, 5 declared"
+    swapped = Plan(plan.placement, plan.num_microbatches,
+                   (plan.programs[0][1:] + plan.programs[0][:1],) + plan.programs[1:])
+    assert Question(source=schedule).refusal(swapped) == "rank 0's steps differ from the input's"
+    forward_only = Schedule(schedule.placement, 4, tuple(
+        tuple(op for op in prog if isinstance(op, Compute) and op.kind == "F")
+        for prog in schedule.programs), forward_only=True)
+    assert "forward-only" in Question(source=forward_only).refusal(plan)
+
+
+@pytest.mark.parametrize("limit, message", [
+    ((1, 2, 3), "lists 3 per-rank values but the plan has 2 ranks"),
+    (float("inf"), "finite number"),
+    (True, "finite number"),
+])
+def test_limits_as_written_are_checked(limit, message):
+    with pytest.raises(ValueError, match=message):
+        Question(memory_limit=limit).limits(2)
+
+
+def test_asked_decides_with_exact_limits():
+    plan = lower(family("1f1b", 2, 2).derive())
+    asked = Asked(plan, Question(memory_limit=0.1))
+    assert asked.limits == (Fraction(0.1), Fraction(0.1))
