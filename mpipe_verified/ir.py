@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import operator
 import re
 import types
 import weakref
@@ -505,10 +506,15 @@ class Plan:
         return _programs_text(self.programs)
 
     def canonical_text(self) -> str:
-        """Stable text used for digests: placement, microbatches, then every rank's ops
-        (payload shapes or leaves, and peers included, idle steps dropped). A forward-only
-        plan says so (a training plan's text has no such field, so its digest is unchanged)."""
-        head = f"placement={','.join(map(str, self.placement.stage_to_rank))};m={self.num_microbatches}"
+        """The text a digest is taken of: placement, microbatches, the cut's repr, the
+        forward-only declaration, then one line per rank of its ops (``_canonical``; idle
+        steps dropped). It says every field of every other op, so two plans that differ
+        in anything but idle steps have different texts (``tests/canonical_decoder.py``
+        reads plans back from it). A field whose value is not of its declared type raises
+        ``TypeError`` (it could spell like one that is). Ops whose first spelling was
+        already unambiguous keep it, and so do their plans' digests."""
+        head = (f"placement={','.join(map(_int, self.placement.stage_to_rank))};"
+                f"m={_int(self.num_microbatches)}")
         if self.cut.segments:
             head += ";cut=" + repr(self.cut)
         if self.forward_only:
@@ -524,20 +530,20 @@ class Plan:
 def _canonical_row(program: tuple[Op, ...]) -> str:
     """``",".join(_canonical(op) for op in program if type(op) is not Idle)``: the body's
     compute ops and the sends and receives of a plain activation or gradient (no segment,
-    shape, dtype or leaves), nearly every op of a plan, are spelled here in one frame;
-    every other op by ``_canonical``."""
+    shape, dtype, leaves or ``to_segment``), nearly every op of a plan, are spelled here
+    in one frame; every other op by ``_canonical``."""
     out: list[str] = []
     add = out.append
     for op in program:
         kind = type(op)
         if kind is Compute:
-            add(f"{op.stage}{op.kind}{op.mb}" if not op.segment else _canonical(op))
+            add(f"{op.stage}{op.kind}{op.mb}" if op.segment == "" else _canonical(op))
         elif kind is Send or kind is Recv:
             p = op.payload
-            if (p.leaves is not None or p.segment or p.shape or p.dtype
-                    or p.to_segment is not None or p.kind == INPUT):
+            if (p.leaves is not None or p.segment != "" or p.shape is not None
+                    or p.dtype is not None or p.to_segment is not None or p.kind == INPUT):
                 add(_canonical(op))
-            elif kind is Send:  # str(op) and its peer, as _canonical writes them
+            elif kind is Send:  # as _canonical writes them
                 add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")
             else:
                 add(f"{p.consumer_stage}RECV_{p.letter}{p.mb}<{op.src}>")
@@ -546,17 +552,67 @@ def _canonical_row(program: tuple[Op, ...]) -> str:
     return ",".join(out)
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9_.:/+\-]*")  # none of the text's separators or quotes
+
+
+def _text(value: str) -> str:
+    """A name, tag or dtype: as it is when plain (ASCII letters, digits, ``_.:/+-``),
+    else as a JSON string (ASCII, in quotes, which no plain text holds)."""
+    if type(value) is not str:
+        raise TypeError(f"expected a text, got {value!r}")
+    return value if _PLAIN.fullmatch(value) else json.dumps(value)
+
+
+def _int(value: int) -> str:
+    """An integer field's digits (``TypeError`` for a text or anything else)."""
+    return str(operator.index(value))
+
+
+def _prefix(segment: str) -> str:
+    """``SEGMENT:`` before an op of ``segment``, nothing for the body. An op's own text
+    after it holds no ``:``, so a plain segment ends at the run's last ``:``."""
+    return "" if segment == "" else _text(segment) + ":"
+
+
 def _canonical(op: Op) -> str:
+    """One op's canonical spelling (see ``_canonical_p2p`` for sends and receives)."""
     kind = type(op)
+    if kind is Compute:
+        return f"{_prefix(op.segment)}{op.stage}{op.kind}{op.mb}"
     if kind is Send or kind is Recv:
-        p = op.payload
-        if p.leaves is not None:
-            leaves = [[x.path, None if x.shape is None else list(x.shape), x.dtype]
-                      for x in p.leaves]
-            return f"{op}<{op.peer}|leaves={json.dumps(leaves, separators=(',', ':'))}>"
-        if p.shape or p.dtype:
-            return f"{op}<{op.peer}|{p.shape}|{p.dtype}>"
-        return f"{op}<{op.peer}>"
+        return _canonical_p2p(op)
+    if kind is Overlap:
+        return "(" + ";".join(map(_canonical, op.ops)) + ")OVERLAP_F_B"
     if kind is Group:
-        return "[" + ";".join(_canonical(o) for o in op.ops) + "]GROUP"
-    return str(op)
+        return "[" + ";".join(map(_canonical, op.ops)) + "]GROUP"
+    if kind is Collective:
+        root = "" if op.root is None else "@" + _int(op.root)
+        return f"{op.kind.upper()}({_text(op.tag)}{root}|{','.join(map(_int, op.ranks))})"
+    if kind is Marker:
+        return f"{op.stage}{op.action}{'' if op.mb is None else _int(op.mb)}"
+    raise TypeError(f"not an op of a plan: {op!r}")
+
+
+def _canonical_p2p(op: P2P) -> str:
+    """``str(op)`` (a receive names its consumer), then in ``<>`` the peer, the layout
+    (``|SHAPE|DTYPE``, or ``|leaves=JSON``), and for a transfer across the cut what
+    ``str(op)`` leaves out: a send's ``|to=TO_SEGMENT``, a receive's ``|from=[SEG:]STAGE``."""
+    p = op.payload
+    if type(op) is Send:
+        head = f"{_prefix(p.segment)}{p.stage}SEND_{p.letter}{p.mb}<{op.dst}"
+    else:
+        head = f"{_prefix(p.consumer_segment)}{p.consumer_stage}RECV_{p.letter}{p.mb}<{op.src}"
+    fields = [head]
+    if p.leaves is not None:
+        leaves = [[x.path, None if x.shape is None else list(map(operator.index, x.shape)),
+                   x.dtype] for x in p.leaves]
+        fields.append(f"leaves={json.dumps(leaves, separators=(',', ':'))}")
+    elif p.shape is not None or p.dtype is not None:
+        shape = "None" if p.shape is None else str(tuple(map(operator.index, p.shape)))
+        dtype = ("None" if p.dtype is None else json.dumps(p.dtype) if p.dtype == "None"
+                 else _text(p.dtype))
+        fields += [shape, dtype]
+    if p.to_segment is not None:
+        fields.append(f"to={_text(p.to_segment)}" if type(op) is Send
+                      else f"from={_prefix(p.segment)}{p.stage}")
+    return "|".join(fields) + ">"

@@ -30,6 +30,9 @@ Plans: ``lower(term.derive())``, optionally decorated with valid ``Group``s (run
 adjacent comm ops posted together) or with ``Collective``s (the same list, in the same
 order, at the start and end of every member rank; ``with_collectives``).
 
+Any plan (``any_plans``): well-typed plans that need not run, every op kind and field,
+texts full of the separators the canonical text and the file formats write.
+
 Mutations (``MUTATIONS``; ``mutate(plan, kind, chooser)``), each one edit of a plan:
 
 =====================  ================================================================
@@ -79,8 +82,10 @@ from mpipe_verified.algebra.families import FAMILIES, family
 from mpipe_verified.algebra.terms import (DeferW, MergeBW, Par, Relabel, Restrict, Seq,
                                           SplitBW, Weave)
 from mpipe_verified.algebra.transpose import MODES, OWNERSHIPS, transpose_family
-from mpipe_verified.ir import (ACT, GRAD, INPUT, SINK, SOURCE, Collective, Compute, Group, Plan,
-                               Recv, Send, p2p_of)
+from mpipe_verified.ir import (ACT, COLLECTIVE_KINDS, COMPUTE_KINDS, GRAD, INPUT, MARKER_ACTIONS,
+                               SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker,
+                               Overlap, Payload, Placement, Plan, Recv, SegmentWork, Send,
+                               p2p_of, path_text)
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import UNIT_MEMORY, MemoryModel, peak_memory
 
@@ -363,6 +368,56 @@ def decorate(plan: Plan, ch, how: str) -> Plan:
     if how == "collectives":
         return with_collectives(plan, ch)
     return plan
+
+
+# ---------------------------------------------------------------- any plan
+#
+# ``any_plans``: well-typed plans that need not run, every field of every op kind at
+# defaults and not (``shape`` ``()`` and ``None``, ``to_segment`` ``""`` and ``None``,
+# ``dtype`` ``"None"`` and None), texts of any Unicode character, often the separators
+# and quotes the canonical text and the file formats write.
+
+SEPARATORS = tuple(',;:()[]<>|@="\\\n %')
+texts = st.text(st.sampled_from(SEPARATORS) | st.characters(codec="utf-8"), max_size=4) \
+    | st.sampled_from(["None", "vision", "0F1", "x:0F1", "float32"])
+_index = st.integers(0, 40)
+_shapes = st.none() | st.tuples() | st.lists(st.integers(0, 2**40), max_size=3).map(tuple)
+_steps = st.one_of(st.tuples(st.sampled_from(["tuple", "list"]), st.integers(0, 12)),
+                   st.tuples(st.just("dict"), texts))
+_leaves = st.builds(Leaf, st.lists(_steps, max_size=3).map(path_text)) | st.builds(
+    Leaf, st.lists(_steps, max_size=3).map(path_text),
+    st.lists(st.integers(0, 2**40), max_size=3).map(tuple), st.sampled_from(["int64", "bool"]))
+_payloads = st.builds(Payload, st.sampled_from([ACT, GRAD, INPUT]), _index, _index, texts,
+                      _shapes, st.none() | st.sampled_from(["float32", "bfloat16", ""]) | texts,
+                      st.none() | texts) \
+    | st.builds(Payload, st.sampled_from([ACT, GRAD]), _index, _index, texts, st.none(),
+                st.none(), st.none() | texts, st.lists(_leaves, max_size=3).map(tuple))
+_computes = st.builds(Compute, st.sampled_from(COMPUTE_KINDS), _index, _index, texts)
+_p2p = st.builds(Send, _index, _payloads) | st.builds(Recv, _index, _payloads)
+any_ops = st.one_of(
+    _computes, _p2p,
+    st.builds(Overlap, st.lists(_computes, max_size=3).map(tuple)),
+    st.builds(Group, st.lists(_p2p, max_size=3).map(tuple)),
+    st.builds(Collective, st.sampled_from(COLLECTIVE_KINDS),
+              st.lists(_index, max_size=4).map(tuple), texts, st.none() | _index),
+    st.just(Idle()),
+    st.builds(Marker, _index, st.sampled_from(MARKER_ACTIONS), st.none() | _index))
+
+
+@st.composite
+def any_plans(draw):
+    """A well-typed plan of 1-3 ranks (see above), with a cut of up to two segments."""
+    ranks = draw(st.integers(1, 3))
+    m = draw(st.integers(0, 3))
+    per_mb = st.lists(st.integers(0, ranks - 1), min_size=m, max_size=m).map(tuple)
+    segments = draw(st.lists(st.builds(SegmentWork, texts.filter(bool),
+                                       st.sampled_from([SOURCE, SINK]), per_mb,
+                                       st.none() | per_mb, st.booleans(),
+                                       st.integers(0, ranks - 1), st.booleans(), st.booleans()),
+                             max_size=2, unique_by=lambda s: s.name))
+    placement = Placement(tuple(draw(st.lists(st.integers(0, ranks - 1), max_size=4))), ranks)
+    programs = tuple(tuple(draw(st.lists(any_ops, max_size=6))) for _ in range(ranks))
+    return Plan(placement, m, programs, Cut(tuple(segments)), draw(st.booleans()))
 
 
 # ---------------------------------------------------------------- mutations

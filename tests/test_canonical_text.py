@@ -1,6 +1,7 @@
 """The canonical text (what a certificate's digest covers) stays byte for byte what it
 was: digests pinned in ``fixtures/digests.json``, and the one-frame row spelling equal
-to the op-by-op one on every kind of op and payload."""
+to the op-by-op one on every kind of op and payload. That it says everything about a
+plan: ``test_canonical_decoding.py``."""
 
 from __future__ import annotations
 
@@ -56,7 +57,10 @@ def pinned_plans() -> dict:
 
 def test_digests_are_unchanged():
     """The pins were written by the op-by-op canonical text, before the one-frame rows (a
-    fixture added since has no pin; a pinned one rewritten needs its pin rewritten)."""
+    fixture added since has no pin; a pinned one rewritten needs its pin rewritten). The
+    pins of the plans that send across the cut were rewritten once, when the text began
+    to say what the first one left out there (a send's ``to_segment``, the segment and
+    stage a receive comes from); every other op is spelled as before."""
     pinned = json.loads(PINNED.read_text())
     plans = pinned_plans()
     assert {name: plan_digest(plans[name]) for name in pinned} == pinned

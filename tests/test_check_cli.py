@@ -19,9 +19,9 @@ import pytest
 
 from plan_edits import defer_receives, lowered, with_program
 from mpipe_verified.cli import main
-from mpipe_verified.formats.torch_csv import format_torch_csv
+from mpipe_verified.formats.torch_csv import format_torch_csv, parse_torch_csv
 from mpipe_verified.ir import Plan, Recv
-from mpipe_verified.verify import PROPERTIES, verify
+from mpipe_verified.verify import PROPERTIES, plan_digest, verify
 from mpipe_verified.verify.report import Locator, Shown, render
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
@@ -114,6 +114,28 @@ def test_json_schema_violated(capsys, tmp_path):
     assert {v["property"] for v in doc["violations"]} == {"matching", "dependency",
                                                           "deadlock", "memory"}
     assert doc["lowered"] is False
+
+
+def test_json_names_the_plan_s_digest_on_every_verdict(capsys, tmp_path):
+    """Verified, violated and undecided: each carries ``digest``, the plan's as read (a
+    verified one's is its certificate's)."""
+    plan = lowered("1f1b", 2, 4)
+    code, doc = check_json(capsys, *family_argv("1f1b", 2, 4), "--expand")
+    assert code == 0 and doc["digest"] == doc["certificate"]["digest"] == plan_digest(plan)
+    broken = defer_receives(plan)
+    path = write(tmp_path, "deferred.csv", broken)
+    code, doc = check_json(capsys, path)
+    assert code == 1 and "certificate" not in doc
+    assert doc["digest"] == plan_digest(parse_torch_csv(pathlib.Path(path).read_text(), path))
+    assert doc["digest"] == plan_digest(broken) != plan_digest(plan)
+    code, doc = check_json(capsys, *family_argv("1f1b", 2, 4), "--solver-rlimit", "1")
+    assert code == 3 and "certificate" not in doc and doc["digest"] == plan_digest(plan)
+
+
+def test_json_of_a_parametric_answer_names_its_claim_s_digest(capsys):
+    code, doc = check_json(capsys, *family_argv("1f1b", 2, 4), "--laws")
+    assert code == 0 and doc["proof"]["kind"] == "parametric"
+    assert doc["digest"] == doc["certificate"]["digest"] != plan_digest(lowered("1f1b", 2, 4))
 
 
 def test_json_through_the_console_script(tmp_path):

@@ -12,7 +12,6 @@ import tracemalloc
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fixtures.make_fixtures import FIXTURES, GRADS
 from mpipe_verified.algebra.families import FAMILIES, family
@@ -22,12 +21,10 @@ from mpipe_verified.errors import InputError
 from mpipe_verified.formats import plan_json
 from mpipe_verified.formats.plan_json import (format_plan_json, parse_plan_json,
                                               read_plan_json, write_plan_json)
-from mpipe_verified.ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, SINK, SOURCE,
-                               Collective, Compute, Cut, Group, Idle, Leaf, Marker, Overlap,
-                               Payload, Placement, Plan, Recv, Schedule, SegmentWork, Send,
-                               path_text)
+from mpipe_verified.ir import SINK, SOURCE, Collective, Plan, Schedule
 from mpipe_verified.lower import lower
 from plan_edits import FIXTURE_DIR, fixture
+from strategies import any_plans
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -72,50 +69,8 @@ def test_every_transpose_variant_round_trips(side, mode, ownership):
     round_trips(schedule)
 
 
-_names = st.text(st.characters(codec="utf-8"), max_size=4)
-_index = st.integers(0, 40)
-_payloads = st.builds(Payload, st.sampled_from(["act", "grad", "input"]), _index, _index,
-                      _names, st.none() | st.tuples() | st.lists(st.integers(0, 2**40),
-                                                                  max_size=3).map(tuple),
-                      st.none() | st.sampled_from(["float32", "bfloat16", ""]),
-                      st.none() | _names)
-_steps = st.one_of(st.tuples(st.sampled_from(["tuple", "list"]), st.integers(0, 12)),
-                   st.tuples(st.just("dict"), _names))
-_leaves = st.builds(Leaf, st.lists(_steps, max_size=3).map(path_text)) | st.builds(
-    Leaf, st.lists(_steps, max_size=3).map(path_text),
-    st.lists(st.integers(0, 2**40), max_size=3).map(tuple), st.sampled_from(["int64", "bool"]))
-_payloads = _payloads | st.builds(Payload, st.sampled_from(["act", "grad"]), _index, _index,
-                                  _names, st.none(), st.none(), st.none() | _names,
-                                  st.lists(_leaves, max_size=3).map(tuple))
-_computes = st.builds(Compute, st.sampled_from(COMPUTE_KINDS), _index, _index, _names)
-_p2p = st.builds(Send, _index, _payloads) | st.builds(Recv, _index, _payloads)
-_ops = st.one_of(
-    _computes, _p2p,
-    st.builds(Overlap, st.lists(_computes, max_size=3).map(tuple)),
-    st.builds(Group, st.lists(_p2p, max_size=3).map(tuple)),
-    st.builds(Collective, st.sampled_from(COLLECTIVE_KINDS),
-              st.lists(_index, max_size=4).map(tuple), _names, st.none() | _index),
-    st.just(Idle()),
-    st.builds(Marker, _index, st.sampled_from(MARKER_ACTIONS), st.none() | _index))
-
-
-@st.composite
-def plans(draw):
-    ranks = draw(st.integers(1, 3))
-    m = draw(st.integers(0, 3))
-    per_mb = st.lists(st.integers(0, ranks - 1), min_size=m, max_size=m).map(tuple)
-    segments = draw(st.lists(st.builds(SegmentWork, _names.filter(bool),
-                                       st.sampled_from([SOURCE, SINK]), per_mb,
-                                       st.none() | per_mb, st.booleans(),
-                                       st.integers(0, ranks - 1), st.booleans(), st.booleans()),
-                             max_size=2, unique_by=lambda s: s.name))
-    placement = Placement(tuple(draw(st.lists(st.integers(0, ranks - 1), max_size=4))), ranks)
-    programs = tuple(tuple(draw(st.lists(_ops, max_size=6))) for _ in range(ranks))
-    return Plan(placement, m, programs, Cut(tuple(segments)))
-
-
 @settings(max_examples=200, deadline=None)
-@given(plans())
+@given(any_plans())
 def test_any_plan_round_trips_exactly(plan):
     """Every field of every op kind, defaults and non-defaults (``shape`` ``()`` vs
     ``None``, ``to_segment`` ``""`` vs ``None``, any Unicode name), comes back."""
