@@ -65,7 +65,7 @@ from .question import Question
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
 from .show import figures, render_grid
-from .verify import parametric, plan_digest, verify, verify_split
+from .verify import parametric, verify, verify_split
 from .verify.report import Locator, Shown, render as render_check
 
 if TYPE_CHECKING:
@@ -789,9 +789,6 @@ def _check_one(args: argparse.Namespace, progress: Progress
     doc["source"] = name
     doc["lowered"] = not as_written
     doc["proof"] = {"kind": parametric.INSTANCE}
-    if args.json:  # every verdict names its plan; computed only when printed
-        doc["digest"] = (report.certificate.digest if report.certificate is not None
-                         else plan_digest(plan))
     passes = None
     if args.comm_model == RENDEZVOUS and any(v.property == "deadlock"
                                              for v in report.violations):
@@ -879,7 +876,6 @@ def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress,
     doc["lowered"] = True
     doc["proof"] = {"kind": parametric.PARAMETRIC, "laws": list(claim.laws),
                     "family": fam, "params": claim.mapping}
-    doc["digest"] = report.certificate.digest  # the claim's: no plan was built
     shown = Shown(name, int(params["microbatches"]), time.perf_counter() - started)
     return (sarif.Checked(name, report, sarif.FAMILY), doc,
             render_check(report, shown, args.verbose))
