@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import reference
+import strategies as S
 
 from mpipe_verified import kernel
 from mpipe_verified.cli import main
@@ -122,3 +127,17 @@ def test_a_cycle_through_a_collective_and_a_receive_is_confirmed(comm_model):
     assert dead.message.startswith("wait-for cycle")
     (dup_found,) = _found(report, "matching")
     assert dup_found.ops == ((0, ends[0], str(dup)),)
+
+
+@settings(max_examples=20)
+@given(st.data())
+def test_plain_collective_member_edits_are_decided_as_the_reference_judges(data):
+    """A family plan with collectives, one call broken (``edit_collective_members``): the
+    report is violated, nothing undecided, with the properties the reference finds."""
+    ch = S.DrawChooser(data.draw)
+    plan = S.with_collectives(S.lowered(S.random_family_term(ch, p=ch.int(2, 4))), ch)
+    broken, edit = S.edit_collective_members(plan, ch)
+    report = verify(broken)
+    assert report.undecided == (), edit
+    assert report.status == "violated", edit
+    assert props(report) == reference.judge_plan(broken).violated, edit
