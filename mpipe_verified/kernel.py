@@ -1109,10 +1109,11 @@ def _place(rules: _Rules, claim) -> tuple:
 
 
 def _confirm_wait(claim, waits: dict, rlimit) -> str:
-    """A rank stuck on an endpoint with no FIFO partner (or a collective a member never
-    calls), or a wait-for cycle: each op of the cycle waits on a partner that its next
-    rank posts only after its own op there; Z3 then finds no completion times (each op
-    would complete after the next one, around the cycle)."""
+    """A rank stuck on an endpoint with no FIFO partner (or a collective call that a member
+    never makes, or that its caller is not a member of), or a wait-for cycle: each op of
+    the cycle waits on a partner that its next rank posts only after its own op there;
+    Z3 then finds no completion times (each op would complete after the next one, around
+    the cycle)."""
     if claim[0] == "stuck":
         return _ground([f for _, f in waits.get(tuple(claim[1:]), ()) if not _holds(*f)][:1],
                        rlimit)
@@ -1133,7 +1134,9 @@ def _waits(rules: _Rules, eager: bool) -> dict:
     """``(rank, index) -> [(position waited on or None, fact)]`` for every blocking comm
     step: per blocking endpoint, the k-th of its channel, its FIFO partner (None when the
     other side has only ``count <= k`` ends) and the fact ``k < count``; per collective
-    call, the other members' calls and the fact "callers = members" of its instance."""
+    call of a member, the other members' calls and the fact "callers = members" of its
+    instance; per call of a non-member, nothing and its failing ``member`` flag (it
+    never completes)."""
     out: dict = defaultdict(list)
     send, _, _, _, k, partner, count = rules.pairs
     ends = rules.comm.tolist()
@@ -1145,8 +1148,11 @@ def _waits(rules: _Rules, eager: bool) -> dict:
     for (group, _), where in _instances(rules).items():
         fact = ("eq", (sum(r in where for r in group), len(group)))
         for rank, (index, _) in where.items():
+            if rank not in group:  # a non-member's call never completes
+                out[(rank, index)].append((None, ("one", (0,))))
+                continue
             out[(rank, index)] += [((r, i), fact) for r, (i, _) in where.items()
-                                   if r != rank] or [(None, fact)]
+                                   if r != rank and r in group] or [(None, fact)]
     return out
 
 

@@ -639,10 +639,13 @@ def pair_p2p(plan: Plan) -> P2PPairing:
 
 @attrs.frozen
 class CollectivePairing:
-    """The k-th collective over a rank set on each member forms instance k.
-    ``members[(ranks, k)]`` maps each member rank to its op index; ``problems`` lists
-    disagreements (a member missing, kind/tag/root differing) as ``(positions, message)``
-    where ``positions`` are the ``(rank, index)`` of every op involved."""
+    """Instance k of a rank set is the k-th call over that set (the distinct ranks a call
+    lists, sorted) on each rank that makes one (docs/semantics.md §2.4).
+    ``members[(ranks, k)]`` maps each calling rank to its op index, a caller outside the
+    set included; ``instance_of`` holds the calls of members only (a non-member's call
+    never completes); ``problems`` lists disagreements (a member missing, kind/tag/root
+    differing from the lowest caller's) as ``(positions, message)`` where ``positions``
+    are the ``(rank, index)`` of every op involved."""
 
     instance_of: dict[tuple[int, int], tuple[tuple[int, ...], int]]
     members: dict[tuple[tuple[int, ...], int], dict[int, int]]
@@ -658,16 +661,15 @@ def pair_collectives(plan: Plan) -> CollectivePairing:
         for index, op in enumerate(program):
             if not isinstance(op, Collective):
                 continue
-            group = tuple(sorted(op.ranks))
+            group = tuple(sorted(set(op.ranks)))
             malformed = _malformed(op, rank, index, plan.num_ranks)
             if malformed:
                 problems.append((((rank, index),), malformed))
-                if rank not in group:
-                    continue
             k = count[(group, rank)]
             count[(group, rank)] += 1
-            instance_of[(rank, index)] = (group, k)
             members[(group, k)][rank] = index
+            if rank in group:
+                instance_of[(rank, index)] = (group, k)
     for (group, k), where in members.items():
         ops = {r: plan.programs[r][i] for r, i in where.items()}
         first_rank = min(ops)
@@ -678,9 +680,10 @@ def pair_collectives(plan: Plan) -> CollectivePairing:
                                  f"collective #{k} over ranks {list(group)} ({ref}) is never "
                                  f"called on rank {r}"))
             elif (ops[r].kind, ops[r].tag, ops[r].root) != (ref.kind, ref.tag, ref.root):
+                outside = "" if first_rank in group else " (not a member)"
                 problems.append((((first_rank, where[first_rank]), (r, where[r])),
                                  f"collective #{k} over ranks {list(group)}: rank {r} calls "
-                                 f"{ops[r]} but rank {first_rank} calls {ref}"))
+                                 f"{ops[r]} but rank {first_rank}{outside} calls {ref}"))
     return CollectivePairing(instance_of, dict(members), tuple(problems))
 
 
@@ -815,7 +818,7 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
             t0 = t1
             index += 1
         ready[rank] = t0
-    waits = tuple(_describe_wait(plan, r, len(start[r]), blocked.get(r))
+    waits = tuple(_describe_wait(plan, r, len(start[r]), blocked.get(r), collectives)
                   for r in range(n) if len(start[r]) < len(programs[r]))
     return Execution(tuple(map(tuple, start)), tuple(map(tuple, finish)), waits)
 
@@ -855,12 +858,26 @@ def _comm_completion(rank, index, op, comm_model, posted, p2p, collectives):
     return max(times)
 
 
-def _describe_wait(plan, rank, index, on) -> Wait:
+def _describe_wait(plan, rank, index, on, collectives: CollectivePairing) -> Wait:
     op = plan.programs[rank][index]
+    if on is None and type(op) is Collective:
+        return Wait(rank, index, None, _collective_never(op, rank, index, collectives))
     if on is None:
         return Wait(rank, index, None, f"{op} has no matching partner: it waits forever")
     return Wait(rank, index, on, f"{op} waits for rank {on[0]} to reach position {on[1]} "
                                  f"({plan.programs[on[0]][on[1]]})")
+
+
+def _collective_never(op: Collective, rank: int, index: int,
+                      collectives: CollectivePairing) -> str:
+    """Why a collective call can never complete: its caller is not a member, or some
+    member never makes the same call (its instance, ``pair_collectives``)."""
+    if (rank, index) not in collectives.instance_of:
+        return f"{op} never completes: rank {rank} is not one of its members"
+    group, k = collectives.instance_of[(rank, index)]
+    absent = [r for r in group if r not in collectives.members[(group, k)]]
+    who = f"rank {absent[0]} never makes" if len(absent) == 1 else f"ranks {absent} never make"
+    return f"{op} waits forever: {who} call #{k} over ranks {list(group)}"
 
 
 def wait_cycle(execution: Execution) -> list[Wait]:

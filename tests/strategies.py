@@ -64,6 +64,11 @@ Mutations (``MUTATIONS``; ``mutate(plan, kind, chooser)``), each one edit of a p
 
 The last seven (``SEGMENT_MUTATIONS``) always edit a transpose.
 
+``edit_collective_members`` makes one plain breakage of a collective call
+(``COLLECTIVE_EDITS``, kept out of ``MUTATIONS`` so the seeded corpora stay as they are):
+one rank's call lists a member twice, or leaves another member out, or a rank outside
+the call's set makes the same call too.
+
 A mutant comes with a memory limit (``memory_limit_for``: none, the base plan's highest
 unit-model peak, or its per-rank peaks), so edits that raise a peak violate ``memory``.
 Comparison helpers (``verifier_verdict``, ``reference_verdict``, ``classify``) are shared
@@ -534,6 +539,32 @@ def _edit_calls(plan: Plan, where, edit) -> Plan:
         new = edit(r, programs[r][i])
         programs[r][i:i + 1] = [] if new is None else [new]
     return attrs.evolve(plan, programs=tuple(map(tuple, programs)))
+
+
+COLLECTIVE_EDITS = ("member_twice", "member_left_out", "non_member_call")
+
+
+def edit_collective_members(plan: Plan, ch) -> tuple[Plan, str]:
+    """One ``COLLECTIVE_EDITS`` edit of a collective call of ``plan`` (which has one):
+    the mutant and a one-line description."""
+    r, i = ch.pick(_positions(plan, lambda op: isinstance(op, Collective)))
+    op = plan.programs[r][i]
+    others = [q for q in op.ranks if q != r]
+    outside = [q for q in range(plan.num_ranks) if q not in op.ranks]
+    kind = ch.pick(["member_twice"] + (["member_left_out"] if others else [])
+                   + (["non_member_call"] if outside else []))
+    if kind == "non_member_call":
+        q = ch.pick(outside)
+        prog = list(plan.programs[q])
+        j = ch.int(0, len(prog))
+        prog.insert(j, op)
+        return _replace(plan, q, prog), f"non-member rank {q} calls {op} at #{j}"
+    if kind == "member_twice":
+        new = attrs.evolve(op, ranks=op.ranks + (ch.pick(op.ranks),))
+    else:
+        q = ch.pick(others)
+        new = attrs.evolve(op, ranks=tuple(x for x in op.ranks if x != q))
+    return _edit_calls(plan, [(r, i)], lambda *_: new), f"rank {r} #{i} {op} -> {new}"
 
 
 def _edit_cut(plan: Plan, ch) -> tuple[Plan, str]:
