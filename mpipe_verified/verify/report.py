@@ -15,7 +15,8 @@ from ..question import Verdict
 from .parametric import Parametric, mismatch
 
 PROPERTIES = kernel.PROPERTIES  # the five, in report order
-VERIFIER_VERSION = "mpipe-verify/2"  # /2: verdicts from the kernel, required collectives
+VERIFIER_VERSION = "mpipe-verify/3"  # /3: an injective canonical text (digests of plans
+# that send across the cut changed), the question and verdict from question.py
 
 
 @attrs.frozen
