@@ -128,6 +128,8 @@ def _not_built_from(plan: Plan, source: Plan | Schedule, declared: tuple) -> str
             return f"the {name} count differs from the input's"
     if plan.cut != source.cut or plan.forward_only != source.forward_only:
         return "the cut or the forward-only declaration differs from the input's"
+    if plan.num_ranks < len(source.programs):
+        return "the plan has fewer ranks than the input"
     added = (Send, Recv, Idle) if isinstance(source, Schedule) else (Idle,)
     for rank, program in enumerate(plan.programs):
         given = source.programs[rank] if rank < len(source.programs) else ()

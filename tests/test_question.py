@@ -15,7 +15,7 @@ from mpipe_verified import declared, lower as lowering, sim
 from mpipe_verified.algebra.families import family
 from mpipe_verified.cli import main
 from mpipe_verified.formats import timeline
-from mpipe_verified.ir import Compute, Plan, Schedule
+from mpipe_verified.ir import Compute, Placement, Plan, Schedule
 from mpipe_verified.lower import lower
 from mpipe_verified.question import Asked, Question
 from mpipe_verified.semantics import MemoryModel
@@ -151,6 +151,12 @@ def test_refusal_names_what_differs():
         tuple(op for op in prog if isinstance(op, Compute) and op.kind == "F")
         for prog in schedule.programs), forward_only=True)
     assert "forward-only" in Question(source=forward_only).refusal(plan)
+    both = Placement((0, 0), 2)  # both stages on rank 0; rank 1 runs a stray forward
+    work = (Compute("F", 0, 0), Compute("F", 1, 0), Compute("B", 1, 0), Compute("B", 0, 0))
+    source = Schedule(both, 1, (work, (Compute("F", 0, 0),)))
+    one_rank = Plan(Placement((0, 0), 1), 1, (work,))  # a declaration that dropped rank 1
+    assert Question(declared=(None, None, 1), source=source).refusal(one_rank) \
+        == "the plan has fewer ranks than the input"
 
 
 @pytest.mark.parametrize("limit, message", [
