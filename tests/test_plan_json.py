@@ -109,7 +109,8 @@ def plans(draw):
                                        st.none() | per_mb, st.booleans(),
                                        st.integers(0, ranks - 1), st.booleans(), st.booleans()),
                              max_size=2, unique_by=lambda s: s.name))
-    placement = Placement(tuple(draw(st.lists(st.integers(0, ranks - 1), max_size=4))), ranks)
+    body = st.lists(st.integers(0, ranks - 1), min_size=1 if segments else 0, max_size=4)
+    placement = Placement(tuple(draw(body)), ranks)  # a cut has a body to feed
     programs = tuple(tuple(draw(st.lists(_ops, max_size=6))) for _ in range(ranks))
     return Plan(placement, m, programs, Cut(tuple(segments)))
 
@@ -351,6 +352,7 @@ BAD = [  # (edit, JSON path, words)
      "unknown key"),
     (_set(("programs", 1, 0, "a\nb"), 1), '$.programs[1][0]["a\\nb"]', "unknown key"),
     (_delete(("programs",)), "$", 'missing key "programs"'),
+    (_set(("stage_to_rank",), []), "$.cut[0]", "cut off a body of no stages"),
 ]
 
 
@@ -366,6 +368,26 @@ def test_bad_values_exit_2_with_one_line_naming_the_json_path(tmp_path, capsys, 
         assert (code, out) == (2, ""), command
         assert err.startswith(f"mpipe-verify: error: {path}: {where}: ") and words in err, err
         assert err.count("\n") == 1 and len(err) < 400
+
+
+@pytest.mark.parametrize("kind", ["plan", "schedule"])
+@pytest.mark.parametrize("side", [SOURCE, SINK])
+def test_a_cut_off_a_body_of_no_stages_is_refused_not_lowered(tmp_path, capsys, kind, side):
+    """A compute-only file (lowered before it is checked) whose cut has no body to feed
+    or be fed by: one located line, exit 2, nothing lowered."""
+    segment = SegmentWork("enc", side, (0,), (0,))
+    work = (Compute("F", 0, 0, "enc"), Compute("B", 0, 0, "enc"))
+    doc = json.loads(format_plan_json(Schedule(Placement((), 2), 1, (work, ()),
+                                               Cut((segment,)))))
+    doc["type"] = kind
+    path = tmp_path / "empty_body.json"
+    path.write_text(json.dumps(doc))
+    for command in ("check", "show", "export --to plan-json"):
+        code, out, err = _run(capsys, *command.split(), str(path))
+        assert (code, out) == (2, ""), command
+        assert err == (f"mpipe-verify: error: {path}: $.cut[0]: segment \"enc\" is cut off "
+                       "a body of no stages (stage_to_rank is empty): a source segment feeds "
+                       "the body's first stage, a sink is fed by its last\n")
 
 
 @pytest.mark.parametrize("text,where,words", [

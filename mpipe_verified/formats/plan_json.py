@@ -53,8 +53,9 @@ The reader checks every value against what the IR can hold and raises ``InputErr
 naming the file and the JSON path (``$.programs[2][5].payload.mb: expected a
 non-negative integer, got -1``); malformed JSON names its line and column. Indices,
 ranks and counts are integers in ``0..MAX_INDEX`` (booleans are not integers); a cut
-segment's ``forward_rank`` and ``backward_rank`` have one entry per microbatch;
-``stage_to_rank`` entries lie in ``0..num_ranks-1``; a schedule holds no
+segment's ``forward_rank`` and ``backward_rank`` have one entry per microbatch, and a
+plan with a cut has a body (``stage_to_rank`` not empty: the segments feed it or are fed
+by it); ``stage_to_rank`` entries lie in ``0..num_ranks-1``; a schedule holds no
 ``send``/``recv``/``group``. What a well-formed plan may still get wrong (a peer or
 member outside the plan, a root outside the members, a stage outside the placement) is
 the verifier's to report. Reading takes time and memory linear in the file's size (at
@@ -273,6 +274,10 @@ class _Reader:
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise _Bad(("cut", i, "name"), f"segment {_dump(name)} is named twice")
+        if cut.segments and not stage_to_rank:
+            raise _Bad(("cut", 0), f"segment {_dump(names[0])} is cut off a body of no "
+                                   "stages (stage_to_rank is empty): a source segment feeds "
+                                   "the body's first stage, a sink is fed by its last")
         rows = _array(obj["programs"], ("programs",))
         if len(rows) != self.num_ranks:
             raise _Bad(("programs",), f"expected {self.num_ranks} programs (one per rank of "
