@@ -18,17 +18,38 @@ states the sizes through the schedule or plan itself, so the verifier's ordinary
 Invariants: the programs are unchanged (same ops, same order), so every position in a
 report is still the file's; a declared count below what the input holds (fewer stages
 or ranks than it uses), or above ``MAX_SIZE``, is a ``ParameterError``, not a guess.
+
+Ranks that run nothing: every rank costs the verifier time and memory (its program, its
+memory levels, its peak, its row in every report), and a rank without an op pays for
+none of it. So neither a file (``idle_rank_beyond``: both readers) nor a declaration may
+leave more than ``MAX_IDLE_RANKS`` ranks without an op (idle steps aside); every other
+rank runs an op, and the verifier's cost stays bounded by the plan's ops.
 """
 
 from __future__ import annotations
 
+import itertools
+from typing import Iterable
+
 import attrs
 
 from .errors import ParameterError
-from .ir import Placement, Plan, Schedule
+from .ir import Idle, Op, Placement, Plan, Schedule
 
 SIZES = ("stages", "microbatches", "ranks")
 MAX_SIZE = 10**6  # as for indices in a file: a declared count costs no more than that
+MAX_IDLE_RANKS = 4096  # ranks without an op, in a file or after a declaration
+IDLE_RANKS = (f"at most {MAX_IDLE_RANKS} ranks may run nothing (each costs time and memory "
+              "that no op accounts for)")
+
+
+def idle_rank_beyond(programs: Iterable[Iterable[Op]]) -> int | None:
+    """The index of the ``MAX_IDLE_RANKS + 1``-th program that holds no op but idle steps,
+    or None if there are not that many. Stops there: its cost is bounded by the ops and
+    programs before it."""
+    idle = (r for r, program in enumerate(programs)
+            if all(type(op) is Idle for op in program))
+    return next(itertools.islice(idle, MAX_IDLE_RANKS, None), None)
 
 
 def declare(target: Schedule | Plan, stages: int | None = None,
@@ -52,5 +73,9 @@ def declare(target: Schedule | Plan, stages: int | None = None,
     placement = Placement(have.stage_to_rank + tuple(
         s % num_ranks for s in range(have.num_stages, num_stages)), num_ranks)
     programs = target.programs + ((),) * (num_ranks - have.num_ranks)
+    if num_ranks > have.num_ranks and idle_rank_beyond(programs) is not None:
+        busy = sum(any(type(op) is not Idle for op in program) for program in target.programs)
+        raise ParameterError(f"{num_ranks} ranks declared, {num_ranks - busy} of them "
+                             f"without an op: {IDLE_RANKS}")
     m = target.num_microbatches if microbatches is None else microbatches
     return attrs.evolve(target, placement=placement, num_microbatches=m, programs=programs)

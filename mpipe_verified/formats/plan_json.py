@@ -55,11 +55,12 @@ non-negative integer, got -1``); malformed JSON names its line and column. Indic
 ranks and counts are integers in ``0..MAX_INDEX`` (booleans are not integers); a cut
 segment's ``forward_rank`` and ``backward_rank`` have one entry per microbatch, and a
 plan with a cut has a body (``stage_to_rank`` not empty: the segments feed it or are fed
-by it); ``stage_to_rank`` entries lie in ``0..num_ranks-1``; a schedule holds no
-``send``/``recv``/``group``. What a well-formed plan may still get wrong (a peer or
-member outside the plan, a root outside the members, a stage outside the placement) is
-the verifier's to report. Reading takes time and memory linear in the file's size (at
-most ``MAX_BYTES``); no index value sizes anything.
+by it); at most ``MAX_IDLE_RANKS`` programs hold no op but idle steps
+(``declared.idle_rank_beyond``); ``stage_to_rank`` entries lie in ``0..num_ranks-1``; a
+schedule holds no ``send``/``recv``/``group``. What a well-formed plan may still get
+wrong (a peer or member outside the plan, a root outside the members, a stage outside
+the placement) is the verifier's to report. Reading takes time and memory linear in
+the file's size (at most ``MAX_BYTES``); no index value sizes anything.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ import json
 import os
 from typing import Any, Callable
 
+from ..declared import IDLE_RANKS, MAX_IDLE_RANKS, idle_rank_beyond
 from ..errors import InputError
 from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, ACT, GRAD, INPUT,
                   SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Op,
@@ -285,6 +287,10 @@ class _Reader:
         programs = tuple(tuple(self._op(op, ("programs", r, i))
                                for i, op in enumerate(_array(row, ("programs", r))))
                          for r, row in enumerate(rows))
+        idle = idle_rank_beyond(programs)
+        if idle is not None:
+            raise _Bad(("programs", idle), f"the {MAX_IDLE_RANKS + 1}th program without an op "
+                                           f"(idle steps aside): {IDLE_RANKS}")
         placement = Placement(stage_to_rank, self.num_ranks)
         forward_only = _flag(obj.get("forward_only", False), ("forward_only",))
         return (Schedule if self.schedule else Plan)(placement, m, programs, cut, forward_only)
