@@ -110,7 +110,7 @@ def _report(plan: Plan, decided: dict, limits, comm_model: str, clock: float,
     proved all five. ``limits``: one memory bound per rank or None
     (``properties.memory_limits``). ``digest``: ``plan_digest(plan)`` if already known."""
     decided = dict(decided)
-    peaks, sizes = decided.pop("peaks"), decided.pop("sizes")
+    peaks, highest, sizes = decided.pop("peaks"), decided.pop("highest"), decided.pop("sizes")
     hints = decided.pop("hints")
     violations, undecided = [], []
     stats = {"ops": plan.num_ops, "ranks": plan.num_ranks, "comm_model": comm_model,
@@ -129,7 +129,7 @@ def _report(plan: Plan, decided: dict, limits, comm_model: str, clock: float,
                                   _limits(limits), comm_model)
         witness = _witness(hints)
     return Report(status, tuple(violations), peaks, stats, certificate, tuple(undecided),
-                  witness, sizes, limits)
+                  witness, sizes, limits, highest_peak=highest)
 
 
 def _witness(hints: dict) -> kernel.Witness:
@@ -149,12 +149,14 @@ def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> 
     mem = {}
 
     def memory():
-        findings, hint, mem["peaks"] = properties.memory(plan, memory_model, limits, table)
+        findings, hint, mem["peaks"], mem["highest"] = properties.memory(
+            plan, memory_model, limits, table)
         return findings, hint
     out["memory"] = judge("memory", memory)
     if table is not None:  # its transfers pair by columns: no pairing to share
         out["matching"] = judge("matching", lambda: properties.matching(plan, table=table))
-    return {**out, "peaks": mem["peaks"], "sizes": sizes, "hints": judge.hints}
+    return {**out, "peaks": mem["peaks"], "highest": mem["highest"], "sizes": sizes,
+            "hints": judge.hints}
 
 
 def _comm_properties(plan, table, comm_model, rlimit) -> dict:
