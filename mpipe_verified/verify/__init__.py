@@ -149,8 +149,8 @@ def _local_properties(plan, table, limits, memory_model, comm_model, rlimit) -> 
     mem = {}
 
     def memory():
-        findings, hint, mem["peaks"], mem["highest"] = properties.memory(
-            plan, memory_model, limits, table)
+        found = properties.memory(plan, memory_model, limits, table)
+        findings, hint, mem["peaks"], mem["highest"] = found
         return findings, hint
     out["memory"] = judge("memory", memory)
     if table is not None:  # its transfers pair by columns: no pairing to share
