@@ -18,17 +18,61 @@ states the sizes through the schedule or plan itself, so the verifier's ordinary
 Invariants: the programs are unchanged (same ops, same order), so every position in a
 report is still the file's; a declared count below what the input holds (fewer stages
 or ranks than it uses), or above ``MAX_SIZE``, is a ``ParameterError``, not a guess.
+
+Ranks that run nothing: every rank costs the verifier time and memory (its program, its
+memory levels, its peak, its row in every report), and a rank without an op pays for
+none of it. So neither a file (``idle_rank_beyond``: both readers) nor a declaration may
+leave more than ``MAX_IDLE_RANKS`` ranks without an op (idle steps aside); every other
+rank runs an op. Likewise a stage (its units of work, its sizes): neither a plan-json
+placement nor a declaration may hold more than ``MAX_IDLE_STAGES`` stages that no
+compute op of the body computes (``idle_stage_beyond``; a torch CSV places only the
+stages its cells name). So the verifier's cost stays bounded by the plan's ops.
+
+A plan with a cut keeps its microbatch count: its segments name a rank per microbatch,
+which no declaration can make up.
 """
 
 from __future__ import annotations
 
+import itertools
+from typing import Iterable, Sequence
+
 import attrs
 
 from .errors import ParameterError
-from .ir import Placement, Plan, Schedule
+from .ir import Idle, Op, Placement, Plan, Schedule, computes_of
 
 SIZES = ("stages", "microbatches", "ranks")
 MAX_SIZE = 10**6  # as for indices in a file: a declared count costs no more than that
+MAX_IDLE_RANKS = 4096  # ranks without an op, in a file or after a declaration
+MAX_IDLE_STAGES = 4096  # stages no op computes, likewise
+IDLE_RANKS = (f"at most {MAX_IDLE_RANKS} ranks may run nothing (each costs time and memory "
+              "that no op accounts for)")
+IDLE_STAGES = (f"at most {MAX_IDLE_STAGES} stages may go uncomputed (each costs time and "
+               "memory that no op accounts for)")
+
+
+def idle_rank_beyond(programs: Sequence[Iterable[Op]]) -> int | None:
+    """The index of the ``MAX_IDLE_RANKS + 1``-th program that holds no op but idle steps,
+    or None if there are not that many. Stops there: its cost is bounded by the ops and
+    programs before it."""
+    if len(programs) <= MAX_IDLE_RANKS:
+        return None
+    idle = (r for r, program in enumerate(programs)
+            if all(type(op) is Idle for op in program))
+    return next(itertools.islice(idle, MAX_IDLE_RANKS, None), None)
+
+
+def idle_stage_beyond(programs: Iterable[Iterable[Op]], num_stages: int) -> int | None:
+    """The ``MAX_IDLE_STAGES + 1``-th stage of ``0..num_stages-1`` that no compute op of
+    the body computes, or None if there are not that many (time linear in the ops, and in
+    the stages up to that one)."""
+    if num_stages <= MAX_IDLE_STAGES:
+        return None
+    computed = {c.stage for program in programs for op in program for c in computes_of(op)
+                if not c.segment}
+    idle = (s for s in range(num_stages) if s not in computed)
+    return next(itertools.islice(idle, MAX_IDLE_STAGES, None), None)
 
 
 def declare(target: Schedule | Plan, stages: int | None = None,
@@ -49,8 +93,19 @@ def declare(target: Schedule | Plan, stages: int | None = None,
     if num_stages < have.num_stages:
         raise ParameterError(f"it holds stages 0..{have.num_stages - 1}, more than the "
                              f"{num_stages} declared")
+    m = target.num_microbatches if microbatches is None else microbatches
+    if target.cut.segments and m != target.num_microbatches:
+        raise ParameterError(f"{m} microbatches declared for a plan of "
+                             f"{target.num_microbatches} with a cut: each segment names its "
+                             "forward and backward rank per microbatch")
+    programs = target.programs + ((),) * (num_ranks - have.num_ranks)
+    if num_ranks > have.num_ranks and idle_rank_beyond(programs) is not None:
+        busy = sum(any(type(op) is not Idle for op in program) for program in target.programs)
+        raise ParameterError(f"{num_ranks} ranks declared, {num_ranks - busy} of them "
+                             f"without an op: {IDLE_RANKS}")
+    if num_stages > have.num_stages and idle_stage_beyond(programs, num_stages) is not None:
+        raise ParameterError(f"{num_stages} stages declared, more than {MAX_IDLE_STAGES} of "
+                             f"them computed by no op: {IDLE_STAGES}")
     placement = Placement(have.stage_to_rank + tuple(
         s % num_ranks for s in range(have.num_stages, num_stages)), num_ranks)
-    programs = target.programs + ((),) * (num_ranks - have.num_ranks)
-    m = target.num_microbatches if microbatches is None else microbatches
     return attrs.evolve(target, placement=placement, num_microbatches=m, programs=programs)

@@ -420,7 +420,8 @@ def any_plans(draw):
                                        st.none() | per_mb, st.booleans(),
                                        st.integers(0, ranks - 1), st.booleans(), st.booleans()),
                              max_size=2, unique_by=lambda s: s.name))
-    placement = Placement(tuple(draw(st.lists(st.integers(0, ranks - 1), max_size=4))), ranks)
+    body = st.lists(st.integers(0, ranks - 1), min_size=1 if segments else 0, max_size=4)
+    placement = Placement(tuple(draw(body)), ranks)  # a cut has a body to feed
     programs = tuple(tuple(draw(st.lists(any_ops, max_size=6))) for _ in range(ranks))
     return Plan(placement, m, programs, Cut(tuple(segments)), draw(st.booleans()))
 

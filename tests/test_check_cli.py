@@ -8,14 +8,18 @@ code).
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import re
 import subprocess
 import sys
+from fractions import Fraction
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plan_edits import defer_receives, lowered, with_program
 from mpipe_verified.cli import main
@@ -631,3 +635,65 @@ def test_an_exported_transpose_family_is_judged_as_written(tmp_path, capsys, mon
     assert code == 0, out
     code, out, _ = command(capsys, "recheck", str(plan), str(cert))
     assert code == 0 and "PROVEN" in out, out
+
+
+@pytest.mark.parametrize("static,limit,peak_text,limit_text", [
+    ("10.65", "10.75", "10.7500000000000004", "10.75"),  # float sum 10.75: the limit itself
+    ("0", "0.3", "0.30000000000000002", "0.29999999999999999"),  # three 0.1s
+])
+def test_the_summary_prints_a_peak_over_its_limit_apart_from_it(capsys, tmp_path, static,
+                                                                  limit, peak_text,
+                                                                  limit_text):
+    """The summary's figures are the exact peak and limit: when six decimals would print
+    them alike, enough digits to show the peak above the limit (and the message agrees)."""
+    m = 1 if static != "0" else 3
+    path = tmp_path / "tight.toml"
+    path.write_text(f'[schedule]\nfamily = "gpipe"\npp = 1\nmicrobatches = {m}\n\n'
+                    f"[cost]\nactivation = 0.1\n\n[memory]\nlimit = {limit}\n"
+                    f"static = {static}\n")
+    code, out, _ = check(capsys, str(path))
+    assert code == 1
+    assert f", peak memory {peak_text}, limit {limit_text}, " in out.splitlines()[0]
+    assert f"memory peak {peak_text} exceeds the limit {limit_text} " in out
+
+
+def test_peaks_that_differ_print_apart_on_the_per_rank_line(capsys, tmp_path):
+    """The per-rank line appears only when the peaks differ; so they must look different."""
+    path = tmp_path / "static.toml"
+    path.write_text('[schedule]\nfamily = "gpipe"\npp = 2\nmicrobatches = 1\n\n'
+                    "[memory]\nstatic = [2, 2.0000000000000004]\n")
+    code, out, _ = check(capsys, str(path))
+    assert code == 0
+    assert out.splitlines()[1] == "  peak memory per rank: 0: 3, 1: 3.0000000000000004"
+
+
+_figures = st.one_of(
+    st.floats(0, 1e12, allow_nan=False), st.integers(0, 10**12),
+    st.fractions(0, 10**6, max_denominator=10**20),
+    st.sampled_from([0.3, 0.1 + 0.2, Fraction(0.1) * 3, 10.75,
+                     Fraction(10.65) + Fraction(0.1), 4, 4 - 1e-10]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_figures, min_size=1, max_size=4))
+def test_apart_prints_different_figures_differently_and_in_their_order(values):
+    """Equal numbers print alike, different ones differently and in their order (as
+    decimals, or exact fractions); when ``num`` already tells them apart, its texts."""
+    from decimal import Decimal
+    from mpipe_verified.verify.report import apart, num
+    texts = apart(*values)
+    exact = [Fraction(v) for v in values]
+    for (a, x), (b, y) in itertools.combinations(zip(exact, texts), 2):
+        assert (a == b) == (x == y), (values, texts)
+        if "/" not in x + y:
+            assert (a < b) == (Decimal(x) < Decimal(y)), (values, texts)
+    if len({Decimal(num(v)) for v in values}) == len(set(exact)):
+        assert texts == [num(v) for v in values]
+
+
+def test_apart_falls_back_to_exact_fractions_beyond_its_digits():
+    from mpipe_verified.verify.report import MAX_DIGITS, apart
+    third = Fraction(1, 3)
+    close = third + Fraction(1, 10**(MAX_DIGITS + 5))
+    assert apart(third, close) == [str(third), str(close)]
+    assert apart(third, third + Fraction(1, 10**20))[0] == "0." + "3" * 20

@@ -21,7 +21,8 @@ from mpipe_verified.errors import InputError
 from mpipe_verified.formats import plan_json
 from mpipe_verified.formats.plan_json import (format_plan_json, parse_plan_json,
                                               read_plan_json, write_plan_json)
-from mpipe_verified.ir import SINK, SOURCE, Collective, Plan, Schedule
+from mpipe_verified.ir import (SINK, SOURCE, Collective, Compute, Cut, Placement, Plan, Schedule,
+                               SegmentWork)
 from mpipe_verified.lower import lower
 from plan_edits import FIXTURE_DIR, fixture
 from strategies import any_plans
@@ -306,6 +307,7 @@ BAD = [  # (edit, JSON path, words)
      "unknown key"),
     (_set(("programs", 1, 0, "a\nb"), 1), '$.programs[1][0]["a\\nb"]', "unknown key"),
     (_delete(("programs",)), "$", 'missing key "programs"'),
+    (_set(("stage_to_rank",), []), "$.cut[0]", "cut off a body of no stages"),
 ]
 
 
@@ -321,6 +323,26 @@ def test_bad_values_exit_2_with_one_line_naming_the_json_path(tmp_path, capsys, 
         assert (code, out) == (2, ""), command
         assert err.startswith(f"mpipe-verify: error: {path}: {where}: ") and words in err, err
         assert err.count("\n") == 1 and len(err) < 400
+
+
+@pytest.mark.parametrize("kind", ["plan", "schedule"])
+@pytest.mark.parametrize("side", [SOURCE, SINK])
+def test_a_cut_off_a_body_of_no_stages_is_refused_not_lowered(tmp_path, capsys, kind, side):
+    """A compute-only file (lowered before it is checked) whose cut has no body to feed
+    or be fed by: one located line, exit 2, nothing lowered."""
+    segment = SegmentWork("enc", side, (0,), (0,))
+    work = (Compute("F", 0, 0, "enc"), Compute("B", 0, 0, "enc"))
+    doc = json.loads(format_plan_json(Schedule(Placement((), 2), 1, (work, ()),
+                                               Cut((segment,)))))
+    doc["type"] = kind
+    path = tmp_path / "empty_body.json"
+    path.write_text(json.dumps(doc))
+    for command in ("check", "show", "export --to plan-json"):
+        code, out, err = _run(capsys, *command.split(), str(path))
+        assert (code, out) == (2, ""), command
+        assert err == (f"mpipe-verify: error: {path}: $.cut[0]: segment \"enc\" is cut off "
+                       "a body of no stages (stage_to_rank is empty): a source segment feeds "
+                       "the body's first stage, a sink is fed by its last\n")
 
 
 @pytest.mark.parametrize("text,where,words", [

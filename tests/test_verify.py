@@ -228,7 +228,7 @@ def test_a_limit_exceeded_by_a_tiny_amount_is_violated():
     report = verify(plan, memory_limit=4 - 1e-10)
     assert report.status == "violated" and props(report) == {"memory"}
     (v,) = report.violations
-    assert v.ranks == (0,) and "memory peak 4 exceeds the limit 4 " in v.message
+    assert v.ranks == (0,) and "memory peak 4 exceeds the limit 3.9999999999 " in v.message
     from mpipe_verified import kernel
     over = plan.programs[0].index(next(op for op in plan.programs[0] if str(op) == "0F3"))
     assert kernel.confirm(plan, "memory", [("peak", 0, over)], limits=(4 - 1e-10,) * 4) \
@@ -250,6 +250,34 @@ def test_static_memory_over_the_limit_on_an_empty_program():
             if v.property == "memory"]
     assert [(v.message, v.ranks, v.ops) for v in over] == [
         ("rank 1 position -1 (empty program): static memory 5 exceeds the limit 4", (1,), ())]
+
+
+def test_a_peak_over_its_limit_by_less_than_six_decimals_prints_over_it():
+    """Sizes that sum, exactly, just above the limit (three 0.1s against 0.3; a static
+    10.65 and 0.1 against 10.75, the float sum of which is 10.75 itself): the message
+    prints the two numbers apart, in their order, not as ``0.3 exceeds the limit 0.3``."""
+    from decimal import Decimal
+    from mpipe_verified.semantics import MemoryModel
+    tenth = MemoryModel(stored=lambda stage, segment: 0.1)
+    static = MemoryModel(stored=lambda stage, segment: 0.1, static=(10.65,))
+    for plan, model, limit, peak_text, limit_text in (
+            (lowered("gpipe", 1, 3), tenth, 0.3, "0.30000000000000002", "0.29999999999999999"),
+            (lowered("gpipe", 1, 1), static, 10.75, "10.7500000000000004", "10.75")):
+        report = verify(plan, memory_limit=limit, memory_model=model)
+        (v,) = report.violations
+        assert f"memory peak {peak_text} exceeds the limit {limit_text} " in v.message
+        assert Decimal(peak_text) > Decimal(limit_text)
+
+
+def test_static_memory_over_the_limit_by_a_float_rounding_prints_over_it():
+    from mpipe_verified.semantics import MemoryModel
+    plan = lowered("gpipe", 2, 2)
+    plan = attrs.evolve(plan, programs=(plan.programs[0], ()))
+    model = MemoryModel(static=(0, 0.1 + 0.2))  # 0.30000000000000004
+    (v,) = [v for v in verify(plan, memory_limit=0.3, memory_model=model).violations
+            if v.property == "memory" and v.ranks == (1,)]
+    assert v.message == ("rank 1 position -1 (empty program): static memory "
+                         "0.30000000000000004 exceeds the limit 0.29999999999999999")
 
 
 def test_a_per_rank_memory_limit_of_the_wrong_length_is_refused():

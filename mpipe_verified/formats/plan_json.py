@@ -53,12 +53,15 @@ The reader checks every value against what the IR can hold and raises ``InputErr
 naming the file and the JSON path (``$.programs[2][5].payload.mb: expected a
 non-negative integer, got -1``); malformed JSON names its line and column. Indices,
 ranks and counts are integers in ``0..MAX_INDEX`` (booleans are not integers); a cut
-segment's ``forward_rank`` and ``backward_rank`` have one entry per microbatch;
-``stage_to_rank`` entries lie in ``0..num_ranks-1``; a schedule holds no
-``send``/``recv``/``group``. What a well-formed plan may still get wrong (a peer or
-member outside the plan, a root outside the members, a stage outside the placement) is
-the verifier's to report. Reading takes time and memory linear in the file's size (at
-most ``MAX_BYTES``); no index value sizes anything.
+segment's ``forward_rank`` and ``backward_rank`` have one entry per microbatch, and a
+plan with a cut has a body (``stage_to_rank`` not empty: the segments feed it or are fed
+by it); at most ``MAX_IDLE_RANKS`` programs hold no op but idle steps and at most
+``MAX_IDLE_STAGES`` stages are computed by no op (``declared``: no rank or stage costs
+what no op pays for); ``stage_to_rank`` holds at most ``MAX_INDEX + 1`` entries, each in
+``0..num_ranks-1``; a schedule holds no ``send``/``recv``/``group``. What a
+well-formed plan may still get wrong (a peer or member outside the plan, a root outside
+the members, a stage outside the placement) is the verifier's to report. Reading takes time and memory linear in
+the file's size (at most ``MAX_BYTES``); no index value sizes anything.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ import json
 import os
 from typing import Any, Callable
 
+from ..declared import (IDLE_RANKS, IDLE_STAGES, MAX_IDLE_RANKS, MAX_IDLE_STAGES,
+                        idle_rank_beyond, idle_stage_beyond)
 from ..errors import InputError
 from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, ACT, GRAD, INPUT,
                   SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Op,
@@ -263,9 +268,12 @@ class _Reader:
         kind = _choice(obj["type"], ("type",), (PLAN, SCHEDULE))
         self.schedule = kind == SCHEDULE
         self.num_ranks = _index(obj["num_ranks"], ("num_ranks",), low=1)
-        stage_to_rank = tuple(self._rank(r, ("stage_to_rank", s))
-                              for s, r in enumerate(_array(obj["stage_to_rank"],
-                                                           ("stage_to_rank",))))
+        placed = _array(obj["stage_to_rank"], ("stage_to_rank",))
+        if len(placed) > MAX_INDEX + 1:
+            raise _Bad(("stage_to_rank", MAX_INDEX + 1), f"a stage above {MAX_INDEX}: "
+                                                         "expected at most "
+                                                         f"{MAX_INDEX + 1} stages")
+        stage_to_rank = tuple(self._rank(r, ("stage_to_rank", s)) for s, r in enumerate(placed))
         m = _index(obj["num_microbatches"], ("num_microbatches",))
         cut = Cut(tuple(self._segment(s, ("cut", i), m)
                         for i, s in enumerate(_array(obj["cut"], ("cut",)))))
@@ -273,6 +281,10 @@ class _Reader:
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise _Bad(("cut", i, "name"), f"segment {_dump(name)} is named twice")
+        if cut.segments and not stage_to_rank:
+            raise _Bad(("cut", 0), f"segment {_dump(names[0])} is cut off a body of no "
+                                   "stages (stage_to_rank is empty): a source segment feeds "
+                                   "the body's first stage, a sink is fed by its last")
         rows = _array(obj["programs"], ("programs",))
         if len(rows) != self.num_ranks:
             raise _Bad(("programs",), f"expected {self.num_ranks} programs (one per rank of "
@@ -280,6 +292,14 @@ class _Reader:
         programs = tuple(tuple(self._op(op, ("programs", r, i))
                                for i, op in enumerate(_array(row, ("programs", r))))
                          for r, row in enumerate(rows))
+        idle = idle_rank_beyond(programs)
+        if idle is not None:
+            raise _Bad(("programs", idle), f"the {MAX_IDLE_RANKS + 1}th program without an op "
+                                           f"(idle steps aside): {IDLE_RANKS}")
+        idle = idle_stage_beyond(programs, len(stage_to_rank))
+        if idle is not None:
+            raise _Bad(("stage_to_rank", idle), f"the {MAX_IDLE_STAGES + 1}th stage that no "
+                                                f"compute op computes: {IDLE_STAGES}")
         placement = Placement(stage_to_rank, self.num_ranks)
         forward_only = _flag(obj.get("forward_only", False), ("forward_only",))
         return (Schedule if self.schedule else Plan)(placement, m, programs, cut, forward_only)

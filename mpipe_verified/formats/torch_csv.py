@@ -30,6 +30,7 @@ from typing import IO, NamedTuple
 
 import attrs
 
+from ..declared import IDLE_RANKS, MAX_IDLE_RANKS
 from ..errors import InputError
 from ..ir import (ACT, GRAD, MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload,
                   Placement, Plan, Recv, Schedule, Send, build_many, computes_of,
@@ -326,7 +327,7 @@ def _parse_plain(text: str) -> Plan | None:
         return None
     import numpy as np  # loaded only to read a file
 
-    rows, cells, at_row_start = 0, [], True
+    rows, busy_rows, cells, at_row_start = 0, 0, [], True
     for chunk in _chunks(body):
         lexed = _lex(np, chunk, at_row_start)
         if lexed is None:
@@ -334,8 +335,16 @@ def _parse_plain(text: str) -> Plan | None:
         num_rows, (row, *rest) = lexed
         cells.append((row + rows, *rest))
         rows += num_rows
+        busy_rows += _distinct_rows(np, row[rest[0] >= 0])  # a row split over two
+        if rows - busy_rows > MAX_IDLE_RANKS:  # chunks may count twice: never too few
+            return None  # too many rows without an action: the general path stops there
         at_row_start = chunk.endswith("\n")
     return _build_plain(np, rows, *map(np.concatenate, zip(*cells)))
+
+
+def _distinct_rows(np, row) -> int:
+    """How many rows the non-decreasing ``row`` numbers name."""
+    return int(len(row) > 0) + int(np.count_nonzero(row[1:] != row[:-1]))
 
 
 def _plain_body(text: str) -> str | None:
@@ -449,12 +458,15 @@ def _lex(np, chunk: str, at_row_start: bool = True):
 
 def _build_plain(np, num_rows: int, row, kind, stage, mb) -> Plan | None:
     """The plan of lexed cells (``_lex``), or ``None`` if a stage is on two rows, a stage
-    below the largest is on none, no cell names a stage, or a SEND/RECV has no peer. Each
+    below the largest is on none, no cell names a stage, more than ``MAX_IDLE_RANKS``
+    rows hold no action, or a SEND/RECV has no peer. Each
     class of op is built in bulk, in cell order; then every cell takes the next op of its
     class."""
     busy = kind >= 0
     if not busy.any():
         return None
+    if num_rows - _distinct_rows(np, row[busy]) > MAX_IDLE_RANKS:  # cells in file order
+        return None  # too many rows without an action: the general path says where
     stages = stage[busy]
     rank_of = np.full(int(stages.max()) + 1, -1, np.int64)
     rank_of[stages] = row[busy]
@@ -517,6 +529,7 @@ def _show(raw: str) -> str:
 def _parse_cells(text: str, file: str) -> list[list[_Cell]]:
     rows: list[list[_Cell]] = []
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    idle = 0  # rows without an action so far
     try:
         plain, make = _PLAIN.fullmatch, tuple.__new__
         for r, raw in enumerate(reader, start=1):
@@ -529,6 +542,11 @@ def _parse_cells(text: str, file: str) -> list[list[_Cell]]:
                     stage, kind, mb = m.groups()
                     row.append(make(_Cell, (kind, int(stage), int(mb), None)))
             rows.append(row)
+            if not any(cell.kind for cell in row):
+                idle += 1
+                if idle > MAX_IDLE_RANKS:
+                    raise InputError(f"the {idle}th row without an action (only idle cells, "
+                                     f"or none): {IDLE_RANKS}", file, r)
     except csv.Error as e:
         raise InputError(f"malformed CSV ({e}); expected comma-separated action cells",
                          file, len(rows) + 1) from None

@@ -143,7 +143,7 @@ def _report(asked: Asked, decided: dict, clock: float, digest: str | None = None
     them, and, when verified, the certificate and its witness."""
     plan, question = asked.plan, asked.question
     decided = dict(decided)
-    peaks, hints = decided.pop("peaks"), decided.pop("hints")
+    peaks, highest, hints = decided.pop("peaks"), decided.pop("highest"), decided.pop("hints")
     witness = _witness(hints)
     verdict = asked.verdict({name: decided[name][0] for name in PROPERTIES}, witness, digest)
     violations, undecided = [], []
@@ -166,8 +166,10 @@ def _report(asked: Asked, decided: dict, clock: float, digest: str | None = None
                                   question.comm_model)
     if verdict.peaks is not None:  # the peaks the kernel proved, exact sums
         peaks = {rank: _number(peak) for rank, peak in enumerate(verdict.peaks)}
+        highest = max(verdict.peaks, default=highest)
     return Report(verdict, tuple(violations), peaks, stats, certificate, tuple(undecided),
-                  witness if certificate is not None else None, asked.sizes, verdict.limits)
+                  witness if certificate is not None else None, asked.sizes, verdict.limits,
+                  highest_peak=highest)
 
 
 def _number(x):
@@ -199,13 +201,13 @@ def _local_properties(asked: Asked, table, rlimit) -> dict:
     mem = {}
 
     def memory():
-        findings, hint, mem["peaks"] = properties.memory(plan, _passes_memory(asked),
-                                                         asked.limits, table)
+        found = properties.memory(plan, _passes_memory(asked), asked.limits, table)
+        findings, hint, mem["peaks"], mem["highest"] = found
         return findings, hint
     out["memory"] = judge("memory", memory)
     if table is not None:  # its transfers pair by columns: no pairing to share
         out["matching"] = judge("matching", lambda: properties.matching(plan, table=table))
-    return {**out, "peaks": mem["peaks"], "hints": judge.hints}
+    return {**out, "peaks": mem["peaks"], "highest": mem["highest"], "hints": judge.hints}
 
 
 def _comm_properties(asked: Asked, table, rlimit) -> dict:

@@ -23,7 +23,7 @@ from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, OpTable, Token, collec
                          comm_ticks, execute, live_tensors, memory_moves, memory_steps,
                          p2p_clean, pair_collectives, pair_p2p, produces, required_work,
                          wait_cycle, work_complete, work_table)
-from .report import Violation
+from .report import Violation, apart
 
 
 @attrs.frozen
@@ -301,18 +301,20 @@ def _deadlock_findings(plan, run) -> list[Finding]:
 # ---------------------------------------------------------------- memory
 
 def memory(plan: Plan, model: MemoryModel, limits: tuple | None,
-           table: OpTable | None = None) -> tuple[list[Finding], tuple | None, dict]:
+           table: OpTable | None = None) -> tuple[list[Finding], tuple | None, dict, object]:
     """Peak per rank within ``limits`` (one bound per rank, see ``memory_limits``, or
     None). Levels are summed exactly (a float size is the rational it denotes,
     ``_exact``). The hint: per rank, the level before every step that allocates or frees
     something and after the last, the exact peak and the first step reaching it (-1 for
     an empty program). The reported
-    peaks are the float sums, as ``semantics`` reports them. With the plan's ``table``, a
+    peaks are the float sums, as ``semantics`` reports them; last, the highest peak
+    exactly. With the plan's ``table``, a
     plan within its limits whose sizes are integers (and receive buffers free) is summed by
     columns; any other goes step by step, which lists the findings."""
     fast = None if table is None else _levels(table, model, limits)
     if fast is not None:
-        return [], *fast
+        hint, peaks = fast
+        return [], hint, peaks, max(hint[1])
     findings = []
     peaks: dict[int, float] = {}
     exact: dict = {}  # size -> its exact value (sizes repeat)
@@ -354,7 +356,7 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None,
             findings.append(_over_limit(plan, model, rank, at, peak,
                                         _exact(limits[rank], exact)))
     hint = None if findings else (tuple(hint_levels), tuple(hint_peaks), tuple(hint_at))
-    return findings, hint, peaks
+    return findings, hint, peaks, max(hint_peaks)
 
 
 def _levels(table: OpTable, model: MemoryModel, limits) -> tuple | None:
@@ -431,15 +433,18 @@ def memory_limits(limit, ranks: int) -> tuple | None:
 
 
 def _over_limit(plan, model, rank, index, peak, bound) -> Finding:
+    """``peak`` (exact) over ``bound`` (exact) at step ``index`` of ``rank``; the message
+    prints them apart (``report.apart``), however close."""
+    peak_text, bound_text = apart(peak, bound)
     if index == -1:  # an empty program: the static part alone is over (position -1,
         # as in semantics.peak_memory; no op to name)
         message = (f"rank {rank} position -1 (empty program): static memory "
-                   f"{float(peak):g} exceeds the limit {float(bound):g}")
+                   f"{peak_text} exceeds the limit {bound_text}")
         return Finding(Violation("memory", message, (rank,)), ("peak", rank, -1))
     live = live_tensors(plan, rank, index, model)
     op = plan.programs[rank][index]
-    message = (f"rank {rank} position {index} ({op}): memory peak {float(peak):g} exceeds the "
-               f"limit {float(bound):g} with {len(live)} live tensors")
+    message = (f"rank {rank} position {index} ({op}): memory peak {peak_text} exceeds the "
+               f"limit {bound_text} with {len(live)} live tensors")
     trace = tuple(f"live: {name} ({size:g})" for name, size in live)
     return Finding(Violation("memory", message, (rank,), (_op_ref(plan, rank, index),), trace),
                    ("peak", rank, index))

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import decimal
 import json
+import numbers
 import re
+from fractions import Fraction
 from typing import Callable
 
 import attrs
@@ -126,6 +129,7 @@ class Report:
     sizes: kernel.Sizes | None = None
     limits: tuple | None = None  # the per-rank limits exactly as the kernel proved them
     cached: bool = False  # a parametric report from a cached proof of its laws
+    highest_peak: object = None  # the highest peak, exactly (int or Fraction), where summed
 
     @property
     def status(self) -> str:
@@ -205,8 +209,38 @@ def agreeing(text: str) -> str:
 def num(x) -> str:
     """A figure as the text report prints it: ``4``, ``2.5`` (never ``4.0`` or
     ``1e+06``)."""
-    value = float(x)
-    return str(int(x)) if value.is_integer() else repr(round(value, 6))
+    value = round(float(x), 6)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+MAX_DIGITS = 40  # significant digits ``apart`` tries before it prints exact fractions
+
+
+def apart(*values) -> list[str]:
+    """``values`` (ints, Fractions or floats, each the exact number it denotes) as ``num``
+    prints them, unless two different numbers would print alike: then all of them
+    rounded to the fewest significant digits that tell every two different ones apart
+    (rounding is monotone, so the order shows as well), and beyond ``MAX_DIGITS`` as
+    exact fractions. Equal numbers always print alike."""
+    exact = [Fraction(int(v.numerator), int(v.denominator)) if isinstance(v, numbers.Rational)
+             else Fraction(float(v)) for v in values]
+    texts = [num(v) for v in values]
+    distinct = len(set(exact))
+    digits = 7
+    while len(set(map(decimal.Decimal, texts))) < distinct and digits <= MAX_DIGITS:
+        texts = [_rounded(x, digits) for x in exact]
+        digits += 1
+    return texts if len(set(map(decimal.Decimal, texts))) == distinct else list(map(str, exact))
+
+
+def _rounded(x: Fraction, digits: int) -> str:
+    """``x`` correctly rounded to ``digits`` significant digits, in positional notation
+    without trailing zeros."""
+    with decimal.localcontext() as context:
+        context.prec = digits
+        value = decimal.Decimal(x.numerator) / decimal.Decimal(x.denominator)
+    text = format(value, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 @attrs.frozen
@@ -290,30 +324,43 @@ def _summary(report: Report, shown: Shown) -> str:
     if stats.get("comm_model", "rendezvous") != "rendezvous":
         facts.append(f"{stats['comm_model']} model")
     if report.peak_memory and not report.undecided:
-        peak = max(report.peak_memory.values())
         limits = set(report.limits or ())
         if not limits and report.certificate is not None:
             limits = set(report.certificate.memory_limit or ())
-        facts.append(f"peak memory {num(peak)}"
-                     + (f", limit {num(next(iter(limits)))}" if len(limits) == 1 else
-                        ", per-rank limits" if limits else ""))
+        if len(limits) == 1:
+            peak, limit = apart(_highest_peak(report), next(iter(limits)))
+            facts.append(f"peak memory {peak}, limit {limit}")
+        else:
+            facts.append(f"peak memory {num(_highest_peak(report))}"
+                         + (", per-rank limits" if limits else ""))
     if shown.seconds is not None:
         facts.append(f"{shown.seconds:.2f} s")
     return "; ".join([*parts, ", ".join(facts)]) if parts else ", ".join(facts)
 
 
+def _highest_peak(report: Report):
+    """The highest peak: exact where the passes summed it so, else as reported."""
+    if report.highest_peak is not None:
+        return report.highest_peak
+    return max(report.peak_memory.values())
+
+
 def _peak_line(report: Report, every: bool = False) -> str | None:
     """``  peak memory per rank: 0: 4, 1: 3, ...`` (by default at most ``PEAKS_SHOWN``
-    ranks, then the last one and the highest)."""
+    ranks, then the last one and the highest); different peaks print apart."""
     peaks = sorted(report.peak_memory.items())
     if not peaks:
         return None
     if every or len(peaks) <= PEAKS_SHOWN:
-        return "  peak memory per rank: " + ", ".join(f"{r}: {num(p)}" for r, p in peaks)
+        texts = apart(*(p for _, p in peaks))
+        return "  peak memory per rank: " + ", ".join(
+            f"{r}: {text}" for (r, _), text in zip(peaks, texts))
     top = max(peaks, key=lambda rp: (rp[1], -rp[0]))
-    shown = [f"{r}: {num(p)}" for r, p in peaks[:PEAKS_SHOWN - 2]]
+    *first, last, highest = apart(*(p for _, p in peaks[:PEAKS_SHOWN - 2]), peaks[-1][1],
+                                  top[1])
+    shown = [f"{r}: {text}" for (r, _), text in zip(peaks, first)]
     return (f"  peak memory per rank: {', '.join(shown)}, ..., {peaks[-1][0]}: "
-            f"{num(peaks[-1][1])} (highest {num(top[1])}, on rank {top[0]})")
+            f"{last} (highest {highest}, on rank {top[0]})")
 
 
 def _property_lines(report: Report) -> list[str]:
