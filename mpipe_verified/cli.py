@@ -401,8 +401,9 @@ def run_export(args: argparse.Namespace) -> int:
                                                          model.limit, RENDEZVOUS)
         plan = as_plan(target, model.duration)  # what check judges (and writes, lowered)
         text, newline = _export_text(args, target, plan, name)
-        question = Question.of_spec(spec, model.limit, RENDEZVOUS, _declared_sizes(args, spec),
-                                spec.own_schedule if spec is not None else target)
+        question = Question.of_spec(spec, getattr(args, "memory_limit", None), RENDEZVOUS,
+                                    _declared_sizes(args, spec),
+                                    spec.own_schedule if spec is not None else target)
         report = _export_verdict(plan, question, None if laws is None else laws.result())
     if not report.verified:
         what = f"{name}: {report.status.upper()} ({', '.join(_unproved(report))})"
@@ -462,7 +463,7 @@ def _judge(plan: Plan, question: Question, rlimit: int | None = None) -> Report:
     """``plan`` judged op by op for ``question``, as check and export both judge it:
     ``verify``, or on two cores (``verify_split``) from ``TWO_PROCESS_OPS`` ops."""
     judge = verify_split if plan.num_ops >= TWO_PROCESS_OPS else verify
-    return judge(plan, rlimit=rlimit, question=question)
+    return question.answered(judge(plan, rlimit=rlimit, question=question))
 
 
 def _family_instance(args: argparse.Namespace, spec: Spec | None,
@@ -756,7 +757,8 @@ def _check_one(args: argparse.Namespace, progress: Progress
     as_written = isinstance(target, Plan)
     model = model_of(spec, args.memory_limit)
     limit = model.limit
-    question = Question.of_spec(spec, limit, args.comm_model, _declared_sizes(args, spec),
+    question = Question.of_spec(spec, args.memory_limit, args.comm_model,
+                                _declared_sizes(args, spec),
                             read if spec is None else spec.own_schedule)
     if not as_written:
         progress.phase(f"{name}: lowering")

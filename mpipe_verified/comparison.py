@@ -80,8 +80,8 @@ def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
     plan = as_plan(target, spec.duration)
     limit = spec.memory_limit if memory_limit is None else memory_limit
     check_deadline(deadline)
-    report = verify(plan, question=Question.of_spec(spec, limit, source=target)) \
-        if check else None
+    question = Question.of_spec(spec, memory_limit, source=target)
+    report = question.answered(verify(plan, question=question)) if check else None
     check_deadline(deadline)
     run = (None if report is not None and not _runs(report) else
            simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model,

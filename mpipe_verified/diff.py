@@ -115,12 +115,16 @@ def _lis(seq: list[int]) -> set[int]:
     return out
 
 
+def _answered(plan: Plan, question: Question):
+    return question.answered(verify(plan, question=question))
+
+
 def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
     """One side's verdict and simulated costs, as JSON."""
     plan = as_plan(side.target, side.duration)
     report = (verify(plan, side.memory_limit, comm_model, side.memory) if side.spec is None
-              else verify(plan, question=Question.of_spec(side.spec, side.memory_limit,
-                                                          comm_model, source=side.target)))
+              else _answered(plan, Question.of_spec(side.spec, side.memory_limit, comm_model,
+                                                    source=side.target)))
     out = {"source": side.name, "status": report.status, "verified": report.verified,
            "exit_code": report.exit_code, "lowered": isinstance(side.target, Schedule),
            "ranks": plan.num_ranks, "stages": plan.placement.num_stages,

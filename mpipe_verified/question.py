@@ -61,14 +61,33 @@ class Question:
                              f"{self.comm_model!r}")
 
     @classmethod
-    def of_spec(cls, spec, limit, comm_model: str = "rendezvous",
+    def of_spec(cls, spec, limit=None, comm_model: str = "rendezvous",
                 declared: tuple = (None, None, None), source=None) -> "Question":
         """The question a command asks of a spec's plan (``spec`` None: a file or
-        family without one): the memory ``limit`` as given (the command line's or the
-        spec's), the spec's own cost tables (``spec.cost``) or else the unit model by
-        name, the ``declared`` sizes, and the ``source`` the plan was built from."""
-        memory = spec.cost if spec is not None and spec.cost else "unit"
+        family without one): the memory ``limit`` of the command line, else the one
+        the spec writes; the memory numbers the spec writes (``spec.memory_written``;
+        none: the unit model by name), or for a spec that code built (no numbers
+        recorded, e.g. another family's, rescaled) its cost tables; the ``declared``
+        sizes; and the ``source`` the plan was built from."""
+        if spec is None:
+            return cls(comm_model, limit, "unit", declared, source)
+        if limit is None:
+            limit = spec.memory_limit
+        written = getattr(spec, "memory_written", None)
+        memory = (written or "unit") if written is not None else (spec.cost or "unit")
         return cls(comm_model, limit, memory, declared, source)
+
+    def answered(self, report):
+        """``report`` if its verdict answers this question (``Verdict.question``), else
+        the same report made undecided: a verdict on another question says nothing of
+        this one."""
+        if report.verdict.question is self:
+            return report
+        verdict = attrs.evolve(report.verdict, status="undecided",
+                               refusal="the verdict answers another question")
+        return attrs.evolve(report, verdict=verdict, certificate=None, witness=None,
+                            violations=(), undecided=report.undecided + (
+                                "the verdict answers another question (internal error)",))
 
     def limits(self, ranks: int) -> tuple | None:
         """The limit as one exact bound per rank (None: no limit). A sequence of another
@@ -158,26 +177,33 @@ class _Unit:
 
 
 _UNIT = _Unit()
-_SEGMENT_DEFAULTS = {"activation": 1.0, "output": 0.0, "input": 0.0, "static": 0.0,
-                     "replica": None}
+_SEGMENT_DEFAULTS = {"activation": 1, "output": 0, "input": 0, "static": 0, "replica": None}
 
 
 class _SpecSizes:
     """A spec's memory numbers as sizes, exact (docs/specs.md, ``[cost]``): a body
-    forward keeps ``activation`` (one number or one per stage), a segment's forward its
-    segment's ``activation``; a receive buffer holds a segment's ``output`` (a source's
-    output, the body's last output to a sink, the gradient sent back to a source) or a
-    shipped raw ``input``, the body's own transfers nothing; a rank's static part is
-    ``static`` (one number or one per rank) plus, per segment, its ``static`` on home
-    and every rank that runs its backward and its ``replica`` (default: ``static``) on
-    every other rank that runs its forward."""
+    forward keeps ``activation`` (one number or one per stage; default 1), a segment's
+    forward its segment's ``activation`` (default 1); a receive buffer holds a segment's
+    ``output`` (a source's output, the body's last output to a sink, the gradient sent
+    back to a source) or a shipped raw ``input`` (default 0), the body's own transfers
+    nothing; a rank's static part is ``static`` (one number or one per rank; default 0)
+    plus, per segment, its ``static`` (default 0) on home and every rank that runs its
+    backward and its ``replica`` (default: its ``static``) on every other rank that runs
+    its forward. ``numbers``: the numbers as written (``Spec.memory_written``), or cost
+    tables, read for those fields."""
 
     rng_state = 0
 
-    def __init__(self, cost, plan: Plan) -> None:
-        self.cost = cost
+    def __init__(self, numbers, plan: Plan) -> None:
+        if not isinstance(numbers, dict):  # cost tables: every field, defaults included
+            numbers = {"activation": numbers.activation, "static": numbers.static,
+                       "segments": {name: {k: getattr(cost, k) for k in _SEGMENT_DEFAULTS}
+                                    for name, cost in numbers.segments}}
+        self.activation = numbers.get("activation", 1)
+        self.segments = numbers.get("segments", {})
         self.sinks = {seg.name for seg in plan.cut.segments if seg.side == "sink"}
-        self.static = [_at(cost.static, r) for r in range(plan.num_ranks)]
+        static = numbers.get("static", 0)
+        self.static = [_at(static, r) for r in range(plan.num_ranks)]
         for seg in plan.cut.segments:
             own = self._segment(seg.name, "static")
             replica = self._segment(seg.name, "replica")
@@ -189,13 +215,12 @@ class _SpecSizes:
                     self.static[r] += own if replica is None else _exact(replica)
 
     def _segment(self, name: str, field: str):
-        cost = next((c for n, c in self.cost.segments if n == name), None)
-        value = _SEGMENT_DEFAULTS[field] if cost is None else getattr(cost, field)
+        value = self.segments.get(name, {}).get(field, _SEGMENT_DEFAULTS[field])
         return value if value is None else _exact(value)
 
     def stored(self, stage: int, segment: str):
-        return self._segment(segment, "activation") if segment else _at(
-            self.cost.activation, stage)
+        return self._segment(segment, "activation") if segment else _at(self.activation,
+                                                                         stage)
 
     def buffer(self, p):
         if p.kind == "input":
@@ -289,7 +314,8 @@ class Asked:
         if memory is not None and memory.status == "proved" and witness is not None:
             peaks = witness.peaks
         return Verdict(status, {name: answers[name] for name in PROPERTIES if name in answers},
-                       digest or kernel.digest(self.plan), peaks, self.limits, refusal)
+                       digest or kernel.digest(self.plan), peaks, self.limits, refusal,
+                       self.question)
 
 
 @attrs.frozen
@@ -305,6 +331,7 @@ class Verdict:
     peaks: tuple | None = None
     limits: tuple | None = None
     refusal: str | None = None
+    question: Question | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def exit_code(self) -> int:

@@ -265,8 +265,8 @@ def _verified(model: Spec, ranked, kept: dict, done: dict,
             else:
                 spec = t.candidate.on(model)
                 plan = as_plan(spec.schedule, spec.duration)
-            report = verify(plan, question=Question.of_spec(spec, spec.memory_limit,
-                                                            source=spec.schedule))
+            question = Question.of_spec(spec, source=spec.schedule)
+            report = question.answered(verify(plan, question=question))
             done[t.order] = Verified(t, report.status, spec) if report.verified else None
         if done[t.order] is not None:
             return done[t.order]

@@ -173,3 +173,62 @@ def test_asked_decides_with_exact_limits():
     plan = lower(family("1f1b", 2, 2).derive())
     asked = Asked(plan, Question(memory_limit=0.1))
     assert asked.limits == (Fraction(0.1), Fraction(0.1))
+
+
+LIMITED = """
+[schedule]
+family = "1f1b"
+pp = 2
+microbatches = 4
+
+[cost]
+F = 2.0
+
+[memory]
+limit = 1
+"""
+
+
+def test_the_spec_limit_reaches_the_question_whatever_the_cost_model_says(
+        tmp_path, capsys, monkeypatch):
+    """The spec's own ``[memory] limit`` (1, below the peak of 2) is the question's even
+    if the code that builds the command's model drops it."""
+    from mpipe_verified import cli
+    spec = tmp_path / "s.toml"
+    spec.write_text(LIMITED)
+    real = cli.model_of
+    monkeypatch.setattr(cli, "model_of", lambda spec, limit=None: real(spec, limit)._replace(
+        limit=None))
+    code, doc = check(capsys, str(spec), "--expand")
+    assert code == 1 and doc["status"] == "violated", doc
+
+
+def test_a_verdict_on_another_question_is_not_this_ones(tmp_path, capsys, monkeypatch):
+    """If the verifier answered a question of its own (here: without the limit), the
+    command refuses that verdict: undecided, never VERIFIED."""
+    from mpipe_verified import verify as verifier
+    spec = tmp_path / "s.toml"
+    spec.write_text(LIMITED)
+    monkeypatch.setattr(verifier, "_asked", lambda plan, question, *_: Asked(
+        plan, Question()))
+    code, doc = check(capsys, str(spec), "--expand")
+    assert code == 3 and doc["status"] == "undecided", doc
+    assert any("answers another question" in u for u in doc["undecided"])
+
+
+def test_sizes_a_spec_leaves_out_are_the_shells_defaults(tmp_path):
+    """A spec that writes no memory numbers means the unit model, whatever defaults its
+    cost tables carry; the numbers it writes are the only ones read."""
+    from mpipe_verified.formats.spec import parse_spec
+    spec = parse_spec(LIMITED, "s.toml")
+    assert spec.memory_written == {}
+    assert Question.of_spec(spec).memory == "unit"
+    plan = lower(spec.schedule)
+    wrong = sim.CostModel(F=2.0, activation=0.0)  # a cost model whose default went wrong
+    import attrs
+    assert Question.of_spec(attrs.evolve(spec, cost=wrong)).sizes(plan) == Question().sizes(plan)
+    written = parse_spec(SPEC, "s.toml")
+    assert written.memory_written == {"activation": (0.5, 0.25), "static": (1.0, 2.0)}
+    sizes = Question.of_spec(written).sizes(lower(written.schedule))
+    assert sizes.static == (1, 2) and sizes.stored == {("", 0): Fraction(1, 2),
+                                                        ("", 1): Fraction(1, 4)}

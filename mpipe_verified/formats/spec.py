@@ -115,6 +115,7 @@ class Spec:
     file: str = ""
     declared: tuple = (None, None, None)  # (stages, microbatches, ranks) the file declares
     derived: Schedule | None = attrs.field(default=None, eq=False, repr=False)
+    memory_written: dict | None = attrs.field(default=None, eq=False)  # see memory_numbers
 
     @property
     def declares(self) -> bool:
@@ -426,7 +427,8 @@ class _Builder:
         cost = self.cost(data, schedule, term)
         limit = self.limit(data["memory"], schedule) if "memory" in data else None
         return Spec(term, schedule, cost, limit, self.file,
-                    tuple(sizes.get(k) for k in ("stages", "microbatches", "ranks")), derived)
+                    tuple(sizes.get(k) for k in ("stages", "microbatches", "ranks")), derived,
+                    self.memory_numbers(data, schedule))
 
     def declared_sizes(self, table: dict) -> dict:
         """``stages``/``ranks`` (and, beside an expression, ``microbatches``) as the file
@@ -625,6 +627,31 @@ class _Builder:
             kw["static"] = self.numbers("memory", "static", memory["static"],
                                         schedule.num_ranks, "rank", False)
         return CostModel(**kw)
+
+    def memory_numbers(self, data: dict, schedule: Schedule) -> dict:
+        """The memory numbers exactly as the file writes them, only those it writes:
+        ``activation`` (``[cost]``), ``static`` (``[memory]``) and, under ``segments``,
+        each segment's ``activation``, ``output``, ``input``, ``static``, ``replica``. What
+        a spec means about memory is these numbers and nothing else: the sizes it leaves
+        out are the trusted shell's defaults (``question._SpecSizes``), never a cost
+        model's."""
+        table, memory, out = data.get("cost", {}), data.get("memory", {}), {}
+        if "activation" in table:
+            out["activation"] = self.numbers("cost", "activation", table["activation"],
+                                             schedule.placement.num_stages, "stage", False)
+        if "static" in memory:
+            out["static"] = self.numbers("memory", "static", memory["static"],
+                                         schedule.num_ranks, "rank", False)
+        segments = {}
+        for name, seg in table.get("segments", {}).items():
+            given = {k: self.numbers(f"cost.segments.{name}", k, seg[k], 0, "", False)
+                     for k in ("activation", "output", "input", "static", "replica")
+                     if k in seg}
+            if given:
+                segments[name] = given
+        if segments:
+            out["segments"] = segments
+        return out
 
     def limit(self, table: dict, schedule: Schedule) -> float | tuple[float, ...] | None:
         if "limit" not in table:
