@@ -1019,7 +1019,8 @@ limit = {limit}
 
 def _lowered_entries(directory: str) -> tuple[list, list]:
     """Compute-only files (torch CSV, plan-json schedules) with a repeated, missing or
-    stuck compute, and valid ones (markers, forward-only)."""
+    stuck compute (one with FSDP markers, one forward-only), and valid ones with markers
+    and forward-only."""
     broken, valid = [], []
 
     def add(out, name, schedule, extra=(), as_csv=True):
@@ -1083,7 +1084,8 @@ def _declared_entries(directory: str) -> tuple[list, list]:
 def _default_sizes_entries(directory: str) -> list[Entry]:
     """Transpose specs whose sizes are their cost tables' defaults (body and segment
     activations 1, a forward-only copy as large as the segment's static part), each with
-    one rank's limit just below its peak, checked and simulated."""
+    one rank's limit just below its peak (as the simulator sums it; the pristine check
+    must agree: exit 1), checked and simulated."""
     from mpipe_verified.formats.spec import load_spec
     out = []
     for mode in ("recompute", "frozen"):
