@@ -1,25 +1,40 @@
-"""Fault injection: a VERIFIED comes only from the verification kernel.
+"""Fault injection: a VERIFIED comes only from the verification kernel, about the plan
+the user asked about.
 
     python benchmarks/fault_injection.py [--faults NAME...] [--jobs J] [--list]
 
 Each *fault* is one plausible bug: an exact source edit (``old`` -> ``new``, which must
-occur exactly once, so the benchmark fails loudly when the code moves) in the untrusted
-layer: the shared semantics (``semantics.py``: needs/produces, the cut rules, required
-collectives, completeness counting, FIFO and collective pairing, execution, memory
-accounting), the fast passes and their hints (``verify/properties.py``), how findings
-and hints reach the kernel (``verify/__init__.py``) and the lowering of spec and family
-inputs (``lower.py``).
+occur exactly once, so the benchmark fails loudly when the code moves) outside the
+trusted base. Two groups, each with its own table:
 
-Left out on purpose (trusted, or not an untrusted hint):
+- the semantics, the passes, the hand-over and the lowering's order (``PASS_FAULTS``):
+  the shared semantics (``semantics.py``: needs/produces, the cut rules, required
+  collectives, completeness counting, FIFO and collective pairing, execution, memory
+  accounting), the fast passes and their hints (``verify/properties.py``), how findings
+  and hints reach the kernel (``verify/__init__.py``) and the lowering's transfers
+  (``lower.py``);
+- the shell around the kernel (``SHELL_FAULTS``, ``shell_faults=N``): what the question
+  is and how the verdict is assembled: the per-rank limits as the passes use them, the
+  memory sizes the passes sum (``semantics.MemoryModel``, ``verify._passes_memory``), the
+  spec's cost model (``sim.py``: the defaults a spec's ``CostModel`` value takes, and the
+  simulator's own sizes), the plan judged (``lower.py``, ``formats/timeline.as_plan``,
+  ``declared.py``, ``cli._as_read`` and its ``as_plan`` call, ``simulate``'s in
+  ``comparison.py``), the limit ``check`` and ``simulate`` hand over (``cli.model_of``,
+  ``comparison.time_spec``), the verdict assembly (``verify/__init__.py``: ``_asked``,
+  ``_report``, ``_Judge``, ``_witness``), and the canonical text of ``ir.py``
+  (``_canonical_row``, ``_canonical``: ``CANONICAL``). The canonical text makes only the
+  plan's digest, which ``check`` compares with nothing, so its faults change output but
+  can change no verdict; they are counted with the shell's.
 
-- ``kernel.py``, the plan readers (``formats/plan_json.py``, ``formats/torch_csv.py``,
-  ``formats/spec.py``) and the IR: the trusted base itself;
-- in ``verify/__init__.py``, the verdict assembly that only reads the kernel's answers
-  (``_report``; ``_Judge._confirm``'s and ``_Judge._prove``'s reading of them) and the
-  question put to the kernel (the comm model, memory limits and sizes handed to
-  ``kernel.confirm``/``kernel.prove``): those are the statement being proven, like the
-  CLI's ``--memory-limit`` and ``--comm-model`` argument passing and its choice of the
-  plan to judge (as written, or lowered: ``cli._as_read``), also left out.
+Left out on purpose, as the trusted base: ``kernel.py``; ``question.py`` (the question
+formed from the user's words, the check that the plan judged is the question's, and the
+verdict from the kernel's answers); the plan readers (``formats/plan_json.py``,
+``formats/torch_csv.py``, and ``formats/spec.py``'s reading of the TOML into a ``Spec``
+and ``CostModel`` value); the IR itself (but for its canonical text). Also left out: the
+plumbing that prints the verdict's status (``verify/report.py``'s ``Report.status`` and
+``exit_code``, ``cli.main``'s return), and the CLI's argument definitions (what
+``--memory-limit``, ``--comm-model`` and ``--stages`` mean): they are the statement, not
+a judgement of it.
 
 The *corpus* (``build_corpus``) is written into a temporary directory from a fixed seed:
 broken plans, each rejected by the pristine package (asserted: exit 1 from ``check``),
@@ -27,23 +42,35 @@ as plan-json files (transpose plans of every mode, source and sink, bodies 1f1b 
 interleaved-1f1b on 2 and 4 ranks; plans with groups and collectives; plain family
 plans), torch CSVs and specs, spanning all five properties (memory through a
 ``--memory-limit`` below the plan's peak), plus the collective false accepts of
-``tests/fixtures/false_accept_*.json``; and a few valid plans (pristine: exit 0).
+``tests/fixtures/false_accept_*.json``; for the shell (``shell_entries``): compute-only
+files that ``check`` lowers, with a repeated, missing or stuck compute, FSDP markers, or
+declared forward-only; files complete on their own terms but not for the sizes declared
+with ``--stages``/``--microbatches``/``--ranks`` (lowered and as written), a spec
+declaring more microbatches than its term derives; transpose specs whose memory sizes
+are their cost tables' defaults, each with one rank's ``[memory] limit`` just below its
+peak; and ``simulate`` (which verifies before it times) on such specs and on a broken
+CSV; and a few valid plans (pristine: exit 0), among them compute-only and declared
+ones and two ``simulate`` runs.
 
 For each fault: the ``mpipe_verified`` package is copied into a temporary directory, the
 edit applied, and one subprocess (``sys.executable``, ``PYTHONPATH`` at the copy; it
 asserts ``mpipe_verified.__file__`` lies in the copy) runs ``mpipe_verified.cli.main``
-(``check --json``) on every entry, output captured, recording each exit code. Per
+(``check --json``, or the entry's ``simulate --json``) on every entry, output captured,
+recording each exit code. Per
 (fault, broken plan): exit 0 is *false_verified*, 1 *caught_violated*, 3
 *caught_undecided*, anything else (2, a crash, a timeout) an *error*, listed with the
 first line of its stderr (for a crash, the exception's last line). Per fault the table
-also shows *changed*, the broken plans whose exit code is not the pristine 1, and
+also shows *changed*, the broken plans whose exit code is not the pristine 1,
 *unaided*, those on which the faulty passes found no violation at all, so that only the
-kernel's own check of their witness kept the answer from VERIFIED (a property whose pass
-found nothing is one the kernel was asked to prove: only then does its report list
-``facts``), and the valid plans judged 1 (``valid:rej``, false_rejected) or 3
-(``valid:und``, undecided on valid input). The last line is exactly
-``faults=N false_verified=F caught_violated=A caught_undecided=U`` over all (fault,
-broken plan) pairs.
+kernel's refusal of their witness, or the question's refusal of the plan judged, kept
+the answer from VERIFIED (a property whose pass found nothing is one the kernel was
+asked to prove: only then does its report list ``facts``), the valid plans judged 1
+(``valid:rej``, false_rejected) or 3 (``valid:und``, undecided on valid input), and
+*output*, the entries (broken or valid) whose exit code or JSON document (timings
+aside) differs from the pristine run's: a fault with output 0 did nothing this corpus
+can see. The line before the last is ``shell_faults=N shell_false_verified=F`` over
+the shell's faults; the last is exactly ``faults=N false_verified=F caught_violated=A
+caught_undecided=U`` over all (fault, broken plan) pairs.
 """
 
 from __future__ import annotations
@@ -69,12 +96,12 @@ import attrs  # noqa: E402
 
 import strategies as S  # noqa: E402
 from mpipe_verified.algebra.families import family  # noqa: E402
-from mpipe_verified.algebra.terms import Weave  # noqa: E402
+from mpipe_verified.algebra.terms import ForwardOnly, Weave  # noqa: E402
 from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
 from mpipe_verified.formats.plan_json import read_plan_json, write_plan_json  # noqa: E402
 from mpipe_verified.formats.torch_csv import write_torch_csv  # noqa: E402
-from mpipe_verified.ir import (Collective, Compute, Group, Overlap, Plan,  # noqa: E402
-                               Send)
+from mpipe_verified.ir import (Collective, Compute, Group, Marker, Overlap,  # noqa: E402
+                               Placement, Plan, Recv, Schedule, Send)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.semantics import peak_memory  # noqa: E402
 from mpipe_verified.verify import PROPERTIES, verify  # noqa: E402
@@ -96,7 +123,7 @@ class Fault(NamedTuple):
 SEM, PROPS, VERIFY, LOWER = "semantics.py", "verify/properties.py", "verify/__init__.py", \
     "lower.py"
 
-FAULTS = (
+PASS_FAULTS = (
     # ---- needs / produces (semantics.needs, Chain.needs)
     Fault("w_without_i", SEM,
           'return (("wgrad_ready", seg, s, mb),)\n        if op.kind == RECOMPUTE',
@@ -301,21 +328,20 @@ FAULTS = (
           "a run stuck only on missing partners is reported as complete"),
     # ---- how findings and hints reach the kernel (verify/__init__)
     Fault("witness_fields_swapped", VERIFY,
-          'return kernel.Witness(hints["deadlock"], hints["dependency"], levels',
-          'return kernel.Witness(hints["dependency"], hints["deadlock"], levels',
+          'return kernel.Witness(hints.get("deadlock"), hints.get("dependency"), levels',
+          'return kernel.Witness(hints.get("dependency"), hints.get("deadlock"), levels',
           "the deadlock and dependency hints are handed to the kernel swapped"),
     Fault("hints_not_handed_over", VERIFY,
-          'witness = _witness({"deadlock": None, "dependency": None, "memory": None,\n'
-          "                            **self.hints})",
-          'witness = _witness({"deadlock": None, "dependency": None, "memory": None})',
+          "_witness({name: self.hints[name]})",
+          "_witness({})",
           "the passes' hints are not handed to the kernel"),
     Fault("deadlock_hint_under_eager", VERIFY,
           "properties.deadlock(plan, comm_model, pairing,",
           'properties.deadlock(plan, "eager", pairing,',
           "the deadlock pass runs under eager whatever the comm model"),
     Fault("memory_pass_without_limit", VERIFY,
-          "properties.memory(plan, memory_model, limits, table)",
-          "properties.memory(plan, memory_model, None, table)",
+          "asked.limits, table)",
+          "None, table)",
           "the memory pass is not given the memory limit"),
     # ---- lowering (spec and family inputs)
     Fault("lower_transfers_after_computes", LOWER,
@@ -346,6 +372,210 @@ FAULTS = (
           "the op classes of a torch CSV's cells ignore the stage (ops of two stages share "
           "a class)"),
 )
+# ---- the shell around the kernel: what the question is, and how the verdict is assembled
+# (the per-rank limits, the memory sizes, the lowering and the declarations that make the
+# plan judged, the verdict assembly, the spec's cost model, the CLI's choice of the plan,
+# the canonical text). question.py itself, kernel.py, the readers and the IR stay trusted.
+DECLARED, SIM, CLI, COMPARISON, TIMELINE, IR = ("declared.py", "sim.py", "cli.py",
+                                                "comparison.py", "formats/timeline.py",
+                                                "ir.py")
+
+SHELL_FAULTS = (
+    # ---- the per-rank limits, as the passes use them
+    Fault("limit_of_rank_0_for_all", PROPS,
+          "if limits is not None and peak > _exact(limits[rank], exact):",
+          "if limits is not None and peak > _exact(limits[0], exact):",
+          "the step-by-step memory pass compares every rank with rank 0's limit"),
+    Fault("column_pass_without_limit", PROPS,
+          "fast = None if table is None else _levels(table, model, limits)",
+          "fast = None if table is None else _levels(table, model, None)",
+          "the column memory pass is not given the limits (a plan over them is summed "
+          "by columns and reported within)"),
+    # ---- the memory sizes the passes sum (semantics' models, verify._passes_memory)
+    Fault("unit_activation_half", SEM,
+          "stored: Callable[[int, str], float] = lambda stage, segment: 1.0",
+          "stored: Callable[[int, str], float] = lambda stage, segment: 0.5",
+          "the unit model's stored activation is half a unit"),
+    Fault("static_of_last_rank_dropped", SEM,
+          "return self.static[rank] if rank < len(self.static) else 0.0",
+          "return self.static[rank] if rank + 1 < len(self.static) else 0.0",
+          "a memory model gives the last rank no static part"),
+    Fault("received_without_buffer", SEM,
+          "return self.buffer(payload) + (self.rng_state if payload.kind == INPUT else 0.0)",
+          "return self.rng_state if payload.kind == INPUT else 0.0",
+          "a receive buffer counts only the RNG state, not the payload"),
+    Fault("passes_stored_key_swapped", VERIFY,
+          "stored.get((segment, stage), 1)",
+          "stored.get((stage, segment), 1)",
+          "the passes look a spec's activation sizes up by (stage, segment): every one 1"),
+    Fault("passes_static_dropped", VERIFY,
+          "static=sizes.static, **kw)",
+          "**kw)",
+          "the passes sum a spec's sizes without the static parts"),
+    Fault("passes_buffers_free", VERIFY,
+          'kw = {"buffer": lambda p: buffer.get(p, 0)} if buffer else {}',
+          "kw = {}",
+          "the passes sum a spec's sizes with every receive buffer free"),
+    # ---- the spec's cost model (sim.py): the defaults a spec's CostModel value takes, and
+    # the simulator's own sizes (no longer what check sums)
+    Fault("cost_activation_default_free", SIM,
+          "activation: float | tuple[float, ...] = 1.0",
+          "activation: float | tuple[float, ...] = 0.0",
+          "a spec's body activation defaults to 0, not 1, when [cost] does not give it"),
+    Fault("segment_activation_default_free", SIM,
+          "    activation: float = 1.0\n    output: float = 0.0",
+          "    activation: float = 0.0\n    output: float = 0.0",
+          "a segment's activation defaults to 0, not 1"),
+    Fault("segment_replica_default_free", SIM,
+          "replica: float | None = None",
+          "replica: float | None = 0.0",
+          "a segment's forward-only copy defaults to free, not to its static size"),
+    Fault("sim_stored_ignores_segment", SIM,
+          "            return self.segment(segment).activation",
+          "            return _at(self.activation, stage)",
+          "the simulator sizes a segment's activation as the body's"),
+    Fault("sim_static_without_segments", SIM,
+          "                    out[r] += cost.static",
+          "                    out[r] += 0.0",
+          "the simulator's static memory leaves out the segments' copies"),
+    Fault("sim_memory_model_without_static", SIM,
+          "static=self.static_memory(cut, num_ranks))",
+          "static=())",
+          "the simulator's memory model drops the static parts"),
+    # ---- the lowering (lower.py, formats/timeline.as_plan): the plan judged
+    Fault("lower_drops_repeats", LOWER,
+          "out.append([event[6] for event in mine])",
+          "out.append(list(dict.fromkeys(event[6] for event in mine)))",
+          "lowering drops a repeated op (a duplicated forward, a second identical send)"),
+    Fault("lower_drops_last_op", LOWER,
+          "        for index in range(len(starts)):",
+          "        for index in range(len(starts) - 1):",
+          "lowering leaves out each rank's last timed op"),
+    Fault("lower_stuck_repeats_last_run", LOWER,
+          "for index in range(len(timing.start[rank]), len(program)):\n"
+          "            if isinstance(program[index], Idle):",
+          "for index in range(len(timing.start[rank]) - 1, len(program)):\n"
+          "            if isinstance(program[index], Idle):",
+          "lowering a stuck schedule appends each rank's last op that ran once more"),
+    Fault("lower_stuck_reversed", LOWER,
+          "for index in range(len(timing.start[rank]), len(program)):\n"
+          "            if isinstance(program[index], Idle):",
+          "for index in reversed(range(len(timing.start[rank]), len(program))):\n"
+          "            if isinstance(program[index], Idle):",
+          "lowering a stuck schedule appends the ops after the stuck point in reverse"),
+    Fault("lower_keeps_computes_only", LOWER,
+          "            if type(op) is Idle:\n                continue",
+          "            if not computes_of(op):\n                continue",
+          "lowering drops every step without compute (markers and collectives too)"),
+    Fault("lower_compute_at_finish", LOWER,
+          "mine((starts[index], 1, _NO_TIE, rank, index, 0, op))",
+          "mine((finishes[index], 1, _NO_TIE, rank, index, 0, op))",
+          "lowering places each compute at its finish time (after its own sends)"),
+    Fault("lower_without_forward_only", LOWER,
+          "schedule.cut,\n                schedule.forward_only)",
+          "schedule.cut)",
+          "the lowered plan loses the forward-only declaration"),
+    Fault("lower_without_cut", LOWER,
+          "tuple(map(tuple, out)), schedule.cut,\n                schedule.forward_only)",
+          "tuple(map(tuple, out)),\n                forward_only=schedule.forward_only)",
+          "the lowered plan loses the cut (its segments)"),
+    Fault("lower_microbatches_from_ops", LOWER,
+          "return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)),",
+          "return Plan(placement, 1 + max((c.mb for prog in out for op in prog for c in "
+          "computes_of(op)), default=0), tuple(map(tuple, out)),",
+          "the lowered plan's microbatch count is read off its ops, not the schedule's"),
+    Fault("lower_placement_looped", LOWER,
+          "    placement = schedule.placement\n",
+          "    placement = type(schedule.placement).looped(schedule.num_ranks, "
+          "schedule.placement.num_stages // schedule.num_ranks)\n",
+          "lowering rebuilds the placement as looped (a V-shape's stages move)"),
+    Fault("as_plan_not_lowered", TIMELINE,
+          "return lower(target, duration) if isinstance(target, Schedule) else target",
+          "return Plan.from_schedule(target) if isinstance(target, Schedule) else target",
+          "a compute-only schedule is judged as written, not lowered"),
+    # ---- the declarations (declared.py)
+    Fault("declare_ignores_microbatches", DECLARED,
+          "m = target.num_microbatches if microbatches is None else microbatches",
+          "m = target.num_microbatches",
+          "a declared microbatch count is ignored"),
+    Fault("declare_ignores_stages", DECLARED,
+          "num_stages = have.num_stages if stages is None else stages",
+          "num_stages = have.num_stages",
+          "a declared stage count is ignored"),
+    Fault("declare_ignores_ranks", DECLARED,
+          "num_ranks = have.num_ranks if ranks is None else ranks",
+          "num_ranks = have.num_ranks",
+          "a declared rank count is ignored"),
+    Fault("declare_places_all_looped", DECLARED,
+          "placement = Placement(have.stage_to_rank + tuple(\n"
+          "        s % num_ranks for s in range(have.num_stages, num_stages)), num_ranks)",
+          "placement = Placement(tuple(\n"
+          "        s % num_ranks for s in range(num_stages)), num_ranks)",
+          "declaring stages places every stage looped, the input's own too"),
+    # ---- the verdict assembly (verify/__init__: _asked, _report, _Judge, _witness)
+    Fault("asked_ignores_question", VERIFY,
+          "return Asked(plan, question or question_of(memory_limit, comm_model, memory_model))",
+          "return Asked(plan, question_of(memory_limit, comm_model, memory_model))",
+          "verify asks the question its keyword arguments form, not the one it is given"),
+    Fault("report_lists_first_violation_only", VERIFY,
+          "violations.extend(found)",
+          "violations.extend(found[:1])",
+          "the report lists only each violated property's first counterexample"),
+    Fault("report_drops_undecided_reasons", VERIFY,
+          'if answer.status == "unknown":',
+          'if answer.status == "unknown" and answer.facts is None:',
+          "the report leaves out why a proof was not found"),
+    Fault("report_certificate_unless_undecided", VERIFY,
+          'if verdict.status == "verified":\n        certificate',
+          'if verdict.status != "undecided":\n        certificate',
+          "a violated report gets a certificate too"),
+    Fault("report_without_peaks", VERIFY,
+          'peaks, hints = decided.pop("peaks"), decided.pop("hints")',
+          'peaks, hints = {}, decided.pop("hints")',
+          "the report leaves out the peaks the passes summed"),
+    Fault("judge_skips_first_claim", VERIFY,
+          "[f.claim for f in findings]",
+          "[f.claim for f in findings[1:]]",
+          "the first finding's counterexample is not handed to the kernel"),
+    Fault("memory_hint_parts_swapped", VERIFY,
+          'levels, peaks, peak_at = hints.get("memory") or (None, None, None)',
+          'levels, peak_at, peaks = hints.get("memory") or (None, None, None)',
+          "the memory hint's peaks and peak positions are handed over swapped"),
+    # ---- the CLI's and simulate's choice of the plan and its limit
+    Fault("as_read_has_comms_uncalled", CLI,
+          "if isinstance(plan, Schedule) or plan.has_comms():",
+          "if isinstance(plan, Schedule) or plan.has_comms:",
+          "a compute-only file is judged as written (has_comms not called: always true)"),
+    Fault("check_judges_undeclared", CLI,
+          "plan = as_plan(target, model.duration)  # ordered for the spec's own costs",
+          "plan = as_plan(read, model.duration)  # ordered for the spec's own costs",
+          "check judges the input as read, without the declared sizes"),
+    Fault("model_of_ignores_spec_limit", CLI,
+          "spec.memory_limit if memory_limit is None else memory_limit)",
+          "memory_limit)",
+          "check forgets a spec's own memory limit (only --memory-limit counts)"),
+    Fault("simulate_ignores_spec_limit", COMPARISON,
+          "limit = spec.memory_limit if memory_limit is None else memory_limit",
+          "limit = memory_limit",
+          "simulate verifies a spec without its own memory limit"),
+    Fault("simulate_lowers_written_plan", COMPARISON,
+          "plan = as_plan(target, spec.duration)",
+          "plan = as_plan(spec.schedule, spec.duration)",
+          "simulate judges a written plan's schedule lowered anew, not the plan as written"),
+    # ---- the canonical text (ir.py): digests only; check compares none
+    Fault("canonical_send_without_peer", IR,
+          'add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")',
+          'add(f"{p.stage}SEND_{p.letter}{p.mb}")',
+          "the canonical text (the digest) leaves out a plain send's peer"),
+    Fault("canonical_group_without_peers", IR,
+          'return "[" + ";".join(_canonical(o) for o in op.ops) + "]GROUP"',
+          'return "[" + ";".join(map(str, op.ops)) + "]GROUP"',
+          "the canonical text (the digest) leaves out the peers of a group's members"),
+)
+
+FAULTS = PASS_FAULTS + SHELL_FAULTS
+SHELL = frozenset(f.name for f in SHELL_FAULTS)
+CANONICAL = frozenset(f.name for f in SHELL_FAULTS if f.path == IR)
 FAULTS_BY_NAME = {f.name: f for f in FAULTS}
 
 
@@ -374,22 +604,31 @@ def mutated_copy(fault: Fault | None, where: str) -> str:
 # ---------------------------------------------------------------- the driver
 
 DRIVER = r'''
-import contextlib, io, json, os, signal, sys, traceback
+import contextlib, hashlib, io, json, os, signal, sys, traceback
 root, entries = sys.argv[1], json.load(open(sys.argv[2]))
 import mpipe_verified, mpipe_verified.cli as cli
 here = os.path.realpath(mpipe_verified.__file__)
 assert here.startswith(os.path.realpath(root) + os.sep), here
 def timeout(*_): raise TimeoutError("check ran past %d s" % int(sys.argv[3]))
 signal.signal(signal.SIGALRM, timeout)
+def timeless(x):
+    if isinstance(x, dict):
+        return {k: timeless(v) for k, v in x.items()
+                if k not in ("seconds", "cached") and not k.endswith("_seconds")}
+    return [timeless(v) for v in x] if isinstance(x, list) else x
 def read(text):
     # (the passes found nothing anywhere: every property went to the kernel's proof,
-    #  the properties found violated)
+    #  the properties found violated, a fingerprint of the document without timings)
     try:
         doc = json.loads(text)
+    except ValueError:
+        return False, [], hashlib.sha256(text.encode()).hexdigest()[:16]
+    shown = hashlib.sha256(json.dumps(timeless(doc), sort_keys=True).encode()).hexdigest()
+    try:
         alone = all("facts" in p for p in doc["stats"]["properties"].values())
-        return alone, sorted({v["property"] for v in doc["violations"]})
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False, []
+        return alone, sorted({v["property"] for v in doc["violations"]}), shown[:16]
+    except (KeyError, TypeError, AttributeError):
+        return False, [], shown[:16]
 out = []
 for name, args in entries:
     err, report = io.StringIO(), io.StringIO()
@@ -403,17 +642,19 @@ for name, args in entries:
     finally:
         signal.alarm(0)
     out.append([name, code, line, *(read(report.getvalue()) if code in (0, 1, 3)
-                                    else (False, []))])
+                                    else (False, [], line))])
 print(json.dumps(out))
 '''
 
 
 def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
-    """``{entry name: (exit code, first stderr line, unaided, violated properties)}`` of
-    ``check --json`` on every entry, in one subprocess importing the package under
-    ``root``. ``unaided``: the fast passes found nothing on any property (each property
-    went to the kernel's proof, whose report alone records ``facts``), so without the
-    kernel checking their witness the tool would have said VERIFIED."""
+    """``{entry name: (exit code, first stderr line, unaided, violated properties,
+    output)}`` of ``check --json`` (or the entry's own command) on every entry, in one
+    subprocess importing the package under ``root``. ``unaided``: the fast passes found
+    nothing on any property (each property went to the kernel's proof, whose report
+    alone records ``facts``), so without the kernel checking their witness the tool would
+    have said VERIFIED. ``output``: a fingerprint of the JSON document without its
+    timings (or of the crash), to tell whether a fault changed anything at all."""
     listing = os.path.join(workdir, "entries.json")
     with open(listing, "w", encoding="utf-8") as f:
         json.dump([[e.name, list(e.args)] for e in entries], f)
@@ -423,10 +664,10 @@ def run_entries(root: str, entries: list, workdir: str) -> dict[str, tuple]:
                                str(ENTRY_SECONDS)], capture_output=True, text=True, env=env,
                               cwd=workdir, timeout=ENTRY_SECONDS * (len(entries) + 2))
     except subprocess.TimeoutExpired:
-        return {e.name: ("crash", "driver timed out", False, []) for e in entries}
+        return {e.name: ("crash", "driver timed out", False, [], "") for e in entries}
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {e.name: ("crash", f"driver failed: {tail}", False, []) for e in entries}
+        return {e.name: ("crash", f"driver failed: {tail}", False, [], "") for e in entries}
     return {row[0]: tuple(row[1:]) for row in json.loads(done.stdout)}
 
 
@@ -721,6 +962,172 @@ def _memory_entries() -> list[tuple[str, Plan, tuple[str, ...]]]:
     return out
 
 
+# ---------------------------------------------------------------- the shell's corpus
+# Inputs that exercise what the trusted shell asks: compute-only files that check
+# lowers (a duplicated, missing or stuck compute; markers; a forward-only schedule),
+# declared sizes (--stages/--microbatches/--ranks, and a spec's own), specs whose memory
+# sizes come from their cost tables' defaults with a limit just below one rank's peak,
+# and simulate, which verifies before it times.
+
+
+def _schedule_of(plan: Plan) -> Schedule:
+    """``plan`` without its sends and receives: a compute-only input, lowered by check."""
+    return Schedule(plan.placement, plan.num_microbatches,
+                    tuple(tuple(op for op in prog if not isinstance(op, (Send, Recv)))
+                          for prog in plan.programs), plan.cut, plan.forward_only)
+
+
+def _without_mb(plan: Plan, mb: int) -> Plan:
+    """``plan`` with every op of microbatch ``mb`` (computes and transfers) left out."""
+    def keep(op) -> bool:
+        carried = op.payload.mb if isinstance(op, (Send, Recv)) else op.mb
+        return carried != mb
+    return attrs.evolve(plan, programs=tuple(tuple(filter(keep, prog))
+                                             for prog in plan.programs))
+
+
+def _with_markers(plan: Plan) -> Plan:
+    """Each rank's first stage unsharded first and resharded last (FSDP markers)."""
+    first = {r: plan.placement.stages_of(r)[0] for r in range(plan.num_ranks)}
+    return _everywhere(plan, lambda r: (Marker(first[r], "UNSHARD"),),
+                       lambda r: (Marker(first[r], "RESHARD"),))
+
+
+SPEC_DECLARED = """[schedule]
+expression = "one_f_one_b(pp=2, microbatches=4)"
+microbatches = 5
+"""
+
+SPEC_DEFAULT_SIZES = """[schedule]
+family = "transpose"
+pp = 2
+microbatches = 4
+
+[transpose]
+mode = "{mode}"
+
+[cost]
+F = 1
+
+[cost.segments.vision]
+static = 4
+
+[memory]
+limit = {limit}
+"""
+
+
+def _lowered_entries(directory: str) -> tuple[list, list]:
+    """Compute-only files (torch CSV, plan-json schedules) with a repeated, missing or
+    stuck compute (one with FSDP markers, one forward-only), and valid ones with markers
+    and forward-only."""
+    broken, valid = [], []
+
+    def add(out, name, schedule, extra=(), as_csv=True):
+        path = os.path.join(directory, f"lowered-{len(broken) + len(valid):03d}."
+                                       + ("csv" if as_csv else "json"))
+        (write_torch_csv if as_csv else write_plan_json)(schedule, path)
+        out.append(Entry(name, ("check", *extra, path)))
+    f2, f3 = _lowered("1f1b", 2, 4), _lowered("1f1b", 3, 3)
+    add(broken, "lowered:1f1b-p2-forward-twice",
+        _schedule_of(_insert_after(f2, 0, "0F1", Compute("F", 0, 1))))
+    zb = _lowered("zb-h1", 2, 3)
+    add(broken, "lowered:zb-h1-p2-last-w-twice",
+        _schedule_of(_program(zb, 1, zb.programs[1] + (zb.programs[1][-1],))))
+    add(broken, "lowered:1f1b-p3-b-missing", _schedule_of(_drop(f3, 1, "1B2")))
+    add(broken, "lowered:1f1b-p3-stuck-b-before-f",
+        _schedule_of(_move_before(f3, 2, "2B0", "2F0")))
+    dual = _lowered("dualpipev", 2, 4)
+    add(broken, "lowered:dualpipev-p2-w-missing", _schedule_of(_drop(dual, 1, "2W3")))
+    add(broken, "lowered:markers-1f1b-p2-b-missing",
+        _schedule_of(_with_markers(_drop(f2, 0, "0B3"))))
+    fwd = lower(ForwardOnly(family("1f1b", 2, 3)).derive())
+    add(broken, "lowered:forward-only-p2-f-missing", _schedule_of(_drop(fwd, 1, "1F2")),
+        as_csv=False)
+    add(valid, "valid:lowered-markers-1f1b-p2", _schedule_of(_with_markers(f2)))
+    add(valid, "valid:lowered-forward-only-p2", _schedule_of(fwd), as_csv=False)
+    return broken, valid
+
+
+def _declared_entries(directory: str) -> tuple[list, list]:
+    """Files complete on their own terms that miss work their declared sizes call for
+    (a microbatch, a rank's row), a spec declaring more microbatches than its term
+    derives, and files whose declarations they meet."""
+    broken, valid = [], []
+
+    def add(out, name, target, *extra):
+        path = os.path.join(directory, f"declared-{len(broken) + len(valid):03d}.csv")
+        write_torch_csv(target, path)
+        out.append(Entry(name, ("check", *extra, path)))
+    f2, f3 = _lowered("1f1b", 2, 4), _lowered("1f1b", 3, 3)
+    add(broken, "declared:1f1b-p2-last-mb-missing [lowered]",
+        _schedule_of(_without_mb(f2, 3)), "--microbatches", "4")
+    add(broken, "declared:1f1b-p2-last-mb-missing [as written]", _without_mb(f2, 3),
+        "--microbatches", "4", "--stages", "2")
+    rows = _schedule_of(f3)
+    add(broken, "declared:1f1b-p3-last-rank-missing",
+        Schedule(Placement((0, 1), 2), 3, rows.programs[:2]), "--stages", "3", "--ranks", "3")
+    dual = _schedule_of(_lowered("dualpipev", 2, 4))
+    add(broken, "declared:dualpipev-p2-i-missing",
+        _schedule_of(_drop(_lowered("dualpipev", 2, 4), 0, "3I3")), "--stages", "4",
+        "--ranks", "2")
+    add(valid, "valid:declared-1f1b-p2", _schedule_of(f2), "--stages", "2",
+        "--microbatches", "4", "--ranks", "2")
+    add(valid, "valid:declared-dualpipev-p2", dual, "--stages", "4", "--microbatches", "4")
+    path = os.path.join(directory, "declared-spec.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(SPEC_DECLARED)
+    broken.append(Entry("spec:declared-microbatches-5", ("check", path)))
+    return broken, valid
+
+
+def _default_sizes_entries(directory: str) -> list[Entry]:
+    """Transpose specs whose sizes are their cost tables' defaults (body and segment
+    activations 1, a forward-only copy as large as the segment's static part), each with
+    one rank's limit just below its peak (as the simulator sums it; the pristine check
+    must agree: exit 1), checked and simulated."""
+    from mpipe_verified.formats.spec import load_spec
+    out = []
+    for mode in ("recompute", "frozen"):
+        probe = os.path.join(directory, f"probe-{mode}.toml")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write(SPEC_DEFAULT_SIZES.format(mode=mode, limit=1000))
+        spec = load_spec(probe)
+        plan = lower(spec.schedule, spec.duration)
+        peaks = [peak for peak, _ in peak_memory(plan, spec.memory_model).values()]
+        os.remove(probe)
+        for rank in range(len(peaks)):
+            path = os.path.join(directory, f"default_sizes_{mode}_rank{rank}.toml")
+            limits = [peak - 0.5 if r == rank else 2 * peak for r, peak in enumerate(peaks)]
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(SPEC_DEFAULT_SIZES.format(mode=mode, limit=limits))
+            out.append(Entry(f"spec:default-sizes-{mode}-rank{rank}", ("check", path)))
+            out.append(Entry(f"simulate:default-sizes-{mode}-rank{rank}", ("simulate", path)))
+    return out
+
+
+def shell_entries(directory: str) -> Corpus:
+    """The broken and valid entries that exercise the shell (see above)."""
+    broken, valid = [], []
+    for make in (_lowered_entries, _declared_entries):
+        b, v = make(directory)
+        broken += b
+        valid += v
+    broken += _default_sizes_entries(directory)
+    broken.append(Entry("simulate:examples/broken.toml",
+                        ("simulate", os.path.join(ROOT, "examples", "broken.toml"))))
+    csv = os.path.join(directory, "simulate-recvs-swapped.csv")
+    g2 = _lowered("gpipe", 2, 2)
+    recvs = [op for op in g2.programs[1] if str(op).startswith("1RECV_F")]
+    write_torch_csv(_program(g2, 1, list(reversed(recvs))
+                             + [op for op in g2.programs[1] if op not in recvs]), csv)
+    broken.append(Entry("simulate:recvs-swapped [csv]", ("simulate", csv)))
+    for name in ("zb-h1", "mllm_transpose"):  # timed with the simulator's sizes
+        valid.append(Entry(f"valid:simulate-{name}",
+                           ("simulate", os.path.join(ROOT, "examples", f"{name}.toml"))))
+    return Corpus(broken, valid)
+
+
 def _write(directory: str, index: int, name: str, plan: Plan, extra: tuple,
            as_csv: bool = False) -> Entry:
     path = os.path.join(directory, f"{index:03d}.{'csv' if as_csv else 'json'}")
@@ -732,6 +1139,9 @@ def _csv_ok(plan: Plan) -> bool:
     """Plain plans (no cut, group or collective) also go out as torch CSV."""
     return not plan.cut.segments and not any(isinstance(op, (Group, Collective))
                                              for prog in plan.programs for op in prog)
+
+
+SMALL_SHELL = ("lowered:1f1b-p2-forward-twice", "valid:declared-1f1b-p2")
 
 
 def build_corpus(directory: str, small: bool = False) -> Corpus:
@@ -760,8 +1170,12 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
         _write(directory, 900, "valid:zb-h1-p3", _lowered("zb-h1", 3, 4), ()),
         _write(directory, 901, "valid:dualpipev-p2", _lowered("dualpipev", 2, 4), (), True),
     ]
+    shell = shell_entries(directory)
     if small:
-        return Corpus(broken, valid)
+        return Corpus(broken + [e for e in shell.broken if e.name in SMALL_SHELL],
+                      valid + [e for e in shell.valid if e.name in SMALL_SHELL])
+    broken += shell.broken
+    valid += shell.valid
     valid += [
         _write(directory, 902, "valid:transpose-owner-p2", _transpose(2, 2, "owner"), ()),
         Entry("valid:family-transpose-recompute", ("check", "--family", "transpose",
@@ -790,35 +1204,49 @@ def classify(code) -> str:
     return VERDICTS.get(code, "error")
 
 
-def check_pristine(corpus: Corpus) -> dict[str, int]:
-    """All broken entries exit 1 and all valid ones 0 with the unedited package; returns
-    how many broken entries violate each property."""
+def check_pristine(corpus: Corpus) -> dict[str, tuple]:
+    """Run the unedited package on the corpus; assert that every broken entry exits 1 and
+    every valid one 0. Returns its results (``run_fault``'s form)."""
     got = run_fault(None, corpus.broken + corpus.valid)
     wrong = [(e.name, got[e.name][:2]) for e in corpus.broken if got[e.name][0] != 1]
     wrong += [(e.name, got[e.name][:2]) for e in corpus.valid if got[e.name][0] != 0]
     if wrong:
         raise SystemExit(f"the pristine package misjudges {len(wrong)} corpus entries: "
                          f"{wrong[:5]}")
-    return {prop: sum(prop in got[e.name][3] for e in corpus.broken) for prop in PROPERTIES}
+    return got
 
 
-def judge_fault(fault: Fault, corpus: Corpus) -> dict:
-    """Per broken entry its class, the valid entries not judged 0, and the errors."""
+def violating(corpus: Corpus, pristine: dict) -> dict[str, int]:
+    """How many broken entries violate each property, with the unedited package."""
+    return {prop: sum(prop in pristine[e.name][3] for e in corpus.broken)
+            for prop in PROPERTIES}
+
+
+def judge_fault(fault: Fault, corpus: Corpus, pristine: dict) -> dict:
+    """Per broken entry its class, the valid entries not judged 0, the errors, and the
+    entries whose output differs from the ``pristine`` run's."""
     got = run_fault(fault, corpus.broken + corpus.valid)
+    entries = corpus.broken + corpus.valid
     classes = {e.name: classify(got[e.name][0]) for e in corpus.broken}
     return {"fault": fault, "classes": classes,
             "changed": sum(got[e.name][0] != 1 for e in corpus.broken),
+            "output": sum(got[e.name][0] != pristine[e.name][0]
+                          or got[e.name][4] != pristine[e.name][4] for e in entries),
             "valid_bad": [(e.name, got[e.name][0]) for e in corpus.valid
                           if got[e.name][0] != 0],
-            "errors": [(e.name, got[e.name][:2]) for e in corpus.broken + corpus.valid
+            "errors": [(e.name, got[e.name][:2]) for e in entries
                        if classify(got[e.name][0]) == "error"],
             "unaided": [e.name for e in corpus.broken if got[e.name][2]],
             "false_verified": [e.name for e in corpus.broken if got[e.name][0] == 0]}
 
 
-def run(faults, corpus: Corpus, jobs: int) -> list[dict]:
+def run(faults, corpus: Corpus, jobs: int, pristine: dict | None = None) -> list[dict]:
+    """Judge each fault on ``corpus`` (``pristine``: the unedited package's results,
+    ``check_pristine``; run here when not given)."""
+    if pristine is None:
+        pristine = run_fault(None, corpus.broken + corpus.valid)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        return list(pool.map(lambda f: judge_fault(f, corpus), faults))
+        return list(pool.map(lambda f: judge_fault(f, corpus, pristine), faults))
 
 
 def totals(results: list[dict]) -> dict[str, int]:
@@ -829,41 +1257,58 @@ def totals(results: list[dict]) -> dict[str, int]:
     return out
 
 
+def _row(r: dict) -> str:
+    counts = {v: 0 for v in (*VERDICTS.values(), "error")}
+    for verdict in r["classes"].values():
+        counts[verdict] += 1
+    return (f"{r['fault'].name:36} {counts['false_verified']:>8} "
+            f"{counts['caught_violated']:>8} {counts['caught_undecided']:>9} "
+            f"{counts['error']:>5} {r['changed']:>7} {len(r['unaided']):>7} "
+            f"{sum(code == 1 for _, code in r['valid_bad']):>9} "
+            f"{sum(code == 3 for _, code in r['valid_bad']):>9} {r['output']:>6}  "
+            f"{r['fault'].description}")
+
+
 def report(results: list[dict], corpus: Corpus, violating: dict | None = None) -> str:
     spread = "" if violating is None else " (violating " + ", ".join(
         f"{prop} {n}" for prop, n in violating.items()) + ")"
+    head = (f"{'fault':36} {'verified':>8} {'violated':>8} {'undecided':>9} {'error':>5} "
+            f"{'changed':>7} {'unaided':>7} {'valid:rej':>9} {'valid:und':>9} "
+            f"{'output':>6}  description")
+    passes = [r for r in results if r["fault"].name not in SHELL]
+    shell = [r for r in results if r["fault"].name in SHELL]
     lines = [f"corpus: {len(corpus.broken)} broken plans{spread}, {len(corpus.valid)} valid "
-             "plans",
-             "",
-             f"{'fault':36} {'verified':>8} {'violated':>8} {'undecided':>9} {'error':>5} "
-             f"{'changed':>7} {'unaided':>7} {'valid:rej':>9} {'valid:und':>9}  description"]
-    for r in results:
-        counts = {v: 0 for v in (*VERDICTS.values(), "error")}
-        for verdict in r["classes"].values():
-            counts[verdict] += 1
-        lines.append(f"{r['fault'].name:36} {counts['false_verified']:>8} "
-                     f"{counts['caught_violated']:>8} {counts['caught_undecided']:>9} "
-                     f"{counts['error']:>5} {r['changed']:>7} {len(r['unaided']):>7} "
-                     f"{sum(code == 1 for _, code in r['valid_bad']):>9} "
-                     f"{sum(code == 3 for _, code in r['valid_bad']):>9}  "
-                     f"{r['fault'].description}")
+             "plans", ""]
+    for title, part in (("the semantics, the passes, the hand-over, the lowering's order",
+                         passes), ("the shell around the kernel", shell)):
+        if part:
+            lines += [f"{title}:", head, *map(_row, part), ""]
     details = [f"  {r['fault'].name}: {name}: {code} {line}"
                for r in results for name, (code, line) in r["errors"]]
     if details:
-        lines += ["", "errors (exit 2 or a crash; the first line of stderr):"] + details
+        lines += ["errors (exit 2 or a crash; the first line of stderr):"] + details + [""]
     holes = [f"  {r['fault'].name}: {name}" for r in results for name in r["false_verified"]]
     if holes:
-        lines += ["", "FALSE VERIFIED (a hole in the kernel):"] + holes
+        lines += ["FALSE VERIFIED (a fault outside the trusted base made a broken plan "
+                  "VERIFIED):"] + holes + [""]
     def some(code):
         return sum(any(c == code for _, c in r["valid_bad"]) for r in results)
-    lines += ["", f"on valid plans: {some(1)} of {len(results)} faults make the tool reject "
-                  f"some (false_rejected), {some(3)} leave some undecided; "
-                  f"{sum(r['changed'] > 0 for r in results)} of {len(results)} faults change "
-                  f"some verdict on a broken plan",
+    lines += [f"on valid plans: {some(1)} of {len(results)} faults make the tool reject "
+              f"some (false_rejected), {some(3)} leave some undecided; "
+              f"{sum(r['changed'] > 0 for r in results)} of {len(results)} faults change "
+              f"some verdict on a broken plan, "
+              f"{sum(r['output'] > 0 for r in results)} some output",
               f"unaided: {sum(len(r['unaided']) for r in results)} (fault, broken plan) pairs "
               f"where the faulty passes found nothing at all (VERIFIED without the kernel), "
               f"over {sum(bool(r['unaided']) for r in results)} faults"]
+    canonical = [r for r in shell if r["fault"].name in CANONICAL]
+    if canonical:
+        lines.append(f"canonical text: {len(canonical)} faults change digests only (check "
+                     f"compares none): {sum(r['changed'] > 0 for r in canonical)} change a "
+                     "verdict")
     t = totals(results)
+    lines.append(f"shell_faults={len(shell)} shell_false_verified="
+                 f"{sum(len(r['false_verified']) for r in shell)}")
     lines.append(f"faults={len(results)} false_verified={t['false_verified']} "
                  f"caught_violated={t['caught_violated']} "
                  f"caught_undecided={t['caught_undecided']}")
@@ -886,9 +1331,9 @@ def main(argv=None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="mpipe-corpus-") as directory:
         corpus = build_corpus(directory)
-        violating = check_pristine(corpus)
-        results = run(faults, corpus, args.jobs)
-        print(report(results, corpus, violating))
+        pristine = check_pristine(corpus)
+        results = run(faults, corpus, args.jobs, pristine)
+        print(report(results, corpus, violating(corpus, pristine)))
     return 0
 
 
