@@ -8,10 +8,13 @@ kernel.
 
 - ``Question``: the comm model; the memory limit as written (none, one number, or one
   per rank); the memory sizes by name (``"unit"``: every stored activation 1, buffers
-  and static memory free), as a spec's own numbers (its ``[cost]`` activation, static
-  and segment sizes, turned into sizes here, ``_SpecSizes``), or as a Python caller's
+  and static memory free), as a spec's own numbers as it writes them (its ``[cost]``
+  activation, ``[memory]`` static and segment sizes, turned into sizes here with this
+  module's defaults for what it leaves out, ``_SpecSizes``), or as a Python caller's
   own memory model; the stage, microbatch and rank counts declared; and the input as
   read when the plan judged was built from it (lowered, or given declared sizes).
+  ``Question.of_spec`` forms it for a command; ``Question.answered`` accepts only a
+  report whose verdict answers this very question.
 - ``Question.refusal(plan)``: why ``plan`` is not the plan the question is about: a size
   other than the declared one, or steps other than the input's. For an input without
   comm ops this is the translation validation of the lowering: on every rank the plan's
@@ -44,9 +47,9 @@ STATUS_EXIT = {"verified": 0, "violated": 1, "undecided": 3}
 @attrs.frozen
 class Question:
     """What the user asks about a plan (see the module docstring). ``memory``: ``"unit"``,
-    a spec's cost tables (read for ``activation``, ``static`` and ``segments`` only), or
-    an object with ``stored``/``buffer``/``rng_state``/``static_of`` (a caller's own
-    model). ``declared``: ``(stages, microbatches, ranks)``, None where not declared.
+    a spec's memory numbers as written (``Spec.memory_written``), cost tables (read for
+    ``activation``, ``static`` and ``segments`` only), or an object with
+    ``stored``/``buffer``/``rng_state``/``static_of`` (a caller's own model). ``declared``: ``(stages, microbatches, ranks)``, None where not declared.
     ``source``: the input as read, when the plan judged was built from it."""
 
     comm_model: str = "rendezvous"
@@ -322,8 +325,8 @@ class Asked:
 class Verdict:
     """What is printed: ``status`` (``verified``, ``violated``, ``undecided``), each
     property's ``Answer``, the plan's ``digest``, the exact per-rank ``peaks`` when
-    memory was proved (else None), the ``limits`` proved, and ``refusal`` when the plan
-    is not the question's."""
+    memory was proved (else None), the ``limits`` proved, ``refusal`` when the plan is
+    not the question's, and the ``question`` it answers (``Question.answered``)."""
 
     status: str
     answers: dict
