@@ -61,7 +61,7 @@ from .formats.torch_csv import (holds_actions, parse_torch_csv,
                                  torch_csv_rows, without_markers)
 from .ir import Group, Op, Plan, Recv, Schedule, Send
 from .progress import Progress
-from .question import Question
+from .question import Question, QuestionError
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .sim import NO_COMM_COST, CommCost
 from .show import figures, render_grid
@@ -299,6 +299,8 @@ def _declared_sizes(args: argparse.Namespace, spec: Spec | None) -> tuple:
     (``check``), else in the spec; None where neither does."""
     given = ((args.stages, args.microbatches, args.ranks) if getattr(args, "declare", False)
              else (None, None, None))
+    if getattr(args, "family", None) is not None:  # --pp P --microbatches M: the sizes asked
+        given = (given[0], args.microbatches, args.pp)
     own = spec.declared if spec is not None else (None, None, None)
     return tuple(g if g is not None else o for g, o in zip(given, own))
 
@@ -463,7 +465,10 @@ def _judge(plan: Plan, question: Question, rlimit: int | None = None) -> Report:
     """``plan`` judged op by op for ``question``, as check and export both judge it:
     ``verify``, or on two cores (``verify_split``) from ``TWO_PROCESS_OPS`` ops."""
     judge = verify_split if plan.num_ops >= TWO_PROCESS_OPS else verify
-    return question.answered(judge(plan, rlimit=rlimit, question=question))
+    try:
+        return question.answered(judge(plan, rlimit=rlimit, question=question), plan)
+    except QuestionError as e:
+        raise UsageError(str(e)) from None
 
 
 def _family_instance(args: argparse.Namespace, spec: Spec | None,

@@ -81,7 +81,7 @@ def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
     limit = spec.memory_limit if memory_limit is None else memory_limit
     check_deadline(deadline)
     question = Question.of_spec(spec, memory_limit, source=target)
-    report = question.answered(verify(plan, question=question)) if check else None
+    report = question.answered(verify(plan, question=question), plan) if check else None
     check_deadline(deadline)
     run = (None if report is not None and not _runs(report) else
            simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model,

@@ -116,13 +116,14 @@ def _lis(seq: list[int]) -> set[int]:
 
 
 def _answered(plan: Plan, question: Question):
-    return question.answered(verify(plan, question=question))
+    return question.answered(verify(plan, question=question), plan)
 
 
 def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
     """One side's verdict and simulated costs, as JSON."""
     plan = as_plan(side.target, side.duration)
-    report = (verify(plan, side.memory_limit, comm_model, side.memory) if side.spec is None
+    own_model = side.spec is None and side.memory is not UNIT_MEMORY  # a caller's own
+    report = (verify(plan, side.memory_limit, comm_model, side.memory) if own_model
               else _answered(plan, Question.of_spec(side.spec, side.memory_limit, comm_model,
                                                     source=side.target)))
     out = {"source": side.name, "status": report.status, "verified": report.verified,

@@ -32,7 +32,10 @@ kernel.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import numbers
+import os
 from fractions import Fraction
 
 import attrs
@@ -41,6 +44,11 @@ from . import kernel
 from .ir import PROPERTIES, Idle, Plan, Recv, Schedule, Send
 
 COMM_MODELS = ("rendezvous", "eager")
+
+
+class QuestionError(ValueError):
+    """The question does not fit the plan (a limit or a spec's list of numbers of another
+    length than the plan's ranks or stages): bad input, exit 2."""
 STATUS_EXIT = {"verified": 0, "violated": 1, "undecided": 3}
 
 
@@ -80,11 +88,11 @@ class Question:
         memory = (written or "unit") if written is not None else (spec.cost or "unit")
         return cls(comm_model, limit, memory, declared, source)
 
-    def answered(self, report):
-        """``report`` if its verdict answers this question (``Verdict.question``), else
-        the same report made undecided: a verdict on another question says nothing of
-        this one."""
-        if report.verdict.question is self:
+    def answered(self, report, plan: Plan):
+        """``report`` if its verdict answers this question about ``plan``
+        (``Verdict.question``, ``Verdict.plan``), else the same report made undecided: a
+        verdict on another question, or on another plan, says nothing of this one."""
+        if report.verdict.question is self and report.verdict.plan is plan:
             return report
         verdict = attrs.evolve(report.verdict, status="undecided",
                                refusal="the verdict answers another question")
@@ -100,12 +108,13 @@ class Question:
             return None
         bounds = (limit,) * ranks if isinstance(limit, numbers.Real) else tuple(limit)
         if len(bounds) != ranks:
-            raise ValueError(f"memory limit lists {len(bounds)} per-rank values but the "
+            raise QuestionError(f"memory limit lists {len(bounds)} per-rank values but the "
                              f"plan has {ranks} ranks: give one value per rank, or a number")
         for x in bounds:
             if isinstance(x, bool) or not isinstance(x, numbers.Real) or x != x \
                     or x in (float("inf"), float("-inf")):
-                raise ValueError(f"memory limit must be a finite number per rank, got {x!r}")
+                raise QuestionError(f"memory limit must be a finite number per rank, got "
+                                    f"{x!r}")
         return tuple(map(kernel._exact, bounds))
 
     def sizes(self, plan: Plan) -> kernel.Sizes:
@@ -206,6 +215,8 @@ class _SpecSizes:
         self.segments = numbers.get("segments", {})
         self.sinks = {seg.name for seg in plan.cut.segments if seg.side == "sink"}
         static = numbers.get("static", 0)
+        _fits(static, plan.num_ranks, "static memory", "rank")
+        _fits(self.activation, plan.placement.num_stages, "activation", "stage")
         self.static = [_at(static, r) for r in range(plan.num_ranks)]
         for seg in plan.cut.segments:
             own = self._segment(seg.name, "static")
@@ -240,6 +251,12 @@ class _SpecSizes:
         return self.static[rank]
 
 
+def _fits(value, count: int, what: str, per: str) -> None:
+    if isinstance(value, tuple) and len(value) != count:
+        raise QuestionError(f"the spec's {what} lists {len(value)} numbers, one per {per}, "
+                            f"but the plan has {count} {per}s")
+
+
 def _exact(x):
     return kernel._exact(x)
 
@@ -262,21 +279,49 @@ class Answer:
     confirmed: int = 0
     facts: int | None = None  # None: no proof was asked (counterexamples were claimed)
     runs: int | None = None
+    peaks: tuple | None = None  # memory proved: the peaks it was proved with
+    seal: bytes = attrs.field(default=b"", repr=False)  # ``Asked``'s mark: it gave this
 
 
 class Asked:
     """The question about one plan, with the exact limits and sizes it means for that
-    plan (computed once, here)."""
+    plan (computed once, here). Each ``Answer`` that ``decide`` gives is sealed with a
+    key of this object's own (a forked child inherits it), and ``verdict`` counts only
+    answers with a valid seal for their property: code outside this module cannot hand
+    the verdict an answer the kernel did not give."""
 
     def __init__(self, plan: Plan, question: Question) -> None:
         self.plan, self.question = plan, question
         self.limits = question.limits(plan.num_ranks)
         self.sizes = question.sizes(plan)
+        self._key = os.urandom(32)
+        self._digest: str | None = None
+
+    def digest(self) -> str:
+        """``kernel.digest(plan)``, computed once."""
+        if self._digest is None:
+            self._digest = kernel.digest(self.plan)
+        return self._digest
+
+    def _seal(self, name: str, answer: Answer) -> bytes:
+        fields = (name, answer.status, answer.confirmed, answer.facts, answer.runs,
+                  answer.peaks)
+        return hmac.new(self._key, repr(fields).encode(), hashlib.sha256).digest()
+
+    def _sealed(self, name: str, answer: Answer) -> Answer:
+        return attrs.evolve(answer, seal=self._seal(name, answer))
+
+    def _genuine(self, name: str, answer) -> bool:
+        return isinstance(answer, Answer) and hmac.compare_digest(answer.seal,
+                                                                  self._seal(name, answer))
 
     def decide(self, name: str, claims: list, witness, rlimit: int | None = None) -> Answer:
         """Property ``name``: the ``claims`` (counterexamples, ``kernel.confirm``'s forms)
         confirmed by the kernel, or, with none, the property proven from ``witness``
-        (``kernel.Witness``) under the question's comm model, limits and sizes."""
+        (``kernel.Witness``) under the question's comm model, limits and sizes. Sealed."""
+        return self._sealed(name, self._decide(name, claims, witness, rlimit))
+
+    def _decide(self, name: str, claims: list, witness, rlimit: int | None) -> Answer:
         plan, comm_model = self.plan, self.question.comm_model
         if claims:
             answers = kernel.confirm(plan, name, claims, comm_model, self.sizes, self.limits,
@@ -291,17 +336,20 @@ class Asked:
                              properties=(name,))[name]
         count = {"facts": found.facts, "runs": found.runs}
         if found.status == "proved":
-            return Answer("proved", **count)
+            return Answer("proved", **count, peaks=witness.peaks if name == "memory" else None)
         if found.status == "failed":
             return Answer("unknown", f"the kernel refuted the passes' witness at "
                                      f"{found.detail} (internal error)", **count)
         return Answer("unknown", found.detail or "unknown", **count)
 
-    def verdict(self, answers: dict, witness, digest: str | None = None) -> "Verdict":
-        """The verdict from each property's ``Answer`` (see the module docstring).
-        ``witness``: the one the answers were proved from (its peaks are the proved
-        ones when memory is proved); ``digest``: ``kernel.digest(plan)`` if known."""
+    def verdict(self, answers: dict) -> "Verdict":
+        """The verdict from each property's ``Answer`` (see the module docstring); an
+        answer this object did not give (``decide``'s seal) counts as unknown."""
         refusal = self.question.refusal(self.plan)
+        answers = {name: answers[name] for name in PROPERTIES if name in answers}
+        forged = [name for name, answer in answers.items() if not self._genuine(name, answer)]
+        if forged:
+            refusal = refusal or f"an answer the kernel did not give ({', '.join(forged)})"
         statuses = [answers[name].status if name in answers else "unknown"
                     for name in PROPERTIES]
         if refusal is not None:
@@ -313,12 +361,9 @@ class Asked:
         else:
             status = "undecided"
         memory = answers.get("memory")
-        peaks = None
-        if memory is not None and memory.status == "proved" and witness is not None:
-            peaks = witness.peaks
-        return Verdict(status, {name: answers[name] for name in PROPERTIES if name in answers},
-                       digest or kernel.digest(self.plan), peaks, self.limits, refusal,
-                       self.question)
+        peaks = memory.peaks if memory is not None and memory.status == "proved" else None
+        return Verdict(status, answers, self.digest(), peaks, self.limits, refusal,
+                       self.question, self.plan)
 
 
 @attrs.frozen
@@ -326,7 +371,8 @@ class Verdict:
     """What is printed: ``status`` (``verified``, ``violated``, ``undecided``), each
     property's ``Answer``, the plan's ``digest``, the exact per-rank ``peaks`` when
     memory was proved (else None), the ``limits`` proved, ``refusal`` when the plan is
-    not the question's, and the ``question`` it answers (``Question.answered``)."""
+    not the question's, and the ``question`` and ``plan`` it answers
+    (``Question.answered``)."""
 
     status: str
     answers: dict
@@ -335,6 +381,7 @@ class Verdict:
     limits: tuple | None = None
     refusal: str | None = None
     question: Question | None = attrs.field(default=None, eq=False, repr=False)
+    plan: Plan | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def exit_code(self) -> int:

@@ -266,7 +266,7 @@ def _verified(model: Spec, ranked, kept: dict, done: dict,
                 spec = t.candidate.on(model)
                 plan = as_plan(spec.schedule, spec.duration)
             question = Question.of_spec(spec, source=spec.schedule)
-            report = question.answered(verify(plan, question=question))
+            report = question.answered(verify(plan, question=question), plan)
             done[t.order] = Verified(t, report.status, spec) if report.verified else None
         if done[t.order] is not None:
             return done[t.order]

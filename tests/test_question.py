@@ -7,7 +7,10 @@ the lowering, the declarations; each of these gave a false VERIFIED before the s
 from __future__ import annotations
 
 import json
+import pathlib
 from fractions import Fraction
+
+import attrs
 
 import pytest
 
@@ -225,10 +228,71 @@ def test_sizes_a_spec_leaves_out_are_the_shells_defaults(tmp_path):
     assert Question.of_spec(spec).memory == "unit"
     plan = lower(spec.schedule)
     wrong = sim.CostModel(F=2.0, activation=0.0)  # a cost model whose default went wrong
-    import attrs
     assert Question.of_spec(attrs.evolve(spec, cost=wrong)).sizes(plan) == Question().sizes(plan)
     written = parse_spec(SPEC, "s.toml")
     assert written.memory_written == {"activation": (0.5, 0.25), "static": (1.0, 2.0)}
     sizes = Question.of_spec(written).sizes(lower(written.schedule))
     assert sizes.static == (1, 2) and sizes.stored == {("", 0): Fraction(1, 2),
                                                         ("", 1): Fraction(1, 4)}
+
+
+def test_an_answer_the_kernel_did_not_give_is_not_counted(capsys, monkeypatch):
+    """A hand-over that says "proved" without asking the kernel: the verdict counts only
+    the answers ``Asked.decide`` sealed, so the broken example stays unverified."""
+    from mpipe_verified import verify as verifier
+    from mpipe_verified.question import Answer
+    path = str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "broken.toml")
+    code, doc = check(capsys, path)
+    assert code == 1
+    real = verifier._Judge.__call__
+
+    def says_proved(self, name, run):
+        _, detail, _ = real(self, name, run)  # the pass runs; the kernel's answer is dropped
+        return Answer("proved", facts=1, runs=1), detail, []
+    monkeypatch.setattr(verifier._Judge, "__call__", says_proved)
+    code, doc = check(capsys, path)
+    assert code == 3 and doc["status"] == "undecided", doc
+    assert any("an answer the kernel did not give" in u for u in doc["undecided"]), doc
+
+
+def test_a_family_transpose_takes_no_sizes_from_the_algebra(capsys, monkeypatch):
+    """``--family transpose`` means the unit sizes: an estimate that zeroed the stored
+    activations does not change what is proved."""
+    from mpipe_verified.algebra import transpose
+    argv = ["--family", "transpose", "--pp", "4", "--microbatches", "8", "--expand",
+            "--memory-limit", "2"]
+    code, doc = check(capsys, *argv)
+    assert code == 1
+    real = transpose.Transpose.estimate_cost
+    monkeypatch.setattr(transpose.Transpose, "estimate_cost",
+                        lambda self: attrs.evolve(real(self), activation=0.0))
+    code, doc = check(capsys, *argv)
+    assert code == 1 and doc["status"] == "violated", doc
+
+
+def test_a_spec_asks_for_its_own_pp_and_microbatches(tmp_path, capsys, monkeypatch):
+    """A family spec's ``pp`` and ``microbatches`` are sizes it asks for: a derivation on
+    other sizes (here one microbatch short) is refused, not proved."""
+    from mpipe_verified.algebra import families
+    spec = tmp_path / "s.toml"
+    spec.write_text('[schedule]\nfamily = "1f1b"\npp = 4\nmicrobatches = 8\n')
+    code, _ = check(capsys, str(spec), "--expand")
+    assert code == 0
+    real = families.family
+    monkeypatch.setattr(families, "family", lambda name, pp, microbatches, **k: real(
+        name, pp, microbatches - 1, **k))
+    code, doc = check(capsys, str(spec), "--expand")
+    assert code == 3 and doc["status"] == "undecided", doc
+    assert any("7 microbatches judged, 8 declared" in u for u in doc["undecided"]), doc
+
+
+def test_numbers_of_another_length_than_the_plan_are_bad_input(tmp_path, capsys):
+    """A spec's per-rank static memory for 4 ranks, checked with ``--ranks 5``: one line,
+    exit 2, no traceback."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('[schedule]\nfamily = "1f1b"\npp = 4\nmicrobatches = 8\n\n'
+                    '[memory]\nstatic = [1, 1, 1, 1]\n')
+    code = main(["check", str(spec), "--ranks", "5"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err
+    assert "lists 4 numbers, one per rank, but the plan has 5 ranks" in err, err

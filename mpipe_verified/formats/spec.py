@@ -113,7 +113,7 @@ class Spec:
     cost: CostModel | None = None
     memory_limit: float | tuple[float, ...] | None = None
     file: str = ""
-    declared: tuple = (None, None, None)  # (stages, microbatches, ranks) the file declares
+    declared: tuple = (None, None, None)  # (stages, microbatches, ranks) the file asks for
     derived: Schedule | None = attrs.field(default=None, eq=False, repr=False)
     memory_written: dict | None = attrs.field(default=None, eq=False)  # see memory_numbers
 
@@ -121,7 +121,7 @@ class Spec:
     def declares(self) -> bool:
         """Whether the file declares sizes beside its term (the schedule is then not the
         term's own)."""
-        return self.declared != (None, None, None)
+        return self.derived is not None and self.schedule is not self.derived
 
     @property
     def own_schedule(self) -> Schedule:
@@ -152,7 +152,7 @@ class Spec:
     def of_term(cls, term: Term, file: str = "") -> "Spec":
         """A spec without cost tables or limit (``ParameterError`` if it does not derive);
         a transpose keeps its own cost estimates (``default_cost``)."""
-        return cls(term, term.derive(), default_cost(term), file=file)
+        return cls(term, term.derive(), default_cost(term), file=file, memory_written={})
 
 
 # ---------------------------------------------------------------- expression language
@@ -426,8 +426,12 @@ class _Builder:
         schedule = self.declared(schedule_table, schedule, sizes)
         cost = self.cost(data, schedule, term)
         limit = self.limit(data["memory"], schedule) if "memory" in data else None
+        asked = dict(sizes)
+        if "family" in schedule_table:  # pp and microbatches are sizes the file asks for
+            asked.setdefault("ranks", schedule_table.get("pp"))
+            asked.setdefault("microbatches", schedule_table.get("microbatches"))
         return Spec(term, schedule, cost, limit, self.file,
-                    tuple(sizes.get(k) for k in ("stages", "microbatches", "ranks")), derived,
+                    tuple(asked.get(k) for k in ("stages", "microbatches", "ranks")), derived,
                     self.memory_numbers(data, schedule))
 
     def declared_sizes(self, table: dict) -> dict:

@@ -128,8 +128,8 @@ def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
         kernel.read(plan)  # after the fork, each touch of an op object copies its page
     with collector_paused(), forked(_comm_properties, asked, table, rlimit) as comm:
         local = _local_properties(asked, table, rlimit)
-        digest = plan_digest(plan)  # while the child works: every verdict states it
-        return _report(asked, _merged(local, comm()), clock, digest)
+        asked.digest()  # while the child works: every verdict states it
+        return _report(asked, _merged(local, comm()), clock)
 
 
 def _check_model(comm_model: str) -> None:
@@ -137,7 +137,7 @@ def _check_model(comm_model: str) -> None:
         raise ValueError(f"comm model must be one of {COMM_MODELS}, got {comm_model!r}")
 
 
-def _report(asked: Asked, decided: dict, clock: float, digest: str | None = None) -> Report:
+def _report(asked: Asked, decided: dict, clock: float) -> Report:
     """The report: the kernel's verdict (``Asked.verdict``: its status, digest and
     proved peaks), the confirmed violations' messages, the peaks as the passes computed
     them, and, when verified, the certificate and its witness."""
@@ -145,7 +145,7 @@ def _report(asked: Asked, decided: dict, clock: float, digest: str | None = None
     decided = dict(decided)
     peaks, highest, hints = decided.pop("peaks"), decided.pop("highest"), decided.pop("hints")
     witness = _witness(hints)
-    verdict = asked.verdict({name: decided[name][0] for name in PROPERTIES}, witness, digest)
+    verdict = asked.verdict({name: decided[name][0] for name in PROPERTIES})
     violations, undecided = [], []
     stats = {"ops": plan.num_ops, "ranks": plan.num_ranks,
              "comm_model": question.comm_model, "properties": {}}
@@ -157,8 +157,7 @@ def _report(asked: Asked, decided: dict, clock: float, digest: str | None = None
         if answer.status == "unknown":
             undecided.append(f"{name}: {answer.reason or 'solver returned unknown'}")
     if verdict.refusal is not None:
-        undecided.append(f"the plan judged is not the input: {verdict.refusal} "
-                         "(internal error)")
+        undecided.append(f"not verified: {verdict.refusal} (internal error)")
     stats["seconds"] = round(time.perf_counter() - clock, 4)
     certificate = None
     if verdict.status == "verified":
