@@ -37,6 +37,7 @@ import hmac
 import numbers
 import os
 from fractions import Fraction
+from functools import cached_property
 
 import attrs
 
@@ -293,9 +294,14 @@ class Asked:
     def __init__(self, plan: Plan, question: Question) -> None:
         self.plan, self.question = plan, question
         self.limits = question.limits(plan.num_ranks)
-        self.sizes = question.sizes(plan)
         self._key = os.urandom(32)
         self._digest: str | None = None
+
+    @cached_property
+    def sizes(self) -> kernel.Sizes:
+        """``question.sizes(plan)``, computed at first use (in a forked child too, so the
+        halves of ``verify_split`` each compute it while the other works)."""
+        return self.question.sizes(self.plan)
 
     def digest(self) -> str:
         """``kernel.digest(plan)``, computed once."""
