@@ -55,9 +55,9 @@ def main() -> int:
     from mpipe_verified import cli, kernel
     cli._without_huge_pages()
     from mpipe_verified.formats.torch_csv import read_torch_csv
-    from mpipe_verified.semantics import UNIT_MEMORY, op_table
-    from mpipe_verified.verify import _comm_properties, _local_properties, properties
-    from mpipe_verified.verify.report import plan_digest
+    from mpipe_verified.question import Asked, Question
+    from mpipe_verified.semantics import op_table
+    from mpipe_verified.verify import _comm_properties, _local_properties
     stage("start-up")
     plan = read_torch_csv(path)
     stage("read")
@@ -65,11 +65,11 @@ def main() -> int:
     stage("op table")
     kernel.read(plan)
     stage("kernel read")
-    limits = properties.memory_limits(None, plan.num_ranks)
-    _local_properties(plan, table, limits, UNIT_MEMORY, "rendezvous", None)
-    plan_digest(plan)
+    asked = Asked(plan, Question())  # the unit model, no limit, rendezvous
+    _local_properties(asked, table, None)
+    asked.digest()
     stage("parent half")
-    _comm_properties(plan, table, "rendezvous", None)
+    _comm_properties(asked, table, None)
     stage("child half")
     print(f"{plan.num_ops} ops, {path}")
     for name, seconds, rss in rows:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import numbers
 import os
 from fractions import Fraction
@@ -112,8 +113,7 @@ class Question:
             raise QuestionError(f"memory limit lists {len(bounds)} per-rank values but the "
                              f"plan has {ranks} ranks: give one value per rank, or a number")
         for x in bounds:
-            if isinstance(x, bool) or not isinstance(x, numbers.Real) or x != x \
-                    or x in (float("inf"), float("-inf")):
+            if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
                 raise QuestionError(f"memory limit must be a finite number per rank, got "
                                     f"{x!r}")
         return tuple(map(kernel._exact, bounds))

@@ -11,6 +11,7 @@ from mpipe_verified.algebra import family
 from mpipe_verified.errors import InputError
 from mpipe_verified.formats.torch_csv import format_torch_csv, parse_torch_csv
 from mpipe_verified.lower import lower
+from mpipe_verified.question import Question
 from mpipe_verified.ir import Compute, Payload, Plan, Placement, Recv, Send
 from mpipe_verified.semantics import (COMM_MODELS, UNIT_MEMORY, Chain, MemoryModel,
                                       comm_ticks, execute, op_table, p2p_clean, p2p_columns,
@@ -118,7 +119,7 @@ def test_column_passes_agree_with_op_by_op(mutant, data):
                         static=tuple(float(r % 3) for r in range(base.num_ranks)))
     for plan in (base, broken):
         _agree(plan)
-        _agree(plan, model, properties.memory_limits(limit, plan.num_ranks))
+        _agree(plan, model, Question(memory_limit=limit).limits(plan.num_ranks))
 
 
 def _columns_apply(plan, model=UNIT_MEMORY, limits=None) -> None:

@@ -75,14 +75,19 @@ def test_a_declaration_the_code_ignores_is_refused(tmp_path, capsys, monkeypatch
 
 
 def test_limits_from_the_question_not_from_the_passes(capsys, monkeypatch):
-    """A per-rank limit the untrusted code drops (``memory_limits`` returning None) made a
-    plan over its limit VERIFIED: the kernel now takes the limit as the user wrote it."""
-    argv = ["--family", "1f1b", "--pp", "2", "--microbatches", "4", "--memory-limit", "1"]
+    """A memory pass that loses the limit finds nothing over it (before the shell, the
+    untrusted code that formed the limits could drop it and the plan was VERIFIED): the
+    kernel proves against the question's own limits, refutes the passes' witness, and
+    the plan over its limit is undecided, never verified."""
+    argv = ["--family", "1f1b", "--pp", "2", "--microbatches", "4", "--memory-limit", "1",
+            "--expand"]
     code, doc = check(capsys, *argv)
     assert code == 1 and doc["status"] == "violated"
-    monkeypatch.setattr(properties, "memory_limits", lambda *_: None)
+    real = properties.memory
+    monkeypatch.setattr(properties, "memory",
+                        lambda plan, model, limits, table=None: real(plan, model, None, table))
     code, doc = check(capsys, *argv)
-    assert code == 1 and doc["status"] == "violated", doc
+    assert code == 3 and doc["status"] == "undecided", doc
 
 
 SPEC = """

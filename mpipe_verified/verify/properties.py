@@ -11,7 +11,6 @@ where the kernel needs none).
 from __future__ import annotations
 
 import math
-import numbers
 from fractions import Fraction
 from typing import Callable
 
@@ -302,7 +301,7 @@ def _deadlock_findings(plan, run) -> list[Finding]:
 
 def memory(plan: Plan, model: MemoryModel, limits: tuple | None,
            table: OpTable | None = None) -> tuple[list[Finding], tuple | None, dict, object]:
-    """Peak per rank within ``limits`` (one bound per rank, see ``memory_limits``, or
+    """Peak per rank within ``limits`` (one bound per rank, ``question.Question.limits``, or
     None). Levels are summed exactly (a float size is the rational it denotes,
     ``_exact``). The hint: per rank, the level before every step that allocates or frees
     something and after the last, the exact peak and the first step reaching it (-1 for
@@ -411,25 +410,6 @@ def _exact(x, cache: dict):
             v = int(x) if x.is_integer() else Fraction(x)
         cache[x] = v
     return v
-
-
-def memory_limits(limit, ranks: int) -> tuple | None:
-    """``limit`` (None, a number, or a sequence of one number per rank) as one bound per
-    rank. A sequence of another length, or a bound that is not a finite number, is
-    refused with ``ValueError``: a missing rank must never go unchecked."""
-    if limit is None:
-        return None
-    if isinstance(limit, numbers.Real):
-        bounds = (limit,) * ranks
-    else:
-        bounds = tuple(limit)
-        if len(bounds) != ranks:
-            raise ValueError(f"memory limit lists {len(bounds)} per-rank values but the "
-                             f"plan has {ranks} ranks: give one value per rank, or a number")
-    for x in bounds:
-        if not isinstance(x, numbers.Real) or not math.isfinite(x):
-            raise ValueError(f"memory limit must be a finite number per rank, got {x!r}")
-    return bounds
 
 
 def _over_limit(plan, model, rank, index, peak, bound) -> Finding:
