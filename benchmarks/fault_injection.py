@@ -16,7 +16,7 @@ trusted base. Two groups, each with its own table:
 - the shell around the kernel (``SHELL_FAULTS``, ``shell_faults=N``): what the question
   is and how the verdict is assembled: the per-rank limits as the passes use them, the
   memory sizes the passes sum (``semantics.MemoryModel``, ``verify._passes_memory``), the
-  spec's cost model (``sim.py``: the defaults a spec's ``CostModel`` value takes, and the
+  spec's cost model (``cost.py``: the defaults a spec's ``CostModel`` value takes, and the
   simulator's own sizes), the plan judged (``lower.py``, ``formats/timeline.as_plan``,
   ``declared.py``, ``cli._as_read`` and its ``as_plan`` call, ``simulate``'s in
   ``comparison.py``), the limit ``check`` and ``simulate`` hand over (``cli.model_of``,
@@ -376,9 +376,9 @@ PASS_FAULTS = (
 # (the per-rank limits, the memory sizes, the lowering and the declarations that make the
 # plan judged, the verdict assembly, the spec's cost model, the CLI's choice of the plan,
 # the canonical text). question.py itself, kernel.py, the readers and the IR stay trusted.
-DECLARED, SIM, CLI, COMPARISON, TIMELINE, IR = ("declared.py", "sim.py", "cli.py",
-                                                "comparison.py", "formats/timeline.py",
-                                                "ir.py")
+DECLARED, COST, CLI, COMPARISON, TIMELINE, IR = ("declared.py", "cost.py", "cli.py",
+                                                 "comparison.py", "formats/timeline.py",
+                                                 "ir.py")
 
 SHELL_FAULTS = (
     # ---- the per-rank limits, as the passes use them
@@ -416,29 +416,29 @@ SHELL_FAULTS = (
           'kw = {"buffer": lambda p: buffer.get(p, 0.0)} if buffer else {}',
           "kw = {}",
           "the passes sum a spec's sizes with every receive buffer free"),
-    # ---- the spec's cost model (sim.py): the defaults a spec's CostModel value takes, and
+    # ---- the spec's cost model (cost.py): the defaults a spec's CostModel value takes, and
     # the simulator's own sizes (no longer what check sums)
-    Fault("cost_activation_default_free", SIM,
+    Fault("cost_activation_default_free", COST,
           "activation: float | tuple[float, ...] = 1.0",
           "activation: float | tuple[float, ...] = 0.0",
           "a spec's body activation defaults to 0, not 1, when [cost] does not give it"),
-    Fault("segment_activation_default_free", SIM,
+    Fault("segment_activation_default_free", COST,
           "    activation: float = 1.0\n    output: float = 0.0",
           "    activation: float = 0.0\n    output: float = 0.0",
           "a segment's activation defaults to 0, not 1"),
-    Fault("segment_replica_default_free", SIM,
+    Fault("segment_replica_default_free", COST,
           "replica: float | None = None",
           "replica: float | None = 0.0",
           "a segment's forward-only copy defaults to free, not to its static size"),
-    Fault("sim_stored_ignores_segment", SIM,
+    Fault("sim_stored_ignores_segment", COST,
           "            return self.segment(segment).activation",
           "            return _at(self.activation, stage)",
           "the simulator sizes a segment's activation as the body's"),
-    Fault("sim_static_without_segments", SIM,
+    Fault("sim_static_without_segments", COST,
           "                    out[r] += cost.static",
           "                    out[r] += 0.0",
           "the simulator's static memory leaves out the segments' copies"),
-    Fault("sim_memory_model_without_static", SIM,
+    Fault("sim_memory_model_without_static", COST,
           "static=self.static_memory(cut, num_ranks))",
           "static=())",
           "the simulator's memory model drops the static parts"),

@@ -38,6 +38,7 @@ import attrs
 
 from .algebra import families
 from .algebra.transpose import Transpose
+from .cost import CostModel
 from .errors import ParameterError
 from .formats.spec import Spec
 from .ir import Plan, Schedule
@@ -45,7 +46,7 @@ from .formats.timeline import as_plan
 from .question import Question
 from .semantics import EAGER
 from .show import figure, figures
-from .sim import CostModel, SimResult, check_deadline, simulate
+from .sim import SimResult, check_deadline, simulate
 from .verify import Report, verify
 
 

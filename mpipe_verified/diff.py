@@ -32,12 +32,13 @@ from typing import Callable
 
 import attrs
 
+from .cost import NO_COMM_COST, CommCost
 from .formats.timeline import as_plan
 from .ir import Compute, Op, Plan, Schedule, computes_of
 from .question import Question
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .show import figure, figures, num_text
-from .sim import NO_COMM_COST, CommCost, SimulationError, simulate
+from .sim import SimulationError, simulate
 from .verify import verify
 
 

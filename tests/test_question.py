@@ -14,7 +14,8 @@ import attrs
 
 import pytest
 
-from mpipe_verified import declared, lower as lowering, sim
+from mpipe_verified import declared, lower as lowering
+from mpipe_verified.cost import CostModel
 from mpipe_verified.algebra.families import family
 from mpipe_verified.cli import main
 from mpipe_verified.formats import timeline
@@ -117,7 +118,7 @@ def test_sizes_from_the_spec_numbers_not_from_its_cost_model(tmp_path, capsys, m
     assert doc["peak_memory"] == {"0": 2.0, "1": 2.25}
     code, doc = check(capsys, str(spec), "--expand", "--memory-limit", "2.2")
     assert code == 1
-    monkeypatch.setattr(sim.CostModel, "memory_model_for",
+    monkeypatch.setattr(CostModel, "memory_model_for",
                         lambda self, cut, ranks: MemoryModel())
     code, doc = check(capsys, str(spec), "--expand", "--memory-limit", "2.2")
     assert code == 1 and doc["status"] == "violated", doc
@@ -127,7 +128,7 @@ def test_spec_sizes_are_exact_sums_of_the_numbers_written():
     """0.1 + 0.2 is summed as the two rationals the spec's floats denote, not as floats."""
     schedule = family("1f1b", 2, 2).derive()
     plan = lower(schedule)
-    cost = sim.CostModel(static=(0.1, 0.2))
+    cost = CostModel(static=(0.1, 0.2))
     sizes = Question(memory=cost).sizes(plan)
     assert sizes.static == (Fraction(0.1), Fraction(0.2))
     assert Question().sizes(plan).static == (0, 0)
@@ -232,7 +233,7 @@ def test_sizes_a_spec_leaves_out_are_the_shells_defaults(tmp_path):
     assert spec.memory_written == {}
     assert Question.of_spec(spec).memory == "unit"
     plan = lower(spec.schedule)
-    wrong = sim.CostModel(F=2.0, activation=0.0)  # a cost model whose default went wrong
+    wrong = CostModel(F=2.0, activation=0.0)  # a cost model whose default went wrong
     assert Question.of_spec(attrs.evolve(spec, cost=wrong)).sizes(plan) == Question().sizes(plan)
     written = parse_spec(SPEC, "s.toml")
     assert written.memory_written == {"activation": (0.5, 0.25), "static": (1.0, 2.0)}

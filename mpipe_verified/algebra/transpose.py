@@ -79,7 +79,7 @@ from ..errors import require as _need
 from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE, Collective,
                   Compute, Cut, Op, Schedule, SegmentWork, computes_of)
 from ..semantics import GRADS, PARAMS, collective_tag, schedule_times
-from ..sim import CostModel, SegmentCost
+from ..cost import CostModel, SegmentCost
 from .placement import HOME, MOVED, Problem, Work
 
 MODES = ("recompute", "owner", "frozen", "none")
@@ -189,7 +189,7 @@ class Transpose:
         """The operator's own cost model (also a spec's default for this term): a body
         forward costs ``body_forward``, a backward ``body_backward`` and an ``I``/``W``
         half of it; a segment forward ``costs[mb]`` (default 1, 0 with mode ``none``), its
-        backward twice and its recompute once that (``sim.SegmentCost``'s defaults)."""
+        backward twice and its recompute once that (``cost.SegmentCost``'s defaults)."""
         bf, bb = self.body_forward, self.body_backward
         seg_f = self.costs or (0.0 if self.mode == "none" else 1.0)
         return CostModel(F=bf, B=bb, I=bb / 2, W=bb / 2,

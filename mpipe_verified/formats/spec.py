@@ -29,7 +29,7 @@ A spec has one required table and optional ones::
     W = 1.0
     activation = 1.0          # stored per F: a number, or a list with one entry per stage
 
-    [cost.segments.vision]    # optional, one per cut segment (sim.SegmentCost)
+    [cost.segments.vision]    # optional, one per cut segment (cost.SegmentCost)
     F = 1.2                   # forward: a number or one per microbatch (or [transpose] costs)
     B = 3.6                   # backward (default 2 x F), a number or one per microbatch
     R = 1.2                   # central recompute (default F)
@@ -39,7 +39,7 @@ A spec has one required table and optional ones::
     static = 5.5              # ... on the home rank and backward ranks; replica: a
     replica = 0.6             # forward-only copy on the other owners (default: static)
 
-    [comm]                    # optional (sim.CommModel); all default 0, bandwidth inf
+    [comm]                    # optional (cost.CommModel); all default 0, bandwidth inf
     latency = 0.03            # per message, time units
     bandwidth = 1e8           # bytes per time unit
     activation_bytes = 3.4e7  # body activations and gradients
@@ -85,7 +85,7 @@ from ..errors import InputError, ParameterError
 from . import files
 from ..ir import BACKWARD, FORWARD, INPUT_GRAD, RECOMPUTE, WEIGHT_GRAD, Op, Schedule
 from ..semantics import UNIT_MEMORY, MemoryModel, standard_duration
-from ..sim import NO_COMM_COST, CommCost, CommModel, CostModel, SegmentCost
+from ..cost import NO_COMM_COST, CommCost, CommModel, CostModel, SegmentCost
 
 TERM_TYPES = (terms.Weave, terms.Seq, terms.Par, terms.Restrict, terms.SplitBW, terms.MergeBW,
               terms.DeferW, terms.Relabel, terms.ForwardOnly, Transpose)

@@ -18,7 +18,7 @@ import math
 
 import attrs
 
-from ..sim import CommModel, CostModel, SegmentCost
+from ..cost import CommModel, CostModel, SegmentCost
 
 _BODY = ("F", "B", "I", "W", "R", "activation")
 
