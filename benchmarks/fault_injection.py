@@ -17,7 +17,7 @@ trusted base. Two groups, each with its own table:
   is and how the verdict is assembled: the per-rank limits as the passes use them, the
   memory sizes the passes sum (``semantics.MemoryModel``, ``verify._passes_memory``), the
   spec's cost model (``cost.py``: the defaults a spec's ``CostModel`` value takes, and the
-  simulator's own sizes), the plan judged (``lower.py``, ``formats/timeline.as_plan``,
+  simulator's own sizes), the plan judged (``lower.py`` and its ``as_plan``,
   ``declared.py``, ``cli._as_read`` and its ``as_plan`` call, ``simulate``'s in
   ``comparison.py``), the limit ``check`` and ``simulate`` hand over (``cli.model_of``,
   ``comparison.time_spec``), the verdict assembly (``verify/__init__.py``: ``_asked``,
@@ -376,9 +376,8 @@ PASS_FAULTS = (
 # (the per-rank limits, the memory sizes, the lowering and the declarations that make the
 # plan judged, the verdict assembly, the spec's cost model, the CLI's choice of the plan,
 # the canonical text). question.py itself, kernel.py, the readers and the IR stay trusted.
-DECLARED, COST, CLI, COMPARISON, TIMELINE, IR = ("declared.py", "cost.py", "cli.py",
-                                                 "comparison.py", "formats/timeline.py",
-                                                 "ir.py")
+DECLARED, COST, CLI, COMPARISON, IR = ("declared.py", "cost.py", "cli.py", "comparison.py",
+                                       "ir.py")
 
 SHELL_FAULTS = (
     # ---- the per-rank limits, as the passes use them
@@ -442,7 +441,7 @@ SHELL_FAULTS = (
           "static=self.static_memory(cut, num_ranks))",
           "static=())",
           "the simulator's memory model drops the static parts"),
-    # ---- the lowering (lower.py, formats/timeline.as_plan): the plan judged
+    # ---- the lowering (lower.py, its as_plan): the plan judged
     Fault("lower_drops_repeats", LOWER,
           "out.append([event[6] for event in mine])",
           "out.append(list(dict.fromkeys(event[6] for event in mine)))",
@@ -489,7 +488,7 @@ SHELL_FAULTS = (
           "    placement = type(schedule.placement).looped(schedule.num_ranks, "
           "schedule.placement.num_stages // schedule.num_ranks)\n",
           "lowering rebuilds the placement as looped (a V-shape's stages move)"),
-    Fault("as_plan_not_lowered", TIMELINE,
+    Fault("as_plan_not_lowered", LOWER,
           "return lower(target, duration) if isinstance(target, Schedule) else target",
           "return Plan.from_schedule(target) if isinstance(target, Schedule) else target",
           "a compute-only schedule is judged as written, not lowered"),

@@ -56,10 +56,10 @@ from .formats import sarif
 from .formats.files import read_text
 from .formats.output import write_output
 from .forking import in_two_halves
-from .formats.timeline import as_plan
 from .formats.torch_csv import (holds_actions, parse_torch_csv,
                                  torch_csv_rows, without_markers)
 from .ir import Group, Op, Plan, Recv, Schedule, Send
+from .lower import as_plan
 from .progress import Progress
 from .question import Question, QuestionError
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
@@ -391,7 +391,7 @@ def run_export(args: argparse.Namespace) -> int:
     model = model_of(spec)
     if args.to == "chrome-trace":  # timed with the spec's cost model (standard costs else)
         from .formats.chrome_trace import chrome_trace, dumps as dump_trace
-        from .formats.timeline import timeline
+        from .sim import timeline
         run = timeline(target, model.duration, model.memory)
         write_output(args.output or "-", dump_trace(chrome_trace(run, name,
                                                                  args.compute_only)))
@@ -553,7 +553,7 @@ def write_svg(args: argparse.Namespace, target: Schedule | Plan, spec: Spec | No
     SVG timeline to ``args.svg``."""
     model = model_of(spec)
     from .formats.svg import render_svg  # drawing modules load only when drawing
-    from .formats.timeline import timeline
+    from .sim import timeline
     run = timeline(target, model.duration, model.memory, comm_model)
     write_output(args.svg, render_svg(run, model.duration, title=title, arrows=args.arrows,
                                       memory=args.memory, memory_limit=limit,

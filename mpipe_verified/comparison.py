@@ -42,7 +42,7 @@ from .cost import CostModel
 from .errors import ParameterError
 from .formats.spec import Spec
 from .ir import Plan, Schedule
-from .formats.timeline import as_plan
+from .lower import as_plan
 from .question import Question
 from .semantics import EAGER
 from .show import figure, figures

@@ -33,8 +33,8 @@ from typing import Callable
 import attrs
 
 from .cost import NO_COMM_COST, CommCost
-from .formats.timeline import as_plan
 from .ir import Compute, Op, Plan, Schedule, computes_of
+from .lower import as_plan
 from .question import Question
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .show import figure, figures, num_text

@@ -117,3 +117,10 @@ def _first_needs(programs, chain: Chain) -> list[dict[tuple, int]]:
                 first.setdefault(token, index)
         out.append(first)
     return out
+
+
+def as_plan(target: Schedule | Plan, duration: Callable[[Op], float] = standard_duration
+            ) -> Plan:
+    """A plan as ``check`` judges it: a compute-only schedule is lowered (ordered for
+    ``duration``, the spec's costs), a plan is kept."""
+    return lower(target, duration) if isinstance(target, Schedule) else target

@@ -3,7 +3,7 @@
 One line per rank; each column is one time quantum (the largest step that divides every
 op's duration: 1 with the standard costs, where a ``B`` spans 2 columns). An op's cell
 holds its text (``0F3``, ``1B0``, an overlapped step as ``0F7;7B3``) padded over its
-span; idle columns show ``.``. Times come from ``formats.timeline.timeline``, as in the
+span; idle columns show ``.``. Times come from ``sim.timeline``, as in the
 SVG and the Chrome trace: a compute-only schedule is lowered, the plan runs with its sends
 and receives under eager (transfers free; collectives are barriers, not drawn), and a plan
 that blocks is drawn as far as it runs. A compute-only schedule whose inputs never arrive
@@ -20,7 +20,7 @@ import math
 from fractions import Fraction
 from typing import Callable
 
-from .formats.timeline import timeline
+from .sim import timeline
 from .ir import Collective, Op, Plan, Schedule, computes_of
 from .semantics import UNIT_MEMORY, MemoryModel, peak_memory, schedule_times, standard_duration
 

@@ -18,7 +18,6 @@ from mpipe_verified import declared, lower as lowering
 from mpipe_verified.cost import CostModel
 from mpipe_verified.algebra.families import family
 from mpipe_verified.cli import main
-from mpipe_verified.formats import timeline
 from mpipe_verified.ir import Compute, Placement, Plan, Schedule
 from mpipe_verified.lower import lower
 from mpipe_verified.question import Asked, Question
@@ -55,7 +54,7 @@ def test_a_lowering_that_drops_a_duplicated_forward_is_refused(tmp_path, capsys,
         return real(Schedule(schedule.placement, schedule.num_microbatches,
                              (kept,) + schedule.programs[1:]), *(
                                  () if duration is None else (duration,)))
-    monkeypatch.setattr(timeline, "lower", dropping)
+    monkeypatch.setattr(lowering, "lower", dropping)
     code, doc = check(capsys, path)
     assert code == 3 and doc["status"] == "undecided", doc
     assert any("rank 0's steps differ from the input's" in u for u in doc["undecided"])

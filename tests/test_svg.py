@@ -12,7 +12,7 @@ import pytest
 from mpipe_verified.algebra.families import family
 from mpipe_verified.cli import main
 from mpipe_verified.formats.svg import render_svg
-from mpipe_verified.formats.timeline import timeline
+from mpipe_verified.sim import timeline
 from mpipe_verified.formats.torch_csv import read_torch_csv
 from mpipe_verified.ir import computes_of
 from plan_edits import fixture

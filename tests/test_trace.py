@@ -13,7 +13,7 @@ import pytest
 from mpipe_verified.algebra.families import family
 from mpipe_verified.cli import main
 from mpipe_verified.formats.chrome_trace import chrome_trace, dumps
-from mpipe_verified.formats.timeline import timeline
+from mpipe_verified.sim import timeline
 from mpipe_verified.formats.torch_csv import read_torch_csv
 from mpipe_verified.ir import computes_of
 from mpipe_verified.lower import lower

@@ -17,7 +17,7 @@ from mpipe_verified.cli import main
 from mpipe_verified.comparison import simulation
 from mpipe_verified.formats.spec import load_spec, parse_spec
 from mpipe_verified.formats.spec_writer import spec_text
-from mpipe_verified.formats.timeline import as_plan
+from mpipe_verified.lower import as_plan
 from mpipe_verified.tune import _solve, candidates, space_size, tune
 from mpipe_verified.verify import verify
 

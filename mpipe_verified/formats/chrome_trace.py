@@ -29,7 +29,7 @@ import json
 
 from ..ir import Collective, Group, Idle, Marker, Op, Recv, Send, computes_of, p2p_of
 from ..semantics import pair_p2p
-from .timeline import Timeline
+from ..sim import Timeline
 
 US_PER_UNIT = 1000.0
 MIN_COMM_US = 1.0

@@ -1,6 +1,6 @@
 """SVG timelines of a plan: one lane per rank, one box per compute op.
 
-``render_svg(timeline, duration, ...)`` draws a ``formats.timeline.Timeline``:
+``render_svg(timeline, duration, ...)`` draws a ``sim.Timeline``:
 
 - one lane per rank (``<g class="lane" data-rank="r">``) over a hatched background, so
   idle time shows as hatching between boxes; the right margin gives each rank's idle share;
@@ -29,7 +29,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from ..ir import Compute, Idle, Marker, Op, computes_of, p2p_of
 from ..semantics import pair_p2p
-from .timeline import Timeline
+from ..sim import Timeline
 
 KIND_FILL = {"F": "#4c78a8", "B": "#54a24b", "I": "#f58518", "W": "#b279a2", "R": "#72b7b2"}
 KIND_NAME = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
