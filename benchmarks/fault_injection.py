@@ -30,7 +30,7 @@ Left out on purpose, as the trusted base: ``kernel.py``; ``question.py`` (the qu
 formed from the user's words, the check that the plan judged is the question's, and the
 verdict from the kernel's answers); the plan readers (``formats/plan_json.py``,
 ``formats/torch_csv.py``, and ``formats/spec.py``'s reading of the TOML into a ``Spec``
-and ``CostModel`` value); the IR itself (but for its canonical text). Also left out: the
+and ``CostModel`` value, with ``spec.py``'s expression language); the IR itself (but for its canonical text). Also left out: the
 plumbing that prints the verdict's status (``verify/report.py``'s ``Report.status`` and
 ``exit_code``, ``cli.main``'s return), and the CLI's argument definitions (what
 ``--memory-limit``, ``--comm-model`` and ``--stages`` mean): they are the statement, not

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from mpipe_verified.algebra.families import family  # noqa: E402
 from mpipe_verified.comparison import baseline_spec, time_spec  # noqa: E402
-from mpipe_verified.formats.spec import Spec, load_spec  # noqa: E402
+from mpipe_verified.formats.spec import load_spec  # noqa: E402
+from mpipe_verified.spec import Spec  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 BASELINES = ("1f1b", "interleaved-1f1b")

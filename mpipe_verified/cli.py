@@ -69,7 +69,7 @@ from .verify import parametric, verify, verify_split
 from .verify.report import Locator, Shown, render as render_check
 
 if TYPE_CHECKING:
-    from .formats.spec import Spec
+    from .spec import Spec
 
 PROG = "mpipe-verify"
 FORMATS = ("auto", "spec", "torch-csv", "plan-json")
@@ -313,7 +313,7 @@ def _load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None
             raise UsageError(f"--family {args.family} needs {' and '.join(missing)}")
         name = display_name(args)
         try:
-            from .formats.spec import Spec
+            from .spec import Spec
             term = family_term(args)
             spec = Spec.of_term(term, name)
         except ParameterError as e:
@@ -1068,7 +1068,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from .comparison import ScheduleTerm, render_simulation, simulation
     target, spec, name = load_target(args)
     if spec is None:  # a torch CSV or plan-json file: standard costs
-        from .formats.spec import Spec
+        from .spec import Spec
         schedule = compute_only(target)
         spec = Spec(ScheduleTerm(schedule), schedule, None, None, name)
     try:

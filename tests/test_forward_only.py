@@ -17,7 +17,7 @@ from mpipe_verified.algebra import FAMILIES, ForwardOnly, Transpose, family
 from mpipe_verified.cli import main
 from mpipe_verified.errors import ParameterError
 from mpipe_verified.formats.plan_json import format_plan_json, parse_plan_json
-from mpipe_verified.formats.spec import parse_expression
+from mpipe_verified.spec import parse_expression
 from mpipe_verified.ir import FORWARD, Collective, Compute
 from mpipe_verified.lower import lower
 from mpipe_verified.verify import verify

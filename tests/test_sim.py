@@ -14,12 +14,13 @@ from mpipe_verified.algebra.transpose import transpose_family
 from mpipe_verified.cli import main
 from mpipe_verified.errors import InputError
 from mpipe_verified.cost import CommCost, CommModel, CostModel, SegmentCost
-from mpipe_verified.formats.spec import Spec, parse_spec
+from mpipe_verified.formats.spec import parse_spec
 from mpipe_verified.ir import (ACT, GRAD, INPUT, SOURCE, Collective, Compute, Cut, Payload,
                                Recv, SegmentWork, Send)
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import standard_duration
 from mpipe_verified.sim import simulate
+from mpipe_verified.spec import Spec
 from mpipe_verified.verify import verify
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from mpipe_verified.algebra import families, terms
 from mpipe_verified.errors import InputError, ParameterError
-from mpipe_verified.formats.spec import (FUNCTIONS, CostModel, Spec, load_spec,
-                                         parse_expression, parse_spec)
+from mpipe_verified.cost import CostModel
+from mpipe_verified.formats.spec import load_spec, parse_spec
+from mpipe_verified.spec import FUNCTIONS, Spec, parse_expression
 from mpipe_verified.ir import Compute, Overlap, Plan
 from mpipe_verified.semantics import UNIT_MEMORY, peak_memory, standard_duration
 

@@ -17,7 +17,8 @@ from mpipe_verified.algebra.transpose import MODES, OWNERSHIPS, transpose_family
 from mpipe_verified.cli import main
 from mpipe_verified.comparison import baseline_spec, simulation, time_spec
 from mpipe_verified.errors import InputError, ParameterError
-from mpipe_verified.formats.spec import Spec, load_spec, parse_expression, parse_spec
+from mpipe_verified.formats.spec import load_spec, parse_spec
+from mpipe_verified.spec import Spec, parse_expression
 from mpipe_verified.ir import (ACT, INPUT, SINK, SOURCE, Collective, Compute, Recv, Send,
                                computes_of)
 from mpipe_verified.lower import lower

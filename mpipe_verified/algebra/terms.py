@@ -1,6 +1,6 @@
 """Schedule algebra terms (README, Concepts). A term is an immutable description; ``derive()``
 turns it into a compute-only ``Schedule``. ``str(term)`` is the term's expression text,
-which ``mpipe_verified.formats.spec.parse_expression`` reads back.
+which ``mpipe_verified.spec.parse_expression`` reads back.
 
 Operators and their meaning on per-rank sequences:
 
