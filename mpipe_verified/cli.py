@@ -64,7 +64,8 @@ from .progress import Progress
 from .question import Question, QuestionError
 from .semantics import COMM_MODELS, EAGER, RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
 from .cost import NO_COMM_COST, CommCost
-from .show import figures, render_grid
+from .figures import figures
+from .show import render_grid
 from .verify import parametric, verify, verify_split
 from .verify.report import Locator, Shown, render as render_check
 

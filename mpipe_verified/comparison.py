@@ -40,11 +40,11 @@ from .algebra import families
 from .algebra.transpose import Transpose
 from .cost import CostModel
 from .errors import ParameterError
+from .figures import figure, figures
 from .ir import Plan, Schedule
 from .lower import as_plan
 from .question import Question
 from .semantics import EAGER
-from .show import figure, figures
 from .sim import SimResult, check_deadline, simulate
 from .spec import Spec
 from .verify import Report, verify

@@ -33,11 +33,11 @@ from typing import Callable
 import attrs
 
 from .cost import NO_COMM_COST, CommCost
+from .figures import figure, figures, num_text
 from .ir import Compute, Op, Plan, Schedule, computes_of
 from .lower import as_plan
 from .question import Question
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
-from .show import figure, figures, num_text
 from .sim import SimulationError, simulate
 from .verify import verify
 

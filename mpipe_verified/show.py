@@ -20,9 +20,10 @@ import math
 from fractions import Fraction
 from typing import Callable
 
-from .sim import timeline
+from .figures import num_text
 from .ir import Collective, Op, Plan, Schedule, computes_of
 from .semantics import UNIT_MEMORY, MemoryModel, peak_memory, schedule_times, standard_duration
+from .sim import timeline
 
 IDLE = "."
 
@@ -115,24 +116,6 @@ def _row(row: dict[int, tuple[str, int]], b0: int, b1: int, cw: int) -> str:
 def _text(op: Op) -> str:
     """``str(op)``; an overlapped step is shown as ``0F7;7B3``."""
     return ";".join(map(str, computes_of(op)))
-
-
-def figure(x: float | None) -> float | int | None:
-    """A figure as the JSON reports carry it: an integral value as an ``int`` (the unit
-    model's ``11``, not ``11.0``), any other value (and None) unchanged."""
-    return int(x) if isinstance(x, float) and x.is_integer() else x
-
-
-def figures(values: dict) -> dict:
-    """``figure`` of every value of a ``{rank: value}`` map, keys as JSON strings."""
-    return {str(k): figure(v) for k, v in sorted(values.items())}
-
-
-def num_text(x: float | None) -> str:
-    """A number as the grid and ``diff`` print it: ``3``, ``2.5``; None as ``-``."""
-    if x is None:
-        return "-"
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _footer(target, runs, span, stops: str | None, duration, memory) -> list[str]:

@@ -60,10 +60,10 @@ from .algebra import families, placement, terms
 from .algebra.transpose import GIVEN, OWNERSHIPS, SOURCE, Transpose
 from .comparison import faster, on_body, time_spec
 from .errors import ParameterError
+from .figures import figure
 from .ir import WEIGHT_GRAD, Plan, Schedule, computes_of
 from .lower import as_plan
 from .question import Question
-from .show import figure
 from .sim import DeadlinePassed, SimulationError, check_deadline, now
 from .spec import Spec
 from .verify import verify

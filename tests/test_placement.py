@@ -20,7 +20,7 @@ from mpipe_verified.comparison import on_body, time_spec
 from mpipe_verified.formats.spec import load_spec, parse_spec
 from mpipe_verified.formats.spec_writer import spec_text
 from mpipe_verified.lower import lower
-from mpipe_verified.show import figure
+from mpipe_verified.figures import figure
 from mpipe_verified.tune import HEURISTICS, REFINE, tune
 from mpipe_verified.verify import verify
 
