@@ -29,12 +29,13 @@ trusted base. Two groups, each with its own table:
 Left out on purpose, as the trusted base: ``kernel.py``; ``question.py`` (the question
 formed from the user's words, the check that the plan judged is the question's, and the
 verdict from the kernel's answers); the plan readers (``formats/plan_json.py``,
-``formats/torch_csv.py``, and ``formats/spec.py``'s reading of the TOML into a ``Spec``
-and ``CostModel`` value, with ``spec.py``'s expression language); the IR itself (but for its canonical text). Also left out: the
-plumbing that prints the verdict's status (``verify/report.py``'s ``Report.status`` and
-``exit_code``, ``cli.main``'s return), and the CLI's argument definitions (what
-``--memory-limit``, ``--comm-model`` and ``--stages`` mean): they are the statement, not
-a judgement of it.
+``formats/torch_csv.py`` with ``torch_csv_fast.py`` and ``torch_actions.py``, and
+``formats/spec.py``'s reading of the TOML into a ``Spec`` and ``CostModel`` value, with
+``spec.py``'s expression language); the IR itself (but for its canonical text). Also
+left out: the plumbing that prints the verdict's status (``verify/report.py``'s
+``Report.status`` and ``exit_code``, ``cli.main``'s return), and the CLI's argument
+definitions (what ``--memory-limit``, ``--comm-model`` and ``--stages`` mean): they are
+the statement, not a judgement of it.
 
 The *corpus* (``build_corpus``) is written into a temporary directory from a fixed seed:
 broken plans, each rejected by the pristine package (asserted: exit 1 from ``check``),

@@ -19,7 +19,8 @@ from mpipe_verified.declared import (MAX_IDLE_RANKS, MAX_IDLE_STAGES, declare,
 from mpipe_verified.errors import InputError, ParameterError
 from mpipe_verified.formats.plan_json import format_plan_json, parse_plan_json
 from mpipe_verified.formats.spec import load_spec
-from mpipe_verified.formats.torch_csv import MAX_INDEX, parse_torch_csv
+from mpipe_verified.formats.torch_actions import MAX_INDEX
+from mpipe_verified.formats.torch_csv import parse_torch_csv
 from mpipe_verified.ir import (SOURCE, Compute, Cut, Idle, Marker, Placement, Schedule,
                                SegmentWork)
 

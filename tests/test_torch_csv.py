@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpipe_verified.errors import InputError
-from mpipe_verified.formats import torch_csv
-from mpipe_verified.formats.torch_csv import (MAX_INDEX, _parse_general, _parse_plain,
-                                              format_torch_csv, parse_torch_csv,
+from mpipe_verified.formats import torch_csv_fast
+from mpipe_verified.formats.torch_actions import MAX_INDEX
+from mpipe_verified.formats.torch_csv import (_parse_general, format_torch_csv, parse_torch_csv,
                                               read_torch_csv, write_torch_csv)
+from mpipe_verified.formats.torch_csv_fast import parse_plain
 from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Marker, Overlap,
                                Payload, Placement, Plan, Recv, Schedule, Send)
 from plan_edits import fixture
@@ -44,7 +45,7 @@ def test_torch_dump_round_trips_byte_for_byte(tmp_path, name, p, m, v, fmt):
     assert plan.placement == expected
     if name != "1F1B":  # torch's 1F1B order runs F{m} on the last rank (a torch bug)
         assert plan.num_microbatches == m
-    fast = _parse_plain(text)  # every dump without overlaps takes the one-pass path
+    fast = parse_plain(text)  # every dump without overlaps takes the one-pass path
     assert (fast is None) == ("OVERLAP" in text)
     assert fast is None or fast == _parse_general(text, "x.csv") == plan
 
@@ -53,10 +54,10 @@ def _same_plan_on_both_paths(text: str) -> None:
     """The one-pass path builds what the general path builds, and declines (``None``)
     whatever the general path rejects; read in pieces of a few bytes (many rows split
     between the lexer's chunks) it builds the same."""
-    fast = _parse_plain(text)
+    fast = parse_plain(text)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch_csv, "_CHUNK", 5)
-        assert _parse_plain(text) == fast
+        mp.setattr(torch_csv_fast, "_CHUNK", 5)
+        assert parse_plain(text) == fast
     try:
         general = _parse_general(text, "x.csv")
     except InputError:
@@ -82,12 +83,12 @@ PLAIN = [  # (text, whether the one-pass path reads it): both paths build the sa
 
 @pytest.mark.parametrize("text,plain", PLAIN)
 def test_one_pass_path_reads_exactly_the_plain_form(text, plain):
-    assert (_parse_plain(text) is not None) == plain
+    assert (parse_plain(text) is not None) == plain
     _same_plan_on_both_paths(text)
 
 
 def test_one_pass_path_shares_one_payload_per_transfer():
-    plan = _parse_plain(torch_schedule_csv("Interleaved1F1B", 4, 8, 2, "compute_comms"))
+    plan = parse_plain(torch_schedule_csv("Interleaved1F1B", 4, 8, 2, "compute_comms"))
     ends: dict = {}
     for program in plan.programs:
         for op in program:

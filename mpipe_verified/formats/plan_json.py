@@ -79,7 +79,7 @@ from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, ACT, GRAD, IN
                   path_steps)
 from .output import write_output
 from .files import MAX_BYTES, read_text
-from .torch_csv import MAX_INDEX
+from .torch_actions import MAX_INDEX
 
 FORMAT, VERSION = "mpipe-plan-json", 1
 PLAN, SCHEDULE = "plan", "schedule"

@@ -6,10 +6,10 @@ empty cell is an idle step. A ``SEND`` cell names the producing stage, a ``RECV`
 consuming one, so every cell's stage lives on its row's rank.
 
 A file in torch's plain form (what every dump without overlaps is) is read as integer
-columns and its ops built in bulk (``_parse_plain``); anything else takes the general
-path's two passes: parse every cell (syntax, index limits), then infer the stage → rank
-placement from the rows and build the ops (peers need the placement). Both build the same
-plan for the same text. Bad input raises ``InputError`` with the file, the 1-based row as
+columns and its ops built in bulk (``torch_csv_fast.parse_plain``); anything else takes
+the general path's two passes: parse every cell (syntax, index limits), then infer the
+stage → rank placement from the rows and build the ops (peers need the placement). Both
+build the same plan for the same text. Bad input raises ``InputError`` with the file, the 1-based row as
 ``line`` and the 1-based cell index as ``column``.
 
 Writing uses ``csv.writer``'s default dialect (``\\r\\n``, minimal quoting: ``;`` and
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import os
 import re
 from typing import IO, NamedTuple
@@ -32,17 +31,16 @@ import attrs
 
 from ..declared import IDLE_RANKS, MAX_IDLE_RANKS
 from ..errors import InputError
-from ..ir import (ACT, GRAD, MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload,
-                  Placement, Plan, Recv, Schedule, Send, build_many, computes_of,
-                  remember_op_cells)
+from ..ir import (MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload, Placement, Plan,
+                  Recv, Schedule, Send, computes_of)
 from .files import MAX_BYTES, read_text
 from .output import write_output
+from .torch_actions import COMMS, MAX_INDEX, PEER
+from .torch_csv_fast import parse_plain
 
-MAX_INDEX = 10**6
 EXPECTED = "expected an action like 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B"
 _MARKERS = MARKER_ACTIONS
-_COMMS = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
-_STEPS = "|".join(("F", "B", "I", "W") + _COMMS)  # the actions that name a microbatch
+_STEPS = "|".join(("F", "B", "I", "W") + COMMS)  # the actions that name a microbatch
 _INDEX = "(0|[1-9][0-9]{0,5})"  # canonical: no leading zeros, at most 6 digits
 _ACTION = re.compile(  # ASCII digits only: \d would also take other scripts' digits
     rf"([0-9]+)({_STEPS}|{'|'.join(_MARKERS)})([0-9]*)")
@@ -78,7 +76,7 @@ def parse_torch_csv(text: str, file: str) -> Plan:
     Placement is inferred: ranks = rows, each stage on the row where it appears; stages
     must be exactly ``0..S-1``; ``num_microbatches`` is the largest microbatch index + 1.
     """
-    plan = _parse_plain(text)
+    plan = parse_plain(text)
     return plan if plan is not None else _parse_general(text, file)
 
 
@@ -302,224 +300,6 @@ def write_torch_csv(plan: Plan | Schedule, out: str | os.PathLike[str] | IO[str]
     write_output(out, text, newline="")  # csv.writer's own \r\n line ends
 
 
-# ------------------------------------------------------- fast path: plain files
-
-_IDLE_OP = Idle()
-_PLAIN_KINDS = ("F", "B", "I", "W", *_COMMS, *_MARKERS)  # a cell's kind code: its index
-_CHUNK = 1 << 17  # the lexer reads about this many bytes (whole rows) at a time: its
-# arrays then stay in the CPU's cache (1 << 20: 1.4x the time)
-_GROUPS = (-1, _PLAIN_KINDS.index("W"), _PLAIN_KINDS.index(_COMMS[1]),
-           _PLAIN_KINDS.index(_COMMS[3]))  # kind codes: the last of each group (idle,
-# compute, send, receive; then markers)
-
-
-def _parse_plain(text: str) -> Plan | None:
-    """The plan of a file in torch's plain form, read as integer columns (``_lex``) and
-    built in bulk (``ir.build_many``); ``None`` for anything else, which the general path
-    then reads (and reports). Equal to what ``_parse_general`` builds for the same text.
-
-    Plain: ASCII, no quotes, one kind of line end, and every cell empty or a plain
-    action: a stage index, a kind (``_PLAIN_KINDS``) and a microbatch index, which only
-    a marker may leave out; indices ``0|[1-9][0-9]{0,5}`` (no blanks, overlaps, leading
-    zeros or 7-digit indices: the general path reads those)."""
-    body = _plain_body(text)
-    if body is None:
-        return None
-    import numpy as np  # loaded only to read a file
-
-    rows, busy_rows, cells, at_row_start = 0, 0, [], True
-    for chunk in _chunks(body):
-        lexed = _lex(np, chunk, at_row_start)
-        if lexed is None:
-            return None
-        num_rows, (row, *rest) = lexed
-        cells.append((row + rows, *rest))
-        rows += num_rows
-        busy_rows += _distinct_rows(np, row[rest[0] >= 0])  # a row split over two
-        if rows - busy_rows > MAX_IDLE_RANKS:  # chunks may count twice: never too few
-            return None  # too many rows without an action: the general path stops there
-        at_row_start = chunk.endswith("\n")
-    return _build_plain(np, rows, *map(np.concatenate, zip(*cells)))
-
-
-def _distinct_rows(np, row) -> int:
-    """How many rows the non-decreasing ``row`` numbers name."""
-    return int(len(row) > 0) + int(np.count_nonzero(row[1:] != row[:-1]))
-
-
-def _plain_body(text: str) -> str | None:
-    """``text``'s rows as ``csv.reader`` sees them, each ended by ``\\n``, if it is ASCII,
-    no cell is quoted and all line ends are ``\\r\\n`` or all are ``\\n``; else ``None``.
-    A last line end is optional (no empty row follows it)."""
-    if '"' in text or not text.isascii():
-        return None
-    crlf = text.count("\r\n")
-    if text.count("\r") != crlf or (crlf and text.count("\n") != crlf):
-        return None
-    if crlf:
-        text = text.replace("\r\n", "\n")
-    return text if text.endswith("\n") else text + "\n"
-
-
-def _chunks(body: str):
-    """``body`` in pieces of about ``_CHUNK`` bytes, each ended by a line end or, inside
-    a row longer than that, by a comma (so no cell is cut and the lexer's arrays stay
-    that small)."""
-    at = 0
-    while at < len(body):
-        end = body.find("\n", at + _CHUNK - 1) + 1 or len(body)
-        if end - at > 2 * _CHUNK:  # a long row: end at a comma instead
-            end = body.find(",", at + _CHUNK - 1, end) + 1 or end
-        yield body[at:end]
-        at = end
-
-
-def _lex_tables(np):
-    """What a byte is worth in its run, by ``(class, e, byte & 31)``: a digit ``d`` (class
-    1) ``d * 10**e``, a letter (class 2; its value ``byte & 31``) ``value * 32**e``, ``e``
-    its distance to the run's end (capped at 11: longer runs are refused anyway); the
-    kinds' base-32 codes, sorted, and their kind codes."""
-    low = np.arange(32)
-    worth = np.zeros((3, 12, 32), np.int64)
-    worth[1] = 10 ** np.arange(12)[:, None] * np.where((low >= 16) & (low < 26), low - 16, 0)
-    worth[2] = 32 ** np.arange(12)[:, None] * low
-    codes = [sum((ord(ch) & 31) << 5 * e for e, ch in enumerate(reversed(k)))
-             for k in _PLAIN_KINDS]
-    order = np.argsort(codes)
-    return worth.ravel(), np.array(codes, np.int64)[order], order
-
-
-_TABLES: list = []
-
-
-def _lex(np, chunk: str, at_row_start: bool = True):
-    """The cells of ``chunk`` (ended by ``\\n`` or, mid-row, by a comma; ``at_row_start``:
-    it begins a row) as columns ``(row, kind code or -1 for idle, stage, microbatch or
-    -1)`` with its number of line ends, or ``None`` unless every cell is empty or a plain
-    action (``_parse_plain``). A row is split at commas; an empty row has no cell. Each
-    run of digits or letters is valued at once (``np.add.reduceat``)."""
-    if not _TABLES:
-        _TABLES.extend(_lex_tables(np))
-    worth, kind_codes, kind_of = _TABLES
-    b = np.frombuffer(chunk.encode("ascii"), np.uint8)
-    digit = (b - np.uint8(48)) < 10
-    letter = ((b - np.uint8(65)) < 26) | (b == 95)
-    if not (digit | letter | (b == 44) | (b == 10)).all():
-        return None
-    cls = digit.view(np.uint8) | (letter.view(np.uint8) << 1)  # 0 separator, 1, 2
-    first = np.empty(len(b), bool)  # runs: bytes of one class in a row (separators too)
-    first[0] = True
-    np.not_equal(cls[1:], cls[:-1], out=first[1:])
-    run_at = np.flatnonzero(first)
-    run_len = np.diff(run_at, append=len(b))
-    to_end = np.repeat(run_at + (run_len - 1), run_len)
-    to_end -= np.arange(len(b))
-    np.minimum(to_end, 11, out=to_end)
-    to_end += cls * np.int64(12)
-    to_end <<= 5
-    to_end |= b & np.uint8(31)
-    run_value = np.add.reduceat(worth.take(to_end), run_at)  # a separator run's: unused
-    run_cls = cls.take(run_at)
-    seps = np.flatnonzero(cls == 0)  # each ends a cell, or an empty row
-    newline = b.take(seps) == 10
-    sep_len = np.where(run_cls == 0, run_len, 0)
-    words = np.flatnonzero(run_cls)  # the runs of digits or letters
-    runs = np.bincount((np.cumsum(sep_len) - sep_len).take(words), minlength=len(seps))
-    prev_newline = np.empty(len(seps), bool)
-    prev_newline[0] = at_row_start
-    prev_newline[1:] = newline[:-1]
-    keep = (runs > 0) | ~(newline & prev_newline)  # all but empty rows
-    full = np.flatnonzero(runs > 0)
-    n = runs.take(full)
-    i0 = words.take((np.cumsum(runs) - runs).take(full))  # a full cell's first run
-    if ((n < 2) | (n > 3)).any() or (run_cls.take(i0) != 1).any():
-        return None
-    has_mb = n == 3
-    i2 = np.where(has_mb, i0 + 2, i0)
-    for i, optional in ((i0, None), (i2, has_mb)):  # the indices: 1-6 digits, no leading 0
-        ok = (run_len.take(i) <= 6) & ((run_len.take(i) == 1) | (b.take(run_at.take(i)) != 48))
-        if not (ok if optional is None else ok | ~optional).all():
-            return None
-    code = run_value.take(i0 + 1)
-    at = np.minimum(np.searchsorted(kind_codes, code), len(kind_codes) - 1)
-    if ((run_len.take(i0 + 1) > 11) | (kind_codes.take(at) != code)).any():
-        return None
-    kind_full = kind_of.take(at)
-    if (~has_mb & (kind_full < len(_PLAIN_KINDS) - len(_MARKERS))).any():
-        return None  # a step without its microbatch
-    kind = np.full(len(seps), -1, np.int8)  # compact columns: a file of mostly empty
-    stage = np.zeros(len(seps), np.int32)    # cells has about one cell per byte
-    mb = np.full(len(seps), -1, np.int32)
-    kind[full], stage[full] = kind_full, run_value.take(i0)
-    mb[full] = np.where(has_mb, run_value.take(i2), -1)
-    row = (np.cumsum(newline) - newline).astype(np.int32)
-    return int(newline.sum()), (row[keep], kind[keep], stage[keep], mb[keep])
-
-
-def _build_plain(np, num_rows: int, row, kind, stage, mb) -> Plan | None:
-    """The plan of lexed cells (``_lex``), or ``None`` if a stage is on two rows, a stage
-    below the largest is on none, no cell names a stage, more than ``MAX_IDLE_RANKS``
-    rows hold no action, or a SEND/RECV has no peer. Each
-    class of op is built in bulk, in cell order; then every cell takes the next op of its
-    class."""
-    busy = kind >= 0
-    if not busy.any():
-        return None
-    if num_rows - _distinct_rows(np, row[busy]) > MAX_IDLE_RANKS:  # cells in file order
-        return None  # too many rows without an action: the general path says where
-    stages = stage[busy]
-    rank_of = np.full(int(stages.max()) + 1, -1, np.int64)
-    rank_of[stages] = row[busy]
-    if (rank_of[stages] != row[busy]).any() or (rank_of < 0).any():
-        return None
-    group = np.searchsorted(_GROUPS, kind).astype(np.int8)  # idle, compute, send, receive, marker
-    compute, send, recv, marker = (np.flatnonzero(group == g) for g in range(1, 5))
-    p2p = _p2p_ops(np, kind, stage, mb, rank_of, send, recv)
-    if p2p is None:
-        return None
-    computes = build_many(Compute, len(compute), {
-        "kind": list(map(_PLAIN_KINDS.__getitem__, kind[compute].tolist())),
-        "stage": stage[compute].tolist(), "mb": mb[compute].tolist()})
-    markers = build_many(Marker, len(marker), {
-        "stage": stage[marker].tolist(),
-        "action": list(map(_PLAIN_KINDS.__getitem__, kind[marker].tolist())),
-        "mb": [None if x < 0 else x for x in mb[marker].tolist()]})
-    pools = [itertools.repeat(_IDLE_OP), iter(computes), *map(iter, p2p), iter(markers)]
-    flat = list(map(next, map(pools.__getitem__, group.tolist())))
-    ends = np.cumsum(np.bincount(row, minlength=num_rows)).tolist()
-    programs = tuple(tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends))
-    plan = Plan(Placement(tuple(rank_of.tolist()), num_rows), int(mb.max()) + 1, programs)
-    busy = (group >= 1) & (group <= 3)  # compute, send, receive: kind and stage say all
-    remember_op_cells(plan, (np.where(busy, kind, np.where(group == 4, -2, -1)).astype(
-        np.int8), stage, np.where(busy, mb, 0).astype(mb.dtype)))
-    return plan
-
-
-def _p2p_ops(np, kind, stage, mb, rank_of, send, recv) -> tuple[list, list] | None:
-    """The ops of the SEND cells ``send`` and the RECV cells ``recv``, in order, both ends
-    of a transfer sharing one ``Payload``; ``None`` if a cell's peer stage does not
-    exist."""
-    cells = np.concatenate([send, recv])
-    k = kind[cells].astype(np.int64) - _PLAIN_KINDS.index(_COMMS[0])  # index in _COMMS
-    s, mb = stage[cells].astype(np.int64), mb[cells].astype(np.int64)
-    offset, is_grad, is_send = (np.array(column).take(k) for column in zip(*(
-        (_PEER[c][0], _PEER[c][1] == GRAD, _PEER[c][2]) for c in _COMMS)))
-    peer = s + offset
-    if ((peer < 0) | (peer >= len(rank_of))).any():
-        return None
-    unit = np.where(is_send, s, peer) * 2 + is_grad  # the payload's stage, and its kind
-    keys, which = np.unique(unit * (MAX_INDEX + 1) + mb, return_inverse=True)
-    unit = keys // (MAX_INDEX + 1)
-    payloads = build_many(Payload, len(keys), {
-        "kind": list(map((ACT, GRAD).__getitem__, (unit % 2).tolist())),
-        "stage": (unit // 2).tolist(), "mb": (keys % (MAX_INDEX + 1)).tolist()})
-    peers = rank_of[peer].tolist()
-    ends = list(map(payloads.__getitem__, which.tolist()))
-    n = len(send)
-    return (build_many(Send, n, {"dst": peers[:n], "payload": ends[:n]}),
-            build_many(Recv, len(recv), {"src": peers[n:], "payload": ends[n:]}))
-
-
 # ---------------------------------------------------------------- pass 1: cells
 
 def _show(raw: str) -> str:
@@ -564,7 +344,7 @@ def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
     if m := _OVERLAP.fullmatch(s):
         parts = [p.strip() for p in m.group(1).split(";")]
         subs = tuple(_parse_action(p, raw, file, r, c) for p in parts)
-        bad = [p for p, sub in zip(parts, subs) if sub.kind in _MARKERS + _COMMS]
+        bad = [p for p, sub in zip(parts, subs) if sub.kind in _MARKERS + COMMS]
         if bad:
             raise InputError(f"OVERLAP_F_B may only combine compute actions (F, B, I, W), "
                              f"got {_show(bad[0])} in {_show(raw)}", file, r, c)
@@ -638,8 +418,6 @@ def _placement(where: dict[int, int], num_rows: int) -> Placement:
 
 
 _COMPUTE_KINDS = frozenset("FBIW")
-_PEER = {"SEND_F": (1, ACT, True), "SEND_B": (-1, GRAD, True),  # peer offset, kind, is send
-         "RECV_F": (-1, ACT, False), "RECV_B": (1, GRAD, False)}
 
 
 def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
@@ -647,10 +425,10 @@ def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
     kind, stage, mb, subs = cell
     if kind in _COMPUTE_KINDS:
         return Compute(kind, stage, mb)
-    if kind in _PEER:
+    if kind in PEER:
         op = _p2p(_route(kind, stage, placement), mb, payloads)
         if op is None:
-            side, other = ("last", "next") if _PEER[kind][0] > 0 else ("first", "previous")
+            side, other = ("last", "next") if PEER[kind][0] > 0 else ("first", "previous")
             raise InputError(f"{stage}{kind}{mb}: stage {stage} is the {side} of stages 0.."
                              f"{placement.num_stages - 1}, so there is no {other} stage to "
                              f"{_VERB[kind]}", file, r, c)
@@ -665,7 +443,7 @@ def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
 def _route(kind: str, stage: int, placement: Placement) -> tuple | None:
     """Where a ``SEND_*``/``RECV_*`` cell on ``stage``'s rank goes: ``(Send or Recv, peer
     rank, payload kind, payload stage)``; ``None`` if the peer stage does not exist."""
-    offset, payload_kind, is_send = _PEER[kind]
+    offset, payload_kind, is_send = PEER[kind]
     peer = stage + offset
     if not 0 <= peer < placement.num_stages:
         return None
