@@ -31,7 +31,7 @@ recurrence, with peak ``(1+t) min(p, m)`` (= ``body(0) + t min(p, m)``); ranks `
 keep 1F1B's ``min(p - r, m)``.
 
 ``programs`` expands the model; ``tests/test_transpose_inline.py`` compares it, and the
-lowering model of ``proofs.models.lowered``, with the package's ``derive`` and ``lower``
+lowering model of ``proofs.expanded.lowered``, with the package's ``derive`` and ``lower``
 for every ``p <= 8, m <= 24`` and mode.
 """
 

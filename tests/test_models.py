@@ -1,6 +1,6 @@
 """The models the family laws are proven about are what the package runs: each family's
-closed form (``proofs.models.SCHEDULES``) expands to exactly the programs ``derive``
-gives, and the lowering model (``proofs.lowered``, expanded by ``proofs.models.lowered``)
+closed form (``proofs.expanded.SCHEDULES``) expands to exactly the programs ``derive``
+gives, and the lowering model (``proofs.lowered``, expanded by ``proofs.expanded.lowered``)
 to exactly the plan ``lower`` gives, op for op, for every p <= 8, m <= 24 (DualPipeV: m >=
 2p) and, for interleaved 1F1B, chunks 2 to 4. (ZBV's and DualPipeV's own models are
 compared with ``derive`` in tests/test_family_models_b.py.)"""
@@ -12,7 +12,7 @@ import pytest
 from mpipe_verified.algebra.families import FAMILIES, family
 from mpipe_verified.ir import Compute, Placement
 from mpipe_verified.lower import lower
-from mpipe_verified.proofs import models
+from mpipe_verified.proofs import expanded
 
 P_MAX, M_MAX, CHUNKS = 8, 24, (2, 3, 4)
 PROVEN_HERE = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev")
@@ -33,24 +33,24 @@ def _as_triples(programs):
     return tuple(out)
 
 
-@pytest.mark.parametrize("name", sorted(models.SCHEDULES))
+@pytest.mark.parametrize("name", sorted(expanded.SCHEDULES))
 def test_each_closed_form_is_the_package_s_schedule(name):
     for p, m, v in _instances(name):
         schedule = family(name, p, m, v).derive()
         assert schedule.placement == Placement.looped(p, v or 1), (p, m, v)
-        assert models.SCHEDULES[name](p, m, v) == _as_triples(schedule.programs), (p, m, v)
+        assert expanded.SCHEDULES[name](p, m, v) == _as_triples(schedule.programs), (p, m, v)
 
 
 @pytest.mark.parametrize("name", PROVEN_HERE)
 def test_the_lowering_model_is_lower(name):
     for p, m, v in _instances(name):
         schedule = family(name, p, m, v).derive()
-        assert models.lowered(schedule) == lower(schedule).programs, (name, p, m, v)
+        assert expanded.lowered(schedule) == lower(schedule).programs, (name, p, m, v)
 
 
 def test_every_family_proven_here_is_modelled():
-    assert set(models.SCHEDULES) <= set(FAMILIES)
+    assert set(expanded.SCHEDULES) <= set(FAMILIES)
     # bounded: the laws are about the package's own derived instances; ZBV and DualPipeV:
     # their models are programs of ops (V placement, overlapped steps), compared with
     # derive in tests/test_family_models_b.py
-    assert set(PROVEN_HERE) - set(models.SCHEDULES) == {"zb-h1", "zb-h2", "zbv", "dualpipev"}
+    assert set(PROVEN_HERE) - set(expanded.SCHEDULES) == {"zb-h1", "zb-h2", "zbv", "dualpipev"}
