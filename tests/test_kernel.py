@@ -11,11 +11,11 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from mpipe_verified import kernel
+from mpipe_verified.ir import Placement, Plan
 from mpipe_verified.kernel.certificates import read_sizes, sizes_json
 from mpipe_verified.kernel.columns import BOUND, as_column
 from mpipe_verified.kernel.obligations import Facts
 from mpipe_verified.kernel.smt import REAL, TEMPLATES, affine_runs, compress, decide, holds, literal
-from mpipe_verified.ir import Placement, Plan
 from mpipe_verified.semantics import MemoryModel
 from mpipe_verified.verify import verify, verify_loaded
 from plan_edits import defer_receives, fixture, lowered

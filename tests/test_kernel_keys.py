@@ -11,13 +11,13 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from mpipe_verified import kernel
-from mpipe_verified.kernel.columns import BOUND, as_column, pick, row_keys
-from mpipe_verified.kernel.obligations import Facts, instances, moves
-from mpipe_verified.kernel.rules import Rules, rules_of
 from mpipe_verified.cli import main
 from mpipe_verified.formats.plan_json import format_plan_json
 from mpipe_verified.ir import (Collective, Compute, Cut, Group, Payload, Placement, Plan, Recv,
                                SegmentWork, Send, build_many)
+from mpipe_verified.kernel.columns import BOUND, as_column, pick, row_keys
+from mpipe_verified.kernel.obligations import Facts, instances, moves
+from mpipe_verified.kernel.rules import Rules, rules_of
 from mpipe_verified.verify import verify
 
 IN_INT64 = [-(BOUND - 1), -2, -1, 0, 1, 2, 10**6 - 1, 10**6, 10**6 + 1, BOUND - 2, BOUND - 1]

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mpipe_verified import kernel
-from mpipe_verified.kernel.certificates import CERTIFICATE_FORMAT
-from mpipe_verified.kernel.columns import json_number
 from mpipe_verified.algebra import Transpose, family
 from mpipe_verified.cli import main
+from mpipe_verified.kernel.certificates import CERTIFICATE_FORMAT
+from mpipe_verified.kernel.columns import json_number
 from mpipe_verified.lower import lower
 from mpipe_verified.verify import verify
 import strategies as S

@@ -49,7 +49,7 @@ class Facts:
             self.where.append((at, template, values))
 
     def extend(self, template: str, cls, columns: list, classes=None, at=None) -> None:
-        """One fact per row ``j`` of the equal-length ``columns`` (``_column`` arrays), in
+        """One fact per row ``j`` of the equal-length ``columns`` (``as_column`` arrays), in
         class ``(cls, classes[j])`` (one int per row), about the place ``at`` (or ``at(j)``).
         A class holds a set of facts: without ``where``, int64 facts are kept once each,
         in sorted order (so runs are long)."""
