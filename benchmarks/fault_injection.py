@@ -26,7 +26,7 @@ trusted base. Two groups, each with its own table:
   plan's digest, which ``check`` compares with nothing, so its faults change output but
   can change no verdict; they are counted with the shell's.
 
-Left out on purpose, as the trusted base: ``kernel.py``; ``question.py`` (the question
+Left out on purpose, as the trusted base: ``kernel/``; ``question.py`` (the question
 formed from the user's words, the check that the plan judged is the question's, and the
 verdict from the kernel's answers); the plan readers (``formats/plan_json.py``,
 ``formats/torch_csv.py`` with ``torch_csv_fast.py`` and ``torch_actions.py``, and
@@ -376,7 +376,7 @@ PASS_FAULTS = (
 # ---- the shell around the kernel: what the question is, and how the verdict is assembled
 # (the per-rank limits, the memory sizes, the lowering and the declarations that make the
 # plan judged, the verdict assembly, the spec's cost model, the CLI's choice of the plan,
-# the canonical text). question.py itself, kernel.py, the readers and the IR stay trusted.
+# the canonical text). question.py itself, kernel/, the readers and the IR stay trusted.
 DECLARED, COST, CLI, COMPARISON, IR = ("declared.py", "cost.py", "cli.py", "comparison.py",
                                        "ir.py")
 

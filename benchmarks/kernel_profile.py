@@ -31,6 +31,7 @@ warnings.filterwarnings("ignore")
 
 from mpipe_verified import kernel  # noqa: E402
 from mpipe_verified.formats.torch_csv import parse_torch_csv  # noqa: E402
+from mpipe_verified.ir import PROPERTIES  # noqa: E402
 from mpipe_verified.semantics import UNIT_MEMORY  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
@@ -50,7 +51,7 @@ def plans(args) -> list:
 
 
 HALVES = (("sizes", "completeness", "memory"), ("dependency", "matching", "deadlock"))
-COLUMNS = ("witness", "sizes") + kernel.PROPERTIES
+COLUMNS = ("witness", "sizes") + PROPERTIES
 
 
 def profile(plan, repeat: int) -> dict:

@@ -1169,7 +1169,7 @@ def _exactly(kernel, limit: list) -> str:
     """A certificate's per-rank limits as the numbers proven: an int, the shortest float
     text that is exactly the number, else the exact fraction."""
     def shown(x) -> str:
-        exact = kernel._exact(x)
+        exact = kernel.exact(x)
         return (str(exact) if isinstance(exact, int) or float(exact) != exact
                 else repr(float(exact)))
     return ", ".join(map(shown, limit))
@@ -1202,7 +1202,7 @@ def _required_sizes(args: argparse.Namespace, plan: Plan) -> tuple:
 def _sizes_named(kernel, plan: Plan, sizes) -> str:
     """"unit model" when a certificate's sizes are the unit model's for ``plan``."""
     try:
-        unit = kernel.Sizes.from_json(sizes) == Question().sizes(plan)
+        unit = kernel.read_sizes(sizes) == Question().sizes(plan)
     except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError):
         unit = False
     return "unit model" if unit else "the certificate's own"

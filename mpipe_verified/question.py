@@ -2,7 +2,7 @@
 
 The kernel proves five properties of one plan under given memory limits and sizes. This
 module says *which* plan, limits and sizes, from the user's own words, and turns the
-kernel's answers into the verdict that is printed. Together with ``kernel.py`` and the
+kernel's answers into the verdict that is printed. Together with ``kernel/`` and the
 reader of the user's file it is what a VERIFIED rests on; it imports only the IR and the
 kernel.
 
@@ -116,7 +116,7 @@ class Question:
             if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
                 raise QuestionError(f"memory limit must be a finite number per rank, got "
                                     f"{x!r}")
-        return tuple(map(kernel._exact, bounds))
+        return tuple(map(kernel.exact, bounds))
 
     def sizes(self, plan: Plan) -> kernel.Sizes:
         """The memory sizes of ``plan``'s stored activations, receive buffers and static
@@ -259,7 +259,7 @@ def _fits(value, count: int, what: str, per: str) -> None:
 
 
 def _exact(x):
-    return kernel._exact(x)
+    return kernel.exact(x)
 
 
 def _at(value, index: int):

@@ -22,13 +22,13 @@ import z3
 from mpipe_verified import kernel
 from mpipe_verified.algebra.families import family
 from mpipe_verified.algebra.transpose import transpose_family
-from mpipe_verified.ir import Compute, Plan, Recv, Send
+from mpipe_verified.ir import PROPERTIES, Compute, Plan, Recv, Send
 from mpipe_verified.lower import lower
 from mpipe_verified.proofs import (core, family_dualpipev, family_transpose, family_zb,
                                    family_zbv, instances)
 from mpipe_verified.semantics import needs, peak_memory, produces
 
-PROPS = kernel.PROPERTIES
+PROPS = PROPERTIES
 
 
 def _sat(formula: str) -> bool:

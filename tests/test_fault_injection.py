@@ -21,7 +21,7 @@ from mpipe_verified import ir  # noqa: E402
 SAMPLE = ("w_without_i", "recv_paired_by_payload", "memory_level_not_carried")
 # the lowering drops a duplicated forward: the plan judged is no longer the input
 SHELL_SAMPLE = "lower_drops_repeats"
-TRUSTED = ("kernel.py", "question.py", "ir.py", "formats/plan_json.py",
+TRUSTED = ("kernel/", "question.py", "ir.py", "formats/plan_json.py",
            "formats/torch_csv.py", "formats/torch_csv_fast.py", "formats/torch_actions.py",
            "formats/spec.py", "spec.py")
 CANONICAL_TEXT = inspect.getsource(ir._canonical_row) + inspect.getsource(ir._canonical)

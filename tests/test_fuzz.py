@@ -240,7 +240,7 @@ def test_regression_valid_plans_with_irregular_lanes_verify(make):
     ``completeness`` for the second).
 
     The bug then (in the compression of certificate facts, since replaced by the
-    kernel's ``kernel._compress``, which a property test checks for exactness): lanes
+    kernel's ``kernel.smt.compress``, which a property test checks for exactness): lanes
     were merged into one level-2 run while the offset of a lane's start from the *first*
     lane equalled the step, instead of checking that each start continues the
     progression. Lane starts x, y, y, y became the run x + (y - x)·i, i < 4, whose points

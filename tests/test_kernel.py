@@ -12,12 +12,16 @@ from hypothesis import example, given, settings, strategies as st
 
 from mpipe_verified import kernel
 from mpipe_verified.ir import Placement, Plan
+from mpipe_verified.kernel.certificates import read_sizes, sizes_json
+from mpipe_verified.kernel.columns import BOUND, as_column
+from mpipe_verified.kernel.obligations import Facts
+from mpipe_verified.kernel.smt import REAL, TEMPLATES, affine_runs, compress, decide, holds, literal
 from mpipe_verified.semantics import MemoryModel
 from mpipe_verified.verify import verify, verify_loaded
 from plan_edits import defer_receives, fixture, lowered
 
 
-BIG = st.sampled_from([kernel.BOUND - 1, kernel.BOUND, 1 << 63, 1 << 70])
+BIG = st.sampled_from([BOUND - 1, BOUND, 1 << 63, 1 << 70])
 
 
 @given(st.lists(st.tuples(st.integers(-3, 3) | BIG, st.integers(-3, 3) | BIG.map(lambda x: -x)),
@@ -27,13 +31,13 @@ def test_runs_cover_exactly_the_facts(facts, as_array):
     arrays and in Python's exact arithmetic, whatever the magnitudes; given as tuples or
     as the kernel's columns)."""
     if as_array and facts:
-        columns = [kernel._column(column) for column in zip(*facts)]
+        columns = [as_column(column) for column in zip(*facts)]
         given = (np.column_stack(columns) if all(c.dtype == np.int64 for c in columns)
                  else facts)
     else:
         given = facts
     points = Counter(tuple(a_ + d_ * j for a_, d_ in zip(a, d))
-                     for a, d, n in kernel._runs(given) for j in range(n))
+                     for a, d, n in affine_runs(given) for j in range(n))
     assert points == Counter(facts)
 
 
@@ -42,11 +46,11 @@ def test_runs_cover_exactly_the_facts(facts, as_array):
                 max_size=60))
 def test_two_level_compression_covers_exactly_the_facts(added):
     """Runs of runs (``a + ra*i + d*j``) list every fact of every class exactly once."""
-    facts = kernel._Facts()
+    facts = Facts()
     for template, cls, fact in added:
         facts.add(template, cls, *fact)
     points = Counter((t, tuple(a_ + r_ * i + d_ * j for a_, r_, d_ in zip(a, ra, d)))
-                     for t, (a, ra, c, d, n) in kernel._compress(facts)
+                     for t, (a, ra, c, d, n) in compress(facts)
                      for i in range(c) for j in range(n))
     assert points == Counter((t, fact) for t, _, fact in added)
 
@@ -57,14 +61,14 @@ def test_a_class_of_facts_is_a_set_and_its_runs_cover_it_exactly(rows, where):
     """``extend``: the runs cover exactly the facts added, every distinct fact of a class
     once (64-bit facts are kept once each; with ``where``, as ``confirm`` needs, or with
     Python's numbers, every row is kept); ``count`` counts every row added."""
-    facts = kernel._Facts(where=where)
+    facts = Facts(where=where)
     if rows:
-        cls, a, b = (kernel._column(c) for c in zip(*rows))
+        cls, a, b = (as_column(c) for c in zip(*rows))
         facts.extend("le", "x", [a, b], cls)
     points = Counter((t, tuple(a_ + r_ * i + d_ * j for a_, r_, d_ in zip(a, ra, d)))
-                     for t, (a, ra, c, d, n) in kernel._compress(facts)
+                     for t, (a, ra, c, d, n) in compress(facts)
                      for i in range(c) for j in range(n))
-    once = rows and not where and all(kernel._column(c).dtype == np.int64 for c in zip(*rows))
+    once = rows and not where and all(as_column(c).dtype == np.int64 for c in zip(*rows))
     kept = Counter(set(rows)) if once else Counter(rows)
     assert points == Counter(("le", x[1:]) for x in kept.elements())
     assert facts.count == len(rows)
@@ -77,20 +81,20 @@ ARITY = {"one": 1, "eq": 2, "le": 2, "lt": 2, "level": 5, "eqr": 2, "ler": 2}
 @given(st.sampled_from(sorted(ARITY)), st.data())
 @example("level", None)
 def test_smt_templates_say_what_the_python_reading_says(template, data):
-    """``_decide`` reads a template's SMT-LIB text; ``_holds`` (which names the violated
+    """``decide`` reads a template's SMT-LIB text; ``holds`` (which names the violated
     fact) reads it in Python: on any exact fact the two agree."""
-    assert set(ARITY) == set(kernel._TEMPLATES)
+    assert set(ARITY) == set(TEMPLATES)
     if data is None:  # over by 1e-10, as rationals
         fact = (Fraction(1.0000000001), 0, 0, Fraction(1.0000000001), 1)
     else:
-        numbers = st.integers(-2, 2) if template not in kernel._REAL else st.fractions(
+        numbers = st.integers(-2, 2) if template not in REAL else st.fractions(
             -2, 2, max_denominator=7)
         fact = tuple(data.draw(st.lists(numbers, min_size=ARITY[template],
                                         max_size=ARITY[template])))
-    facts = kernel._Facts()
+    facts = Facts()
     facts.add(template, "cls", *fact)
-    status, _ = kernel._decide(kernel._compress(facts), None)
-    assert status == ("proved" if kernel._holds(template, fact) else "failed")
+    status, _ = decide(compress(facts), None)
+    assert status == ("proved" if holds(template, fact) else "failed")
 
 
 def _witness(finish) -> kernel.Witness:
@@ -197,18 +201,23 @@ def test_the_kernel_imports_only_the_ir():
     package it imports the IR alone, and beyond the standard library only attrs, numpy
     and Z3."""
     import ast
-    import inspect
+    import pathlib
     import sys
-    tree = ast.parse(inspect.getsource(kernel))
-    local = {node.module for node in ast.walk(tree)
+    files = sorted(pathlib.Path(kernel.__file__).parent.glob("*.py"))
+    source = "\n".join(f.read_text() for f in files)
+    trees = [ast.parse(f.read_text()) for f in files]
+    nodes = [node for tree in trees for node in ast.walk(tree)]
+    own = {f.stem for f in files}  # ``from .rules import ...``: the kernel's own modules
+    local = {(node.level, node.module) for node in nodes
              if isinstance(node, ast.ImportFrom) and node.level}
-    assert local == {"ir"}
-    named = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-             for alias in node.names} | {node.module for node in ast.walk(tree)
+    assert {module for level, module in local if level > 1} == {"ir"}
+    assert {module for level, module in local if level == 1} <= own
+    named = {alias.name for node in nodes if isinstance(node, ast.Import)
+             for alias in node.names} | {node.module for node in nodes
                                          if isinstance(node, ast.ImportFrom) and not node.level}
     assert {x.split(".")[0] for x in named} - set(sys.stdlib_module_names) == {
         "attrs", "numpy", "z3"}
-    source = inspect.getsource(kernel)  # nor the hint a reader leaves for the passes
+    # nor the hint a reader leaves for the passes
     assert "op_cells" not in source and "_KNOWN_CELLS" not in source
 
 
@@ -272,7 +281,7 @@ def test_a_witness_or_size_that_is_not_an_exact_number_is_refused():
         with pytest.raises(ValueError):
             kernel.Sizes(**sizes)
     with pytest.raises(TypeError):
-        kernel._num(0.5)
+        literal(0.5)
 
 
 def test_sizes_of_asks_the_model_for_every_receive_and_keeps_the_nonzero_ones():
@@ -298,7 +307,7 @@ def test_sizes_of_asks_the_model_for_every_receive_and_keeps_the_nonzero_ones():
     sizes = kernel.Sizes.of(plan, model)
     assert sizes.buffer == want and sizes.static == (2, Fraction(3, 4))
     assert sizes.stored == {("", 0): 1, ("", 1): 1, ("vision", 0): Fraction(3, 2)}
-    assert kernel.Sizes.from_json(sizes.to_json()) == sizes
+    assert read_sizes(sizes_json(sizes)) == sizes
 
 
 def test_recheck_says_under_what_it_proved_and_can_require_it(tmp_path, capsys):

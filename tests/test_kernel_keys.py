@@ -15,16 +15,18 @@ from mpipe_verified.cli import main
 from mpipe_verified.formats.plan_json import format_plan_json
 from mpipe_verified.ir import (Collective, Compute, Cut, Group, Payload, Placement, Plan, Recv,
                                SegmentWork, Send, build_many)
+from mpipe_verified.kernel.columns import BOUND, as_column, pick, row_keys
+from mpipe_verified.kernel.obligations import Facts, instances, moves
+from mpipe_verified.kernel.rules import Rules, rules_of
 from mpipe_verified.verify import verify
 
-BOUND = kernel.BOUND
 IN_INT64 = [-(BOUND - 1), -2, -1, 0, 1, 2, 10**6 - 1, 10**6, 10**6 + 1, BOUND - 2, BOUND - 1]
 EXACT = [BOUND, 1 << 63, -(1 << 63), 1 << 70]
 VALUES = st.sampled_from(IN_INT64 + EXACT) | st.integers(-3, 3)
 
 
 def _rows_share_keys_only_when_equal(rows: list) -> np.ndarray:
-    keys = kernel._key(*(kernel._column(c) for c in zip(*rows)))
+    keys = row_keys(*(as_column(c) for c in zip(*rows)))
     for i, row in enumerate(rows):
         assert [k == keys[i] for k in keys] == [r == row for r in rows], (row, rows)
     return keys
@@ -50,8 +52,8 @@ def test_a_key_is_shared_only_by_equal_rows_and_sorts_as_they_do(rows):
 def test_a_class_keeps_each_distinct_extreme_fact_once(rows):
     """``_Facts.extend`` keeps one of each distinct 64-bit fact of a class (``_key`` and
     ``_distinct``): near ``-BOUND`` and ``BOUND`` no two facts merge."""
-    facts = kernel._Facts()
-    cls, a, b = (kernel._column(c) for c in zip(*rows))
+    facts = Facts()
+    cls, a, b = (as_column(c) for c in zip(*rows))
     facts.extend("le", "x", [a, b], cls)
     kept = [(key[2], *map(int, x)) for key, lane in facts.lanes.items() for x in lane]
     assert sorted(kept) == sorted(set(rows))
@@ -72,7 +74,7 @@ FORGED = kernel.Witness(finish=((1,),), producers=((0,),), levels=((0,),), peaks
 
 
 def test_the_stage_before_stage_0_is_no_token_an_op_makes():
-    (nrow, need), _, (_, made) = kernel._rules(_zero_stage_plan()).tokens
+    (nrow, need), _, (_, made) = rules_of(_zero_stage_plan()).tokens
     assert len(need) == 1 and need[0] not in made
 
 
@@ -129,10 +131,10 @@ def test_channels_with_extreme_peers_are_told_apart(peers):
     act = Payload("act", 0, 0)
     programs = tuple(tuple(_bulk_p2p(Send, peers, act) + _bulk_p2p(Recv, peers, act))
                      for _ in range(3))
-    rules = kernel._Rules(Plan(Placement((0,), 3), 1, programs))
+    rules = Rules(Plan(Placement((0,), 3), 1, programs))
     chan = rules.pairs[3]
     ends = [(int(rules.rank[row]), op.dst) if type(op) is Send else (op.src, int(rules.rank[row]))
-            for row, op in zip(rules.comm.tolist(), kernel._pick(rules.ops, rules.comm))]
+            for row, op in zip(rules.comm.tolist(), pick(rules.ops, rules.comm))]
     for j, end in enumerate(ends):
         assert [c == chan[j] for c in chan] == [e == end for e in ends]
 
@@ -181,7 +183,7 @@ def test_each_stored_activation_is_freed_by_its_own_backward(units):
     ops = _bulk_computes("F" * len(units) + "B" * len(units), units + units[::-1])
     plan = Plan(Placement((0,), 1), 1, (tuple(ops),))
     size = {(seg, s): 1 + k for k, (seg, s, _) in enumerate(units)}
-    alloc, freed = kernel._moves(kernel._Rules(plan), kernel.Sizes(stored=size))
+    alloc, freed = moves(Rules(plan), kernel.Sizes(stored=size))
     sizes = [size[(seg, s)] for seg, s, _ in units]
     assert alloc.tolist() == sizes + [0] * len(units)
     assert freed.tolist() == [0] * len(units) + sizes[::-1]
@@ -192,5 +194,5 @@ def test_collective_instances_over_extreme_ranks_stay_apart():
     extreme rank are different instances."""
     groups = [(-1, 0), (0, 1), (0, 10**6), (0, BOUND - 1), (0, BOUND), (0, 1 << 70)]
     program = tuple(Collective("all_reduce", g) for g in groups)
-    calls = kernel._instances(kernel._Rules(Plan(Placement((0,), 1), 1, (program,))))
+    calls = instances(Rules(Plan(Placement((0,), 1), 1, (program,))))
     assert sorted(calls) == sorted((g, 0) for g in groups)

@@ -247,11 +247,11 @@ def test_the_family_provers_use_the_laws_budget():
 
 def test_the_kernel_s_queries_have_a_resource_limit_by_default():
     """The verification kernel's queries are bounded by Z3's resource limit even when the
-    caller gives none (``kernel.QUERY_RLIMIT``); running out is reported as the resource
+    caller gives none (``kernel.smt.QUERY_RLIMIT``); running out is reported as the resource
     limit."""
-    from mpipe_verified import kernel
+    from mpipe_verified.kernel.smt import QUERY_RLIMIT
     from mpipe_verified.verify import verify
-    assert kernel.QUERY_RLIMIT > 0
+    assert QUERY_RLIMIT > 0
     report = verify(lower(family("1f1b", 2, 2).derive()), rlimit=1)
     assert report.status == "undecided"
     assert any("resource limit" in u for u in report.undecided), report.undecided

@@ -12,6 +12,8 @@ from hypothesis import given, settings, strategies as st
 from mpipe_verified import kernel
 from mpipe_verified.algebra import Transpose, family
 from mpipe_verified.cli import main
+from mpipe_verified.kernel.certificates import CERTIFICATE_FORMAT
+from mpipe_verified.kernel.columns import json_number
 from mpipe_verified.lower import lower
 from mpipe_verified.verify import verify
 import strategies as S
@@ -31,7 +33,7 @@ def test_check_writes_a_certificate_that_recheck_proves(tmp_path, capsys):
     assert main(["check", str(plan_file), "--memory-limit", "4",
                  "--certificate-out", str(cert)]) == 0
     data = json.loads(cert.read_text())
-    assert data["format"] == kernel.CERTIFICATE_FORMAT and data["memory_limit"] == [4] * 4
+    assert data["format"] == CERTIFICATE_FORMAT and data["memory_limit"] == [4] * 4
     capsys.readouterr()
     assert main(["recheck", str(plan_file), str(cert)]) == 0
     assert "PROVEN" in capsys.readouterr().out
@@ -89,19 +91,19 @@ def _perturb(cert: dict, plan, ch) -> dict:
     if kind == "level":
         levels = w["levels"][rank]
         i = ch.int(0, len(levels) - 1)
-        levels[i] = kernel._text(kernel._exact(levels[i]) + delta)
+        levels[i] = json_number(kernel.exact(levels[i]) + delta)
     elif kind == "producer" and w["producers"][rank]:
         w["producers"][rank][ch.int(0, len(w["producers"][rank]) - 1)] = -delta
     elif kind == "finish" and len(w["finish"][rank]) > 1:
         i = ch.int(1, len(w["finish"][rank]) - 1)
         w["finish"][rank][i] = w["finish"][rank][i - 1] - delta
     elif kind == "peak":
-        w["peaks"][rank] = kernel._text(kernel._exact(w["peaks"][rank]) - delta)
+        w["peaks"][rank] = json_number(kernel.exact(w["peaks"][rank]) - delta)
     elif kind == "limit":
-        out["memory_limit"] = [kernel._text(kernel._exact(p) - delta) for p in w["peaks"]]
+        out["memory_limit"] = [json_number(kernel.exact(p) - delta) for p in w["peaks"]]
     elif kind == "size" and out["sizes"]["stored"]:
         entry = out["sizes"]["stored"][0]  # body stage 0: stored on every forward
-        entry[2] = kernel._text(kernel._exact(entry[2]) + delta)
+        entry[2] = json_number(kernel.exact(entry[2]) + delta)
     else:
         out["digest"] = "0" * 64
     return out

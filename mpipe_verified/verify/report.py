@@ -13,11 +13,10 @@ from typing import Callable
 import attrs
 
 from .. import kernel
-from ..ir import Plan
+from ..ir import PROPERTIES, Plan  # the five, in report order
 from ..question import Verdict
 from .parametric import Parametric, mismatch
 
-PROPERTIES = kernel.PROPERTIES  # the five, in report order
 VERIFIER_VERSION = "mpipe-verify/3"  # /3: an injective canonical text (digests of plans
 # that send across the cut changed), the question and verdict from question.py
 
