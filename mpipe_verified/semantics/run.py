@@ -6,7 +6,9 @@ meeting a tick) both call it; they differ only in the steps they hand it.
 
 ``schedule_times`` is the data-flow timing of compute-only programs (inputs across the
 chain, implicit transfers), with collectives grouped as ``pairing.pair_collectives``
-groups them.
+groups them. It is not handed to ``run_steps``: its ops wait for tokens (a producer's
+finish plus the transfer delay, wherever the token first appears), not for a partner's
+post, and it runs before any transfer exists (lowering times a schedule with it).
 """
 
 from __future__ import annotations
