@@ -4,7 +4,7 @@ Each instance is a term the package derives for one size, **lowered by the packa
 (``lower``), so the lowering step is part of what is checked, never assumed. For one of
 the five properties the verification kernel states every obligation of that plan as one
 SMT-LIB formula (``kernel.violation``: satisfiable iff some obligation fails, generated
-from the plan alone); the untrusted fast passes (``verify.properties``) propose only the
+from the plan alone); the untrusted fast passes (``verify.passes``) propose only the
 numbers those obligations mention (producer positions, completion times under
 rendezvous, memory levels). A law's obligation for one ``p`` is the disjunction over all
 its instances, and Z3 refutes it: ``unsat`` proves the property for every instance.
@@ -34,16 +34,16 @@ def _witness(plan, prop: str, peak: Peak | None, exact: bool):
     of the measured one when ``exact`` (else the stated peak as the limit)."""
     from mpipe_verified import kernel
     from mpipe_verified.semantics import RENDEZVOUS, UNIT_MEMORY
-    from mpipe_verified.verify import properties
+    from mpipe_verified.verify import passes
     if prop == "dependency":
-        return kernel.Witness(None, properties.dependency(plan)[1], None, None, None), None
+        return kernel.Witness(None, passes.dependency(plan)[1], None, None, None), None
     if prop == "deadlock":
-        finish = properties.deadlock(plan, RENDEZVOUS)[1]
+        finish = passes.deadlock(plan, RENDEZVOUS)[1]
         return kernel.Witness(finish, None, None, None, None), None
     if prop == "memory":
         stated = tuple(peak(plan.num_ranks, plan.num_microbatches, r)
                        for r in range(plan.num_ranks))
-        hint = properties.memory(plan, UNIT_MEMORY, None)[1]
+        hint = passes.memory(plan, UNIT_MEMORY, None)[1]
         levels, measured, at = hint
         witness = kernel.Witness(None, None, levels, stated if exact else measured, at)
         return witness, (None if exact else stated)

@@ -8,7 +8,7 @@ position ``i`` on rank ``r`` (its defining equations are hypotheses), an op's FI
 ``c`` at its own position, and the send ``(r, i)`` to ``q`` is matched with the receive
 ``(q, j)`` from ``r`` of the same index.
 
-**Deadlock freedom** is the certificate of ``verify.properties.deadlock`` (single ops, no
+**Deadlock freedom** is the certificate of ``verify.passes.deadlock`` (single ops, no
 groups or collectives): step times ``t(r, i)``, strictly increasing along every rank, every
 channel balanced (as many sends ``r -> q`` as receives at ``q`` from ``r``: nothing left
 unmatched), and every matched pair at the same time. Such times exist exactly when the

@@ -16,7 +16,7 @@ from mpipe_verified.ir import Compute, Payload, Plan, Placement, Recv, Send
 from mpipe_verified.semantics import (COMM_MODELS, UNIT_MEMORY, Chain, MemoryModel,
                                       comm_ticks, execute, op_table, p2p_clean, p2p_columns,
                                       pair_p2p, work_complete)
-from mpipe_verified.verify import properties, verify
+from mpipe_verified.verify import passes, verify
 import strategies as S
 
 
@@ -24,14 +24,14 @@ def _agree(plan, model=UNIT_MEMORY, limits=None) -> None:
     table = op_table(plan)
     if table is None:
         return
-    for name, run in (("completeness", properties.completeness),
-                      ("dependency", properties.dependency)):
+    for name, run in (("completeness", passes.completeness),
+                      ("dependency", passes.dependency)):
         fast, slow = run(plan, table), run(plan)
         assert (bool(fast[0]), fast[1]) == (bool(slow[0]), slow[1]), name
     pairing = pair_p2p(plan)
     assert p2p_clean(table) == (not pairing.unmatched and not pairing.mismatched)
     _same_pairs_and_runs(plan, table, pairing)
-    fast, slow = properties.memory(plan, model, limits, table), properties.memory(
+    fast, slow = passes.memory(plan, model, limits, table), passes.memory(
         plan, model, limits)
     assert (bool(fast[0]),) + fast[1:] == (bool(slow[0]),) + slow[1:]
     assert [type(x) for x in fast[2].values()] == [type(x) for x in slow[2].values()]
@@ -51,7 +51,7 @@ def _same_pairs_and_runs(plan, table, pairing) -> None:
                             if type(op) in (Send, Recv))
                       for program, finish in zip(plan.programs, run.finish))
         assert comm_ticks(table, model, pairs) == (times if run.completed else None), model
-        fast, slow = properties.deadlock(plan, model, table=table), properties.deadlock(
+        fast, slow = passes.deadlock(plan, model, table=table), passes.deadlock(
             plan, model)
         assert (bool(fast[0]), fast[1]) == (bool(slow[0]), slow[1]), model
 
@@ -129,8 +129,8 @@ def _columns_apply(plan, model=UNIT_MEMORY, limits=None) -> None:
     table = op_table(plan)
     chain = Chain.of(plan)
     assert work_complete(table, chain)
-    assert properties._producers(table, chain) == properties.dependency(plan)[1]
-    assert properties._levels(table, model, limits) is not None
+    assert passes._producers(table, chain) == passes.dependency(plan)[1]
+    assert passes._levels(table, model, limits) is not None
     assert p2p_clean(table) and comm_ticks(table, "rendezvous") is not None
 
 
@@ -205,7 +205,8 @@ def test_check_s_op_table_is_the_reader_s(tmp_path, monkeypatch, capsys):
     is declared), so the cells it recorded reach ``op_table``; the cells are dropped with
     the plan and cannot be written to."""
     import gc
-    from mpipe_verified import ir, semantics
+    from mpipe_verified import ir
+    from mpipe_verified.semantics import table as op_tables
     from mpipe_verified.cli import main
     from mpipe_verified.declared import declare
     text = format_torch_csv(lower(family("1f1b", 3, 5).derive()))
@@ -218,8 +219,8 @@ def test_check_s_op_table_is_the_reader_s(tmp_path, monkeypatch, capsys):
     gc.collect()
     assert ir._KNOWN_CELLS[1] is None  # nothing kept once the plan is gone
     used = []
-    classes = semantics._classes_of_cells
-    monkeypatch.setattr(semantics, "_classes_of_cells",
+    classes = op_tables._classes_of_cells
+    monkeypatch.setattr(op_tables, "_classes_of_cells",
                         lambda *a: used.append(1) or classes(*a))
     path = tmp_path / "1f1b.csv"
     path.write_text(text)

@@ -22,7 +22,7 @@ from mpipe_verified.ir import Compute, Placement, Plan, Schedule
 from mpipe_verified.lower import lower
 from mpipe_verified.question import Asked, Question
 from mpipe_verified.semantics import MemoryModel
-from mpipe_verified.verify import properties, verify
+from mpipe_verified.verify import passes, verify
 
 
 def check(capsys, *argv: str) -> tuple[int, dict]:
@@ -83,8 +83,8 @@ def test_limits_from_the_question_not_from_the_passes(capsys, monkeypatch):
             "--expand"]
     code, doc = check(capsys, *argv)
     assert code == 1 and doc["status"] == "violated"
-    real = properties.memory
-    monkeypatch.setattr(properties, "memory",
+    real = passes.memory
+    monkeypatch.setattr(passes, "memory",
                         lambda plan, model, limits, table=None: real(plan, model, None, table))
     code, doc = check(capsys, *argv)
     assert code == 3 and doc["status"] == "undecided", doc

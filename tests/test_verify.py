@@ -300,7 +300,7 @@ def test_dependency_and_matching_findings_are_capped_and_counted():
     """Every receive of 1F1B(8, 64) removed: thousands of missing inputs and unmatched
     sends. Each property lists (and Z3 confirms) at most MAX_FINDINGS of them and counts
     the rest; the listed ones are the first ones, in plan order."""
-    from mpipe_verified.verify.properties import MAX_FINDINGS
+    from mpipe_verified.verify.passes import MAX_FINDINGS
     plan = lowered("1f1b", 8, 64)
     stripped = attrs.evolve(plan, programs=tuple(
         tuple(op for op in program if not isinstance(op, Recv)) for program in plan.programs))
@@ -472,7 +472,7 @@ def test_collective_findings_are_confirmed_by_the_kernel_from_the_plan():
     """Each collective problem is a claim about a position of the plan that the kernel
     checks itself: a claim about a call that is fine is rejected, never confirmed."""
     from mpipe_verified import kernel
-    from mpipe_verified.verify import properties
+    from mpipe_verified.verify import passes
     plan = lowered("gpipe", 3, 1)
     grads = Collective("all_reduce", (0, 1), "grads")
     params = Collective("broadcast", (0, 1), "params", root=1)
@@ -480,7 +480,7 @@ def test_collective_findings_are_confirmed_by_the_kernel_from_the_plan():
                              ([(grads,), (), ()], [("call", 0, len(plan.programs[0]))]),
                              ([(grads,), (grads,), (grads,)], None)]:
         broken = _append(plan, programs)
-        findings, _ = properties.matching(broken)
+        findings, _ = passes.matching(broken)
         got = [f.claim for f in findings]
         assert got and all(c[0] == "call" for c in got)
         if claims is not None:
@@ -488,13 +488,13 @@ def test_collective_findings_are_confirmed_by_the_kernel_from_the_plan():
         assert kernel.confirm(broken, "matching", got) == ["violated"] * len(got)
         # the same claims about the plan without the broken calls are rejected
         assert set(kernel.confirm(plan, "matching", got)) == {"rejected"}
-    dead = properties.deadlock(_append(plan, [(grads,), (), ()]), "rendezvous")[0]
+    dead = passes.deadlock(_append(plan, [(grads,), (), ()]), "rendezvous")[0]
     assert [f.claim for f in dead] == [("stuck", 0, len(plan.programs[0]))]
     one_f = lowered("1f1b", 4, 8)
     program = list(one_f.programs[0])
     del program[max(i for i, op in enumerate(program) if isinstance(op, Recv))]
     broken = with_program(one_f, 0, program)
-    (dead,) = properties.deadlock(broken, "rendezvous")[0]
+    (dead,) = passes.deadlock(broken, "rendezvous")[0]
     assert kernel.confirm(broken, "deadlock", [dead.claim]) == ["violated"]
     assert kernel.confirm(one_f, "deadlock", [dead.claim]) == ["rejected"]
 

@@ -1,7 +1,7 @@
 """The verifier: one entry point, five properties, every verdict from the kernel.
 
 ``verify(plan, memory_limit=None, comm_model="rendezvous")`` runs each property's fast
-linear pass (``properties``) over the shared semantics: untrusted, it proposes
+linear pass (``passes``) over the shared semantics: untrusted, it proposes
 counterexamples or its part of a witness. The trusted shell (``..question``) forms the
 question (limits, sizes, declared sizes, the input as read) and has the kernel
 (``..kernel``) decide each property: *violated* once it confirms every finding from the
@@ -25,7 +25,7 @@ from ..ir import Plan
 from ..question import Asked, Question
 from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, op_table,
                          pair_collectives, pair_p2p)
-from . import properties
+from . import passes
 from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
                      check_certificate, plan_digest)
 
@@ -195,17 +195,17 @@ def _local_properties(asked: Asked, table, rlimit) -> dict:
     """Completeness, memory and, for a plan with a ``table``, matching (the half that
     needs no pairing, run or producers). ``table``: ``semantics.op_table(plan)``."""
     plan, judge = asked.plan, _Judge(asked, rlimit)
-    out = {"completeness": judge("completeness", lambda: properties.completeness(plan,
+    out = {"completeness": judge("completeness", lambda: passes.completeness(plan,
                                                                                  table))}
     mem = {}
 
     def memory():
-        found = properties.memory(plan, _passes_memory(asked), asked.limits, table)
+        found = passes.memory(plan, _passes_memory(asked), asked.limits, table)
         findings, hint, mem["peaks"], mem["highest"] = found
         return findings, hint
     out["memory"] = judge("memory", memory)
     if table is not None:  # its transfers pair by columns: no pairing to share
-        out["matching"] = judge("matching", lambda: properties.matching(plan, table=table))
+        out["matching"] = judge("matching", lambda: passes.matching(plan, table=table))
     return {**out, "peaks": mem["peaks"], "highest": mem["highest"], "hints": judge.hints}
 
 
@@ -216,13 +216,13 @@ def _comm_properties(asked: Asked, table, rlimit) -> dict:
     receives and collectives when there is no table."""
     plan, judge = asked.plan, _Judge(asked, rlimit)
     comm_model = asked.question.comm_model
-    out = {"dependency": judge("dependency", lambda: properties.dependency(plan, table))}
+    out = {"dependency": judge("dependency", lambda: passes.dependency(plan, table))}
     pairing = collectives = None  # a table's plan is paired by columns, only if needed
     if table is None:
         pairing, collectives = pair_p2p(plan), pair_collectives(plan)
-        out["matching"] = judge("matching", lambda: properties.matching(plan, pairing,
+        out["matching"] = judge("matching", lambda: passes.matching(plan, pairing,
                                                                          collectives))
-    out["deadlock"] = judge("deadlock", lambda: properties.deadlock(plan, comm_model, pairing,
+    out["deadlock"] = judge("deadlock", lambda: passes.deadlock(plan, comm_model, pairing,
                                                                      collectives, table))
     return {**out, "hints": judge.hints}
 

@@ -1,5 +1,6 @@
-"""The five properties of docs/semantics.md §3, each as a fast linear pass over the plan
-(through the shared ``semantics``): untrusted hint generators for the kernel.
+"""The verifier's passes: the five properties of docs/semantics.md §3, each as a fast linear
+pass over the plan (through the shared ``semantics``): untrusted hint generators for the
+kernel.
 
 Every function returns ``(findings, hint)`` (``memory`` adds the peaks): ``findings`` pair
 each violation with the *claim* the kernel must confirm from the plan before it is
@@ -19,9 +20,9 @@ import numpy as np
 
 from ..ir import COMM_STEP, Plan, Send, p2p_of
 from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, OpTable, Token, collective_issues,
-                         comm_ticks, execute, live_tensors, memory_moves, memory_steps,
-                         p2p_clean, pair_collectives, pair_p2p, produces, required_work,
-                         wait_cycle, work_complete, work_table)
+                         column_levels, comm_ticks, execute, live_tensors, memory_levels,
+                         memory_moves, p2p_clean, pair_collectives, pair_p2p, produces,
+                         required_work, wait_cycle, work_complete, work_table)
 from .report import Violation, apart
 
 
@@ -302,8 +303,8 @@ def _deadlock_findings(plan, run) -> list[Finding]:
 def memory(plan: Plan, model: MemoryModel, limits: tuple | None,
            table: OpTable | None = None) -> tuple[list[Finding], tuple | None, dict, object]:
     """Peak per rank within ``limits`` (one bound per rank, ``question.Question.limits``, or
-    None). Levels are summed exactly (a float size is the rational it denotes,
-    ``_exact``). The hint: per rank, the level before every step that allocates or frees
+    None). The levels are ``semantics.memory_levels``' (by columns, ``column_levels``),
+    summed exactly (a float size is the rational it denotes, ``_exact``). The hint: per rank, the level before every step that allocates or frees
     something and after the last, the exact peak and the first step reaching it (-1 for
     an empty program). The reported
     peaks are the float sums, as ``semantics`` reports them; last, the highest peak
@@ -322,29 +323,22 @@ def memory(plan: Plan, model: MemoryModel, limits: tuple | None,
         return _exact(x, exact)
 
     for rank in range(plan.num_ranks):
-        steps, _ = memory_steps(plan, rank, model)
-        # float sums for the report; a cost model's sizes are also summed exactly
-        sums = steps if model is UNIT_MEMORY else memory_steps(plan, rank, model,
-                                                                exact=convert)[0]
+        # the float levels for the report; a cost model's sizes are also summed exactly
+        steps = list(memory_levels(plan, rank, model))
+        sums = steps if model is UNIT_MEMORY else memory_levels(plan, rank, model,
+                                                                 exact=convert)
         static = model.static_of(rank)
-        level = _exact(static, exact)
-        float_level = static  # summed as semantics.memory_trace sums it, for the report
         reported = peak = None  # the highest step peak: as reported, and exactly
-        levels, at = [level], -1
-        for index, ((alloc, freed), (a, f)) in enumerate(zip(steps, sums)):
-            top = float_level + alloc
-            if reported is None or top > reported:
-                reported = top
-            if alloc or freed:
-                float_level += alloc - freed
-                a, f = convert(a), convert(f)
-            else:
-                a = f = 0
+        levels, at = [_exact(static, exact)], -1
+        for index, ((before, alloc, _, _), (level, a, f, after)) in enumerate(zip(steps,
+                                                                               sums)):
+            if reported is None or before + alloc > reported:
+                reported = before + alloc
+            level, a, f = convert(level), convert(a), convert(f)
             if peak is None or level + a > peak:
                 peak, at = level + a, index
             if a or f:  # the hint lists the level at steps that move memory
-                level = level + a - f
-                levels.append(level)
+                levels.append(convert(after))
         if peak is None:  # no steps: the static part is all there is
             peak, reported = levels[0], static
         peaks[rank] = reported
@@ -372,16 +366,12 @@ def _levels(table: OpTable, model: MemoryModel, limits) -> tuple | None:
 
 
 def _per_rank(table, alloc, freed, statics, given, limits) -> tuple | None:
-    """The hint and the reported peaks from each op's moves; None if over a limit."""
+    """The hint and the reported peaks from each op's moves (``semantics.column_levels``);
+    None if over a limit."""
     levels, peaks, at, reported = [], [], [], {}
-    start = 0
-    for rank, count in enumerate(table.counts):
-        a, f = alloc[start:start + count], freed[start:start + count]
-        start += count
-        after = statics[rank] + np.cumsum(a - f)
-        before = after - (a - f)
-        moved = (a != 0) | (f != 0)
-        if count:
+    for rank, (before, a, f, after) in enumerate(column_levels(table.counts, alloc, freed,
+                                                               statics)):
+        if len(a):
             top = before + a
             i = int(np.argmax(top))
             peak = int(top[i])
@@ -389,10 +379,10 @@ def _per_rank(table, alloc, freed, statics, given, limits) -> tuple | None:
             i, peak = -1, int(statics[rank])
         if limits is not None and peak > limits[rank]:
             return None
-        levels.append(tuple([int(statics[rank])] + after[moved].tolist()))
+        levels.append(tuple([int(statics[rank])] + after[(a != 0) | (f != 0)].tolist()))
         peaks.append(peak)
         at.append(i)
-        reported[rank] = float(peak) if count else given[rank]
+        reported[rank] = float(peak) if len(a) else given[rank]
     return (tuple(levels), tuple(peaks), tuple(at)), reported
 
 

@@ -1,0 +1,252 @@
+"""Memory (docs/semantics.md §2.6): what each step allocates and frees (``step_effects``,
+the one statement of the rule), per rank op by op (``memory_steps``, any sizes) or by
+columns (``memory_moves``, integer sizes), and the levels and peaks that follow
+(``memory_levels``; by columns, ``column_levels``).
+
+The column form evaluates ``step_effects`` once per op class and keeps what is live as
+``memory_steps`` does (a free releases what the latest allocation under its key left
+live); it stays beside the op-by-op form because that form sums floats or exact
+rationals in program order, which integer columns cannot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import attrs
+
+from ..ir import (BACKWARD, FORWARD, INPUT, RECOMPUTE, WEIGHT_GRAD, Collective, Idle, Marker,
+                  Op, Payload, Plan, Recv, Send, computes_of, p2p_of)
+from .rules import TRANSFER_TOKENS, Chain, payload_token
+from .table import OpTable
+
+
+def _no_buffer(payload: Payload) -> float:
+    return 0.0
+
+
+@attrs.frozen
+class MemoryModel:
+    """§2.6. ``stored(stage, segment)`` is what an ``F`` keeps for its backward (freed by
+    ``B``, or by ``W`` when split); ``buffer(payload)`` is a receive buffer, freed when the
+    consuming op finishes; ``static[rank]`` is the fixed part. ``rng_state`` is the RNG
+    state a shipped raw input carries (its recompute replays the forward's random draws):
+    an ``input`` payload's receive buffer is ``buffer(payload) + rng_state``. Default: the
+    unit model (buffers and RNG states free)."""
+
+    stored: Callable[[int, str], float] = lambda stage, segment: 1.0
+    buffer: Callable[[Payload], float] = _no_buffer
+    static: tuple[float, ...] = ()
+    rng_state: float = 0.0
+
+    @property
+    def buffers_free(self) -> bool:
+        """Whether ``buffer`` is the default, which makes every receive buffer free (a
+        function of its own is not inspected, even one that always returns 0)."""
+        return self.buffer is _no_buffer
+
+    def static_of(self, rank: int) -> float:
+        return self.static[rank] if rank < len(self.static) else 0.0
+
+    def received(self, payload: Payload) -> float:
+        """The receive buffer of ``payload``: ``buffer(payload)``, plus ``rng_state`` for a
+        shipped raw input."""
+        return self.buffer(payload) + (self.rng_state if payload.kind == INPUT else 0.0)
+
+
+UNIT_MEMORY = MemoryModel()
+
+
+def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
+                 live_at: int | None = None, exact: Callable | None = None
+                 ) -> tuple[list[tuple[float, float]], list]:
+    """Per op of ``rank``: ``(allocated, freed)``. A step's allocations count before its
+    frees, so its peak is ``before + allocated``. With ``live_at``, also the tensors live
+    at that step's peak as ``(description, size)``. With ``exact``, every size is
+    ``exact(size)`` before it is summed (exact rationals, not float sums)."""
+    live: dict[object, tuple[str, float]] = {}
+    steps: list[tuple[float, float]] = []
+    snapshot: list = []
+    chain = Chain.of(plan)
+    stored, buffer = model.stored, model.received
+    if exact is not None:
+        stored, buffer = (lambda s, seg: exact(model.stored(s, seg))), (
+            lambda p: exact(model.received(p)))
+    for index, op in enumerate(plan.programs[rank]):
+        kind = type(op)
+        if kind is Send or kind is Idle or kind is Marker or kind is Collective:
+            steps.append((0.0, 0.0))  # allocates and frees nothing
+            if index == live_at:
+                snapshot = [(f"{what} {x}", size) for what, x, size in live.values()]
+            continue
+        allocs, frees = step_effects(op, rank, chain, stored, buffer)
+        alloc = 0.0 if exact is None else 0
+        for key, entry in allocs:
+            live[key] = entry
+            alloc += entry[2]
+        if index == live_at:  # described only when asked: formatting every op is costly
+            snapshot = [(f"{what} {op}", size) for what, op, size in live.values()]
+        freed = sum(live.pop(key)[2] for key in frees if key in live)
+        steps.append((alloc, freed))
+    return steps, snapshot
+
+
+def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Callable
+                 ) -> tuple[list, list]:
+    """What one step of ``rank`` allocates and frees (§2.6): ``(allocs, frees)``, each
+    alloc ``(key, (what, item, size))`` (it becomes what is live under that key; the
+    allocations count before the frees), each free a key (it frees what is live under
+    that key, if anything). ``stored(stage, segment)`` and ``buffer(payload)`` give the
+    sizes. A forward (or recompute) keeps its activation where the chain says so; ``B`` or
+    ``W`` frees it; a receive allocates its buffer (none of size 0), which the op
+    consuming its token frees."""
+    allocs, frees = [], []
+    for c in computes_of(op):
+        if c.kind in (FORWARD, RECOMPUTE):
+            if chain.stores(c, rank):
+                size = stored(c.stage, c.segment)
+                allocs.append((("stored", c.segment, c.stage, c.mb), ("activation of", c, size)))
+        elif c.kind in (BACKWARD, WEIGHT_GRAD):
+            frees.append(("stored", c.segment, c.stage, c.mb))
+        # a receive buffer is freed by the op that consumes its token (§2.6)
+        frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
+    for r in p2p_of(op):
+        if isinstance(r, Recv):
+            size = buffer(r.payload)
+            if size:
+                allocs.append((("buffer", payload_token(r.payload)), ("receive buffer of", r, size)))
+    return allocs, frees
+
+
+BIG = 2**52  # integer sizes summed below this are exact as floats too
+
+
+def memory_moves(table: OpTable, model: MemoryModel, extra=()) -> tuple | None:
+    """``memory_steps`` of every rank by columns: per op of the table, what it allocates
+    and what it frees, as integer arrays. ``step_effects`` is evaluated per op class
+    (``rule_columns``); allocations count before frees, and a free releases what the
+    latest allocation under its key left live, as ``memory_steps`` keeps ``live``. None
+    when receive buffers are not free (their size may depend on more than an op's
+    class), a size or a number of ``extra`` (the static parts and limits the sums will
+    meet) is not an integer, they could sum beyond ``BIG`` (where float sums stop being
+    exact), or the table cannot state the rules."""
+    if not model.buffers_free:
+        return None
+    chain = Chain.of(table.plan)
+
+    def effects(rank, op):
+        return step_effects(op, rank, chain, model.stored, model.received)
+    allocs = table.rule_columns(lambda rank, op: [(entry[2],) + _flat(key) for key, entry
+                                                  in effects(rank, op)[0]])
+    frees = table.rule_columns(lambda rank, op: [_flat(key) for key in effects(rank, op)[1]])
+    if allocs is None or frees is None:
+        return None
+    sizes = [name[0] for name in allocs[3]] + list(extra)
+    if not all(integral(x) for x in sizes) or \
+            sum(abs(int(x)) for x in sizes) * (table.plan.num_ops + 1) >= BIG:
+        return None
+    return _released(table, allocs, frees)
+
+
+def _flat(key: tuple) -> tuple:
+    """A memory key with its microbatch last: ``("stored", seg, stage, mb)`` as it is,
+    ``("buffer", token)`` as ``("buffer", *token)``."""
+    return key if key[0] != "buffer" else ("buffer",) + key[1]
+
+
+def integral(x) -> bool:
+    """An int, or a finite float with an integer value."""
+    return isinstance(x, (int, float)) and math.isfinite(x) and float(x).is_integer()
+
+
+def _released(table: OpTable, allocs, frees) -> tuple:
+    """Per op: what it allocates and what it frees (integers), from ``rule_columns`` of
+    the allocations (size first) and the frees."""
+    import numpy as np
+    a_row, a_tok, a_shift, a_names = allocs
+    f_row, f_tok, f_shift, f_names = frees
+    names: dict = {}
+    for name in a_names:
+        names.setdefault(name[1:], len(names))
+    a_name = np.array([names[name[1:]] for name in a_names] or [0], dtype=np.int64)
+    f_name = np.array([names.get(name, -1) for name in f_names] or [0], dtype=np.int64)
+    a_size = np.array([int(name[0]) for name in a_names] or [0], dtype=np.int64)
+    # the events of each step, allocations (phase 0) before frees (phase 1), ordered by
+    # rank, key and microbatch: a free releases the size of the event just before it on
+    # its key if that is an allocation (what it left live), else nothing
+    rows = np.concatenate([a_row, f_row])
+    name = np.concatenate([a_name[a_tok], f_name[f_tok]])
+    mb = table.mb[rows] + np.concatenate([a_shift, f_shift])
+    phase = np.concatenate([np.zeros(len(a_row), np.int64), np.ones(len(f_row), np.int64)])
+    size = np.concatenate([a_size[a_tok], np.zeros(len(f_row), np.int64)])
+    rank = table.rank[rows]
+    order = np.lexsort((phase, rows, mb, name, rank))
+    rows, name, mb, phase, size, rank = (x[order] for x in (rows, name, mb, phase, size, rank))
+    hit = np.zeros(len(rows), dtype=bool)
+    hit[1:] = (phase[1:] == 1) & (name[1:] >= 0) & (phase[:-1] == 0) & (
+        name[1:] == name[:-1]) & (mb[1:] == mb[:-1]) & (rank[1:] == rank[:-1])
+    released = np.zeros(len(rows), dtype=np.int64)
+    released[1:] = np.where(hit[1:], size[:-1], 0)
+    n = len(table.cls)
+    alloc = np.bincount(rows, weights=size, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    freed = np.bincount(rows, weights=released, minlength=n).astype(np.int64) if len(rows) \
+        else np.zeros(n, np.int64)
+    return alloc, freed
+
+
+def memory_levels(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
+                  exact: Callable | None = None):
+    """Per step of ``rank``: ``(before, allocated, freed, after)``, starting from the
+    static part; the step's peak is ``before + allocated`` (allocations count before
+    frees). Numbers are summed as the model gives them (a step that moves nothing keeps
+    ``before`` as it is); with ``exact``, every size and the static part are ``exact(x)``
+    (``memory_steps``)."""
+    static = model.static_of(rank)
+    level = static if exact is None else exact(static)
+    for alloc, freed in memory_steps(plan, rank, model, exact=exact)[0]:
+        after = level + (alloc - freed) if alloc or freed else level
+        yield level, alloc, freed, after
+        level = after
+
+
+def column_levels(counts, alloc, freed, statics):
+    """``memory_levels`` of every rank by columns, for integer moves (``memory_moves``):
+    per rank (``counts`` ops each, rank-major), the arrays ``(before, allocated, freed,
+    after)`` of its steps from its static part. The same carry as ``memory_levels``, as a
+    cumulative sum (exact for integers below ``BIG``, where the op-by-op sum of floats is
+    too)."""
+    import numpy as np
+    start = 0
+    for rank, count in enumerate(counts):
+        a, f = alloc[start:start + count], freed[start:start + count]
+        start += count
+        after = statics[rank] + np.cumsum(a - f)
+        yield after - (a - f), a, f, after
+
+
+def memory_trace(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY) -> list[float]:
+    """Each step's peak level on ``rank`` (static part included)."""
+    return [before + alloc for before, alloc, _, _ in memory_levels(plan, rank, model)]
+
+
+def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_MEMORY
+                 ) -> list[tuple[str, float]]:
+    """The tensors live on ``rank`` at the peak of step ``index``."""
+    return memory_steps(plan, rank, model, live_at=index)[1]
+
+
+def peak_memory(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, tuple[float, int]]:
+    """Per rank: ``(peak, index of the step where it is first reached)`` (-1 if empty)."""
+    out = {}
+    for rank in range(plan.num_ranks):
+        levels = memory_trace(plan, rank, model)
+        if not levels:
+            out[rank] = (model.static_of(rank), -1)
+            continue
+        peak = max(levels)
+        out[rank] = (peak, levels.index(peak))
+    return out
+
+

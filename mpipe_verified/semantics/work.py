@@ -1,0 +1,282 @@
+"""Completeness (docs/semantics.md §3): the work a plan must contain and the collectives
+its cut requires.
+
+The rule, stated once: a unit's work is counted per kind (``work_table``; by columns,
+``work_complete``) and judged by ``unit_ok``; ``required_work`` explains a failing unit.
+The two counts are kept apart on purpose: the column count is a ``bincount`` over the
+table (the verifier's hot path on 10^5-10^6 ops), the op-by-op count also records where
+each op first occurs and what is stray or misplaced, which only a failing plan needs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import attrs
+
+from ..ir import (BACKWARD, BODY, FORWARD, INPUT_GRAD, RECOMPUTE, WEIGHT_GRAD, Collective,
+                  Compute, Plan, computes_of)
+from .rules import GRADS, PARAMS, Chain, collective_segment
+from .table import OpTable
+
+
+@attrs.frozen
+class WorkIssue:
+    """A completeness finding: ``op`` at ``where`` (rank, index) or missing (``where`` None)."""
+
+    op: Compute
+    problem: str  # "missing" | "duplicate" | "unexpected" | "wrong_rank" | "mixed_backward"
+    #               | "short" (fewer ops than the required forwards)
+    where: tuple[int, int] | None
+    detail: str
+
+
+WORK_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
+MISPLACED = len(WORK_KINDS)
+
+
+@attrs.frozen
+class WorkTable:
+    """Occurrences of compute work. ``counts[(segment, stage, mb)]`` is
+    ``[F, B, I, W, R, misplaced]`` (misplaced: occurrences on a rank other than the one
+    the chain expects); ``first[op]`` is where an op first occurs; ``stray`` lists ops
+    outside the chain's units or microbatches."""
+
+    counts: dict[tuple[str, int, int], list[int]]
+    first: dict[Compute, tuple[int, int]]
+    stray: tuple[tuple[Compute, int, int], ...]
+    misplaced: dict[tuple[str, int, int], tuple[Compute, int, int]]
+    short: bool = False  # fewer compute ops than required forwards: missing units unlisted
+
+
+def work_table(plan: Plan, chain: Chain | None = None) -> WorkTable:
+    chain = chain or Chain.of(plan)
+    m = plan.num_microbatches
+    counts: dict[tuple[str, int, int], list[int]] = {}
+    first: dict[Compute, tuple[int, int]] = {}
+    stray = []
+    misplaced: dict[tuple[str, int, int], tuple[Compute, int, int]] = {}
+    column = {k: i for i, k in enumerate(WORK_KINDS)}
+    units = set(chain.units())
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            for c in computes_of(op):
+                key = (c.segment, c.stage, c.mb)
+                if (c.segment, c.stage) not in units or c.mb >= m:
+                    stray.append((c, rank, index))
+                    continue
+                row = counts.get(key)
+                if row is None:
+                    row = counts[key] = [0] * (MISPLACED + 1)
+                if chain.expected_rank(c) != rank:
+                    row[MISPLACED] += 1
+                    misplaced.setdefault(key, (c, rank, index))
+                else:
+                    row[column[c.kind]] += 1
+                first.setdefault(c, (rank, index))
+    work = sum(map(sum, counts.values())) + len(stray)
+    if len(units) * m > work:  # never enumerate microbatches the plan cannot hold
+        return WorkTable(counts, first, tuple(stray), misplaced, short=True)
+    for seg, stage in chain.units():
+        for mb in range(m):
+            if (seg, stage, mb) not in counts:
+                counts[(seg, stage, mb)] = [0] * (MISPLACED + 1)
+    return WorkTable(counts, first, tuple(stray), misplaced)
+
+
+def _first_missing(chain: Chain, table: WorkTable, m: int) -> Compute:
+    """A unit with no forward, in time linear in the units present."""
+    for seg, stage in chain.units():
+        mb = next(mb for mb in range(m + 1) if (seg, stage, mb) not in table.counts
+                  or table.counts[(seg, stage, mb)][0] == 0)
+        if mb < m:
+            return Compute(FORWARD, stage, mb, seg)
+    raise AssertionError("a short table has a missing unit")
+
+
+def unit_ok(row: list[int], need_backward: bool, need_recompute: bool) -> bool:
+    """One forward, the backward the unit needs (``B``, or ``I`` and ``W``; none when
+    frozen), the recompute it needs, nothing misplaced."""
+    f, b, i, w, r, wrong = row
+    back = (b, i, w) in ((1, 0, 0), (0, 1, 1)) if need_backward else (b, i, w) == (0, 0, 0)
+    return f == 1 and back and r == int(need_recompute) and wrong == 0
+
+
+def required_work(plan: Plan, table: WorkTable | None = None,
+                  limit: int | None = None) -> list[WorkIssue]:
+    """Check §3 completeness over the chain (body and cut): at most ``limit`` issues."""
+    chain = Chain.of(plan)
+    table = table or work_table(plan, chain)
+    m = plan.num_microbatches
+    if table.short:
+        units = len(chain.units())
+        f = _first_missing(chain, table, m)
+        ops = sum(map(sum, table.counts.values())) + len(table.stray)
+        return [WorkIssue(f, "short", None, f"the plan has {ops} compute ops but its {units} "
+                                            f"stages and segments times {m} microbatches need "
+                                            f"at least {units * m} forwards; {f} (forward) "
+                                            "never runs")]
+    issues = [WorkIssue(c, "unexpected", (rank, index),
+                        f"{c} is not part of this plan (stages, segments and microbatches "
+                        f"0..{plan.num_microbatches - 1})") for c, rank, index in table.stray]
+    for (seg, s, mb), row in sorted(table.counts.items()):
+        if limit is not None and len(issues) >= limit:
+            break
+        need_back, need_r = chain.expected_backward(seg, mb)
+        if not unit_ok(row, need_back, need_r):
+            issues.extend(_unit_issues(chain, table, seg, s, mb, row, need_back, need_r))
+    return issues[:limit] if limit is not None else issues
+
+
+def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkIssue]:
+    f, b, i, w, r = (Compute(k, s, mb, seg) for k in WORK_KINDS)
+    owner = chain.expected_rank(f)
+    out = []
+    for c, count in zip((f, b, i, w, r), row):
+        if count > 1:
+            out.append(WorkIssue(c, "duplicate", table.first.get(c),
+                                 f"{c} occurs {count} times on rank {chain.expected_rank(c)}"))
+    if row[MISPLACED]:
+        c, rank, index = table.misplaced[(seg, s, mb)]
+        out.append(WorkIssue(c, "wrong_rank", (rank, index),
+                             f"{c} runs on rank {rank} but belongs on rank "
+                             f"{chain.expected_rank(c)}"))
+    if row[0] == 0:
+        out.append(WorkIssue(f, "missing", None, f"{f} (forward) never runs on rank {owner}"))
+    back_rank = chain.expected_rank(b)
+    if not need_back and (row[1] or row[2] or row[3]):
+        c = b if row[1] else i if row[2] else w
+        why = ("the plan is declared forward-only" if chain.forward_only
+               else f"segment {seg!r} is frozen")
+        out.append(WorkIssue(c, "unexpected", table.first.get(c),
+                             f"{c} runs but {why} (no backward)"))
+    elif need_back and row[1] and (row[2] or row[3]):
+        out.append(WorkIssue(b, "mixed_backward", table.first.get(b),
+                             f"{b} and its split form {i}/{w} both occur"))
+    elif need_back and not row[1] and not (row[2] and row[3]):
+        missing = b if not (row[2] or row[3]) else (w if row[2] else i)
+        out.append(WorkIssue(missing, "missing", None,
+                             f"{missing} never runs on rank {back_rank} (backward of "
+                             f"{'stage ' if not seg else seg + ':'}{s} microbatch {mb} needs "
+                             f"B, or I then W)"))
+    if need_r and row[4] == 0:
+        out.append(WorkIssue(r, "missing", None, f"{r} (recompute before the central "
+                                                 f"backward) never runs on rank {back_rank}"))
+    elif not need_r and row[4]:
+        out.append(WorkIssue(r, "unexpected", table.first.get(r), f"{r} runs but no recompute "
+                                                                   "is needed here"))
+    return out
+
+
+def work_complete(table: OpTable, chain: Chain) -> bool:
+    """``required_work`` and ``collective_issues`` find nothing, read by columns: every
+    unit's work counted as ``work_table`` counts it and judged by ``unit_ok`` (once per
+    distinct count row). False when anything is missing, repeated, misplaced or stray, or
+    the cut requires a collective (a table's plan has none): op by op then says what."""
+    import numpy as np
+    plan = table.plan
+    s, m = chain.num_stages, plan.num_microbatches
+    units = set(chain.units())
+    kinds = np.full(len(table.classes), -1, dtype=np.int64)  # work kind column, or -1
+    stages = np.zeros(len(table.classes), dtype=np.int64)
+    for c, (rank, op, _) in enumerate(table.classes):
+        for one in computes_of(op):  # a table's compute steps are single ops
+            if (one.segment, one.stage) not in units or \
+                    chain.expected_rank(one) != rank:
+                return False  # stray or misplaced: op by op says which
+            kinds[c], stages[c] = WORK_KINDS.index(one.kind), one.stage
+    if chain.required_collectives():
+        return False
+    work = kinds[table.cls] >= 0
+    mb, kind, stage = table.mb[work], kinds[table.cls][work], stages[table.cls][work]
+    if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
+        return False  # a unit without work (never enumerated: m may be huge), or stray
+    width = len(WORK_KINDS)
+    present, at = np.unique(stage * m + mb, return_inverse=True)
+    if len(present) != s * m:
+        return False
+    rows = np.zeros((s * m, width), dtype=np.int64)
+    np.add.at(rows, (at.reshape(-1), kind), 1)
+    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
+                   dtype=np.int64).reshape(m, 2)
+    cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
+    return all(unit_ok(row[:width] + [0], bool(row[width]), bool(row[width + 1]))
+               for row in _distinct_rows(cases))
+
+
+def _distinct_rows(rows) -> list[list[int]]:
+    """The distinct rows of a non-negative integer matrix (as one number each when they
+    fit in 63 bits, which sorts faster than rows)."""
+    import numpy as np
+    base = int(rows.max(initial=0)) + 1
+    if base ** rows.shape[1] >= 2**63:
+        return np.unique(rows, axis=0).tolist()
+    weights = base ** np.arange(rows.shape[1], dtype=np.int64)
+    codes = np.unique(rows @ weights)
+    return [[int(c) // base ** k % base for k in range(rows.shape[1])] for c in codes.tolist()]
+
+
+@attrs.frozen
+class CollectiveIssue:
+    """A completeness finding about a collective the cut requires (``tag``) on ``rank``:
+    at ``where`` (rank, index), or missing there (``where`` None)."""
+
+    tag: str
+    rank: int
+    where: tuple[int, int] | None
+    detail: str
+
+
+def collective_issues(plan: Plan, limit: int | None = None) -> list[CollectiveIssue]:
+    """The collectives of ``Chain.required_collectives``: every call tagged
+    ``params:NAME``/``grads:NAME`` is one the cut requires, of its kind and root, over
+    members that include every rank that must call it; each such rank calls it exactly
+    once, any other member at most once. At most ``limit`` issues."""
+    required = Chain.of(plan).required_collectives()
+    calls: dict[tuple[str, int], list[int]] = defaultdict(list)
+    issues = []
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            tagged = collective_segment(op) if type(op) is Collective else None
+            if tagged is None or tagged[0] not in (PARAMS, GRADS):
+                continue
+            calls[(op.tag, rank)].append(index)
+            problem = _tagged_problem(op, required.get(op.tag))
+            if problem:
+                issues.append(CollectiveIssue(op.tag, rank, (rank, index),
+                                              f"rank {rank} position {index}: {op} {problem}"))
+    for tag, (kind, root, ranks) in sorted(required.items()):
+        for rank in range(plan.num_ranks):
+            where = calls[(tag, rank)]
+            if rank in ranks and not where:
+                issues.append(CollectiveIssue(tag, rank, None, _never_called(tag, kind, root,
+                                                                             rank)))
+            elif len(where) > 1:
+                issues.append(CollectiveIssue(tag, rank, (rank, where[1]),
+                                              f"rank {rank} calls {kind} {tag} {len(where)} "
+                                              f"times (positions {where}); the cut needs it once"))
+    return issues[:limit]
+
+
+def _tagged_problem(op: Collective, need) -> str:
+    if need is None:
+        return "is not required by the cut (no trainable segment of that name moves work " \
+               "off its home rank)"
+    kind, root, ranks = need
+    if op.kind != kind or op.root != root:
+        want = f"{kind}" + (f" rooted at rank {root}" if root is not None else "")
+        return f"should be {'an' if kind[0] in 'aeiou' else 'a'} {want}"
+    left_out = sorted(ranks - set(op.ranks))
+    if left_out:
+        return f"leaves out rank(s) {left_out}, which must take part"
+    return ""
+
+
+def _never_called(tag: str, kind: str, root, rank: int) -> str:
+    role, name = tag.split(":", 1)
+    if role == GRADS:
+        return (f"rank {rank} never all-reduces the gradients of segment {name!r} ({kind} "
+                f"{tag}): every rank that runs its backward and its home rank must take part")
+    return (f"rank {rank} never receives the parameters of segment {name!r} ({kind} {tag} "
+            f"from rank {root}) but runs it")
+
