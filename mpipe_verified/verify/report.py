@@ -1,4 +1,6 @@
-"""Verdicts, counterexamples and certificates (docs/semantics.md §3, §6)."""
+"""Verdicts, counterexamples and certificates (docs/semantics.md §3, §6), and the claim
+a parametric certificate makes (``Parametric``: data only; ``check.parametric`` proves
+and accepts it, so this module reads only the IR, the question and the kernel)."""
 
 from __future__ import annotations
 
