@@ -18,8 +18,9 @@ trusted base. Two groups, each with its own table:
   memory sizes the passes sum (``semantics.MemoryModel``, ``verify._passes_memory``), the
   spec's cost model (``cost.py``: the defaults a spec's ``CostModel`` value takes, and the
   simulator's own sizes), the plan judged (``lower.py`` and its ``as_plan``,
-  ``declared.py``, ``cli._as_read`` and its ``as_plan`` call, ``simulate``'s in
-  ``comparison.py``), the limit ``check`` and ``simulate`` hand over (``cli.model_of``,
+  ``declared.py``, ``cli.targets.as_read`` and the target ``cli.verdicts`` checks,
+  ``simulate``'s in ``comparison.py``), the limit ``check`` and ``simulate`` hand over
+  (``cli.targets.model_of``,
   ``comparison.time_spec``), the verdict assembly (``verify/__init__.py``: ``_asked``,
   ``_report``, ``_Judge``, ``_witness``), and the canonical text of ``ir.py``
   (``_canonical_row``, ``_canonical``: ``CANONICAL``). The canonical text makes only the
@@ -378,8 +379,8 @@ PASS_FAULTS = (
 # (the per-rank limits, the memory sizes, the lowering and the declarations that make the
 # plan judged, the verdict assembly, the spec's cost model, the CLI's choice of the plan,
 # the canonical text). question.py itself, kernel/, the readers and the IR stay trusted.
-DECLARED, COST, CLI, COMPARISON, IR = ("declared.py", "cost.py", "cli.py", "comparison.py",
-                                       "ir.py")
+DECLARED, COST, COMPARISON, IR = ("declared.py", "cost.py", "comparison.py", "ir.py")
+CLI_TARGETS, CLI_VERDICTS = "cli/targets.py", "cli/verdicts.py"
 
 SHELL_FAULTS = (
     # ---- the per-rank limits, as the passes use them
@@ -544,15 +545,15 @@ SHELL_FAULTS = (
           'levels, peak_at, peaks = hints.get("memory") or (None, None, None)',
           "the memory hint's peaks and peak positions are handed over swapped"),
     # ---- the CLI's and simulate's choice of the plan and its limit
-    Fault("as_read_has_comms_uncalled", CLI,
+    Fault("as_read_has_comms_uncalled", CLI_TARGETS,
           "if isinstance(plan, Schedule) or plan.has_comms():",
           "if isinstance(plan, Schedule) or plan.has_comms:",
           "a compute-only file is judged as written (has_comms not called: always true)"),
-    Fault("check_judges_undeclared", CLI,
-          "plan = as_plan(target, model.duration)  # ordered for the spec's own costs",
-          "plan = as_plan(read, model.duration)  # ordered for the spec's own costs",
+    Fault("check_judges_undeclared", CLI_VERDICTS,
+          "checked = _checked(target, question, model.duration,",
+          "checked = _checked(read, question, model.duration,",
           "check judges the input as read, without the declared sizes"),
-    Fault("model_of_ignores_spec_limit", CLI,
+    Fault("model_of_ignores_spec_limit", CLI_TARGETS,
           "spec.memory_limit if memory_limit is None else memory_limit)",
           "memory_limit)",
           "check forgets a spec's own memory limit (only --memory-limit counts)"),
@@ -561,8 +562,8 @@ SHELL_FAULTS = (
           "limit = memory_limit",
           "simulate verifies a spec without its own memory limit"),
     Fault("simulate_lowers_written_plan", COMPARISON,
-          "plan = as_plan(target, spec.duration)",
-          "plan = as_plan(spec.schedule, spec.duration)",
+          "checked = spine.check(target, question,",
+          "checked = spine.check(spec.schedule, question,",
           "simulate judges a written plan's schedule lowered anew, not the plan as written"),
     # ---- the canonical text (ir.py): digests only; check compares none
     Fault("canonical_send_without_peer", IR,

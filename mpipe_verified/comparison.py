@@ -1,10 +1,10 @@
 """``mpipe-verify simulate``: a spec's verified plan timed with its cost model, and the same
 model under other families for comparison.
 
-``simulation(spec, name, compare)`` lowers the spec's schedule (``lower``), verifies the
-plan with the spec's memory model and limit (``verify``: the simulator only times
-certified plans), times it with ``sim.simulate`` (durations, transfer costs and memory of
-the spec's ``CostModel``) and, for each family in ``compare``, builds the *baseline* on the
+``simulation(spec, name, compare)`` checks the spec's schedule (``check.check``: lowered,
+verified with the spec's memory model and limit, as the simulator only times certified
+plans, and timed with ``sim.simulate``: durations, transfer costs and memory of the
+spec's ``CostModel``) and, for each family in ``compare``, builds the *baseline* on the
 same model and times it the same way:
 
 - the baseline keeps the cut segment **inline** on its home rank
@@ -38,16 +38,16 @@ import attrs
 
 from .algebra import families
 from .algebra.transpose import Transpose
+from . import check as spine
 from .cost import CostModel
 from .errors import ParameterError
 from .figures import figure, figures
 from .ir import Plan, Schedule
-from .lower import as_plan
 from .question import Question
 from .semantics import EAGER
-from .sim import SimResult, check_deadline, simulate
+from .sim import SimResult
 from .spec import Spec
-from .verify import Report, verify
+from .verify import Report
 
 
 @attrs.frozen
@@ -78,23 +78,13 @@ def time_spec(spec: Spec, memory_limit=None, comm_model: str = EAGER,
     ``sim.DeadlinePassed`` between these steps, and inside the simulation, once it has
     passed."""
     target = spec.schedule if target is None else target
-    plan = as_plan(target, spec.duration)
     limit = spec.memory_limit if memory_limit is None else memory_limit
-    check_deadline(deadline)
-    question = Question.of_spec(spec, memory_limit, source=target)
-    report = question.answered(verify(plan, question=question), plan) if check else None
-    check_deadline(deadline)
-    run = (None if report is not None and not _runs(report) else
-           simulate(plan, spec.duration, spec.comm_cost, spec.memory_model, comm_model,
-                    deadline))
-    return Timed(str(spec.term), plan, report, run, limit)
-
-
-def _runs(report: Report) -> bool:
-    """The plan runs to completion: verified, or only over its memory limit (a baseline
-    that does not fit is still timed, its ``within_limit`` is False)."""
-    return report.verified or (bool(report.violations) and not report.undecided and all(
-        v.property == "memory" for v in report.violations))
+    question = Question.of_spec(spec, memory_limit, source=target) if check else None
+    checked = spine.check(target, question, spec.duration, timing=spine.Timing(
+        spec.comm_cost, spec.memory_model, comm_model, deadline))
+    if checked.failure is not None:
+        raise checked.failure
+    return Timed(str(spec.term), checked.plan, checked.report, checked.run, limit)
 
 
 def chunks_of(term) -> int | None:

@@ -10,7 +10,7 @@ sides:
   position. Inserting one op early therefore moves nothing: positions shift, order holds.
 - **appeared** / **vanished**: compute ops only in the new / only in the old program of a
   rank; ``from_rank`` / ``to_rank`` say where an op that changed rank came from / went.
-- each side's **verdict** (``verify``: status, violated properties) and its **makespan**,
+- each side's **verdict** (``check.check``: status, violated properties) and its **makespan**,
   **bubble_fraction** and **peak memory** from the simulator (``sim.simulate`` with that
   side's durations, transfer costs and memory model, as ``simulate`` times it), and the
   deltas ``new - old``. A compute-only side is lowered for its own durations, as
@@ -32,14 +32,13 @@ from typing import Callable
 
 import attrs
 
+from .check import Timing, check
 from .cost import NO_COMM_COST, CommCost
 from .figures import figure, figures, num_text
 from .ir import Compute, Op, Plan, Schedule, computes_of
-from .lower import as_plan
 from .question import Question
 from .semantics import RENDEZVOUS, UNIT_MEMORY, MemoryModel, standard_duration
-from .sim import SimulationError, simulate
-from .verify import verify
+from .verify import question_of
 
 
 @attrs.frozen
@@ -116,17 +115,20 @@ def _lis(seq: list[int]) -> set[int]:
     return out
 
 
-def _answered(plan: Plan, question: Question):
-    return question.answered(verify(plan, question=question), plan)
+def _deadlocks(report) -> bool:
+    return any(v.property == "deadlock" for v in report.violations)
 
 
 def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
-    """One side's verdict and simulated costs, as JSON."""
-    plan = as_plan(side.target, side.duration)
+    """One side's verdict and simulated costs, as JSON: checked (``check.check``) and
+    timed unless it deadlocks."""
     own_model = side.spec is None and side.memory is not UNIT_MEMORY  # a caller's own
-    report = (verify(plan, side.memory_limit, comm_model, side.memory) if own_model
-              else _answered(plan, Question.of_spec(side.spec, side.memory_limit, comm_model,
-                                                    source=side.target)))
+    question = (question_of(side.memory_limit, comm_model, side.memory) if own_model
+                else Question.of_spec(side.spec, side.memory_limit, comm_model,
+                                      source=side.target))
+    checked = check(side.target, question, side.duration,
+                    timing=Timing(side.comm, side.memory), when=lambda r: not _deadlocks(r))
+    plan, report, run = checked.plan, checked.report, checked.run
     out = {"source": side.name, "status": report.status, "verified": report.verified,
            "exit_code": report.exit_code, "lowered": isinstance(side.target, Schedule),
            "ranks": plan.num_ranks, "stages": plan.placement.num_stages,
@@ -134,14 +136,11 @@ def judge(side: Side, comm_model: str = RENDEZVOUS) -> dict:
            "compute_ops": sum(len(row) for row in compute_steps(side.target)),
            "violations": [{"property": v.property, "message": v.message}
                           for v in report.violations]}
-    error = run = None
-    if any(v.property == "deadlock" for v in report.violations):
+    error = None
+    if _deadlocks(report):
         error = f"not timed: the plan deadlocks under the {comm_model} model"
-    else:
-        try:
-            run = simulate(plan, side.duration, side.comm, side.memory)
-        except SimulationError as e:
-            error = str(e)
+    elif checked.failure is not None:
+        error = str(checked.failure)
     if run is None:
         out.update(makespan=None, bubble_fraction=None, simulation_error=error,
                    peak_memory=figures(report.peak_memory))

@@ -18,7 +18,7 @@ re-cut to the candidate's stage count, as ``simulate --compare`` does), lowered 
 with ``sim.simulate`` (``comparison.time_spec``). A candidate that does not derive (e.g.
 ``dualpipev`` with ``m < 2p``) is skipped. Candidates are ranked by makespan (ties: search
 order); the fastest whose simulated peak fits the limit is verified (all five properties
-with the spec's limit, ``verify.verify``), and if it is not verified the next one is.
+with the spec's limit, ``check.check``), and if it is not verified the next one is.
 The *baseline* is the fastest plain family with the segment inline that fits (the bare
 family for a spec without a cut), verified the same way. The Pareto table holds every
 candidate tried that no other beats on both makespan and peak memory.
@@ -58,15 +58,14 @@ import attrs
 
 from .algebra import families, placement, terms
 from .algebra.transpose import GIVEN, OWNERSHIPS, SOURCE, Transpose
+from . import check as spine
 from .comparison import faster, on_body, time_spec
 from .errors import ParameterError
 from .figures import figure
 from .ir import WEIGHT_GRAD, Plan, Schedule, computes_of
-from .lower import as_plan
 from .question import Question
 from .sim import DeadlinePassed, SimulationError, check_deadline, now
 from .spec import Spec
-from .verify import verify
 
 CHUNKS = (2, 3, 4)
 LAGS = ("1", "2", "r")
@@ -261,12 +260,12 @@ def _verified(model: Spec, ranked, kept: dict, done: dict,
             continue
         if t.order not in done:
             if t.order in kept:
-                spec, plan = kept[t.order]
+                spec, target = kept[t.order]
             else:
                 spec = t.candidate.on(model)
-                plan = as_plan(spec.schedule, spec.duration)
+                target = spec.schedule
             question = Question.of_spec(spec, source=spec.schedule)
-            report = question.answered(verify(plan, question=question), plan)
+            report = spine.check(target, question, spec.duration).report
             done[t.order] = Verified(t, report.status, spec) if report.verified else None
         if done[t.order] is not None:
             return done[t.order]

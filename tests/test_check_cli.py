@@ -336,13 +336,13 @@ def test_big_plan_two_process_path_says_whether_it_lowered(capsys, tmp_path, mon
     """Plans of ``TWO_PROCESS_OPS`` ops or more are verified on two cores; the report
     still says whether the file was checked as written (comm cells) or lowered (compute
     only), and a family goes the same way."""
-    from mpipe_verified import cli
+    from mpipe_verified import check as spine
     from mpipe_verified.ir import Schedule, computes_of
     from mpipe_verified.verify import verify_split
 
-    monkeypatch.setattr(cli, "TWO_PROCESS_OPS", 0)
+    monkeypatch.setattr(spine, "TWO_PROCESS_OPS", 0)
     split = []  # the plans verify_split judged
-    monkeypatch.setattr(cli, "verify_split",
+    monkeypatch.setattr(spine, "verify_split",
                         lambda plan, *a, **k: split.append(plan) or verify_split(plan, *a, **k))
     plan = lowered("1f1b", 2, 4)
     compute = Schedule(plan.placement, plan.num_microbatches,
@@ -422,7 +422,7 @@ def test_declared_sizes_below_the_file_are_bad_input(capsys, tmp_path, argv, nee
 def test_python_dash_m_checks_a_big_csv_on_two_cores(tmp_path):
     """``python -m mpipe_verified.cli`` runs the module's own copy; a plan of
     ``TWO_PROCESS_OPS`` ops or more is verified there on two cores all the same."""
-    from mpipe_verified.cli import TWO_PROCESS_OPS
+    from mpipe_verified.check import TWO_PROCESS_OPS
     path = tmp_path / "big.csv"
     assert main(["export", *family_argv("1f1b", 8, 2600), "--to", "torch-csv",
                  "-o", str(path)]) == 0
@@ -576,11 +576,12 @@ def test_counts_agree_with_their_nouns(capsys):
     assert agreeing("(1 sends, 11 receives on 0->1) with 1 live tensors") == (
         "(1 send, 11 receives on 0->1) with 1 live tensor")
     # recheck's reasons for a parametric certificate of another size agree too
-    from mpipe_verified.verify import parametric
-    claim = parametric.Parametric.of("1f1b", {"pp": 2, "microbatches": 2, "chunks": None}, [])
+    from mpipe_verified.check import parametric
+    from mpipe_verified.verify.report import Parametric
+    claim = Parametric.of("1f1b", {"pp": 2, "microbatches": 2, "chunks": None}, [])
     why = parametric.mismatch(lowered("1f1b", 1, 1), claim)
     assert why.startswith("the plan has 1 rank and 1 microbatch, the certificate's "), why
-    claim = parametric.Parametric.of("1f1b", {"pp": 1, "microbatches": 1, "chunks": 5}, [])
+    claim = Parametric.of("1f1b", {"pp": 1, "microbatches": 1, "chunks": 5}, [])
     assert "derive at least 5 forwards, the plan has 2 steps" in parametric.mismatch(
         lowered("1f1b", 1, 1), claim)
 
@@ -620,12 +621,12 @@ def test_an_exported_transpose_family_is_judged_as_written(tmp_path, capsys, mon
     """export lowers --family transpose with its estimated costs, while the laws certify
     the plan lowered with the standard ones (another plan): export judges the plan it
     writes op by op, never by the laws, and the file rechecks from its own check."""
-    from mpipe_verified import cli
+    from mpipe_verified.check import parametric
 
     def laws(*_, **__):
         raise AssertionError("export asked the laws for a plan they do not certify")
 
-    monkeypatch.setattr(cli.parametric, "answer", laws)
+    monkeypatch.setattr(parametric, "answer", laws)
     args = ["--family", "transpose", "--mode", "none", "--ownership", "inline", "--pp", "4",
             "--microbatches", "6"]
     plan, cert = tmp_path / "t.json", tmp_path / "t.cert.json"

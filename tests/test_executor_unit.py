@@ -198,7 +198,7 @@ def test_a_parametric_certificate_runs_only_the_plan_its_parameters_derive(no_tr
     """A certificate from the 1F1B laws (``check --family 1f1b`` at pp=2, m=2) names the
     laws and the parameters: the executor takes it for the plan those parameters derive
     (with the payload shapes it runs with) and refuses any other plan of the same size."""
-    from mpipe_verified.verify import parametric
+    from mpipe_verified.check import parametric
     params = {"pp": 2, "microbatches": 2, "chunks": None}
     cert = parametric.prove("1f1b", params).certificate
     assert cert.parametric.laws == ("1f1b_completeness", "1f1b_dependency", "1f1b_matching",

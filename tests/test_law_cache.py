@@ -1,4 +1,4 @@
-"""The road ``check`` takes for a standard family instance (``verify.parametric.road``):
+"""The road ``check`` takes for a standard family instance (``check.parametric.road``):
 op by op for a small plan, the family's laws from a cached proof, or proven now for a
 big one; and the cache of law proofs: keyed by the package's content, in the user's
 cache directory, ignoring every damaged entry."""
@@ -15,7 +15,7 @@ import pytest
 
 from mpipe_verified.cli import main
 from mpipe_verified.proofs.covering import needed_laws
-from mpipe_verified.verify import parametric
+from mpipe_verified.check import parametric
 from test_check_cli import check_json, family_argv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

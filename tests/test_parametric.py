@@ -1,4 +1,4 @@
-"""``check --family`` answered by the family's proven laws (``verify.parametric``): the
+"""``check --family`` answered by the family's proven laws (``check.parametric``): the
 answer agrees with the op-by-op check, does not grow with the instance, compares the
 memory limit with the proven peak, and its certificate certifies only the plan its
 parameters derive. (A small instance is checked op by op unless ``--laws`` is given:
@@ -19,7 +19,9 @@ from mpipe_verified.algebra.families import family
 from mpipe_verified.cli import main
 from mpipe_verified.lower import lower
 from mpipe_verified.proofs import registry
-from mpipe_verified.verify import CertificateError, check_certificate, parametric
+from mpipe_verified.check import parametric
+from mpipe_verified.check.parametric import check_certificate
+from mpipe_verified.verify import CertificateError
 from test_check_cli import check_json as check, family_argv
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
@@ -233,7 +235,7 @@ def test_a_parametric_certificate_is_rechecked_by_the_kernel_not_the_laws(
     kernel's recheck says no, and prints what was proven (the comm model, the limit and
     the sizes); ``--memory-limit`` must be the certificate's limit, as for any other."""
     from mpipe_verified import kernel
-    from mpipe_verified.verify import parametric
+    from mpipe_verified.check import parametric
     cert, good = str(tmp_path / "c.json"), str(tmp_path / "good.json")
     assert main(["check", *family_argv("zb-h1", 3, 5), "--memory-limit", "9",
                  "--certificate-out", cert, "-q", "--laws"]) == 0

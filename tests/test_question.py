@@ -201,11 +201,11 @@ def test_the_spec_limit_reaches_the_question_whatever_the_cost_model_says(
         tmp_path, capsys, monkeypatch):
     """The spec's own ``[memory] limit`` (1, below the peak of 2) is the question's even
     if the code that builds the command's model drops it."""
-    from mpipe_verified import cli
+    from mpipe_verified.cli import verdicts  # where check looks model_of up
     spec = tmp_path / "s.toml"
     spec.write_text(LIMITED)
-    real = cli.model_of
-    monkeypatch.setattr(cli, "model_of", lambda spec, limit=None: real(spec, limit)._replace(
+    real = verdicts.model_of
+    monkeypatch.setattr(verdicts, "model_of", lambda spec, limit=None: real(spec, limit)._replace(
         limit=None))
     code, doc = check(capsys, str(spec), "--expand")
     assert code == 1 and doc["status"] == "violated", doc

@@ -20,7 +20,9 @@ from mpipe_verified.lower import lower
 from mpipe_verified.proofs import core, models, registry
 from mpipe_verified.proofs import family_transpose_inline as inline
 from mpipe_verified.semantics import Chain, peak_memory, produces
-from mpipe_verified.verify import CertificateError, check_certificate, parametric
+from mpipe_verified.check import parametric
+from mpipe_verified.check.parametric import check_certificate
+from mpipe_verified.verify import CertificateError
 from test_check_cli import check_json as _check
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")

@@ -29,8 +29,8 @@ from plan_edits import defer_receives, fixture, lowered, props, with_program
 from mpipe_verified.ir import (ACT, GRAD, Collective, Compute, Group, Idle, Payload, Plan,
                                Recv, Send)
 from mpipe_verified.lower import lower
-from mpipe_verified.verify import (PROPERTIES, Certificate, CertificateError,
-                                   check_certificate, plan_digest, verify)
+from mpipe_verified.check.parametric import check_certificate
+from mpipe_verified.verify import PROPERTIES, Certificate, CertificateError, plan_digest, verify
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,7 @@ position in the rank's program) and what went wrong."""
 
 from __future__ import annotations
 
+from ..check import parametric
 from ..verify import report
 
 
@@ -17,11 +18,11 @@ class CertificateError(report.CertificateError, PipelineError):
 
 
 def check_certificate(plan, certificate, comm_model: str = "rendezvous") -> None:
-    """``verify.report.check_certificate``, its refusal raised as the executor's
+    """``check.parametric.check_certificate``, its refusal raised as the executor's
     ``CertificateError`` (a ``PipelineError``, and still a ``verify.report``
     ``CertificateError``)."""
     try:
-        report.check_certificate(plan, certificate, comm_model)
+        parametric.check_certificate(plan, certificate, comm_model)
     except report.CertificateError as err:
         raise CertificateError(str(err)) from None
 

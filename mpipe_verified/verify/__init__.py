@@ -26,11 +26,10 @@ from ..question import Asked, Question
 from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, op_table,
                          pair_collectives, pair_p2p)
 from . import passes
-from .report import (PROPERTIES, Certificate, CertificateError, Report, Violation,
-                     check_certificate, plan_digest)
+from .report import PROPERTIES, Certificate, CertificateError, Report, Violation, plan_digest
 
 __all__ = ["verify", "verify_loaded", "verify_split", "Report", "Violation", "Certificate",
-           "CertificateError", "Question", "check_certificate", "plan_digest", "PROPERTIES"]
+           "CertificateError", "Question", "plan_digest", "PROPERTIES"]
 
 
 def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,

@@ -1,21 +1,23 @@
-"""Verdicts, counterexamples and certificates (docs/semantics.md §3, §6)."""
+"""Verdicts, counterexamples and certificates (docs/semantics.md §3, §6), and the claim
+a parametric certificate makes (``Parametric``: data only; ``check.parametric`` proves
+and accepts it, so this module reads only the IR, the question and the kernel)."""
 
 from __future__ import annotations
 
 import bisect
 import decimal
+import hashlib
 import json
 import numbers
 import re
 from fractions import Fraction
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import attrs
 
 from .. import kernel
 from ..ir import PROPERTIES, Plan  # the five, in report order
 from ..question import Verdict
-from .parametric import Parametric, mismatch
 
 VERIFIER_VERSION = "mpipe-verify/3"  # /3: an injective canonical text (digests of plans
 # that send across the cut changed), the question and verdict from question.py
@@ -45,10 +47,45 @@ def plan_digest(plan: Plan) -> str:
 
 
 @attrs.frozen
+class Parametric:
+    """The claim of a parametric proof: ``laws`` prove the five properties of ``family``
+    at ``params`` (sorted ``(key, value)`` pairs)."""
+
+    family: str
+    params: tuple[tuple[str, object], ...]
+    laws: tuple[str, ...]
+
+    @classmethod
+    def of(cls, family: str, params: Mapping[str, object], laws: Sequence[str]) -> "Parametric":
+        return cls(family, tuple(sorted(params.items())), tuple(laws))
+
+    @property
+    def mapping(self) -> dict[str, object]:
+        return dict(self.params)
+
+    def digest(self) -> str:
+        text = json.dumps({"family": self.family, "params": self.mapping,
+                           "laws": list(self.laws)}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"family": self.family, "params": self.mapping, "laws": list(self.laws)}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Parametric":
+        params = data["params"]
+        if not isinstance(params, dict) or not isinstance(data["laws"], list):
+            raise ValueError("params must be an object and laws a list")
+        if not all(v is None or type(v) in (int, str) for v in params.values()):
+            raise ValueError("each parameter must be an integer, a text or null")
+        return cls.of(str(data["family"]), params, [str(x) for x in data["laws"]])
+
+
+@attrs.frozen
 class Certificate:
     """What was proven about which plan: recheckable in linear time by recomputing the
     plan's digest (``check_certificate``). A certificate from a parametric proof
-    (``parametric``: family, parameters, laws; ``verify.parametric``) has the claim's
+    (``parametric``: family, parameters, laws; ``check.parametric``) has the claim's
     digest instead, and certifies the one plan those parameters derive."""
 
     digest: str
@@ -80,33 +117,6 @@ class Certificate:
 
 class CertificateError(Exception):
     """A plan was refused: no certificate, or one that does not match the plan."""
-
-
-def check_certificate(plan: Plan, certificate: Certificate | None,
-                      comm_model: str = "rendezvous") -> None:
-    """Raise ``CertificateError`` unless ``certificate`` proves all five properties of
-    exactly this plan under ``comm_model`` with the current verifier version."""
-    if certificate is None:
-        raise CertificateError("the plan has no certificate; run the verifier first")
-    if certificate.version != VERIFIER_VERSION:
-        raise CertificateError(f"certificate from {certificate.version!r}, expected {VERIFIER_VERSION!r}")
-    if set(certificate.properties) != set(PROPERTIES):
-        missing = sorted(set(PROPERTIES) - set(certificate.properties))
-        raise CertificateError(f"certificate does not prove {', '.join(missing)}")
-    if certificate.comm_model != comm_model:
-        raise CertificateError(f"certificate is for the {certificate.comm_model} model, "
-                               f"not {comm_model}")
-    if certificate.parametric is not None:
-        claim = certificate.parametric
-        why = None if certificate.digest == claim.digest() else "its digest is not its claim's"
-        why = why or mismatch(plan, claim)
-        if why is not None:
-            raise CertificateError(f"parametric certificate refused: {why}")
-        return
-    digest = plan_digest(plan)
-    if digest != certificate.digest:
-        raise CertificateError(f"plan digest {digest[:16]}… does not match the certificate's "
-                               f"{certificate.digest[:16]}…: the plan was altered")
 
 
 @attrs.frozen

@@ -28,9 +28,11 @@ or fails its own checksum is ignored (and overwritten by the next proof), never 
 (None where the family fixes them) and, for ``transpose``, ``body``, ``mode``,
 ``ownership`` and ``side``.
 
-A parametric certificate names the family, the parameters and the laws; its digest is
-the SHA-256 of that claim. It certifies exactly the plan those parameters derive
-(``derived_plan``): ``mismatch`` says why a plan is not that one.
+A parametric certificate names the family, the parameters and the laws (``Parametric``,
+in ``verify.report`` beside the certificate); its digest is the SHA-256 of that claim. It
+certifies exactly the plan those parameters derive (``derived_plan``): ``mismatch`` says
+why a plan is not that one, and ``check_certificate`` accepts a certificate of either
+kind for a plan.
 """
 
 from __future__ import annotations
@@ -44,46 +46,15 @@ from typing import Callable, Mapping, Sequence
 
 import attrs
 
+from ..errors import ParameterError
 from ..ir import Plan, map_payloads
-from ..semantics import RENDEZVOUS
+from ..semantics import COMM_MODELS, RENDEZVOUS
+from ..verify import verify_split
+from ..verify.report import (PROPERTIES, VERIFIER_VERSION, Certificate, CertificateError,
+                             Parametric, Report, counted, plan_digest)
 
 PARAMETRIC, INSTANCE = "parametric", "instance"
 FORMAT = "mpipe-parametric-certificate"
-
-
-@attrs.frozen
-class Parametric:
-    """The claim of a parametric proof: ``laws`` prove the five properties of ``family``
-    at ``params`` (sorted ``(key, value)`` pairs)."""
-
-    family: str
-    params: tuple[tuple[str, object], ...]
-    laws: tuple[str, ...]
-
-    @classmethod
-    def of(cls, family: str, params: Mapping[str, object], laws: Sequence[str]) -> "Parametric":
-        return cls(family, tuple(sorted(params.items())), tuple(laws))
-
-    @property
-    def mapping(self) -> dict[str, object]:
-        return dict(self.params)
-
-    def digest(self) -> str:
-        text = json.dumps({"family": self.family, "params": self.mapping,
-                           "laws": list(self.laws)}, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    def to_json(self) -> dict:
-        return {"family": self.family, "params": self.mapping, "laws": list(self.laws)}
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> "Parametric":
-        params = data["params"]
-        if not isinstance(params, dict) or not isinstance(data["laws"], list):
-            raise ValueError("params must be an object and laws a list")
-        if not all(v is None or type(v) in (int, str) for v in params.values()):
-            raise ValueError("each parameter must be an integer, a text or null")
-        return cls.of(str(data["family"]), params, [str(x) for x in data["laws"]])
 
 
 # Roads (``road``), by the plan's estimated size in ops (``estimated_ops``). The two
@@ -169,7 +140,6 @@ def prove(family: str, params: Mapping[str, object], limit=None,
     else they are proven now and, with ``cache``, the proof is stored."""
     from ..proofs.covering import memory_law, needed_laws
     from ..question import Question, Verdict
-    from .report import PROPERTIES, Certificate, Report
     laws = needed_laws(family, params) if comm_model == RENDEZVOUS else None
     if laws is None:
         return None
@@ -419,9 +389,7 @@ def _term(claim: Parametric):
 def mismatch(plan: Plan, claim: Parametric) -> str | None:
     """Why ``claim`` does not certify ``plan`` (None when it does): its laws must be the
     ones that cover its parameters now, and ``plan`` the plan they derive."""
-    from ..errors import ParameterError
     from ..proofs.covering import needed_laws
-    from .report import plan_digest
     from ..algebra.transpose import TRANSPOSE
     p = claim.mapping
     keys = {"pp", "microbatches", "chunks"} | (
@@ -429,7 +397,6 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
     if set(p) != keys:
         return f"its parameters are {sorted(p)}, the family's {sorted(keys)}"
     if (p.get("pp"), p.get("microbatches")) != (plan.num_ranks, plan.num_microbatches):
-        from .report import counted
         return (f"the plan has {counted(plan.num_ranks, 'rank')} and "
                 f"{counted(plan.num_microbatches, 'microbatch')}, the certificate's "
                 f"parameters pp={p.get('pp')} and microbatches={p.get('microbatches')}")
@@ -438,7 +405,6 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
     # a forward per rank, chunk and mb at least, each in a step of its own or beside a
     forwards = plan.num_ranks * (p["chunks"] or 1) * plan.num_microbatches  # backward:
     if forwards > plan.num_ops:  # checked before the term (its placement) is even built
-        from .report import counted
         return (f"its parameters derive at least {counted(forwards, 'forward')}, the plan "
                 f"has {counted(plan.num_ops, 'step')}")
     try:  # the laws' names before the plan: deriving it costs far more
@@ -458,6 +424,34 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
         return (f"the plan is not the one {claim.family} derives at "
                 + ", ".join(f"{k}={v}" for k, v in claim.params if v is not None))
     return None
+
+
+def check_certificate(plan: Plan, certificate: Certificate | None,
+                      comm_model: str = "rendezvous") -> None:
+    """Raise ``CertificateError`` unless ``certificate`` proves all five properties of
+    exactly this plan under ``comm_model`` with the current verifier version: a witness
+    certificate by the plan's digest, a parametric one by its claim (``mismatch``)."""
+    if certificate is None:
+        raise CertificateError("the plan has no certificate; run the verifier first")
+    if certificate.version != VERIFIER_VERSION:
+        raise CertificateError(f"certificate from {certificate.version!r}, expected {VERIFIER_VERSION!r}")
+    if set(certificate.properties) != set(PROPERTIES):
+        missing = sorted(set(PROPERTIES) - set(certificate.properties))
+        raise CertificateError(f"certificate does not prove {', '.join(missing)}")
+    if certificate.comm_model != comm_model:
+        raise CertificateError(f"certificate is for the {certificate.comm_model} model, "
+                               f"not {comm_model}")
+    if certificate.parametric is not None:
+        claim = certificate.parametric
+        why = None if certificate.digest == claim.digest() else "its digest is not its claim's"
+        why = why or mismatch(plan, claim)
+        if why is not None:
+            raise CertificateError(f"parametric certificate refused: {why}")
+        return
+    digest = plan_digest(plan)
+    if digest != certificate.digest:
+        raise CertificateError(f"plan digest {digest[:16]}… does not match the certificate's "
+                               f"{certificate.digest[:16]}…: the plan was altered")
 
 
 def _without_annotations(plan: Plan) -> tuple[Plan, str | None]:
@@ -489,9 +483,6 @@ def witness_certificate(plan: Plan, data: Mapping, rlimit: int | None = None
     ``plan``); the witness is then made now by ``verify_split`` in the unit model (the
     only one a parametric proof is made in) under its comm model and memory limit.
     Untrusted, like everything here: only the kernel's recheck of the result decides."""
-    from . import verify_split
-    from ..semantics import COMM_MODELS
-    from .report import Certificate, CertificateError, check_certificate
     limit, claimed = data.get("memory_limit"), data.get("properties")
     if type(claimed) is not list or not all(type(x) is str for x in claimed):
         return None, ["malformed parametric certificate: its properties must be a list of "

@@ -1,0 +1,310 @@
+"""The command line's shared ground: the target selection every command takes
+(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` and the transpose
+options), reading it (``load_target``: a spec or family derived, a file read), the model
+it is timed and judged with (``model_of``), and the one-line usage errors
+(``UsageError``, ``fail``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+from ..algebra.families import FAMILIES, family
+from ..algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
+from ..errors import ParameterError
+from ..formats.files import read_text
+from ..formats.torch_csv import parse_torch_csv
+from ..ir import Group, Op, Plan, Recv, Schedule, Send
+from ..semantics import UNIT_MEMORY, MemoryModel, standard_duration
+from ..cost import NO_COMM_COST, CommCost
+
+if TYPE_CHECKING:
+    from ..spec import Spec
+
+PROG = "mpipe-verify"
+FORMATS = ("auto", "spec", "torch-csv", "plan-json")
+
+
+class UsageError(Exception):
+    """A usage problem; ``str`` is the one line printed after ``mpipe-verify: error:``."""
+
+
+def one_line(message: str) -> str:
+    return " ".join(str(message).splitlines())
+
+
+def fail(message: str) -> int:
+    """Print ``mpipe-verify: error: MESSAGE`` (one line) on stderr; the exit code 2."""
+    print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
+    return 2
+
+
+def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` selection.
+    With ``many``, ``args.target`` is a list of any number of files (``check``)."""
+    if many:
+        p.add_argument("target", nargs="*", metavar="SPEC|FILE",
+                       help="specs (.toml), PyTorch pipelining CSVs (.csv) or plan-json "
+                            "files (.json); several are checked one by one and the exit "
+                            "code is the worst")
+    else:
+        p.add_argument("target", nargs="?", metavar="SPEC|FILE",
+                       help="a spec (.toml), a PyTorch pipelining CSV (.csv) or a "
+                            "plan-json file (.json)")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="how to read SPEC|FILE (auto: by extension, else by content)")
+    g = p.add_argument_group("a standard family instead of a file")
+    g.add_argument("--family", choices=[*FAMILIES, TRANSPOSE], metavar="NAME",
+                   help=f"one of {', '.join([*FAMILIES, TRANSPOSE])}")
+    g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
+    g.add_argument("--microbatches", type=int, metavar="M",
+                   help="microbatches (check with a file: the count it must cover)")
+    g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
+    add_transpose_arguments(p)
+
+
+TRANSPOSE_OPTIONS = ("body", "mode", "ownership", "side", "encoder_cost")
+
+
+def add_transpose_arguments(p: argparse.ArgumentParser) -> None:
+    """``--family transpose`` options (``algebra.transpose.transpose_family``); any other
+    target rejects them (``check_transpose_options``)."""
+    g = p.add_argument_group("with --family transpose (an encoder moved into the bubbles)")
+    g.add_argument("--body", choices=list(FAMILIES), metavar="NAME",
+                   help="the body's family (default 1f1b; --chunks for interleaved-1f1b)")
+    g.add_argument("--mode", choices=MODES,
+                   help="recompute (default for a source), owner (default for a sink), "
+                        "frozen or none")
+    g.add_argument("--ownership", choices=OWNERSHIPS,
+                   help="who runs each microbatch's encoder forward (default cost)")
+    g.add_argument("--side", choices=SIDES, help="source encoder (default) or sink generator")
+    g.add_argument("--encoder-cost", metavar="X",
+                   help="encoder forward cost: one number, or a comma list per microbatch "
+                        "(default 1; body forward 1, backward 2)")
+
+
+def memory_limit(text: str) -> float:
+    """``--memory-limit N`` (an argparse ``type``): a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def solver_rlimit(text: str) -> int:
+    """``--solver-rlimit R`` (an argparse ``type``): an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def check_transpose_options(args: argparse.Namespace) -> None:
+    """The transpose options go with ``--family transpose`` only."""
+    given = [o for o in TRANSPOSE_OPTIONS if getattr(args, o, None) is not None]
+    if given and getattr(args, "family", None) != TRANSPOSE:
+        flag = "--" + given[0].replace("_", "-")
+        other = (f"--family {args.family}" if getattr(args, "family", None) is not None
+                 else "a file (a spec sets them in its [transpose] table)")
+        raise UsageError(f"{flag} goes with --family transpose, not with {other}")
+
+
+def encoder_costs(text: str, microbatches: int) -> tuple[float, ...]:
+    """``--encoder-cost``: one number (every microbatch) or one per microbatch."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--encoder-cost must be a number or a comma list of numbers, got "
+                         f"{text!r}") from None
+    if not all(0 <= v < float("inf") for v in values):
+        raise UsageError(f"--encoder-cost must be finite numbers >= 0, got {text!r}")
+    if len(values) == 1:
+        return (values[0],) * microbatches
+    if len(values) != microbatches:
+        raise UsageError(f"--encoder-cost needs one number or {microbatches} (one per "
+                         f"microbatch), got {len(values)}")
+    return tuple(values)
+
+
+def family_term(args: argparse.Namespace):
+    """The term of ``--family NAME --pp P --microbatches M [--chunks V]`` (and the
+    transpose options); raises ``ParameterError`` or ``UsageError``."""
+    if args.family != TRANSPOSE:
+        return family(args.family, args.pp, args.microbatches, args.chunks)
+    costs = () if args.encoder_cost is None else encoder_costs(args.encoder_cost,
+                                                                args.microbatches)
+    return transpose_family(args.pp, args.microbatches, args.chunks, body=args.body or "1f1b",
+                            side=args.side or SOURCE, mode=args.mode,
+                            ownership=args.ownership or "cost", costs=costs)
+
+
+def display_name(args: argparse.Namespace) -> str:
+    """How reports name the input: the file as given, or ``--family NAME``."""
+    return args.target or f"--family {args.family}"
+
+
+def check_target_options(args: argparse.Namespace, target: str | None) -> None:
+    """One target: a file (``target``) or ``--family`` with its options, never both."""
+    check_transpose_options(args)
+    if args.family is not None:
+        if target is not None:
+            raise UsageError(f"give either SPEC|FILE ({target}) or --family, not both")
+        declared = [o for o in ("stages", "ranks") if getattr(args, o, None) is not None]
+        if declared:  # a family's sizes are its parameters: nothing to declare
+            raise UsageError(f"--{declared[0]} declares a file's sizes, not a family's")
+        return
+    if target is None:
+        raise UsageError("give a SPEC, torch CSV or plan-json FILE, or --family NAME "
+                         "--pp P --microbatches M")
+    family_only = ("pp", "chunks") if getattr(args, "declare", False) else (
+        "pp", "microbatches", "chunks")  # check: --microbatches M also declares a file's
+    opts = [o for o in family_only if getattr(args, o) is not None]
+    if opts:
+        raise UsageError(f"--{opts[0]} goes with --family, not with a file")
+
+
+def format_of(path: str, fmt: str) -> str:
+    """The format to read ``path`` in: ``fmt``, or with ``auto`` the one its extension
+    names (``.toml``: spec, ``.csv``: torch-csv, ``.json``: plan-json), else ``""``
+    (sniffed from the text: ``sniff``)."""
+    if fmt != "auto":
+        return fmt
+    return {".toml": "spec", ".csv": "torch-csv", ".json": "plan-json"}.get(
+        os.path.splitext(path)[1].lower(), "")
+
+
+def sniff(text: str) -> str:
+    """The format of a file whose name does not say: a JSON object is plan-json; TOML has
+    ``key = value`` or ``[table]`` lines; CSV cells never hold ``{`` or ``=``."""
+    if text.lstrip().startswith("{"):
+        return "plan-json"
+    return "spec" if re.search(r"^\s*(\[|[A-Za-z_\"'][^,\n]*=)", text, re.M) else "torch-csv"
+
+
+def is_plan_json(path: str, fmt: str) -> bool:
+    """``path`` is read as plan-json (by ``--format``, its extension, or its first bytes)."""
+    named = format_of(path, fmt)
+    if named or not os.path.isfile(path):
+        return named == "plan-json"
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).lstrip().startswith(b"{")
+    except OSError:
+        return False
+
+
+class Model(NamedTuple):
+    """What a target is timed and judged with: the spec's durations, memory model,
+    transfer costs and memory limit, or the standard ones (no limit) without a spec."""
+
+    duration: Callable[[Op], float]
+    memory: MemoryModel
+    comm: CommCost
+    limit: float | tuple[float, ...] | None
+
+
+def model_of(spec: Spec | None, memory_limit: float | None = None) -> Model:
+    """``spec``'s model; ``memory_limit`` (``--memory-limit``) overrides its limit."""
+    if spec is None:
+        return Model(standard_duration, UNIT_MEMORY, NO_COMM_COST, memory_limit)
+    return Model(spec.duration, spec.memory_model, spec.comm_cost,
+                 spec.memory_limit if memory_limit is None else memory_limit)
+
+
+def load_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
+    """Resolve the target options to ``(schedule_or_plan, spec, source_name)``.
+
+    A spec or ``--family`` gives its derived ``Schedule`` and a ``Spec`` (``--family``:
+    no cost model, no limit); a torch CSV or a plan-json file gives a ``Schedule`` when it
+    has no comm ops (compute-only; a plan-json schedule always) and a ``Plan`` otherwise,
+    with ``spec`` None. With ``args.declare`` (``check``), ``--stages``/``--microbatches``/
+    ``--ranks`` are imposed on the result (``declared.declare``). Raises ``UsageError`` or
+    ``InputError``."""
+    target, spec, name = read_target(args)
+    return declared_target(args, target, name), spec, name
+
+
+def declared_target(args: argparse.Namespace, target: Schedule | Plan, name: str
+                     ) -> Schedule | Plan:
+    """``target`` with the sizes ``--stages``/``--microbatches``/``--ranks`` declare
+    (``check`` only: ``args.declare``)."""
+    if not getattr(args, "declare", False):
+        return target
+    from ..declared import declare
+    try:
+        return declare(target, args.stages, args.microbatches, args.ranks)
+    except ParameterError as e:
+        raise UsageError(f"{name}: {e}") from None
+
+
+def declared_sizes(args: argparse.Namespace, spec: Spec | None) -> tuple:
+    """``(stages, microbatches, ranks)`` as the user declared them: on the command line
+    (``check``), else in the spec; None where neither does."""
+    given = ((args.stages, args.microbatches, args.ranks) if getattr(args, "declare", False)
+             else (None, None, None))
+    if getattr(args, "family", None) is not None:  # --pp P --microbatches M: the sizes asked
+        given = (given[0], args.microbatches, args.pp)
+    own = spec.declared if spec is not None else (None, None, None)
+    return tuple(g if g is not None else o for g, o in zip(given, own))
+
+
+def read_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
+    """``load_target`` before the declared sizes: the target as read or derived."""
+    check_target_options(args, args.target)
+    if args.family is not None:
+        missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
+        if missing:
+            raise UsageError(f"--family {args.family} needs {' and '.join(missing)}")
+        name = display_name(args)
+        try:
+            from ..spec import Spec
+            term = family_term(args)
+            spec = Spec.of_term(term, name)
+        except ParameterError as e:
+            raise UsageError(f"{name}: {e}") from None
+        return spec.schedule, spec, name
+    path = args.target
+    fmt = format_of(path, args.format)
+    if fmt == "plan-json":  # each format's reader loads only when a file needs it
+        from ..formats.plan_json import read_plan_json
+        return as_read(read_plan_json(path)), None, path
+    text = read_text(path, {"spec": "a TOML spec file", "torch-csv": "a torch CSV file"}.get(
+        fmt, "a TOML spec, torch CSV or plan-json file"))
+    fmt = fmt or sniff(text)
+    if fmt == "spec":
+        from ..formats.spec import parse_spec
+        spec = parse_spec(text, path)
+        return spec.schedule, spec, path
+    if fmt == "plan-json":
+        from ..formats.plan_json import parse_plan_json
+        return as_read(parse_plan_json(text, path)), None, path
+    return as_read(parse_torch_csv(text, path)), None, path
+
+
+def as_read(plan: Plan | Schedule) -> Plan | Schedule:
+    """A file's plan as written when it holds comm ops, else its schedule (lowered later)."""
+    if isinstance(plan, Schedule) or plan.has_comms():
+        return plan
+    return Schedule(plan.placement, plan.num_microbatches, plan.programs, plan.cut,
+                    plan.forward_only)
+
+
+def compute_only(target: Schedule | Plan) -> Schedule:
+    """The schedule of ``target``: its point-to-point ops dropped (lowering inserts
+    those), its compute work, collectives and cut kept."""
+    if isinstance(target, Schedule):
+        return target
+    programs = tuple(tuple(op for op in prog if not isinstance(op, (Send, Recv, Group)))
+                     for prog in target.programs)
+    return Schedule(target.placement, target.num_microbatches, programs, target.cut,
+                    target.forward_only)
+
