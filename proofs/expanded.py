@@ -1,5 +1,5 @@
 """The models the family laws reason about, expanded to concrete programs, so that
-``tests/test_models.py`` can compare them op for op with the package's ``derive`` and
+``tests/test_proofs_expanded.py`` can compare them op for op with the package's ``derive`` and
 ``lower``.
 
 ``SCHEDULES`` maps a family to ``(p, m, v) -> programs``: per rank, the ``(kind, stage,

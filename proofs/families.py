@@ -180,7 +180,7 @@ def _lowered(kind, op, tf, tb, name):
 
 
 LOWERED = ("the lowering model of proofs.lowered (= lower for p <= 8, m <= 24, "
-           "tests/test_models.py)")
+           "tests/test_proofs_expanded.py)")
 
 
 @law("1f1b_completeness",

@@ -23,7 +23,7 @@ Every letter pops (``m >= 2p``: no stream runs dry before its last letter). An u
 the ``n``-th ``I`` of phases 7-8: ``wq(n)`` is ``I1``/``I0`` of pair ``n//2`` of phase
 7 for ``n < 2q``, else the ``I0`` of phase 8's iteration ``n-2q``. That this is what
 ``derive`` returns is checked op for op for every ``p <= 8``, ``2p <= m <= 24`` by
-tests/test_family_models_b.py. So chunk 0's microbatches ``< S+a+h`` get a full ``B``,
+tests/test_proofs_family_models.py. So chunk 0's microbatches ``< S+a+h`` get a full ``B``,
 the rest ``I`` and ``W``; chunk 1's in ``[a, 2a+S+h)`` a full ``B``, the rest ``I`` and
 ``W``.
 
@@ -210,7 +210,7 @@ def required(kind, chunk, mb):
 
 UNITS = [(kd, c) for kd in "FBIW" for c in (0, 1)]
 MODEL = ("the model, = the package's programs for p <= 8, 2p <= m <= 24 "
-         "(tests/test_family_models_b.py)")
+         "(tests/test_proofs_family_models.py)")
 
 
 def covers(params) -> bool:
@@ -441,7 +441,7 @@ LOWERED = all_sizes(f"every p >= 1, m >= 2p, rank pair; {CLOCK}, an acyclic data
                     f"members' inputs read before it, their outputs sent after it), so "
                     f"lowering's timing reaches every step; the lowering model of "
                     f"proofs.lowered (= lower for p <= 8, 2p <= m <= 24, "
-                    f"tests/test_models.py); {MODEL}")
+                    f"tests/test_proofs_expanded.py); {MODEL}")
 
 
 dualpipev_matching, dualpipev_deadlock = family_laws("dualpipev", "DualPipeV", LOWERED, flow,

@@ -271,7 +271,7 @@ def _flow():
 
 
 SHAPE = ("the pattern's closed form (proofs.shape) over the package's stream order, = "
-         "derive for p <= 8, m <= 24, v <= 4 (tests/test_models.py)")
+         "derive for p <= 8, m <= 24, v <= 4 (tests/test_proofs_expanded.py)")
 ALL = all_sizes(f"every p >= 1, m >= 1, v >= 2, rank and position; nonlinear stream facts "
                 f"over symbolic p, m, v, g; {SHAPE}")
 FLOW = all_sizes(f"every p, v >= 2 and m < p or with a last round of >= p microbatches "

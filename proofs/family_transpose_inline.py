@@ -30,7 +30,7 @@ reaches every op, so ``proofs.lowered`` gives matching and deadlock of the lower
 recurrence, with peak ``(1+t) min(p, m)`` (= ``body(0) + t min(p, m)``); ranks ``r >= 1``
 keep 1F1B's ``min(p - r, m)``.
 
-``programs`` expands the model; ``tests/test_transpose_inline.py`` compares it, and the
+``programs`` expands the model; ``tests/test_proofs_transpose_inline.py`` compares it, and the
 lowering model of ``proofs.expanded.lowered``, with the package's ``derive`` and ``lower``
 for every ``p <= 8, m <= 24`` and mode.
 """
@@ -264,7 +264,7 @@ def _body_memory():
 
 
 MODEL = ("the model's closed form, = the package's derive and lower for p <= 8, m <= 24 "
-         "and every mode (tests/test_transpose_inline.py)")
+         "and every mode (tests/test_proofs_transpose_inline.py)")
 ALL = all_sizes(f"every p >= 1, m >= 1, mode, rank and position; inline ownership, source "
                 f"side, body 1f1b; {MODEL}")
 FLOW = all_sizes(f"every p >= 1, m >= 1, mode, rank pair; inline ownership, source side, "

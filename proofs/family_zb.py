@@ -16,7 +16,7 @@ p-1-r``, for ``m >= p``; ZB-H2, ``F^{w} (I F)^{2r} (I W F)* (I W)* W*`` with ``w
 
 In the region every letter names a microbatch ``< m`` (so pops it): ``m`` of each kind.
 That this is what ``derive`` returns is checked op for op for every ``p <= 8, m <= 24``
-in the region by tests/test_family_models_b.py. Completeness (a bijection with an
+in the region by tests/test_proofs_family_models.py. Completeness (a bijection with an
 explicit inverse) and the unit-model peak (``F`` stores 1, its ``W`` frees it; ``p``,
 resp. ``2p - 1``; the level per letter, ``proofs.word``) are proven letter by letter for
 symbolic ``p, m, r`` in the region. Dependency: a closed-form clock (unit durations) --
@@ -160,12 +160,12 @@ class Worded:
         here = self.word()
         model = (f"{self.region_text}; the word model (proofs.word), = the package's "
                  f"programs for p <= 8 in the region, m <= 24 "
-                 f"(tests/test_family_models_b.py); the rest of m is law "
+                 f"(tests/test_proofs_family_models.py); the rest of m is law "
                  f"{self.name.replace('-', '_')}_few_microbatches (bounded)")
         lowered = all_sizes(f"every p >= 1, rank pair; {self.clock_text}, an acyclic "
                             f"data-flow order, so lowering's timing reaches every op; the "
                             f"lowering model of proofs.lowered (= lower for p <= 8, m <= 24, "
-                            f"tests/test_models.py); {model}")
+                            f"tests/test_proofs_expanded.py); {model}")
 
         def cell(prop, statement, scope, obligations, **extra):
             return law(f"{self.name.replace('-', '_')}_{prop}", f"{self.title}: {statement}",

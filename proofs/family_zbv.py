@@ -20,7 +20,7 @@ A letter whose microbatch is ``< m`` pops exactly that unit; one whose microbatc
 ``W`` comes after its ``I``, so the interpreter's next unit of a stream is the letter's).
 The rank's program is the word's *present* letters in order (``model``); that this is
 what ``derive`` returns is checked op for op for every ``p <= 8, m <= 24`` by
-tests/test_family_models_b.py.
+tests/test_proofs_family_models.py.
 
 **All sizes.** Every position ``k`` of the word is letter ``o`` of an iteration ``j``
 of one phase (``k = s + b j + o``), so each claim is proven letter by letter for symbolic
@@ -112,7 +112,7 @@ LENGTH = WORD.length
 UNITS = [(kd, c) for kd in "FIW" for c in (0, 1)]
 ALL = all_sizes("every p >= 1, m >= 1, rank r < p and word position; the word model of "
                 "the pattern, = the package's programs for p <= 8, m <= 24 "
-                "(tests/test_family_models_b.py)")
+                "(tests/test_proofs_family_models.py)")
 
 
 @law("zbv_completeness",
@@ -144,7 +144,7 @@ def peaks(params) -> tuple[int, ...]:
      all_sizes("every p >= 1, m >= 1, rank and word position; a closed-form level per "
                "letter proven to satisfy the level's recurrence, letter to letter and "
                "across phase boundaries; the word model, = the package's programs for "
-               "p <= 8, m <= 24 (tests/test_family_models_b.py)"),
+               "p <= 8, m <= 24 (tests/test_proofs_family_models.py)"),
      family="zbv", property="memory", peak=peaks)
 def zbv_peak_memory():
     # the peak's step: phase 2's F1 of microbatch m-1 when m <= r, else phase 3's first F1
@@ -238,7 +238,7 @@ def _flow():
 CLOCK = ("closed-form timing witness over the word for M = max(m, 2p-1), of which m's word "
          "is the restriction to microbatches < m")
 WORDS = ("the word model, = the package's programs for p <= 8, m <= 24 "
-         "(tests/test_family_models_b.py)")
+         "(tests/test_proofs_family_models.py)")
 
 
 @law("zbv_dependency",
@@ -255,7 +255,7 @@ def zbv_dependency():
 LOWERED = all_sizes(f"every p >= 1, m >= 1, rank pair; {CLOCK}, an acyclic data-flow "
                     f"order, so lowering's timing reaches every op (the V's turn on rank "
                     f"p-1 is local: no transfer); the lowering model of proofs.lowered (= "
-                    f"lower for p <= 8, m <= 24, tests/test_models.py); {WORDS}")
+                    f"lower for p <= 8, m <= 24, tests/test_proofs_expanded.py); {WORDS}")
 
 
 zbv_matching, zbv_deadlock = family_laws("zbv", "ZBV", LOWERED, flow, family="zbv")

@@ -436,7 +436,7 @@ def lower_par():
      "exactly the program's non-Idle steps, one event each with keys increasing along the "
      "program, then deleting the comm ops gives back the program (Idle steps dropped)",
      all_sizes("every rank, program length and content; induction on lists; that the real "
-               "lowering meets the hypotheses is checked by tests/test_laws.py "
+               "lowering meets the hypotheses is checked by tests/test_proofs.py "
                "test_lowering_only_inserts_comm_ops, not proved"))
 def lower_work_conservation():
     yield from sorted_filter_kit()

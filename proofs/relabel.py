@@ -19,7 +19,7 @@ What is proven, precisely:
   unit's stream, index and letter) that is a function of those inputs alone; the law
   proves that relabelling the woven program equals weaving the relabelled streams, for
   every pattern, rank, stream length and content. That ``pattern.py`` has this shape is
-  read from the code, not proven; ``tests/test_laws.py`` checks the law's conclusion on the
+  read from the code, not proven; ``tests/test_proofs.py`` checks the law's conclusion on the
   real families.
 """
 

@@ -190,7 +190,7 @@ def run_plan(plan) -> Result:
 #
 # ``run`` above reads the PyTorch action strings, which cannot express an explicit peer,
 # a group, a collective or a cut, and it checks inputs and memory only along the run (a
-# stuck rank's tail is never looked at). The mutation fuzzing (``test_fuzz.py``,
+# stuck rank's tail is never looked at). The mutation fuzzing (``test_verify_fuzz.py``,
 # ``benchmarks/soundness.py``) needs all of the semantics and a verdict per property, so
 # ``judge`` below is a second, self-contained interpreter, again written from the design
 # text only (the cut's rules as the kernel's docstring states them in words).

@@ -72,7 +72,7 @@ the call's set makes the same call too.
 A mutant comes with a memory limit (``memory_limit_for``: none, the base plan's highest
 unit-model peak, or its per-rank peaks), so edits that raise a peak violate ``memory``.
 Comparison helpers (``verifier_verdict``, ``reference_verdict``, ``classify``) are shared
-by ``test_fuzz.py`` and the benchmark.
+by ``test_verify_fuzz.py`` and the benchmark.
 """
 
 from __future__ import annotations

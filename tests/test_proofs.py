@@ -21,7 +21,7 @@ from mpipe_verified.algebra.families import FAMILIES, family
 from mpipe_verified.algebra.pattern import RankStreams
 from mpipe_verified.algebra.terms import MergeBW, Relabel, SplitBW, _merge
 from mpipe_verified.cli import main
-from mpipe_verified.ir import (COMM_STEP, Compute, Idle, Marker, Overlap,
+from mpipe_verified.ir import (Compute, Idle, Overlap,
                                Schedule)
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import peak_memory
@@ -426,23 +426,6 @@ def test_relabelling_a_family_is_weaving_relabelled_streams(monkeypatch, name):
         return RankStreams(fwd, bwd)
     monkeypatch.setattr(algebra_terms, "_rank_streams", relabelled_streams)
     assert t.derive() == expected
-
-
-@pytest.mark.parametrize("name", list(FAMILIES))
-def test_lowering_only_inserts_comm_ops(name):
-    """``lower_work_conservation`` on the real lowering (Idle steps are dropped)."""
-    sched = family(name, 4, 8, 2 if name == "interleaved-1f1b" else None).derive()
-    plan = lower(sched)
-    for prog, lowered in zip(sched.programs, plan.programs):
-        assert [op for op in lowered if not isinstance(op, COMM_STEP)] == \
-            [op for op in prog if not isinstance(op, Idle)]
-
-
-def test_lowering_drops_idle_steps_and_keeps_markers():
-    placement = algebra_terms.make_placement("looped", 1, 1)
-    prog = (Compute("F", 0, 0), Idle(), Marker(0, "UNSHARD"), Compute("B", 0, 0))
-    plan = lower(Schedule(placement, 1, (prog,)))
-    assert plan.programs[0] == (Compute("F", 0, 0), Marker(0, "UNSHARD"), Compute("B", 0, 0))
 
 
 def test_docs_proofs_lists_every_law_and_family_cell():

@@ -16,7 +16,7 @@ import pytest
 from mpipe_verified.cli import main
 from mpipe_verified.proofs.covering import needed_laws
 from mpipe_verified.check import parametric
-from test_check_cli import check_json, family_argv
+from test_cli_check import check_json, family_argv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -17,13 +17,13 @@ from mpipe_verified.algebra.families import family
 from mpipe_verified.algebra.transpose import transpose_family
 from mpipe_verified.ir import Compute
 from mpipe_verified.lower import lower
-from mpipe_verified.proofs import core, models, registry
+from mpipe_verified.proofs import core, expanded, registry
 from mpipe_verified.proofs import family_transpose_inline as inline
 from mpipe_verified.semantics import Chain, peak_memory, produces
 from mpipe_verified.check import parametric
 from mpipe_verified.check.parametric import check_certificate
 from mpipe_verified.verify import CertificateError
-from test_check_cli import check_json as _check
+from test_cli_check import check_json as _check
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
 LAWS = [law for law in registry.LAWS if law.name.startswith("transpose_inline_")]
@@ -51,7 +51,7 @@ def test_the_model_is_derive_and_lower_op_for_op():
                 assert seg.forward_rank == (0,) * m and seg.home == 0
                 assert seg.backward_rank == ((0,) * m if trainable else None)
                 assert Chain(schedule.placement, schedule.cut).required_collectives() == {}
-                assert models.lowered(schedule) == lower(schedule).programs, (mode, p, m)
+                assert expanded.lowered(schedule) == lower(schedule).programs, (mode, p, m)
 
 
 @pytest.mark.parametrize("mode", ["owner", "frozen"])
@@ -96,7 +96,7 @@ def test_the_laws_fail_for_a_wrong_peak_or_a_missing_input(monkeypatch):
 
 
 def test_the_laws_cover_every_property_for_all_sizes():
-    """(``tests/test_laws.py`` proves them, with every other law, in a fresh interpreter.)"""
+    """(``tests/test_proofs.py`` proves them, with every other law, in a fresh interpreter.)"""
     assert {law.property for law in LAWS} == set(core.PROPERTIES)
     assert all(law.family == "transpose" and law.for_all_sizes() for law in LAWS)
 

@@ -3,7 +3,7 @@ closed form (``proofs.expanded.SCHEDULES``) expands to exactly the programs ``de
 gives, and the lowering model (``proofs.lowered``, expanded by ``proofs.expanded.lowered``)
 to exactly the plan ``lower`` gives, op for op, for every p <= 8, m <= 24 (DualPipeV: m >=
 2p) and, for interleaved 1F1B, chunks 2 to 4. (ZBV's and DualPipeV's own models are
-compared with ``derive`` in tests/test_family_models_b.py.)"""
+compared with ``derive`` in tests/test_proofs_family_models.py.)"""
 
 from __future__ import annotations
 
@@ -52,5 +52,5 @@ def test_every_family_proven_here_is_modelled():
     assert set(expanded.SCHEDULES) <= set(FAMILIES)
     # bounded: the laws are about the package's own derived instances; ZBV and DualPipeV:
     # their models are programs of ops (V placement, overlapped steps), compared with
-    # derive in tests/test_family_models_b.py
+    # derive in tests/test_proofs_family_models.py
     assert set(PROVEN_HERE) - set(expanded.SCHEDULES) == {"zb-h1", "zb-h2", "zbv", "dualpipev"}

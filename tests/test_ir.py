@@ -1,7 +1,7 @@
 """The canonical text (what a certificate's digest covers) stays byte for byte what it
 was: digests pinned in ``fixtures/digests.json``, and the one-frame row spelling equal
 to the op-by-op one on every kind of op and payload. That it says everything about a
-plan: ``test_canonical_decoding.py``."""
+plan: ``test_ir_canonical_decoding.py``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 answer agrees with the op-by-op check, does not grow with the instance, compares the
 memory limit with the proven peak, and its certificate certifies only the plan its
 parameters derive. (A small instance is checked op by op unless ``--laws`` is given:
-these tests give it; ``test_law_cache.py`` tests the road ``check`` picks.)"""
+these tests give it; ``test_check_law_cache.py`` tests the road ``check`` picks.)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from mpipe_verified.proofs import registry
 from mpipe_verified.check import parametric
 from mpipe_verified.check.parametric import check_certificate
 from mpipe_verified.verify import CertificateError
-from test_check_cli import check_json as check, family_argv
+from test_cli_check import check_json as check, family_argv
 
 SCRIPT = pathlib.Path(sys.executable).with_name("mpipe-verify")
 
