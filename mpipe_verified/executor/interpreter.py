@@ -50,30 +50,42 @@ class Interpreter:
 
     def _execute(self, step: Step, done: Pass, transport: Transport,
                  resolve: Callable) -> None:
+        self._read(step, resolve)
+        self._publish(step, self._dispatch(step, done, transport))
+
+    def _read(self, step: Step, resolve: Callable) -> None:
+        """Check that ``step``'s needs are present; wait for those still in flight."""
         store = self.store
         for t in step.needs:
             value = store.get(t, MISSING)
             if value is MISSING:
-                raise PipelineError(f"rank {self.rank}: {step.op} at position {step.index} "
-                                    f"needs {Token(*t)}, which is not on this rank (the "
-                                    "executor disagrees with the certified semantics: "
-                                    "internal error)")
+                raise PipelineError(f"rank {self.rank}: {step.where} needs {Token(*t)}, "
+                                    "which is not on this rank (the executor disagrees "
+                                    "with the certified semantics: internal error)")
             if type(value) is Pending:
                 store[t] = resolve(value)
             elif type(value) is PerSource:  # a source reads its own part
                 for name in step.segments:
                     if type(value.get(name)) is Pending:
                         value[name] = resolve(value[name])
-        produced = self._dispatch(step, done, transport)
+
+    def _publish(self, step: Step, produced: dict) -> None:
+        """Keep what later ops read, hold the stored activations ``step`` allocates (the
+        peak counted here, before frees), drop what it read last, free what it frees."""
+        store = self.store
         for t, value in produced.items():
             if t in step.keep:
                 if type(value) is PerSource and type(store.get(t)) is PerSource:
                     value = PerSource({**store[t], **value})  # another source's part
                 store[t] = value
         for t in step.holds:
-            store[t] = produced[t]
+            value = produced.get(t, MISSING)
+            if value is MISSING:
+                raise PipelineError(f"rank {self.rank}: {step.where} kept no {Token(*t)} "
+                                    "(internal error)")
+            store[t] = value
         self._live += len(step.holds)
-        if self._live > self.stored_peak:  # allocations count before frees
+        if self._live > self.stored_peak:
             self.stored_peak = self._live
         for t in step.drop:
             store.pop(t, None)
