@@ -11,13 +11,11 @@ microbatches, checks that it fits the plan (``batch_fit``), walks the steps
 buffers' copies agree (``buffers``) and sums what is summed outside the plan
 (``reductions``).
 
-Groups (``topology``): plan rank ``r`` is rank ``r`` of the pipeline group (the world by
-default). With data-parallel replicas, each runs the plan on its own pipeline group on
-its block of the batch's rows, each replica's microbatch weights already scaled by its
-share of the whole batch's rows, and after the plan its gradients and loss are summed
-over its data-parallel group. ``eval`` runs a forward-only plan under ``no_grad`` and
-keeps the last stage's (and each sink's) outputs; ``step``/``run`` refuse such a plan and
-``eval`` a training one.
+Plan rank ``r`` is rank ``r`` of the pipeline group (the world by default). Replicas each
+run the plan on their own pipeline group and block of the batch's rows (the microbatch
+weights scaled by that block's share); their gradients and loss are summed after it.
+``eval`` runs a forward-only plan under ``no_grad``, keeping the last stage's (and each
+sink's) outputs; ``step``/``run`` refuse such a plan and ``eval`` a training one.
 """
 
 from __future__ import annotations
