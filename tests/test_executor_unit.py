@@ -20,7 +20,7 @@ warnings.filterwarnings("ignore")
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from mpipe_verified.algebra import ForwardOnly, Transpose, family  # noqa: E402
+from mpipe_verified.algebra import FAMILIES, ForwardOnly, Transpose, family  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PayloadMismatchError,  # noqa: E402
                                      PipelineError, PipelineExecutor, balanced_cuts, certify,
                                      infer_payload_shapes, split_sequential,
@@ -29,8 +29,10 @@ from mpipe_verified.executor.comm import (Messages, ShippedInput, check_outgoing
                                           rng_state, set_rng_state)
 from mpipe_verified.executor import split_backward  # noqa: E402
 from mpipe_verified.executor import NotVerifiedError  # noqa: E402
+from mpipe_verified.executor.steps import compile_steps  # noqa: E402
 from mpipe_verified.ir import Payload, Recv, Send, p2p_of  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
+from mpipe_verified.semantics import Chain  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -680,3 +682,26 @@ def test_launcher_usage_errors():
     done = subprocess.run([MPIPE_RUN, "--nproc", "2", "no/such/script.py"], capture_output=True,
                           text=True)
     assert done.returncode == 2 and "no such script" in done.stderr
+
+
+# ---------------------------------------------------------------- stored activations
+
+@pytest.mark.parametrize("term", [
+    *(family(name, 4, 8) for name in FAMILIES),
+    *(Transpose(family("1f1b", 4, 8), mode=mode, ownership=own)
+      for mode in ("recompute", "owner", "frozen") for own in ("full", "inline")),
+    ForwardOnly(Transpose(family("zb-h1", 4, 8), mode="owner")),
+], ids=repr)
+def test_the_steps_hold_stored_activations_as_the_verifier_counts_them(term):
+    """Each rank's compiled steps hold and free stored activations so that the most held
+    at once (allocations before frees) is the verifier's unit-memory peak, and every one
+    held is freed by the end: the executor takes them from ``step_effects``."""
+    plan = lower(term.derive())
+    report = verify(plan)
+    for rank in range(plan.num_ranks):
+        live = peak = 0
+        for step in compile_steps(plan.programs[rank], rank, Chain.of(plan)):
+            live += len(step.holds)
+            peak = max(peak, live)
+            live -= len(step.frees)
+        assert (peak, live) == (report.peak_memory[rank], 0), rank

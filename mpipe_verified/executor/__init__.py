@@ -12,12 +12,16 @@
 Batches whose shapes change between steps: ``ShapeCache(plan, stages=..., loss_fn=...,
 optimizer=...).step(batch)`` (one certified plan per shape signature).
 
-Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``interpreter``
-(the per-rank interpreter), ``partition`` (stages and payload layouts), ``tree``
-(structured values: leaves and paths), ``comm`` (process group, checked messages,
-watchdog), ``packed`` (messages of structured payloads), ``shapes`` (``ShapeCache``),
-``topology`` (pipeline and data-parallel groups), ``model_checks`` (models refused before
-any traffic), ``launch`` (``mpipe-run``).
+Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``pipeline``
+(``PipelineExecutor``), ``steps`` (a rank's program compiled: reads, keeps, and the stored
+activations held and freed by the semantics' memory rule), ``interpreter`` (the walker
+over those steps), ``compute`` (``F``/``R``/``B``/``I``/``W``), ``transport`` (posting
+and completing sends, receives and plan collectives), ``handshake`` (the start-up checks
+between ranks), ``reductions`` (the sums outside the plan), ``partition`` (stages and
+payload layouts), ``tree`` (structured values: leaves and paths), ``comm`` (process
+group, checked messages, watchdog), ``packed`` (messages of structured payloads),
+``shapes`` (``ShapeCache``), ``topology`` (pipeline and data-parallel groups),
+``model_checks`` (models refused before any traffic), ``launch`` (``mpipe-run``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import importlib
 # Names are imported on first use, so that ``mpipe-run`` (``executor.launch``) starts
 # without importing torch or Z3.
 _EXPORTS = {
-    "PipelineExecutor": ".interpreter", "Evaluation": ".interpreter",
+    "PipelineExecutor": ".pipeline", "Evaluation": ".pipeline",
     "Batch": ".batch",
     "init_distributed": ".comm",
     "PipelineError": ".errors", "BatchError": ".errors", "PayloadMismatchError": ".errors", "PeerError": ".errors",

@@ -32,8 +32,11 @@ import contextlib
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from . import topology
 
 Reduce = Callable[[torch.Tensor], None]  # sums a tensor in place over a group of copies
 Broadcast = Callable[[torch.Tensor], None]  # replaces a tensor in place by the root's
@@ -199,6 +202,59 @@ class Copies:
         for b in self.module.buffers():
             for broadcast in broadcasts:
                 broadcast(b)
+
+
+def copies_of(held: list, plan, rank: int, topo: topology.Topology, links: topology.Links,
+              wait: Callable, device) -> dict:
+    """``id(module) -> (Copies, reduces, broadcasts, first)`` for each module of this rank
+    (``held``: ``(segment name or None, module)``) that has buffers and other copies: a
+    segment held by several ranks (summed over its holders, broadcast from its home, or
+    its lowest holder when home holds none), any module when there are replicas (over
+    the data-parallel group, from replica 0); ``first``: this rank holds the copy
+    broadcast from. ``wait(works, where, peers)`` bounds each collective."""
+    out = {}
+    for name, module in held:
+        if next(module.buffers(), None) is None:
+            continue
+        reduces, broadcasts, first = [], [], True
+        if name is not None:  # a segment
+            ranks = topology.holders(plan, name)
+            if len(ranks) > 1:
+                group = links.groups[ranks]
+                home = plan.cut.get(name).home
+                root = home if home in ranks else ranks[0]
+                reduces.append(_summing(group, f"ranks {list(ranks)}", wait, device))
+                broadcasts.append(_broadcasting(group, topo.pp_ranks[root], f"rank {root}",
+                                                wait, device))
+                first = rank == root
+        if links.dp is not None:
+            reduces.append(_summing(links.dp, "its replicas", wait, device))
+            broadcasts.append(_broadcasting(links.dp, topo.dp_ranks[0], "replica 0", wait,
+                                            device))
+            first = first and topo.dp_rank == 0
+        if reduces:
+            out[id(module)] = (Copies(module, plan.num_microbatches * topo.replicas),
+                               reduces, broadcasts, first)
+    return out
+
+
+def _summing(group, peers: str, wait: Callable, device) -> Reduce:
+    def reduce(t: torch.Tensor) -> None:
+        d = t.to(device)
+        wait([dist.all_reduce(d, group=group, async_op=True)],
+             "the buffer statistics all-reduce", peers)
+        t.copy_(d)
+    return reduce
+
+
+def _broadcasting(group, root: int, peers: str, wait: Callable, device) -> Broadcast:
+    def broadcast(t: torch.Tensor) -> None:  # as bytes: gloo has no int16 or float8
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).to(device, copy=True)
+        wait([dist.broadcast(raw, root, group=group, async_op=True)],
+             "the buffer broadcast", peers)
+        with torch.no_grad():
+            t.copy_(raw.to(t.device).view(t.dtype).view(t.shape))
+    return broadcast
 
 
 def _factor(norm: _BatchNorm, tracked: int) -> float:

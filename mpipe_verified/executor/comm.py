@@ -1,6 +1,6 @@
-"""Communication for the interpreter: process-group set-up, point-to-point messages that
-carry their own description, and a watchdog (the transpose collectives are run by the
-interpreter's ``_collective``).
+"""Communication for the executor: process-group set-up, point-to-point messages that
+carry their own description, and a watchdog (``transport`` posts and completes them, and
+runs the transpose collectives).
 
 Messages. Gloo (and NCCL) check neither the dtype nor, when the sender sends *fewer*
 bytes than the receiver posted, the size of a message: a wrong tensor would be read as

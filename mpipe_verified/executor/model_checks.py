@@ -14,17 +14,23 @@ silently wrong.
   without gradients (docs/executor.md, "FSDP2").
 - A sink segment recomputed off its forward's rank (a plan-json file can say so; the
   algebra never derives it): only a source's raw input is shipped for a recompute.
+
+And what one rank is given (``local_stages``, ``local_segments``, ``sink_losses``): a
+module for every stage and segment its program runs, a loss for every sink it trains;
+and, at every step, that what trains is what trained when the executor was built
+(``check_trainable``).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Mapping
+from typing import Callable, Mapping
 
 from torch import nn
 
 from ..ir import SINK, Plan
 from .errors import PipelineError
+from .topology import segments_touched
 
 
 def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
@@ -82,3 +88,80 @@ def _is_fsdp(module: nn.Module) -> bool:
     here would cost every executor about a second)."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def local_stages(plan: Plan, rank: int, stages) -> dict[int, nn.Module]:
+    """``stage -> module`` of the stages placed on ``rank``, from ``stages`` (a mapping,
+    or a sequence of every stage's module)."""
+    mine, num_stages = plan.placement.stages_of(rank), plan.placement.num_stages
+    if isinstance(stages, Mapping):
+        table = dict(stages)
+    else:
+        stages = list(stages)
+        if len(stages) != num_stages:
+            raise PipelineError(f"rank {rank}: {len(stages)} stage modules for a plan "
+                                f"with {num_stages} stages")
+        table = dict(enumerate(stages))
+    missing = [s for s in mine if s not in table]
+    if missing:
+        raise PipelineError(f"rank {rank}: no module for stage(s) {missing} "
+                            f"(placed on this rank)")
+    return {s: table[s] for s in mine}
+
+
+def local_segments(plan: Plan, rank: int, segments: Mapping[str, nn.Module]
+                   ) -> dict[str, nn.Module]:
+    """``name -> module`` of the segments ``rank``'s program runs or exchanges."""
+    used = segments_touched(plan.programs[rank])
+    missing = sorted(used - set(segments))
+    if missing:
+        raise PipelineError(f"rank {rank}: the plan runs segment(s) "
+                            f"{', '.join(missing)} here but no module was given "
+                            "(segments={name: module})")
+    return {name: segments[name] for name in sorted(used)}
+
+
+def sink_losses(plan: Plan, rank: int, fns: dict, held: Mapping) -> dict[str, Callable]:
+    """``fns`` (``segment_loss_fns``), checked: every one names a sink, and every sink
+    among the ``held`` segments that trains here has one."""
+    sinks = {s.name for s in plan.cut.segments if s.side == SINK}
+    unknown = sorted(set(fns) - sinks)
+    if unknown:
+        raise PipelineError(f"segment_loss_fns names {', '.join(unknown)}, which the plan "
+                            f"has no sink segment of (sinks: {sorted(sinks) or 'none'})")
+    missing = sorted(name for name in sinks & set(held)
+                     if name not in fns and not plan.forward_only)
+    if missing:
+        raise PipelineError(f"rank {rank}: the plan runs sink segment(s) "
+                            f"{', '.join(missing)} here but no loss was given "
+                            "(segment_loss_fns={name: fn})")
+    return fns
+
+
+def check_trainable(rank: int, labelled, params: Mapping[int, tuple],
+                    built: Mapping[int, frozenset]) -> None:
+    """What trains is fixed when the executor is built (each op's gradient targets and
+    the optimizer's parameters come from it): for each ``(label, module)`` of
+    ``labelled``, ``params[id(module)]`` (its trainable parameters then) and
+    ``built[id(module)]`` (the ids of all its parameters then). A parameter whose
+    ``requires_grad`` changed since, or one added, removed or replaced since, is refused
+    before any communication, rather than left without a gradient (or given one no
+    optimizer applies)."""
+    for label, module in labelled:
+        trained = tuple(map(id, params[id(module)]))
+        named = list(module.named_parameters())
+        if tuple(id(p) for _, p in named if p.requires_grad) == trained:
+            continue
+        changed = next(((n, p) for n, p in named if id(p) in built[id(module)]
+                        and p.requires_grad != (id(p) in trained)), None)
+        if changed is not None:
+            name, p = changed
+            what = (f"parameter {name!r} of {label} has requires_grad={p.requires_grad} "
+                    f"but had {not p.requires_grad} when the executor was built")
+        else:
+            what = (f"the trainable parameters of {label} were added, removed or "
+                    "replaced since the executor was built")
+        raise PipelineError(
+            f"rank {rank}: {what}: the executor trains the parameters that required "
+            "a gradient then; build a new PipelineExecutor (and optimizer) after changing "
+            "a module's parameters or their requires_grad")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from ..ir import GRAD, INPUT, Payload, path_steps
+from ..ir import GRAD, INPUT, Payload, p2p_of, path_steps
 from . import comm
 from .errors import PayloadMismatchError, PipelineError
 from .tree import Flat, flatten, unflatten
@@ -74,6 +74,20 @@ def check_plan(payload: Payload) -> None:
             unflatten((path, None) for path in paths)
     except ValueError as err:
         raise PipelineError(f"{comm.describe(payload)}: {err}") from None
+
+
+def check_program(program, rank: int) -> None:
+    """Every payload ``program`` sends or receives has a layout messages can carry
+    (``comm.expected_layout`` for one tensor, ``check_plan`` for a structure)."""
+    for index, op in enumerate(program):
+        for c in p2p_of(op):
+            try:
+                if c.payload.leaves is None:
+                    comm.expected_layout(c.payload)
+                else:
+                    check_plan(c.payload)
+            except PipelineError as err:
+                raise PipelineError(f"rank {rank}: {op} at position {index}: {err}") from None
 
 
 def layout(payload: Payload, device: torch.device) -> Packed:

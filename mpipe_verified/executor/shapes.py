@@ -30,7 +30,7 @@ from ..ir import Plan
 from .certification import certify as certify_plan
 from .batch import Batch
 from .errors import PipelineError
-from .interpreter import PipelineExecutor
+from .pipeline import PipelineExecutor
 from .partition import infer_payload_shapes, signature, with_payload_shapes
 
 

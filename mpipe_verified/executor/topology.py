@@ -21,6 +21,8 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from ..ir import Collective, computes_of
+from ..semantics import collective_segment
 from .errors import PipelineError
 
 _RUN_GROUPS: dict[tuple[tuple[int, ...], float], object] = {}
@@ -115,6 +117,49 @@ def run_group(ranks: tuple[int, ...], timeout_s: float):
         _RUN_GROUPS[key] = dist.new_group(list(key[0]), use_local_synchronization=True,
                                           timeout=datetime.timedelta(seconds=timeout_s))
     return _RUN_GROUPS[key]
+
+
+@attrs.frozen(eq=False)
+class Links:
+    """The groups a connected rank posts on, all with the wait timeout: the pipeline's
+    (``pp``; ``peer[r]``: plan rank ``r``'s rank in it), each plan collective's and each
+    shared segment's holders' by their sorted plan ranks (``groups``), the replicas'
+    (``dp``, None without replicas); ``pp_ranks[r]``: plan rank ``r``'s global rank."""
+
+    pp: object
+    peer: tuple
+    groups: dict
+    dp: object
+    pp_ranks: tuple
+
+
+def run_links(topo: Topology, plan, program, segments, timeout_s: float) -> Links:
+    """The ``Links`` of a rank running ``program`` of ``plan`` and holding ``segments``
+    (names), made with ``run_group``."""
+    pp = run_group(topo.pp_ranks, timeout_s)
+    wanted = sorted({tuple(sorted(op.ranks)) for op in program if isinstance(op, Collective)}
+                    | {ranks for name in segments if len(ranks := holders(plan, name)) > 1})
+    groups = {ranks: (pp if len(ranks) == len(topo.pp_ranks)
+                      else run_group(tuple(topo.pp_ranks[r] for r in ranks), timeout_s))
+              for ranks in wanted}
+    return Links(pp, tuple(dist.get_group_rank(pp, g) for g in topo.pp_ranks), groups,
+                 run_group(topo.dp_ranks, timeout_s) if topo.replicas > 1 else None,
+                 topo.pp_ranks)
+
+
+def segments_touched(program) -> set[str]:
+    """The segments a rank's ``program`` runs (a compute of it) or exchanges (its
+    ``params:``/``grads:`` collective): the ones the rank holds a module of."""
+    used = {c.segment for op in program for c in computes_of(op) if c.segment}
+    return used | {tagged[1] for op in program
+                   if isinstance(op, Collective) and (tagged := collective_segment(op))}
+
+
+def holders(plan, name: str) -> tuple[int, ...]:
+    """The plan ranks that hold a copy of segment ``name``: every rank whose program
+    runs or exchanges it (those given its module; the same on every rank)."""
+    return tuple(r for r, program in enumerate(plan.programs)
+                 if name in segments_touched(program))
 
 
 def forget_run_groups() -> None:
