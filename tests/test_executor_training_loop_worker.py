@@ -1,7 +1,7 @@
-"""One rank of the training-loop tests (run as a script by ``test_training_loop.py``; it
+"""One rank of the training-loop tests (run as a script by ``test_executor_training_loop.py``; it
 holds no tests itself).
 
-    python tests/test_training_loop_worker.py OUT WORLD
+    python tests/test_executor_training_loop_worker.py OUT WORLD
 
 Env init. ``WORLD`` 2 runs ``CASES[2]`` on a 2-rank pipeline, 4 runs ``CASES[4]`` on 2
 pipeline ranks x 2 replicas (a ``(dp, pp)`` mesh). Each case builds the tiny MLLM's plan

@@ -27,13 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 sys.path.insert(0, HERE)
 
-import test_training_loop_worker as worker  # noqa: E402
+import test_executor_training_loop_worker as worker  # noqa: E402
 import train_tiny_mllm as tiny  # noqa: E402
 from mpipe_verified.executor import (Batch, BatchError, PipelineError,  # noqa: E402
                                      PipelineExecutor, certify)
 from ranks import run_ranks  # noqa: E402
 
-WORKER = os.path.join(HERE, "test_training_loop_worker.py")
+WORKER = os.path.join(HERE, "test_executor_training_loop_worker.py")
 
 
 def launch(world: int, out: str, timeout: float = 420) -> None:

@@ -1,7 +1,7 @@
-"""One rank of ``test_stage_setup.py``'s end-to-end check (run as a script by that test;
+"""One rank of ``test_executor_stage_setup.py``'s end-to-end check (run as a script by that test;
 it holds no tests itself).
 
-    python tests/test_stage_setup_worker.py OUT
+    python tests/test_executor_stage_setup_worker.py OUT
 
 Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For zb-h1 and zbv on 2 ranks (4
 microbatches of 4 rows): the tiny MLLM's stages and vision encoder, each compiled with

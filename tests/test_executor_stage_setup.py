@@ -8,7 +8,7 @@ the same weights. Compiled with ``backend="aot_eager"`` (AOTAutograd, like induc
 fast to compile) and ``dynamic=True``: the backward is then compiled with the forward,
 which is where torch's donated buffers refuse the retained backward of ``I`` (without
 the set-up, shown first). End to end: 2 gloo processes run one step of zb-h1 and zbv with
-every stage compiled (``test_stage_setup_worker.py``), against a single-process run.
+every stage compiled (``test_executor_stage_setup_worker.py``), against a single-process run.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from mpipe_verified.ir import Compute  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-WORKER = os.path.join(HERE, "test_stage_setup_worker.py")
+WORKER = os.path.join(HERE, "test_executor_stage_setup_worker.py")
 
-import test_stage_setup_worker as worker  # noqa: E402
+import test_executor_stage_setup_worker as worker  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 
 SPLIT = [Compute("F", 1, 0), Compute("I", 1, 0), Compute("W", 1, 0)]  # a zb rank's ops

@@ -23,7 +23,7 @@ from mpipe_verified.executor.launch import free_port, rank_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import test_torch_runtime_worker as worker  # noqa: E402
+import test_executor_torch_runtime_worker as worker  # noqa: E402
 
 FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev")
 WORLDS = (2, 4)

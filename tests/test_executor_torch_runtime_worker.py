@@ -1,6 +1,6 @@
-"""One rank of ``test_torch_runtime.py`` (run as a script; it holds no tests itself).
+"""One rank of ``test_executor_torch_runtime.py`` (run as a script; it holds no tests itself).
 
-    python tests/test_torch_runtime_worker.py OUT FILE.csv [FILE.csv ...]
+    python tests/test_executor_torch_runtime_worker.py OUT FILE.csv [FILE.csv ...]
 
 Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo. For each exported file it
 builds the stages this rank holds (``model`` below: the same weights on every rank) as
