@@ -1,12 +1,12 @@
-"""Memory (docs/semantics.md §2.6): what each step allocates and frees (``step_effects``,
-the one statement of the rule), per rank op by op (``memory_steps``, any sizes) or by
-columns (``memory_moves``, integer sizes), and the levels and peaks that follow
-(``memory_levels``; by columns, ``column_levels``).
+"""Memory (docs/semantics.md §2.6): what each step allocates and frees (``step_effects``)
+and what a free releases (``lifetimes``, over flat arrays of events), per rank op by op
+(``memory_steps``, any sizes) or by columns (``memory_moves``, integer sizes), and the
+levels and peaks that follow (``memory_levels``; by columns, ``column_levels``).
 
-The column form evaluates ``step_effects`` once per op class and keeps what is live as
-``memory_steps`` does (a free releases what the latest allocation under its key left
-live); it stays beside the op-by-op form because that form sums floats or exact
-rationals in program order, which integer columns cannot.
+Both forms evaluate ``step_effects`` (the column form once per op class) and hand their
+events to ``lifetimes``; they differ only in how they sum: ``memory_steps`` adds the
+sizes as the model gives them (floats, or exact rationals) in program order, the column
+form adds integers by arrays.
 """
 
 from __future__ import annotations
@@ -189,12 +189,11 @@ BIG = 2**52  # integer sizes summed below this are exact as floats too
 def memory_moves(table: OpTable, model: MemoryModel, extra=()) -> tuple | None:
     """``memory_steps`` of every rank by columns: per op of the table, what it allocates
     and what it frees, as integer arrays. ``step_effects`` is evaluated per op class
-    (``rule_columns``); allocations count before frees, and a free releases what the
-    latest allocation under its key left live, as ``memory_steps`` keeps ``live``. None
-    when receive buffers are not free (their size may depend on more than an op's
-    class), a size or a number of ``extra`` (the static parts and limits the sums will
-    meet) is not an integer, they could sum beyond ``BIG`` (where float sums stop being
-    exact), or the table cannot state the rules."""
+    (``rule_columns``) and what each free releases is ``lifetimes``'. None when receive
+    buffers are not free (their size may depend on more than an op's class), a size or a
+    number of ``extra`` (the static parts and limits the sums will meet) is not an
+    integer, they could sum beyond ``BIG`` (where float sums stop being exact), or the
+    table cannot state the rules."""
     if not model.buffers_free:
         return None
     chain = Chain.of(table.plan)

@@ -1,13 +1,13 @@
 """How communication lines up (docs/semantics.md §2.3, §2.4): sends with receives, FIFO
-per ordered rank pair (``pair_p2p``; over flat arrays, ``fifo_partners``, which
-``p2p_columns`` reads), and collective calls into instances (``collective_instances``:
+per ordered rank pair, and collective calls into instances (``collective_instances``:
 instance k of a rank set is the k-th call over it on each rank), which the run
 (``run.execute``) and the data-flow timing (``run.schedule_times``) both use.
 
-The FIFO rule has two forms on purpose: ``pair_p2p`` zips each channel's endpoint lists
-and also lists channels, counts, unmatched ends and mismatches; built from
-``fifo_partners`` it took 1.4 times as long on a plan of 780,000 ops, and plans with
-groups or collectives (no table) are paired by it.
+The FIFO rule is stated once, over flat arrays: ``channel_keys`` says which channel a
+transfer end travels and ``fifo_pairs`` which send meets which receive. Both forms call
+it: ``pair_p2p`` op by op, over the ends of any plan (groups and collectives included),
+and ``p2p_columns`` over a table's transfers; each only gathers the arrays and reads the
+answer back in its own shape.
 
 Endpoints are ``(rank, index, member)``, ``member`` indexing a ``Group``'s ops (0 for a
 bare op).
@@ -219,11 +219,10 @@ def _malformed(op: Collective, rank: int, index: int, num_ranks: int) -> str:
 
 @attrs.frozen(eq=False)
 class P2PColumns:
-    """``pair_p2p`` by counting, over a table's transfers. ``rows`` are the table rows of
+    """``pair_p2p`` over a table's transfers, as arrays. ``rows`` are the table rows of
     its sends and receives (rank-major, program order), ``send`` says which are sends, and
-    ``partner[k]`` is the place in ``rows`` of the end that ``rows[k]`` pairs with, or -1
-    (the FIFO rule: the k-th send of a channel meets its k-th receive; an end past the
-    other side's count, or whose peer is no rank, has none). The pairing is symmetric."""
+    ``partner[k]`` is the place in ``rows`` of the end that ``rows[k]`` meets
+    (``fifo_pairs``), or -1 for none. The pairing is symmetric."""
 
     rows: object  # numpy int64 arrays
     send: object
@@ -231,10 +230,8 @@ class P2PColumns:
 
 
 def p2p_columns(table: OpTable) -> P2PColumns:
-    """The FIFO pairing of ``table``'s transfers. A channel's sends in program order are
-    its source rank's (rows are rank-major), likewise its receives: numbering each
-    channel side's ends in row order (a stable sort) and meeting equal numbers is
-    ``pair_p2p``'s zip of the two lists."""
+    """The FIFO pairing of ``table``'s transfers (``fifo_pairs``; rows are rank-major, in
+    program order, as it asks)."""
     import numpy as np
     kinds = [type(op) for _, op, _ in table.classes]
     comm = np.array([k is Send or k is Recv for k in kinds] + [False], dtype=bool)
