@@ -1,12 +1,12 @@
-"""Memory (docs/semantics.md §2.6): what each step allocates and frees (``step_effects``,
-the one statement of the rule), per rank op by op (``memory_steps``, any sizes) or by
-columns (``memory_moves``, integer sizes), and the levels and peaks that follow
-(``memory_levels``; by columns, ``column_levels``).
+"""Memory (docs/semantics.md §2.6): what each step allocates and frees (``step_effects``)
+and what a free releases (``lifetimes``, over flat arrays of events), per rank op by op
+(``memory_steps``, any sizes) or by columns (``memory_moves``, integer sizes), and the
+levels and peaks that follow (``memory_levels``; by columns, ``column_levels``).
 
-The column form evaluates ``step_effects`` once per op class and keeps what is live as
-``memory_steps`` does (a free releases what the latest allocation under its key left
-live); it stays beside the op-by-op form because that form sums floats or exact
-rationals in program order, which integer columns cannot.
+Both forms evaluate ``step_effects`` (the column form once per op class) and hand their
+events to ``lifetimes``; they differ only in how they sum: ``memory_steps`` adds the
+sizes as the model gives them (floats, or exact rationals) in program order, the column
+form adds integers by arrays.
 """
 
 from __future__ import annotations
@@ -62,34 +62,98 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
                  live_at: int | None = None, exact: Callable | None = None
                  ) -> tuple[list[tuple[float, float]], list]:
     """Per op of ``rank``: ``(allocated, freed)``. A step's allocations count before its
-    frees, so its peak is ``before + allocated``. With ``live_at``, also the tensors live
-    at that step's peak as ``(description, size)``. With ``exact``, every size is
-    ``exact(size)`` before it is summed (exact rationals, not float sums)."""
-    live: dict[object, tuple[str, float]] = {}
-    steps: list[tuple[float, float]] = []
-    snapshot: list = []
+    frees, so its peak is ``before + allocated``; what a free releases is ``lifetimes``'.
+    With ``live_at``, also the tensors live at that step's peak as ``(description,
+    size)``. With ``exact``, every size is ``exact(size)`` before it is summed (exact
+    rationals, not float sums), in program order."""
+    import numpy as np
     chain = Chain.of(plan)
     stored, buffer = model.stored, model.received
     if exact is not None:
         stored, buffer = (lambda s, seg: exact(model.stored(s, seg))), (
             lambda p: exact(model.received(p)))
+    keys: list[int] = []  # per event (a step's allocations, then its frees): its key's number
+    entries: list = []  # per event: what it allocates, or None for a free
+    per_step: list[int] = []  # the events of each step
+    allocated: list = []  # per step, the sum of its allocations
+    freed: list = []  # per step, the sum of what its frees release (below)
+    number: dict = {}
+    add_key, add_entry = keys.append, entries.append
+    cut = 0  # the events before the peak of step live_at
     for index, op in enumerate(plan.programs[rank]):
         kind = type(op)
         if kind is Send or kind is Idle or kind is Marker or kind is Collective:
-            steps.append((0.0, 0.0))  # allocates and frees nothing
+            allocated.append(0.0)  # allocates and frees nothing
+            freed.append(0.0)
+            per_step.append(0)
             if index == live_at:
-                snapshot = [(f"{what} {x}", size) for what, x, size in live.values()]
+                cut = len(keys)
             continue
         allocs, frees = step_effects(op, rank, chain, stored, buffer)
         alloc = 0.0 if exact is None else 0
         for key, entry in allocs:
-            live[key] = entry
+            add_key(number.setdefault(key, len(number)))
+            add_entry(entry)
             alloc += entry[2]
-        if index == live_at:  # described only when asked: formatting every op is costly
-            snapshot = [(f"{what} {op}", size) for what, op, size in live.values()]
-        freed = sum(live.pop(key)[2] for key in frees if key in live)
-        steps.append((alloc, freed))
-    return steps, snapshot
+        if index == live_at:
+            cut = len(keys)
+        for key in frees:
+            add_key(number.setdefault(key, len(number)))
+            add_entry(None)
+        allocated.append(alloc)
+        freed.append(0)
+        per_step.append(len(allocs) + len(frees))
+    free = np.fromiter((entry is None for entry in entries), dtype=bool, count=len(entries))
+    released, until = lifetimes(free, (np.array(keys, dtype=np.int64),))
+    hit = np.flatnonzero(released >= 0)
+    step_of = np.repeat(np.arange(len(per_step), dtype=np.int64), per_step)
+    for step, e in zip(step_of[hit].tolist(), released[hit].tolist()):
+        freed[step] += entries[e][2]  # in program order, as the frees come
+    snapshot = [] if live_at is None else _live(entries, until.tolist(), cut)
+    return list(zip(allocated, freed)), snapshot
+
+
+def _live(entries, until, cut: int) -> list:
+    """What is live after the first ``cut`` events (``lifetimes``' ``until``), as
+    ``(description, size)`` in the order the keys became live: an allocation that
+    replaced another keeps its key's place."""
+    replaced = {end: e for e, end in enumerate(until)
+                if entries[e] is not None and end < len(entries) and entries[end] is not None}
+    live = []
+    for e in range(cut):
+        if entries[e] is not None and until[e] >= cut:
+            first = e
+            while first in replaced:
+                first = replaced[first]
+            live.append((first, e))
+    return [(f"{entries[e][0]} {entries[e][1]}", entries[e][2]) for _, e in sorted(live)]
+
+
+def lifetimes(free, keys: tuple, time: tuple = ()) -> tuple:
+    """What a free releases (§2.6), stated once, over memory events (arrays, one entry per
+    event): ``free`` says whether it frees (else it allocates), the columns ``keys``
+    together name its key, and the columns ``time`` order the events (most significant
+    first; events of equal time in the order listed, a step's allocations before its
+    frees). Under each key an allocation becomes what is live (what it replaces is
+    never released) and a free releases what is live, leaving nothing. Returns
+    ``(released, until)``: per free, the place of the allocation it releases, or -1; per
+    allocation, the place of the event that ends its life (the free that releases it or
+    the allocation that replaces it), or the number of events."""
+    import numpy as np
+    n = len(free)
+    order = np.lexsort(tuple(reversed(time)) + tuple(reversed(keys)))
+    same = np.ones(max(n - 1, 0), dtype=bool)  # each event and the next, by key and time
+    for column in keys:
+        column = column[order]
+        same &= column[1:] == column[:-1]
+    freeing = free[order]
+    released = np.full(n, -1, dtype=np.int64)
+    hit = same & freeing[1:] & ~freeing[:-1]
+    released[order[1:][hit]] = order[:-1][hit]
+    until = np.full(n, n, dtype=np.int64)
+    ended = same & ~freeing[:-1]
+    until[order[:-1][ended]] = order[1:][ended]
+    return released, until
 
 
 def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Callable
@@ -125,12 +189,11 @@ BIG = 2**52  # integer sizes summed below this are exact as floats too
 def memory_moves(table: OpTable, model: MemoryModel, extra=()) -> tuple | None:
     """``memory_steps`` of every rank by columns: per op of the table, what it allocates
     and what it frees, as integer arrays. ``step_effects`` is evaluated per op class
-    (``rule_columns``); allocations count before frees, and a free releases what the
-    latest allocation under its key left live, as ``memory_steps`` keeps ``live``. None
-    when receive buffers are not free (their size may depend on more than an op's
-    class), a size or a number of ``extra`` (the static parts and limits the sums will
-    meet) is not an integer, they could sum beyond ``BIG`` (where float sums stop being
-    exact), or the table cannot state the rules."""
+    (``rule_columns``) and what each free releases is ``lifetimes``'. None when receive
+    buffers are not free (their size may depend on more than an op's class), a size or a
+    number of ``extra`` (the static parts and limits the sums will meet) is not an
+    integer, they could sum beyond ``BIG`` (where float sums stop being exact), or the
+    table cannot state the rules."""
     if not model.buffers_free:
         return None
     chain = Chain.of(table.plan)
@@ -178,21 +241,16 @@ def _released(table: OpTable, allocs, frees) -> tuple:
     rows = np.concatenate([a_row, f_row])
     name = np.concatenate([a_name[a_tok], f_name[f_tok]])
     mb = table.mb[rows] + np.concatenate([a_shift, f_shift])
-    phase = np.concatenate([np.zeros(len(a_row), np.int64), np.ones(len(f_row), np.int64)])
+    free = np.concatenate([np.zeros(len(a_row), bool), np.ones(len(f_row), bool)])
     size = np.concatenate([a_size[a_tok], np.zeros(len(f_row), np.int64)])
-    rank = table.rank[rows]
-    order = np.lexsort((phase, rows, mb, name, rank))
-    rows, name, mb, phase, size, rank = (x[order] for x in (rows, name, mb, phase, size, rank))
-    hit = np.zeros(len(rows), dtype=bool)
-    hit[1:] = (phase[1:] == 1) & (name[1:] >= 0) & (phase[:-1] == 0) & (
-        name[1:] == name[:-1]) & (mb[1:] == mb[:-1]) & (rank[1:] == rank[:-1])
-    released = np.zeros(len(rows), dtype=np.int64)
-    released[1:] = np.where(hit[1:], size[:-1], 0)
+    # a key is (rank, name, microbatch); a step's allocations come before its frees
+    released = lifetimes(free, (table.rank[rows], name, mb), (rows, free))[0]
+    hit = np.flatnonzero(released >= 0)
     n = len(table.cls)
     alloc = np.bincount(rows, weights=size, minlength=n).astype(np.int64) if len(rows) \
         else np.zeros(n, np.int64)
-    freed = np.bincount(rows, weights=released, minlength=n).astype(np.int64) if len(rows) \
-        else np.zeros(n, np.int64)
+    freed = np.bincount(rows[hit], weights=size[released[hit]], minlength=n).astype(
+        np.int64) if len(hit) else np.zeros(n, np.int64)
     return alloc, freed
 
 

@@ -1,13 +1,13 @@
 """How communication lines up (docs/semantics.md §2.3, §2.4): sends with receives, FIFO
-per ordered rank pair (``pair_p2p``; over flat arrays, ``fifo_partners``, which
-``p2p_columns`` reads), and collective calls into instances (``collective_instances``:
+per ordered rank pair, and collective calls into instances (``collective_instances``:
 instance k of a rank set is the k-th call over it on each rank), which the run
 (``run.execute``) and the data-flow timing (``run.schedule_times``) both use.
 
-The FIFO rule has two forms on purpose: ``pair_p2p`` zips each channel's endpoint lists
-and also lists channels, counts, unmatched ends and mismatches; built from
-``fifo_partners`` it took 1.4 times as long on a plan of 780,000 ops, and plans with
-groups or collectives (no table) are paired by it.
+The FIFO rule is stated once, over flat arrays: ``channel_keys`` says which channel a
+transfer end travels and ``fifo_pairs`` which send meets which receive. Both forms call
+it: ``pair_p2p`` op by op, over the ends of any plan (groups and collectives included),
+and ``p2p_columns`` over a table's transfers; each only gathers the arrays and reads the
+answer back in its own shape.
 
 Endpoints are ``(rank, index, member)``, ``member`` indexing a ``Group``'s ops (0 for a
 bare op).
@@ -16,6 +16,7 @@ bare op).
 from __future__ import annotations
 
 from collections import defaultdict
+from operator import attrgetter
 
 import attrs
 
@@ -45,51 +46,101 @@ def p2p_at(plan: Plan, e: Endpoint):
 
 
 def pair_p2p(plan: Plan) -> P2PPairing:
-    """Pair the k-th send ``src→dst`` with the k-th receive at ``dst`` from ``src``: each
-    channel's ends listed in program order, a group's members in member order, and the
-    two lists zipped. ``fifo_partners`` states the same rule over flat arrays for the
-    column form; this form stays apart because it also lists the channels, counts,
-    unmatched ends and mismatches, which built from the flat arrays took 1.4 times as
-    long on a plan of 780,000 ops (plans with groups or collectives come here)."""
-    sends: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[Endpoint]] = defaultdict(list)
-    programs = plan.programs
-    for rank, program in enumerate(programs):
+    """Pair the k-th send ``src→dst`` with the k-th receive at ``dst`` from ``src``
+    (``fifo_pairs``): each channel's ends listed in program order, a group's members in
+    member order; also the channels, counts, unmatched ends and mismatched payloads."""
+    import numpy as np
+    ends: list[Endpoint] = []  # rank-major, in program order
+    ops: list = []  # the Send or Recv at each end
+    per_rank: list[int] = []  # ends on the ranks so far
+    add_end, add_op = ends.append, ops.append
+    for rank, program in enumerate(plan.programs):
         for index, op in enumerate(program):
             kind = type(op)
-            if kind is Send:
-                sends[(rank, op.dst)].append((rank, index, 0))
-            elif kind is Recv:
-                recvs[(op.src, rank)].append((rank, index, 0))
+            if kind is Send or kind is Recv:
+                add_end((rank, index, 0))
+                add_op(op)
             elif kind is Group:
                 for member, c in enumerate(op.ops):
-                    if isinstance(c, Send):
-                        sends[(rank, c.dst)].append((rank, index, member))
-                    else:
-                        recvs[(c.src, rank)].append((rank, index, member))
+                    add_end((rank, index, member))
+                    add_op(c)
+        per_rank.append(len(ends))
+    here = np.repeat(np.arange(len(per_rank), dtype=np.int64), np.diff(per_rank, prepend=0))
+    send = np.fromiter((type(c) is Send for c in ops), dtype=bool, count=len(ops))
+    peer = np.fromiter((c.dst if type(c) is Send else c.src for c in ops), dtype=np.int64,
+                       count=len(ops))
+    channel, src, dst = channel_keys(here, peer, send)
+    s_end, r_end = fifo_pairs(channel, send)
+    return _pairing(ends, ops, (channel, src, dst), send, s_end.tolist(), r_end.tolist())
+
+
+def _pairing(ends, ops, channels_of, send, s_end, r_end) -> P2PPairing:
+    """The ``P2PPairing`` of the transfer ends ``ends`` (sorted; ``ops`` the Send or Recv
+    at each, ``channels_of`` their ``channel_keys``, ``send`` whether each sends) met as
+    ``fifo_pairs`` says: ``s_end[k]`` with ``r_end[k]``, in channel order."""
+    import numpy as np
+    key, src, dst = channels_of
+    used, first, count = np.unique(key, return_index=True, return_counts=True)
+    sends = np.bincount(np.searchsorted(used, key[send]), minlength=len(used))
+    met = np.minimum(sends, count - sends).tolist()
+    s_ends, r_ends = list(map(ends.__getitem__, s_end)), list(map(ends.__getitem__, r_end))
     channels: dict[tuple[int, int], list[tuple[Endpoint, Endpoint]]] = {}
-    partner: dict[Endpoint, Endpoint] = {}
-    unmatched: list[Endpoint] = []
-    mismatched: list[tuple[Endpoint, Endpoint]] = []
     counts: dict[tuple[int, int], tuple[int, int]] = {}
-    for channel in sorted(set(sends) | set(recvs)):
-        s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
-        pairs = list(zip(s_list, r_list))
-        channels[channel] = pairs
-        counts[channel] = (len(s_list), len(r_list))
-        for s_end, r_end in pairs:
-            partner[s_end] = r_end
-            partner[r_end] = s_end
-            sent = programs[s_end[0]][s_end[1]]  # p2p_at, inlined (once per transfer)
-            received = programs[r_end[0]][r_end[1]]
-            sent = (sent.ops[s_end[2]] if type(sent) is Group else sent).payload
-            received = (received.ops[r_end[2]] if type(received) is Group else received).payload
-            if sent is not received and sent != received:
-                mismatched.append((s_end, r_end))
-        n = len(pairs)
-        unmatched.extend(s_list[n:])
-        unmatched.extend(r_list[n:])
-    return P2PPairing(channels, partner, tuple(sorted(unmatched)), tuple(mismatched), counts)
+    at = 0
+    for channel, n_sends, total, n in zip(zip(src[first].tolist(), dst[first].tolist()),
+                                          sends.tolist(), count.tolist(), met):
+        channels[channel] = list(zip(s_ends[at:at + n], r_ends[at:at + n]))
+        counts[channel] = (n_sends, total - n_sends)
+        at += n
+    both, other = [None] * (2 * len(s_ends)), [None] * (2 * len(s_ends))
+    both[0::2] = other[1::2] = s_ends  # each pair's send, then its receive, in order
+    both[1::2] = other[0::2] = r_ends
+    partner = dict(zip(both, other))
+    payload = attrgetter("payload")
+    mismatched = [(s, r) for s, r, sent, received in zip(
+        s_ends, r_ends, map(payload, map(ops.__getitem__, s_end)),
+        map(payload, map(ops.__getitem__, r_end))) if sent is not received and sent != received]
+    lonely = np.ones(len(ends), dtype=bool)
+    lonely[s_end] = lonely[r_end] = False
+    unmatched = tuple(ends[i] for i in np.flatnonzero(lonely).tolist())
+    return P2PPairing(channels, partner, unmatched, tuple(mismatched), counts)
+
+
+def channel_keys(here, peer, send) -> tuple:
+    """The channel each transfer end travels (arrays: each end's rank, its peer, whether
+    it is a send): a send's is ``(src, dst) = (its rank, its peer)``, a receive's (its
+    peer, its rank). Returns ``(key, src, dst)``, the keys ordered as the pairs are."""
+    import numpy as np
+    src, dst = np.where(send, here, peer), np.where(send, peer, here)
+    width = int(max(src.max(initial=-1), dst.max(initial=-1))) + 1
+    if width > 2**31:  # peers too far apart to multiply: number the ranks named
+        ranks, code = np.unique(np.concatenate([src, dst]), return_inverse=True)
+        return code[:len(src)] * len(ranks) + code[len(src):], src, dst
+    return src * width + dst, src, dst
+
+
+def fifo_pairs(channel, send) -> tuple:
+    """The FIFO rule of §2.3, stated once, over transfer ends listed rank-major in
+    program order (arrays: each end's channel key, ``channel_keys``, whether it is a
+    send): the k-th send of a channel meets its k-th receive. A channel's sends are its
+    source rank's, in program order, likewise its receives, so numbering each channel
+    side's ends in order (a stable sort) and meeting equal numbers is that rule; an end
+    past the other side's count meets none. Returns the met ``(sends, receives)`` as two
+    aligned arrays of end places, in channel order, then program order."""
+    import numpy as np
+    ends = [np.flatnonzero(send), np.flatnonzero(~send)]  # sends, receives
+    width = int(channel.max(initial=-1)) + 1
+    if width > 4 * len(channel):  # few transfers between many ranks: number the channels used
+        used, code = np.unique(channel, return_inverse=True)
+        channel, width = code.reshape(-1), len(used)
+    channel = [channel[ends[0]], channel[ends[1]]]
+    order = [np.argsort(c, kind="stable") for c in channel]
+    count = [np.bincount(c, minlength=width) for c in channel]
+    start = [np.cumsum(c) - c for c in count]
+    sent = channel[0][order[0]]  # each send's channel, sends in channel order
+    nth = np.arange(len(sent), dtype=np.int64) - start[0][sent]
+    meets = nth < count[1][sent]
+    return ends[0][order[0][meets]], ends[1][order[1][start[1][sent[meets]] + nth[meets]]]
 
 
 @attrs.frozen
@@ -168,11 +219,10 @@ def _malformed(op: Collective, rank: int, index: int, num_ranks: int) -> str:
 
 @attrs.frozen(eq=False)
 class P2PColumns:
-    """``pair_p2p`` by counting, over a table's transfers. ``rows`` are the table rows of
+    """``pair_p2p`` over a table's transfers, as arrays. ``rows`` are the table rows of
     its sends and receives (rank-major, program order), ``send`` says which are sends, and
-    ``partner[k]`` is the place in ``rows`` of the end that ``rows[k]`` pairs with, or -1
-    (the FIFO rule: the k-th send of a channel meets its k-th receive; an end past the
-    other side's count, or whose peer is no rank, has none). The pairing is symmetric."""
+    ``partner[k]`` is the place in ``rows`` of the end that ``rows[k]`` meets
+    (``fifo_pairs``), or -1 for none. The pairing is symmetric."""
 
     rows: object  # numpy int64 arrays
     send: object
@@ -180,12 +230,9 @@ class P2PColumns:
 
 
 def p2p_columns(table: OpTable) -> P2PColumns:
-    """The FIFO pairing of ``table``'s transfers. A channel's sends in program order are
-    its source rank's (rows are rank-major), likewise its receives: numbering each
-    channel side's ends in row order (a stable sort) and meeting equal numbers is
-    ``pair_p2p``'s zip of the two lists."""
+    """The FIFO pairing of ``table``'s transfers (``fifo_pairs``; rows are rank-major, in
+    program order, as it asks)."""
     import numpy as np
-    n = table.plan.num_ranks
     kinds = [type(op) for _, op, _ in table.classes]
     comm = np.array([k is Send or k is Recv for k in kinds] + [False], dtype=bool)
     sends = np.array([k is Send for k in kinds] + [False], dtype=bool)
@@ -193,37 +240,11 @@ def p2p_columns(table: OpTable) -> P2PColumns:
                       for k, (_, op, _) in zip(kinds, table.classes)] + [-1], dtype=np.int64)
     rows = np.flatnonzero(comm[table.cls])
     cls = table.cls[rows]
-    send, peer, here = sends[cls], peers[cls], table.rank[rows]
-    return P2PColumns(rows, send, fifo_partners(here, peer, send, n))
-
-
-def fifo_partners(here, peer, send, n: int):
-    """The FIFO rule of §2.3, stated once: over transfer ends in rank-major program order
-    (arrays: each end's rank, its peer, whether it is a send), the place of the end each
-    one meets, or -1. A channel's sends in program order are its source rank's, likewise
-    its receives: numbering each channel side's ends in order (a stable sort) and meeting
-    equal numbers is the k-th send meeting the k-th receive; an end past the other side's
-    count, or whose peer is no rank, meets none. The pairing is symmetric."""
-    import numpy as np
-    partner = np.full(len(here), -1, dtype=np.int64)
-    ok = peer < n  # a peer that is no rank never meets anything
-    ends = [np.flatnonzero(ok & send), np.flatnonzero(ok & ~send)]  # sends, receives
-    channel = [here[ends[0]] * n + peer[ends[0]], peer[ends[1]] * n + here[ends[1]]]
-    width = n * n
-    if width > 4 * len(here):  # few transfers between many ranks: number the channels used
-        used, code = np.unique(np.concatenate(channel), return_inverse=True)
-        code, width = code.reshape(-1), len(used)
-        channel = [code[:len(ends[0])], code[len(ends[0]):]]
-    order = [np.argsort(c, kind="stable") for c in channel]
-    count = [np.bincount(c, minlength=width) for c in channel]
-    start = [np.cumsum(c) - c for c in count]
-    sent = channel[0][order[0]]  # each send's channel, sends in channel order
-    nth = np.arange(len(sent), dtype=np.int64) - start[0][sent]
-    meets = nth < count[1][sent]
-    s_end = ends[0][order[0][meets]]
-    r_end = ends[1][order[1][start[1][sent[meets]] + nth[meets]]]
+    send = sends[cls]
+    s_end, r_end = fifo_pairs(channel_keys(table.rank[rows], peers[cls], send)[0], send)
+    partner = np.full(len(rows), -1, dtype=np.int64)
     partner[s_end], partner[r_end] = r_end, s_end
-    return partner
+    return P2PColumns(rows, send, partner)
 
 
 def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
