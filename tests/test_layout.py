@@ -1,6 +1,6 @@
 """The house's floors: no module of the package over 700 lines, no import cycle between
-its modules (imports inside functions included), and the README's Layout section names
-every top-level module and subpackage.
+its modules (imports inside functions included), every import going to an entry above
+in the README's Layout section, and that section naming every module and subpackage.
 """
 
 from __future__ import annotations
@@ -133,3 +133,25 @@ def test_the_readme_layout_names_every_module_of_the_subpackages():
     missing = sorted(str(p.relative_to(package)) for p in package.glob("*/*.py")
                      if p.name != "__init__.py" and not re.search(rf"\b{p.stem}\b", layout))
     assert missing == []
+
+
+def layout_floors() -> list[str]:
+    """The README Layout's package entries, in its order (``mpipe_verified/ir.py`` ->
+    ``mpipe_verified.ir``)."""
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"^mpipe_verified/(\S+)", layout, flags=re.M)
+    return ["mpipe_verified." + e.removesuffix("/").removesuffix(".py").replace("/", ".")
+            for e in entries]
+
+
+def test_every_import_goes_to_a_floor_above_in_the_layout():
+    floors = layout_floors()
+
+    def floor(module: str) -> int:
+        return max(i for i, f in enumerate(floors) if module == f or module.startswith(f + "."))
+
+    known = modules()
+    upward = sorted((name, target) for name, path in known.items()
+                    for target in imported(name, path, known)
+                    if floor(target) > floor(name))
+    assert upward == []
