@@ -705,3 +705,50 @@ def test_the_steps_hold_stored_activations_as_the_verifier_counts_them(term):
             peak = max(peak, live)
             live -= len(step.frees)
         assert (peak, live) == (report.peak_memory[rank], 0), rank
+
+
+def test_a_split_backward_keeps_the_saved_value_only_until_its_last_reader():
+    """The interpreter counts a split backward's stored activation until ``W`` (the
+    verifier's peak), but drops the saved value after ``I``, its last reader: ``W`` runs
+    on the weight work ``I`` left, so the forward's saved output is already collected."""
+    import gc
+    import weakref
+
+    from mpipe_verified.executor.interpreter import Interpreter
+    from mpipe_verified.semantics import produces
+
+    class Value:
+        pass
+
+    from mpipe_verified.algebra.terms import make_placement
+    from mpipe_verified.ir import Compute as Op, Schedule
+
+    order = [("F", 0), ("F", 1), ("I", 0), ("I", 1), ("F", 2), ("W", 0), ("I", 2),
+             ("W", 1), ("W", 2)]  # the weight work deferred, as zero bubble defers it
+    program = tuple(Op(kind, 0, mb) for kind, mb in order)
+    plan = lower(Schedule(make_placement("looped", 1, 1), 3, (program,)))
+    saved, alive_at_w = {}, []
+
+    class Compute:
+        def run(self, op, needs, step, store, done):
+            if op.kind == "W":
+                gc.collect()
+                alive_at_w.append(saved[op.mb]() is not None)
+            out = {t: Value() for t in produces(op)}
+            for t, value in out.items():
+                if t[0] == "stored":
+                    saved[t[3]] = weakref.ref(value)
+            return out
+
+    class Transport:
+        def begin(self):
+            pass
+
+        def end(self, resolve):
+            pass
+
+    steps = compile_steps(plan.programs[0], 0, Chain.of(plan))
+    interpreter = Interpreter(0, steps, Compute())
+    interpreter.run(None, Transport(), lambda pending: pending)
+    assert alive_at_w == [False] * 3
+    assert interpreter.stored_peak == verify(plan).peak_memory[0] == 3

@@ -4,7 +4,8 @@
 ``check`` and ``export``, ``diff``, ``simulate`` through ``comparison``, ``tune`` and the
 executor's ``certify``): a compute-only schedule is lowered for the caller's durations
 (``as_plan``; a plan is judged as written), the plan is verified for ``question``
-(``judge``: on two cores from ``TWO_PROCESS_OPS`` ops) and, when the caller gives a
+(``judge``; on two cores from ``TWO_PROCESS_OPS`` ops where the caller asks, as ``check``
+and ``export`` do) and, when the caller gives a
 ``Timing`` and the verdict lets the plan run (``runs`` by default), simulated. The
 result, ``Checked(plan, report, run)``, keeps what each step made.
 
@@ -67,11 +68,11 @@ def runs(report: Report | None) -> bool:
 def check(target: Schedule | Plan, question: Question | None,
           duration: Callable[[Op], float] = standard_duration, rlimit: int | None = None,
           timing: Timing | None = None, when: Callable[[Report | None], bool] = runs,
-          split: bool = True, phase: Callable[[str], None] = lambda text: None) -> Checked:
+          split: bool = False, phase: Callable[[str], None] = lambda text: None) -> Checked:
     """Lower ``target`` for ``duration``, verify it for ``question`` (None: not verified)
     with Z3's ``rlimit`` per query, and with ``timing`` simulate it when ``when(report)``.
-    ``split``: a big plan is verified on two cores (off for a caller with threads of its
-    own). ``phase(text)`` hears each step as it starts. ``QuestionError`` (bad input) and ``DeadlinePassed`` (checked between the
+    ``split``: a big plan is verified on two cores (``check`` and ``export`` ask for it;
+    off by default, as for a caller with threads of its own). ``phase(text)`` hears each step as it starts. ``QuestionError`` (bad input) and ``DeadlinePassed`` (checked between the
     steps) propagate; a simulation that cannot complete is ``Checked.failure``."""
     plan = as_plan(target, duration)
     deadline = timing.deadline if timing is not None else None
@@ -92,7 +93,7 @@ def check(target: Schedule | Plan, question: Question | None,
 
 
 def judge(plan: Plan, question: Question, rlimit: int | None = None,
-          split: bool = True) -> Report:
+          split: bool = False) -> Report:
     """``plan`` judged op by op for ``question``: ``verify``, or on two cores
     (``verify_split``) from ``TWO_PROCESS_OPS`` ops; the report answers ``question``."""
     two = split and plan.num_ops >= TWO_PROCESS_OPS

@@ -144,7 +144,7 @@ def _checked(target: Schedule | Plan, question: Question, duration=standard_dura
     """``check(target, question)`` as check and export both run it; a question that does
     not fit the plan is bad input."""
     try:
-        return check(target, question, duration, rlimit, phase=phase)
+        return check(target, question, duration, rlimit, split=True, phase=phase)
     except QuestionError as e:
         raise UsageError(str(e)) from None
 

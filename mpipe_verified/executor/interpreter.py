@@ -35,13 +35,13 @@ class Interpreter:
         self.rank, self.steps, self.compute = rank, steps, compute
         self.store: dict = {}
         self.stored_peak = 0
-        self._live = 0
+        self._held: set = set()  # the stored activations the memory rule counts live
 
     def run(self, done: Pass, transport: Transport, resolve: Callable) -> None:
         """One pass: every step on ``done``'s microbatches, posting on ``transport``;
         ``resolve(pending)`` waits for a received value and checks it."""
         self.store = {}
-        self._live = self.stored_peak = 0
+        self._held, self.stored_peak = set(), 0
         transport.begin()
         for step in self.steps:
             self._execute(step, done, transport, resolve)
@@ -71,7 +71,9 @@ class Interpreter:
 
     def _publish(self, step: Step, produced: dict) -> None:
         """Keep what later ops read, hold the stored activations ``step`` allocates (the
-        peak counted here, before frees), drop what it read last, free what it frees."""
+        peak counted here, before frees), drop what it read last, free what it frees (a
+        freed activation's value may already be gone: it is dropped after its last
+        reader, it is counted until it is freed)."""
         store = self.store
         for t, value in produced.items():
             if t in step.keep:
@@ -84,14 +86,14 @@ class Interpreter:
                 raise PipelineError(f"rank {self.rank}: {step.where} kept no {Token(*t)} "
                                     "(internal error)")
             store[t] = value
-        self._live += len(step.holds)
-        if self._live > self.stored_peak:
-            self.stored_peak = self._live
+            self._held.add(t)
+        if len(self._held) > self.stored_peak:
+            self.stored_peak = len(self._held)
         for t in step.drop:
             store.pop(t, None)
         for t in step.frees:
-            if store.pop(t, MISSING) is not MISSING:
-                self._live -= 1
+            store.pop(t, None)
+            self._held.discard(t)
 
     def _dispatch(self, step: Step, done: Pass, transport: Transport) -> dict:
         """Run ``step``'s op; return the tokens it produced."""

@@ -5,12 +5,14 @@ Values (``out``, ``grad``, ``input``, ``params``, ``wgrad_ready``, ``wdone``) ar
 shared semantics' tokens (``Chain.needs``/``produces``): a produced value is kept only if
 a later op of the rank reads it, and dropped after its last reader.
 
-Stored activations (``stored`` tokens: the graph a forward keeps for its backward) follow
-the memory rule the verifier counts with, ``semantics.step_effects``: held from the step
-that allocates one (a forward or recompute where the chain stores it) until the step that
-frees it (``B``, or ``W`` after a split backward; ``I`` only reads it). So a rank holds at
-each step exactly the activations the unit memory model counts live there, and a forward
-that allocates none runs without building a graph.
+Stored activations (``stored`` tokens: the graph a forward keeps for its backward) are
+counted by the memory rule the verifier counts with, ``semantics.step_effects``: held from
+the step that allocates one (a forward or recompute where the chain stores it) until the
+step that frees it (``B``, or ``W`` after a split backward), so the count at each step is
+the unit memory model's, and a forward that allocates none runs without building a graph.
+The saved value itself, like any value, is dropped after its last reader: after a split
+backward's ``I``, ``W`` needs only the weight work ``I`` left (``wgrad_ready``), so the
+stage output and inputs ``I`` read are not kept for it.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _step(index: int, op, needs: tuple, last: dict, rank: int, chain: Chain) -> 
     return Step(
         index, op, needs,
         keep=frozenset(t for t in produces(op) if t[0] != STORED and last.get(t, -1) > index),
-        drop=tuple(dict.fromkeys(t for t in needs if t[0] != STORED and last[t] == index)),
+        drop=tuple(dict.fromkeys(t for t in needs if last[t] == index)),
         holds=tuple(key for key, _ in allocs if key[0] == STORED),
         frees=tuple(key for key in frees if key[0] == STORED),
         members=(tuple(chain.needs(c, rank) for c in op.ops) if isinstance(op, Overlap)
