@@ -15,7 +15,7 @@ from ..ir import Plan, Schedule
 from ..question import Question
 from ..semantics import COMM_MODELS, RENDEZVOUS
 from .targets import (FORMATS, UsageError, as_read, format_of, is_plan_json, memory_limit,
-                      sniff, solver_rlimit)
+                      sniff, add_solver_rlimit)
 
 
 def add_laws(sub: argparse._SubParsersAction) -> None:
@@ -123,8 +123,7 @@ def add_recheck(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-model", metavar="SPEC.toml",
                    help="require the certificate's memory sizes to be this spec's memory "
                         "model's")
-    p.add_argument("--solver-rlimit", type=solver_rlimit, metavar="R",
-                   help="cap Z3's resource count per query; running out gives exit 3")
+    add_solver_rlimit(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_recheck)
 

@@ -108,6 +108,12 @@ def solver_rlimit(text: str) -> int:
     return value
 
 
+def add_solver_rlimit(p: argparse.ArgumentParser) -> None:
+    """``--solver-rlimit R``, as every command that asks Z3 takes it."""
+    p.add_argument("--solver-rlimit", type=solver_rlimit, metavar="R",
+                   help="cap Z3's resource count per query; running out gives exit 3")
+
+
 def check_transpose_options(args: argparse.Namespace) -> None:
     """The transpose options go with ``--family transpose`` only."""
     given = [o for o in TRANSPOSE_OPTIONS if getattr(args, o, None) is not None]

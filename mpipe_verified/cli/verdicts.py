@@ -32,7 +32,7 @@ from ..verify.report import Locator, Report, Shown, render as render_check
 from .targets import (PROG, add_target_arguments, check_target_options, compute_only,
                       declared_sizes, declared_target, display_name, fail, family_term,
                       format_of, is_plan_json, load_target, memory_limit, model_of, one_line,
-                      read_target, solver_rlimit, UsageError)
+                      read_target, add_solver_rlimit, UsageError)
 from .views import add_picture_arguments, check_picture_arguments, write_svg
 
 if TYPE_CHECKING:
@@ -176,8 +176,7 @@ def add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (docs/semantics.md §6); a list of them for "
                         "several files")
-    p.add_argument("--solver-rlimit", type=solver_rlimit, metavar="R",
-                   help="cap Z3's resource count per query; running out gives exit 3")
+    add_solver_rlimit(p)
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print no report: the exit code tells (bad input still names the "
                         "file on stderr)")
