@@ -10,6 +10,8 @@ Invariants:
 - A ``Plan`` may also hold ``Send``, ``Recv``, ``Group`` and ``Collective``.
 - A ``forward_only`` schedule or plan (an evaluation run) declares that it holds no
   backward work: no ``B``/``I``/``W``/``R`` is required of it, and none may occur.
+- ``Offload``/``Reload`` move a stored activation from its rank's device memory to host
+  memory and back (PipeOffload); they compute nothing and send nothing.
 - ``Idle`` is an empty step (an empty CSV cell) and ``Marker`` an FSDP bookkeeping action
   (``UNSHARD``/``RESHARD``/``REDUCE_GRAD``); both are kept only so a file reads back
   unchanged, and the semantics ignore them.
@@ -228,6 +230,36 @@ class Collective:
 
 
 @attrs.frozen(order=True)
+class Offload:
+    """Move the stored activation of ``(segment, stage, mb)`` from this rank's device memory
+    to host memory (it must be resident: after its ``F``, before its backward). Text:
+    ``2OFFLOAD0``."""
+
+    stage: int = attrs.field(validator=_nonneg)
+    mb: int = attrs.field(validator=_nonneg)
+    segment: str = ""
+
+    def __str__(self) -> str:
+        return f"{_seg(self.segment)}{self.stage}OFFLOAD{self.mb}"
+
+
+@attrs.frozen(order=True)
+class Reload:
+    """Move the stored activation of ``(segment, stage, mb)`` that this rank offloaded back
+    to device memory (before its backward). Text: ``2RELOAD0``."""
+
+    stage: int = attrs.field(validator=_nonneg)
+    mb: int = attrs.field(validator=_nonneg)
+    segment: str = ""
+
+    def __str__(self) -> str:
+        return f"{_seg(self.segment)}{self.stage}RELOAD{self.mb}"
+
+
+MOVES = (Offload, Reload)  # activation moves between a rank's device and host memory
+
+
+@attrs.frozen(order=True)
 class Idle:
     """An empty step (an empty CSV cell)."""
 
@@ -298,7 +330,7 @@ def known_op_cells(plan: "Plan"):
     return _KNOWN_CELLS[1] if _KNOWN_CELLS[0]() is plan else None
 
 
-Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker]
+Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker, Offload, Reload]
 COMM_STEP = (Send, Recv, Group, Collective)
 _BULK = (Compute, Payload, Send, Recv, Marker)  # no __attrs_post_init__, defaults plain
 
@@ -590,6 +622,9 @@ def _canonical(op: Op) -> str:
         return f"{op.kind.upper()}({_text(op.tag)}{root}|{','.join(map(_int, op.ranks))})"
     if kind is Marker:
         return f"{op.stage}{op.action}{'' if op.mb is None else _int(op.mb)}"
+    if kind is Offload or kind is Reload:
+        word = "OFFLOAD" if kind is Offload else "RELOAD"
+        return f"{_prefix(op.segment)}{_int(op.stage)}{word}{_int(op.mb)}"
     raise TypeError(f"not an op of a plan: {op!r}")
 
 

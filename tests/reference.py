@@ -199,6 +199,7 @@ def run_plan(plan) -> Result:
 #   ("C", ((kind, stage, mb, segment), ...))        a compute step (several: overlapped)
 #   ("P", ((is_send, peer, payload), ...), grouped)  comm ops (a group when ``grouped``)
 #   ("K", kind, ranks, tag, root)                    a collective over ``ranks``
+#   ("M", "offload"|"reload", stage, mb, segment)    an activation move (device <-> host)
 #   ("N",)                                           an idle step or a marker
 # where ``payload = (kind "act"|"grad"|"input", producing stage, mb, segment, shape,
 # dtype, ...)`` (any further fields only take part in the equality that matching checks),
@@ -252,6 +253,15 @@ def run_plan(plan) -> Result:
 #   while live counts again and is freed once; a step's allocations count before its
 #   frees; the peak (the static part for an empty program) must not exceed the limit (a
 #   number or one per rank). Without sizes: the unit model (every unit 1, nothing else).
+#
+# Activation moves (PipeOffload): an offload moves a rank's stored activation of (segment,
+# stage, mb) to host memory, a reload moves it back. Completeness: each move names a unit
+# and mb of the plan; per rank and activation at most one offload and exactly as many
+# reloads as offloads. Dependency: an offload needs the stored activation (its F ran
+# there), a reload needs that offload earlier on its rank, and a backward (B or I) of an
+# activation its rank offloads anywhere needs the reload earlier. Memory counts the device
+# only: an offload frees the stored activation's key, a reload allocates it again (its
+# stored size); host memory has no limit.
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 SOURCE_SIDE, SINK_SIDE = "source", "sink"
@@ -346,10 +356,15 @@ class _Chain:
         return [("stored", seg, s, mb)] + ([("grad", "", 0, mb)]
                                            if segw.side == SOURCE_SIDE else [])
 
-    def needs(self, cell, rank) -> list:
+    def needs(self, cell, rank, offloaded=frozenset()) -> list:
         if cell[0] == "C":
             return [t for kind, s, mb, seg in cell[1]
-                    for t in self.compute_needs(kind, s, mb, seg, rank)]
+                    for t in self.compute_needs(kind, s, mb, seg, rank)
+                    + ([("reloaded", seg, s, mb)] if kind in ("B", "I")
+                       and (rank, seg, s, mb) in offloaded else [])]
+        if cell[0] == "M":
+            _, move, s, mb, seg = cell
+            return [("stored" if move == "offload" else "offloaded", seg, s, mb)]
         if cell[0] == "P":
             return [_token(payload) for is_send, _, payload in cell[1] if is_send]
         if cell[0] == "K":
@@ -376,6 +391,9 @@ class _Chain:
         elif cell[0] == "K" and cell[1] == "broadcast":
             role, _, name = cell[3].partition(":")
             out += [("params", name, 0, 0)] if role == "params" else []
+        elif cell[0] == "M":
+            _, move, s, mb, seg = cell
+            out.append(("offloaded" if move == "offload" else "reloaded", seg, s, mb))
         return out
 
     def stores(self, kind, seg, mb, rank) -> bool:
@@ -432,6 +450,18 @@ def _completeness(programs, chain: _Chain, res: Judgement) -> None:
             if f != 1 or (b, i, w) not in backward or rc != due:
                 res.incomplete.append(f"{seg}:{s} mb {mb}: F={f} B={b} I={i} W={w} R={rc}")
     _required_collectives(programs, chain, res)
+    moves = {}
+    for r, prog in enumerate(programs):
+        for i, cell in enumerate(prog):
+            if cell[0] == "M":
+                _, move, s, mb, seg = cell
+                if (seg, s) not in units or mb >= chain.m:
+                    res.incomplete.append(f"rank {r} #{i}: {move} of {seg}{s} mb {mb}")
+                else:
+                    moves.setdefault((r, seg, s, mb), []).append(move)
+    for key, kinds in moves.items():
+        if kinds.count("offload") > 1 or kinds.count("reload") != kinds.count("offload"):
+            res.incomplete.append(f"{key}: moves {kinds}")
 
 
 def _required_collectives(programs, chain: _Chain, res: Judgement) -> None:
@@ -457,10 +487,12 @@ def _required_collectives(programs, chain: _Chain, res: Judgement) -> None:
 
 
 def _dependency(programs, chain: _Chain, res: Judgement) -> None:
+    offloaded = {(r, cell[4], cell[2], cell[3]) for r, prog in enumerate(programs)
+                 for cell in prog if cell[0] == "M" and cell[1] == "offload"}
     for r, prog in enumerate(programs):
         have = set()
         for i, cell in enumerate(prog):
-            for token in chain.needs(cell, r):
+            for token in chain.needs(cell, r, offloaded):
                 if token not in have:
                     res.dependency.append((r, i, token))
             have.update(chain.makes(cell))
@@ -596,6 +628,12 @@ def _effects(cell, chain: _Chain, sizes: Sizes, rank: int) -> tuple[list, list]:
             size = 0 if is_send else sizes.received(payload[0])
             if size:
                 allocs.append((("buffer",) + _token(payload), size))
+    elif cell[0] == "M":  # the device only: host memory has no limit
+        _, move, s, mb, seg = cell
+        if move == "offload":
+            frees.append(("stored", seg, s, mb))
+        else:
+            allocs.append((("stored", seg, s, mb), sizes.stored.get((seg, s), 1)))
     return allocs, frees
 
 
@@ -657,6 +695,8 @@ def cell_of(op):
         return ("P", tuple(_endpoint(o) for o in op.ops), True)
     if name == "Collective":
         return ("K", op.kind, tuple(op.ranks), op.tag, op.root)
+    if name in ("Offload", "Reload"):
+        return ("M", name.lower(), op.stage, op.mb, op.segment)
     if name in ("Idle", "Marker"):
         return ("N",)
     raise ValueError(f"unknown op {op!r}")

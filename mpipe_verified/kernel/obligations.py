@@ -31,7 +31,7 @@ import numpy as np
 
 from .columns import as_column, distinct, exact, ints, pick, row_keys
 from .inputs import Sizes, Witness
-from .rules import B, BLOCKING, COLL, GRAD, INPUT, OUT, R, RECV, W, Rules
+from .rules import B, BLOCKING, COLL, GRAD, INPUT, OFF, OUT, R, RECV, REL, W, Rules
 
 class Facts:
     """Facts grouped by ``(template, class)``. With ``where``, each fact also records the
@@ -105,6 +105,25 @@ def _completeness(rules: Rules, facts: Facts, _witness) -> None:
         facts.extend("eq", name, [have[sel].ravel(), want[sel].ravel()], np.repeat(sel, m),
                      at=lambda j, sel=sel: ("unit", *units[sel[j // m]], j % m))
     _required_collectives(rules, facts)
+    _moves(rules, facts)
+
+
+def _moves(rules: Rules, facts: Facts) -> None:
+    """Activation moves (§2.9): each names an activation of the plan (a unit and a
+    microbatch below ``m``; none in a forward-only plan); per rank and activation at most
+    one offload, and as many reloads as offloads."""
+    rows = np.flatnonzero((rules.kind == OFF) | (rules.kind == REL))
+    count: dict = defaultdict(lambda: [0, 0])
+    units = set(rules.units)
+    for row in rows.tolist():
+        key = (int(rules.rank[row]), rules.names[rules.name[row]], int(rules.stage[row]),
+               int(rules.mb[row]))
+        count[key][int(rules.kind[row] == REL)] += 1
+        facts.flag("move", key[1:3] in units and key[3] < rules.m and not rules.forward_only,
+                   at=("move", *key))
+    for key, (off, rel) in count.items():
+        facts.add("le", "offloads", off, 1, at=("move", *key))
+        facts.add("eq", "reloads", rel, off, at=("move", *key))
 
 
 def _required_collectives(rules: Rules, facts: Facts) -> None:
@@ -258,16 +277,17 @@ def _memory(rules: Rules, facts: Facts, witness: Witness, sizes: Sizes, limits) 
 def moves(rules: Rules, sizes: Sizes) -> tuple:
     """Per step of the plan, the exact ``(allocated, freed)``: a forward (or recompute)
     that stores allocates its activation (``sizes.stored``, default 1), freed by its
-    ``B`` or ``W``; a receive allocates its buffer (``sizes.buffer``, default 0), freed by
+    ``B`` or ``W``; an offload frees it from the device and a reload allocates it again
+    (device memory only, §2.9); a receive allocates its buffer (``sizes.buffer``, default 0), freed by
     the compute op that consumes what it carried. Allocations count before frees; a free
     releases its key's latest allocation, unless already freed."""
     k, comp = rules.kind, rules.kind <= R
-    keep = np.flatnonzero(rules.stores())
+    keep = np.flatnonzero(rules.stores() | (k == REL))  # a reload allocates it again
     first, back = np.unique(row_keys(rules.name[keep], rules.stage[keep]), return_index=True,
                             return_inverse=True)[1:]
     size = as_column((sizes.stored.get((rules.names[rules.name[j]], int(rules.stage[j])), 1)
                     for j in keep[first].tolist()), 1 << 32)
-    gone = np.flatnonzero(comp & ((k == B) | (k == W)))
+    gone = np.flatnonzero((k == B) | (k == W) | (k == OFF))  # an offload frees it
     unit = row_keys(*(np.concatenate([x[keep], x[gone]]) for x in (rules.name, rules.stage, rules.mb)))
     # keys and token codes are below BOUND, so 2 * key + 1 stays in int64
     events = [(keep, 2 * unit[:len(keep)], size[back.reshape(-1)]),

@@ -14,14 +14,16 @@ from operator import attrgetter
 
 import numpy as np
 
-from ..ir import SINK, SOURCE, Collective, Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send
+from ..ir import (SINK, SOURCE, Collective, Compute, Group, Idle, Marker, Offload, Overlap, Plan,
+                  Recv, Reload, Send)
 from .columns import as_column, dense, ints, pick, row_keys
 
-F, B, I, W, R, SEND, RECV, COLL = range(8)  # a member's kind; F..R are compute kinds
+F, B, I, W, R, SEND, RECV, COLL, OFF, REL = range(10)  # a member's kind; F..R compute
 # token kinds, numbered in the order of their names (so codes sort as the names do)
-GRAD, INPUT, OUT, PARAMS, STORED, WDONE, WREADY = range(7)
+GRAD, INPUT, OFFLOADED, OUT, PARAMS, RELOADED, STORED, WDONE, WREADY = range(9)
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
-_STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6}
+_STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6,
+         Offload: 7, Reload: 8}
 BLOCKING = (2, 3, 4, 5)  # the steps that can block
 
 
@@ -31,8 +33,8 @@ class Rules:
     Members: every step's ops (an overlapped step's computes, a group's sends and
     receives, else the step itself; idle steps and markers hold none), a row each in
     program order: ``pos`` its step (rank ``r``'s steps are numbered from ``base[r]``),
-    ``rank``, ``kind`` (``F B I W R SEND RECV COLL``) and a compute op's ``name``,
-    ``stage`` and ``mb``; ``comm`` lists the sends' rows, then the receives', and ``p2p``
+    ``rank``, ``kind`` (``F B I W R SEND RECV COLL OFF REL``) and a compute op's or an
+    activation move's ``name``, ``stage`` and ``mb``; ``comm`` lists the sends' rows, then the receives', and ``p2p``
     what they carry. Names are numbered in sorted order ("" first); stages, mbs and peers
     are the plan's numbers (int64 when all are below ``BOUND``, else Python's)."""
 
@@ -68,23 +70,26 @@ class Rules:
             ops = list(chain.from_iterable(op.ops if t in (1, 4) else (op,) for op, t in
                                            zip(steps, step.tolist())))
             pos, step = np.repeat(pos, size), _types(ops)
-        keep = np.flatnonzero(step < 6)  # idle steps and markers hold nothing
+        keep = np.flatnonzero(step != 6)  # idle steps and markers hold nothing
         if len(keep) < len(ops):
             ops, pos, step = pick(ops, keep), pos[keep], step[keep]
         self.rank_of = np.repeat(np.arange(self.p), np.diff(self.base))
         self.ops, self.pos, self.rank, n = ops, pos, self.rank_of[pos], len(ops)
-        at = [np.flatnonzero(step == code) for code in (0, 2, 3, 5)]
+        at = [np.flatnonzero(step == code) for code in (0, 2, 3, 5, 7, 8)]
         self.comm, self.sends = np.concatenate(at[1:3]), len(at[1])  # sends, then receives
-        comp, coll = pick(ops, at[0]), pick(ops, at[3])
-        c = [list(map(attrgetter(a), comp)) for a in ("kind", "stage", "mb", "segment")]
+        work = np.concatenate([at[0], at[4], at[5]])  # computes, then offloads and reloads
+        comp, coll = pick(ops, work), pick(ops, at[3])
+        c = [list(map(attrgetter(a), comp[:len(at[0])])) if a == "kind" else
+             list(map(attrgetter(a), comp)) for a in ("kind", "stage", "mb", "segment")]
         tags = [op.tag.partition(":")[2] for op in coll]
         self.names = sorted({"", *(x for x in self.segs if type(x) is str), *c[3], *tags})
         code = {x: k for k, x in enumerate(self.names)}
         self.kind, self.name = np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.kind[at[0]], self.kind[at[1]], self.kind[at[2]], self.kind[at[3]] = (
-            ints(map(_KIND.__getitem__, c[0])), SEND, RECV, COLL)
-        self.name[at[0]], self.name[at[3]] = (ints(map(code.__getitem__, x)) for x in (c[3], tags))
-        self.stage, self.mb = (_scatter(n, at[0], as_column(x)) for x in c[1:3])
+            ints(map(_KIND.__getitem__, c[0][:len(at[0])])), SEND, RECV, COLL)
+        self.kind[at[4]], self.kind[at[5]] = OFF, REL
+        self.name[work], self.name[at[3]] = (ints(map(code.__getitem__, x)) for x in (c[3], tags))
+        self.stage, self.mb = (_scatter(n, work, as_column(x)) for x in c[1:3])
         self.body = code[""]
         if self.cut_ok():
             self._cut_columns()
@@ -135,7 +140,10 @@ class Rules:
         - ``F`` makes ``out``, ``stored`` (and ``input``, for a segment's), ``B`` makes
           ``grad`` and ``wdone``, ``I`` ``grad`` and ``wgrad_ready``, ``W`` ``wdone``,
           ``R`` ``stored``; a receive makes what it carries, the broadcast ``params:NAME``
-          the parameters."""
+          the parameters;
+        - activation moves (§2.9): ``OFF`` needs ``stored`` and makes ``offloaded``, ``REL``
+          needs ``offloaded`` and makes ``reloaded``; a backward (``B`` or ``I``) of an
+          activation its rank offloads anywhere in its program also needs ``reloaded``."""
         k, seg, c, (_, _, kind, names, stage, mb) = (
             self.kind, self.seg[self.name], self.comm, self.p2p)
         names = sorted({*self.names, *names})  # payloads' names too, in order
@@ -155,11 +163,14 @@ class Rules:
                 (cut & bi & (self.source[seg] == 1), GRAD, body, 0, b),
                 (cut & (k == F) & (self.sink[seg] == 1), OUT, body, self.stages - 1, b),
                 (cut & fr & (self.trainable[seg] == 1) & (self.rank != self.home[seg]),
-                 PARAMS, g, 0, 0), (k == SEND, tok, g, s, b)]
+                 PARAMS, g, 0, 0), (k == SEND, tok, g, s, b),
+                (k == OFF, STORED, g, s, b), (k == REL, OFFLOADED, g, s, b),
+                (bi & self._offloaded(g, s, b), RELOADED, g, s, b)]
         made = [(k == F, OUT, g, s, b), (k == F, STORED, g, s, b),
                 ((k == F) & (g != body), INPUT, g, s, b), (bi, GRAD, g, s, b),
                 ((k == B) | (k == W), WDONE, g, s, b), (k == I, WREADY, g, s, b),
-                (k == R, STORED, g, s, b), (k == RECV, tok, g, s, b)]
+                (k == R, STORED, g, s, b), (k == RECV, tok, g, s, b),
+                (k == OFF, OFFLOADED, g, s, b), (k == REL, RELOADED, g, s, b)]
         extra_need, extra_made = [], []
         for row in np.flatnonzero(k == COLL).tolist():
             op, rank = self.ops[row], int(self.rank[row])
@@ -178,6 +189,15 @@ class Rules:
         order = np.argsort(row_keys(self.pos[nrow], token[0]), kind="stable")  # sorted inputs
         return (np.stack([nrow, token[0]])[:, order], parts[0][1][order],
                 np.stack([mrow, token[1]]))
+
+    def _offloaded(self, g, s, b) -> np.ndarray:
+        """Per member: does its rank offload the activation ``(g, s, b)`` (name code, stage,
+        mb) anywhere in its program?"""
+        off = self.kind == OFF
+        if not off.any():
+            return off
+        key = row_keys(self.rank, g, s, b)
+        return np.isin(key, key[off])
 
     @cached_property
     def pairs(self) -> tuple:

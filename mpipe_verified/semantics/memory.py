@@ -17,7 +17,7 @@ from typing import Callable
 import attrs
 
 from ..ir import (BACKWARD, FORWARD, INPUT, RECOMPUTE, WEIGHT_GRAD, Collective, Idle, Marker,
-                  Op, Payload, Plan, Recv, Send, computes_of, p2p_of)
+                  Offload, Op, Payload, Plan, Recv, Reload, Send, computes_of, p2p_of)
 from .rules import TRANSFER_TOKENS, Chain, payload_token
 from .table import OpTable
 
@@ -164,7 +164,14 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
     that key, if anything). ``stored(stage, segment)`` and ``buffer(payload)`` give the
     sizes. A forward (or recompute) keeps its activation where the chain says so; ``B`` or
     ``W`` frees it; a receive allocates its buffer (none of size 0), which the op
-    consuming its token frees."""
+    consuming its token frees. Device memory only (§2.9): an ``OFFLOAD`` frees the stored
+    activation, a ``RELOAD`` allocates it again (what host memory holds: ``host_peaks``)."""
+    kind = type(op)
+    if kind is Offload or kind is Reload:
+        key = ("stored", op.segment, op.stage, op.mb)
+        if kind is Offload:
+            return [], [key]
+        return [(key, ("reloaded activation of", op, stored(op.stage, op.segment)))], []
     allocs, frees = [], []
     for c in computes_of(op):
         if c.kind in (FORWARD, RECOMPUTE):
@@ -293,6 +300,29 @@ def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_ME
                  ) -> list[tuple[str, float]]:
     """The tensors live on ``rank`` at the peak of step ``index``."""
     return memory_steps(plan, rank, model, live_at=index)[1]
+
+
+def host_peaks(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, float]:
+    """Per rank that offloads anything, the peak of its host memory (§2.9): an
+    ``OFFLOAD`` puts its activation's stored size there, the ``RELOAD`` of that activation
+    takes it back (host memory has no limit; device memory is what ``peak_memory`` says)."""
+    out = {}
+    for rank, program in enumerate(plan.programs):
+        level, peak, held = 0.0, 0.0, {}
+        for op in program:
+            kind = type(op)
+            if kind is not Offload and kind is not Reload:
+                continue
+            key = (op.segment, op.stage, op.mb)
+            if kind is Offload and key not in held:
+                held[key] = model.stored(op.stage, op.segment)
+                level += held[key]
+                peak = max(peak, level)
+            elif kind is Reload and key in held:
+                level -= held.pop(key)
+        if peak or held:
+            out[rank] = peak
+    return out
 
 
 def peak_memory(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, tuple[float, int]]:

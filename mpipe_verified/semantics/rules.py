@@ -9,18 +9,21 @@ plain ``(kind, segment, stage, mb)`` tuples (``Token`` names the fields).
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections import defaultdict
 from typing import NamedTuple
 
 from ..ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
-                  SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Op, Overlap,
-                  Payload, Placement, Recv, Send)
+                  SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Offload, Op,
+                  Overlap, Payload, Placement, Recv, Reload, Send)
 
 
 class Token(NamedTuple):
     """A value that lives on a rank: ``out`` (a stage's output activation), ``stored``
     (the activation kept for backward), ``grad`` (the input gradient a backward produced),
-    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run). ``needs``/``produces`` return plain
+    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run), ``offloaded``/``reloaded`` (an
+    ``OFFLOAD``/``RELOAD`` of the stored activation ran, §2.9). ``needs``/``produces`` return plain
     ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same fields (they
     run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it by name."""
 
@@ -75,6 +78,10 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
         return (payload_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in needs(c, num_stages))
+    if kind is Offload:  # the activation is resident on the device
+        return (("stored", op.segment, op.stage, op.mb),)
+    if kind is Reload:
+        return (("offloaded", op.segment, op.stage, op.mb),)
     return ()
 
 
@@ -102,11 +109,33 @@ def produces(op: Op) -> tuple[tuple, ...]:
         return (payload_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in produces(c))
+    if kind is Offload or kind is Reload:
+        return (("offloaded" if kind is Offload else "reloaded", op.segment, op.stage, op.mb),)
     if kind is Collective and op.kind == "broadcast":
         tagged = collective_segment(op)
         if tagged is not None and tagged[0] == PARAMS:
             return (("params", tagged[1], 0, 0),)
     return ()
+
+
+def offloads(programs) -> frozenset:
+    """``(rank, segment, stage, mb)`` of every ``OFFLOAD`` in ``programs`` (§2.9: a backward
+    of such an activation on that rank needs its ``RELOAD`` first)."""
+    if Offload not in set(map(type, itertools.chain.from_iterable(programs))):
+        return frozenset()
+    return frozenset((rank, op.segment, op.stage, op.mb) for rank, program in
+                     enumerate(programs) for op in program if type(op) is Offload)
+
+
+_OFFLOADS: list = [lambda: None, frozenset()]  # the plan asked last (weakly), its offloads
+
+
+def plan_offloads(plan) -> frozenset:
+    """``offloads(plan.programs)``, remembered for the last plan asked (weakly), so the
+    many readers of one plan scan it once."""
+    if _OFFLOADS[0]() is not plan:
+        _OFFLOADS[:] = [weakref.ref(plan), offloads(plan.programs)]
+    return _OFFLOADS[1]
 
 
 def consumers_of_output(c: Compute, placement: Placement) -> tuple[tuple[int, Payload], ...]:
@@ -135,14 +164,18 @@ class Chain:
     ``grads:NAME`` needs every local weight gradient of NAME (``required_collectives``
     says which collectives the cut needs).
 
+    A backward (``B`` or ``I``) of an activation its rank offloaded (``offloaded``) also
+    needs that activation's ``RELOAD`` (§2.9).
+
     A ``forward_only`` chain (an evaluation plan, declared) requires no backward and no
     recompute of any unit, stores no activation (nothing will read it back), ships no raw
     input and needs no gradient all-reduce; a segment run off its home still needs its
     parameters broadcast."""
 
     def __init__(self, placement: Placement, cut: Cut = NO_CUT,
-                 forward_only: bool = False) -> None:
+                 forward_only: bool = False, offloaded: frozenset = frozenset()) -> None:
         self.placement = placement
+        self.offloaded = offloaded  # (rank, segment, stage, mb) of each OFFLOAD (§2.9)
         self.cut = cut
         self.forward_only = forward_only
         self.num_stages = placement.num_stages
@@ -154,7 +187,7 @@ class Chain:
 
     @classmethod
     def of(cls, plan) -> "Chain":
-        return cls(plan.placement, plan.cut, plan.forward_only)
+        return cls(plan.placement, plan.cut, plan.forward_only, plan_offloads(plan))
 
     def segment(self, name: str):
         return self._segments.get(name)
@@ -192,6 +225,9 @@ class Chain:
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)
+        if (self.offloaded and kind is Compute and op.kind in (BACKWARD, INPUT_GRAD)
+                and (rank, op.segment, op.stage, op.mb) in self.offloaded):
+            base += (("reloaded", op.segment, op.stage, op.mb),)  # §2.9
         if kind is not Compute or not self.cut.segments:
             return base
         seg = self._segments.get(op.segment)

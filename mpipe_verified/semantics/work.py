@@ -15,7 +15,7 @@ from collections import defaultdict
 import attrs
 
 from ..ir import (BACKWARD, BODY, FORWARD, INPUT_GRAD, RECOMPUTE, WEIGHT_GRAD, Collective,
-                  Compute, Plan, computes_of)
+                  Compute, Offload, Plan, Reload, computes_of)
 from .rules import GRADS, PARAMS, Chain, collective_segment
 from .table import OpTable
 
@@ -280,3 +280,45 @@ def _never_called(tag: str, kind: str, root, rank: int) -> str:
     return (f"rank {rank} never receives the parameters of segment {name!r} ({kind} {tag} "
             f"from rank {root}) but runs it")
 
+
+
+@attrs.frozen
+class MoveIssue:
+    """A completeness finding about the activation moves (§2.9) of ``key`` = ``(rank,
+    segment, stage, mb)``: at ``where`` (rank, index), or about the key as a whole."""
+
+    key: tuple
+    where: tuple[int, int] | None
+    detail: str
+
+
+def move_issues(plan: Plan, limit: int | None = None) -> list[MoveIssue]:
+    """§2.9 completeness of the activation moves: each ``OFFLOAD``/``RELOAD`` names a unit
+    and microbatch of the plan (and none occurs in a forward-only plan); per rank and
+    activation at most one ``OFFLOAD``, and exactly as many ``RELOAD`` as ``OFFLOAD`` (each
+    offload is reloaded once). At most ``limit`` issues."""
+    units, m = set(Chain.of(plan).units()), plan.num_microbatches
+    counts: dict[tuple, list[int]] = {}
+    first: dict[tuple, tuple[int, int]] = {}
+    issues = []
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            kind = type(op)
+            if kind is not Offload and kind is not Reload:
+                continue
+            key = (rank, op.segment, op.stage, op.mb)
+            if (op.segment, op.stage) not in units or op.mb >= m or plan.forward_only:
+                why = ("the plan is declared forward-only (nothing is stored)"
+                       if plan.forward_only else "it is not an activation of this plan")
+                issues.append(MoveIssue(key, (rank, index), f"{op} on rank {rank}: {why}"))
+                continue
+            counts.setdefault(key, [0, 0])[kind is Reload] += 1
+            first.setdefault(key, (rank, index))
+    for key, (off, rel) in counts.items():
+        if off > 1 or rel != off:
+            rank, seg, stage, mb = key
+            name = f"{seg + ':' if seg else ''}{stage} microbatch {mb}"
+            issues.append(MoveIssue(key, first[key], f"rank {rank} offloads the activation of "
+                                    f"{name} {off} times and reloads it {rel} times (each "
+                                    "offload needs exactly one reload, at most one offload)"))
+    return issues[:limit]
