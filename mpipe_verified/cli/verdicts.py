@@ -54,6 +54,10 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-only", action="store_true",
                    help="write the compute-only schedule instead of the lowered plan "
                         "(chrome-trace: leave out the comm tracks and flows)")
+    p.add_argument("--csv-moves", action="store_true",
+                   help="torch-csv: write activation moves as OFFLOAD/RELOAD cells, this "
+                        "package's extension (torch cannot run them; without it a plan "
+                        "with moves is refused)")
     p.add_argument("--allow-unverified", action="store_true",
                    help="write the plan even if it is violated or undecided, with a "
                         "warning on stderr naming the properties (exit 0)")
@@ -119,7 +123,7 @@ def _export_text(args: argparse.Namespace, target: Schedule | Plan, plan: Plan,
     # plan with comms as written, which needs torch's REDUCE_GRAD/UNSHARD/RESHARD cells
     if args.compute_only:
         out = without_markers(out)
-    rows = partial(torch_csv_rows, out, markers=not args.compute_only)
+    rows = partial(torch_csv_rows, out, markers=not args.compute_only, moves=args.csv_moves)
     try:  # a big plan's rows on two cores
         text = (in_two_halves(rows, out.num_ranks) if sum(map(len, out.programs)) >= TWO_PROCESS_OPS
                 else rows(range(out.num_ranks)))
