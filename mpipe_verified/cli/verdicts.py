@@ -159,6 +159,8 @@ def _family_instance(args: argparse.Namespace, spec: Spec | None,
     may answer for (``--family`` without an encoder cost, or a spec whose expression is
     a family term and has no cost model: ``spec_family``); else None."""
     if args.family is not None:  # the plan written is lowered with the model's costs: the
+        if getattr(args, "offload", None) is not None:  # the laws know no activation moves
+            return None
         if getattr(args, "encoder_cost", None) is not None or (  # laws' plan is lowered
                 spec is not None and spec.cost is not None):  # with the standard ones
             return None
@@ -406,7 +408,8 @@ def _parametric_family(args: argparse.Namespace, progress: Progress, started: fl
     model, an instance the laws do not cover, or one small enough that op by op is
     faster."""
     if (args.family is None or args.expand or args.svg is not None
-            or args.solver_rlimit is not None or getattr(args, "encoder_cost", None) is not None):
+            or args.solver_rlimit is not None or getattr(args, "encoder_cost", None) is not None
+            or getattr(args, "offload", None) is not None):
         return None
     check_target_options(args, None)
     missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
