@@ -33,6 +33,9 @@ import attrs
 FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE = "F", "B", "I", "W", "R"
 COMPUTE_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
 ACT, GRAD, INPUT = "act", "grad", "input"
+LEND, RETURN = "lend", "return"  # a stored activation lent to a peer rank, and given back
+RANK_MOVES = (LEND, RETURN)
+PAYLOAD_KINDS = (ACT, GRAD, INPUT) + RANK_MOVES
 BODY = ""  # the pipelined body's segment name
 MARKER_ACTIONS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 COLLECTIVE_KINDS = ("broadcast", "all_reduce", "gather")
@@ -80,7 +83,7 @@ def _members_are(ops, kinds: tuple, what: str) -> None:
         raise ValueError(f"{what}, got {ops!r}")
 
 
-_LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN"}
+_LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN", LEND: "LEND", RETURN: "RETURN"}
 _STEP = re.compile(r'\((\d+)\)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
 
 
@@ -134,6 +137,11 @@ class Payload:
     ``stage - 1``) or the raw input (``input``, for a recompute) of ``(segment, stage,
     mb)``. ``to_segment`` names the consumer's segment when the transfer crosses the cut
     (the consumer is then that segment's first stage, or the body's first/last stage).
+    BPipe-style rank moves (docs/semantics.md §2.9): ``lend`` carries the stored
+    activation of ``(segment, stage, mb)`` from the rank that computed it to a peer that
+    holds it in device memory, ``return`` gives it back (text ``1SEND_LEND0``,
+    ``1RECV_LEND0``, ``1SEND_RETURN0``, ``1RECV_RETURN0``: both ends name the activation's
+    stage).
 
     Layout: ``shape``/``dtype`` describe one tensor (``leaves`` None); or ``leaves``
     describes a structure (tuples, lists, dicts of tensors and None), one ``Leaf`` per
@@ -141,7 +149,7 @@ class Payload:
     ``shape``/``dtype`` are None. ``leaves == ()``: nothing travels (the gradient of an
     activation that needs none)."""
 
-    kind: str = attrs.field(validator=attrs.validators.in_((ACT, GRAD, INPUT)))
+    kind: str = attrs.field(validator=attrs.validators.in_(PAYLOAD_KINDS))
     stage: int = attrs.field(validator=_nonneg)
     mb: int = attrs.field(validator=_nonneg)
     segment: str = ""
@@ -152,7 +160,7 @@ class Payload:
 
     @property
     def consumer_stage(self) -> int:
-        if self.kind == INPUT:
+        if self.kind == INPUT or self.kind == LEND or self.kind == RETURN:
             return self.stage
         if self.to_segment is not None:
             return 0

@@ -8,7 +8,8 @@ import attrs
 import pytest
 
 from mpipe_verified import kernel
-from mpipe_verified.ir import Compute, Offload, Placement, Plan, Reload
+from mpipe_verified.ir import (LEND, RETURN, Compute, Offload, Payload, Placement, Plan, Recv,
+                               Reload, Send)
 from mpipe_verified.semantics import UNIT_MEMORY, host_peaks, peak_memory
 from mpipe_verified.verify import verify
 from plan_edits import lowered, with_program
@@ -31,6 +32,9 @@ def violated(plan: Plan, limit=None) -> set[str]:
     assert report.status in ("verified", "violated"), report.status
     found = {v.property for v in report.violations}
     assert found == judge_plan(plan, limit).violated  # the reference reads it alike
+    if report.verified:  # proved again by the kernel alone, from the witness
+        verdicts = kernel.prove(plan, report.witness, sizes=report.sizes, limits=report.limits)
+        assert {v.status for v in verdicts.values()} == {"proved"}
     return found
 
 
@@ -106,3 +110,49 @@ def test_moves_in_a_lowered_plan_and_in_a_forward_only_plan():
     forward = attrs.evolve(one_rank(F0, OFF0, REL0, F1), forward_only=True)
     assert {v.property for v in verify(forward).violations} == {"completeness"}
     assert UNIT_MEMORY.stored(0, "") == 1.0
+
+
+# ---------------------------------------------------------------- BPipe: rank moves
+
+def lend(mb: int, peer: int = 1, way=Send):
+    return way(peer, Payload(LEND, 0, mb))
+
+
+def give_back(mb: int, peer: int, way):
+    return way(peer, Payload(RETURN, 0, mb))
+
+
+def holder(rank0, rank1=(lend(0, 0, Recv), give_back(0, 0, Send))) -> Plan:
+    """Stage 0 on rank 0, two microbatches; rank 1 computes nothing and may hold one."""
+    return Plan(Placement((0,), 2), 2, (tuple(rank0), tuple(rank1)))
+
+
+LENT = holder((F0, lend(0), F1, B1, give_back(0, 1, Recv), B0))
+
+
+def test_a_lent_activation_lives_on_the_holder_and_frees_the_owner():
+    assert str(lend(0)) == "0SEND_LEND0" and str(give_back(0, 1, Recv)) == "0RECV_RETURN0"
+    assert violated(LENT, 1) == set()
+    assert violated(holder((F0, F1, B1, B0), ()), 1) == {"memory"}
+    assert peak_memory(LENT) == {0: (1, 0), 1: (1, 0)}
+    assert violated(LENT, (1, 0)) == {"memory"}  # the holder's device pays for it
+
+
+@pytest.mark.parametrize("rank0, rank1, want", [
+    ((F0, lend(0), F1, B1, B0, give_back(0, 1, Recv)), None, {"dependency"}),  # B first
+    ((lend(0), F0, F1, B1, give_back(0, 1, Recv), B0), None, {"dependency"}),  # lend first
+    ((F0, lend(0), F1, B1, B0), (lend(0, 0, Recv),), {"completeness", "dependency"}),
+    ((F0, F1, B1, give_back(0, 1, Recv), B0), (give_back(0, 0, Send),),
+     {"completeness", "dependency"}),  # a return of nothing
+])
+def test_each_rank_move_rule_alone_is_a_violation(rank0, rank1, want):
+    plan = holder(rank0) if rank1 is None else holder(rank0, rank1)
+    assert violated(plan) == want
+
+
+def test_the_kernel_rejects_a_return_after_the_backward_with_the_sound_witness():
+    honest = verify(LENT)
+    broken = holder((F0, lend(0), F1, B1, B0, give_back(0, 1, Recv)))
+    verdicts = kernel.prove(broken, honest.witness, sizes=honest.sizes)
+    assert verdicts["dependency"].status == "failed"
+    assert "0SEND_LEND0<1>" in LENT.canonical_text()

@@ -55,3 +55,15 @@ def test_bad_moves_are_violations_with_their_position_and_host_memory_is_reporte
     assert main(["show", str(good)]) == 0
     assert "peak memory 1, host peak 2" in capsys.readouterr().out
     assert one_rank(F0, B0, F1, REL1, B1).num_ops == 5
+
+
+def test_rank_moves_travel_in_plan_json_and_never_in_a_torch_csv():
+    from test_kernel_moves import LENT
+    assert parse_plan_json(format_plan_json(LENT), "x.json") == LENT
+    assert '"kind": "lend"' in format_plan_json(LENT)
+    try:
+        torch_csv_rows(LENT, range(2), moves=True)
+    except ValueError as e:
+        assert "peer rank" in str(e)
+    else:
+        raise AssertionError("a lend names its peer, which a torch CSV cannot")

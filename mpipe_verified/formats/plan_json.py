@@ -32,7 +32,8 @@ key names its kind:
 - ``compute``: ``kind`` (``F``/``B``/``I``/``W``/``R``), ``stage``, ``mb``, ``segment``;
 - ``overlap``: ``ops``, its member ``compute`` objects;
 - ``send``: ``dst``, ``payload``; ``recv``: ``src``, ``payload``; a payload has ``kind``
-  (``act``/``grad``/``input``), ``stage``, ``mb``, ``segment``, ``shape`` (a list of
+  (``act``/``grad``/``input``, or ``lend``/``return``: a stored activation lent to a
+  peer rank and given back, docs/semantics.md §2.9), ``stage``, ``mb``, ``segment``, ``shape`` (a list of
   dimensions), ``dtype``, ``to_segment`` and ``leaves`` (a structured payload: a list of
   ``{"path", "shape", "dtype"}``, shape and dtype null for a None leaf; then the
   payload's own ``shape`` and ``dtype`` are absent);
@@ -75,7 +76,7 @@ from typing import Any, Callable
 from ..declared import (IDLE_RANKS, IDLE_STAGES, MAX_IDLE_RANKS, MAX_IDLE_STAGES,
                         idle_rank_beyond, idle_stage_beyond)
 from ..errors import InputError
-from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, ACT, GRAD, INPUT,
+from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, PAYLOAD_KINDS,
                   SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Offload,
                   Op, Overlap, Payload, Placement, Plan, Recv, Reload, Schedule, SegmentWork,
                   Send, path_steps)
@@ -422,7 +423,7 @@ def _payload(value: Any, path: tuple) -> Payload:
                                           "its own")
         leaves = tuple(_leaf(x, (*path, "leaves", i))
                        for i, x in enumerate(_array(leaves, (*path, "leaves"))))
-    return Payload(_choice(obj["kind"], (*path, "kind"), (ACT, GRAD, INPUT)),
+    return Payload(_choice(obj["kind"], (*path, "kind"), PAYLOAD_KINDS),
                    _index(obj["stage"], (*path, "stage")), _index(obj["mb"], (*path, "mb")),
                    _string(obj.get("segment", ""), (*path, "segment")), shape,
                    None if dtype is None else _string(dtype, (*path, "dtype")),

@@ -20,8 +20,12 @@ from .columns import as_column, dense, ints, pick, row_keys
 
 F, B, I, W, R, SEND, RECV, COLL, OFF, REL = range(10)  # a member's kind; F..R compute
 # token kinds, numbered in the order of their names (so codes sort as the names do)
-GRAD, INPUT, OFFLOADED, OUT, PARAMS, RELOADED, STORED, WDONE, WREADY = range(9)
+(GRAD, HELD, INPUT, OFFLOADED, OUT, PARAMS, RELOADED, RETURNED, STORED, WDONE,
+ WREADY) = range(11)
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
+# rank moves (§2.9): what a send of a lend/return needs, and what its receive makes
+_SENT, _RECEIVED = {"lend": STORED, "return": HELD}, {"lend": HELD, "return": RETURNED}
+MOVED = ("lend", "return")
 _STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6,
          Offload: 7, Reload: 8}
 BLOCKING = (2, 3, 4, 5)  # the steps that can block
@@ -97,15 +101,36 @@ class Rules:
     @cached_property
     def p2p(self) -> tuple:
         """Per send and receive (``comm`` order): its payload, the peer, and what the
-        payload carries: token kind, name (text), stage, mb."""
+        payload carries: token kind (a send of a rank move: what it needs; a receive of
+        one: what it makes), name (text), stage, mb."""
         ops = pick(self.ops, self.comm)
         payloads = list(map(attrgetter("payload"), ops))
         kind, stage, mb, name = (list(map(attrgetter(a), payloads))
                                  for a in ("kind", "stage", "mb", "segment"))
         peer = [*map(attrgetter("dst"), ops[:self.sends]),
                 *map(attrgetter("src"), ops[self.sends:])]
-        return (payloads, as_column(peer), ints(map(_CARRIED.__getitem__, kind)), name,
-                as_column(stage), as_column(mb))
+        carried = [*(_SENT.get(x, _CARRIED.get(x)) for x in kind[:self.sends]),
+                   *(_RECEIVED.get(x, _CARRIED.get(x)) for x in kind[self.sends:])]
+        return (payloads, as_column(peer), ints(carried), name, as_column(stage),
+                as_column(mb))
+
+    @cached_property
+    def flow(self) -> tuple:
+        """Per member: ``(g, s, b)``, the name code, stage and mb of what it computes, moves
+        or carries (a transfer's: its payload's), and ``names``, the texts the codes
+        number (sorted, so codes compare as the texts do)."""
+        c, (_, _, _, names, stage, mb) = self.comm, self.p2p
+        names = sorted({*self.names, *names})  # payloads' names too, in order
+        code = {x: j for j, x in enumerate(names)}
+        g = np.searchsorted(names, self.names)[self.name]
+        g[c] = ints(map(code.__getitem__, self.p2p[3]))
+        s, b = (_scatter(len(self.kind), c, x, base) for x, base in
+                ((stage, self.stage), (mb, self.mb)))
+        return g, s, b, names
+
+    def moved(self) -> np.ndarray:
+        """Per send and receive (``comm`` order): is it a rank move (a lend or return)?"""
+        return np.array([p.kind in MOVED for p in self.p2p[0]], bool)
 
     def _cut_columns(self) -> None:
         """Per name code: its segment's index in the cut (-1: the body, or a name the cut
@@ -142,16 +167,17 @@ class Rules:
           ``R`` ``stored``; a receive makes what it carries, the broadcast ``params:NAME``
           the parameters;
         - activation moves (§2.9): ``OFF`` needs ``stored`` and makes ``offloaded``, ``REL``
-          needs ``offloaded`` and makes ``reloaded``; a backward (``B`` or ``I``) of an
-          activation its rank offloads anywhere in its program also needs ``reloaded``."""
-        k, seg, c, (_, _, kind, names, stage, mb) = (
-            self.kind, self.seg[self.name], self.comm, self.p2p)
-        names = sorted({*self.names, *names})  # payloads' names too, in order
+          needs ``offloaded`` and makes ``reloaded``; a send that lends an activation needs
+          it ``stored``, its receive makes it ``held``, a send that returns it needs it
+          ``held``, its receive makes it ``returned``; a backward (``B`` or ``I``) of an
+          activation its rank offloads (lends) anywhere in its program also needs it
+          ``reloaded`` (``returned``)."""
+        k, seg, c = self.kind, self.seg[self.name], self.comm
+        g, s, b, names = self.flow
         code = {x: j for j, x in enumerate(names)}
-        g = np.searchsorted(names, self.names)[self.name]
-        g[c] = ints(map(code.__getitem__, self.p2p[3]))
-        s, b, tok = (_scatter(len(k), c, x, base) for x, base in
-                     ((stage, self.stage), (mb, self.mb), (kind, np.zeros(len(k), np.int64))))
+        tok = _scatter(len(k), c, self.p2p[2])
+        lends = np.zeros(len(k), bool)
+        lends[c[:self.sends]] = [p.kind == "lend" for p in self.p2p[0][:self.sends]]
         body = code[""]
         comp, cut, bi, fr = k <= R, seg >= 0, (k == B) | (k == I), (k == F) | (k == R)
         main = comp & ~cut  # the body's work (and work of a segment the cut lacks)
@@ -165,7 +191,8 @@ class Rules:
                 (cut & fr & (self.trainable[seg] == 1) & (self.rank != self.home[seg]),
                  PARAMS, g, 0, 0), (k == SEND, tok, g, s, b),
                 (k == OFF, STORED, g, s, b), (k == REL, OFFLOADED, g, s, b),
-                (bi & self._offloaded(g, s, b), RELOADED, g, s, b)]
+                (bi & self._away(k == OFF, g, s, b), RELOADED, g, s, b),
+                (bi & self._away(lends, g, s, b), RETURNED, g, s, b)]
         made = [(k == F, OUT, g, s, b), (k == F, STORED, g, s, b),
                 ((k == F) & (g != body), INPUT, g, s, b), (bi, GRAD, g, s, b),
                 ((k == B) | (k == W), WDONE, g, s, b), (k == I, WREADY, g, s, b),
@@ -190,10 +217,9 @@ class Rules:
         return (np.stack([nrow, token[0]])[:, order], parts[0][1][order],
                 np.stack([mrow, token[1]]))
 
-    def _offloaded(self, g, s, b) -> np.ndarray:
-        """Per member: does its rank offload the activation ``(g, s, b)`` (name code, stage,
-        mb) anywhere in its program?"""
-        off = self.kind == OFF
+    def _away(self, off, g, s, b) -> np.ndarray:
+        """Per member: does a member of its rank where ``off`` holds name the activation
+        ``(g, s, b)`` (name code, stage, mb) it names?"""
         if not off.any():
             return off
         key = row_keys(self.rank, g, s, b)

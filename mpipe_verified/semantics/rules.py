@@ -9,14 +9,13 @@ plain ``(kind, segment, stage, mb)`` tuples (``Token`` names the fields).
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from collections import defaultdict
 from typing import NamedTuple
 
-from ..ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
-                  SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Offload, Op,
-                  Overlap, Payload, Placement, Recv, Reload, Send)
+from ..ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, LEND, NO_CUT, RECOMPUTE,
+                  RETURN, SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Offload, Op,
+                  Overlap, Payload, Placement, Recv, Reload, Send, known_op_cells, p2p_of)
 
 
 class Token(NamedTuple):
@@ -43,6 +42,22 @@ def payload_token(p: Payload) -> tuple:
 
 
 TRANSFER_TOKENS = frozenset(_TOKEN_OF_PAYLOAD.values())  # token kinds a transfer carries
+# a rank move (§2.9): what its SEND needs and its RECV leaves, per payload kind
+_SENT, _RECEIVED = {LEND: "stored", RETURN: "held"}, {LEND: "held", RETURN: "returned"}
+
+
+def sent_token(p: Payload) -> tuple:
+    """What a ``SEND`` of ``p`` needs: what it carries, or for a rank move (§2.9) the
+    stored activation (``lend``) or the activation held for its owner (``return``)."""
+    kind = _SENT.get(p.kind)
+    return payload_token(p) if kind is None else (kind, p.segment, p.stage, p.mb)
+
+
+def received_token(p: Payload) -> tuple:
+    """What a ``RECV`` of ``p`` leaves: what it carries, or for a rank move (§2.9) the
+    activation held for its owner (``lend``) or given back to it (``returned``)."""
+    kind = _RECEIVED.get(p.kind)
+    return payload_token(p) if kind is None else (kind, p.segment, p.stage, p.mb)
 
 PARAMS, GRADS = "params", "grads"  # collective tag roles: a segment's parameters, gradients
 
@@ -75,7 +90,7 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
             return (("stored", seg, s, mb), ("grad", seg, s + 1, mb))
         return (("stored", seg, s, mb),)
     if kind is Send:
-        return (payload_token(op.payload),)
+        return (sent_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in needs(c, num_stages))
     if kind is Offload:  # the activation is resident on the device
@@ -106,7 +121,7 @@ def produces(op: Op) -> tuple[tuple, ...]:
             return (("wdone", seg, s, mb),)
         return (("stored", seg, s, mb),)  # RECOMPUTE
     if kind is Recv:
-        return (payload_token(op.payload),)
+        return (received_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in produces(c))
     if kind is Offload or kind is Reload:
@@ -119,12 +134,23 @@ def produces(op: Op) -> tuple[tuple, ...]:
 
 
 def offloads(programs) -> frozenset:
-    """``(rank, segment, stage, mb)`` of every ``OFFLOAD`` in ``programs`` (§2.9: a backward
-    of such an activation on that rank needs its ``RELOAD`` first)."""
-    if Offload not in set(map(type, itertools.chain.from_iterable(programs))):
-        return frozenset()
-    return frozenset((rank, op.segment, op.stage, op.mb) for rank, program in
-                     enumerate(programs) for op in program if type(op) is Offload)
+    """``(rank, segment, stage, mb, token)`` of every activation a rank moves away (§2.9):
+    ``reloaded`` for an ``OFFLOAD``, ``returned`` for a ``SEND`` that lends it; a backward
+    of it on that rank needs that token first."""
+    found = set()
+    for rank, program in enumerate(programs):
+        types = set(map(type, program))
+        if Offload not in types and Group not in types and (Send not in types or LEND not in {
+                op.payload.kind for op in program if type(op) is Send}):
+            continue  # nothing moved away on this rank (the common case, read quickly)
+        for op in program:
+            if type(op) is Offload:
+                found.add((rank, op.segment, op.stage, op.mb, "reloaded"))
+            for t in p2p_of(op):
+                if type(t) is Send and t.payload.kind == LEND:
+                    p = t.payload
+                    found.add((rank, p.segment, p.stage, p.mb, "returned"))
+    return frozenset(found)
 
 
 _OFFLOADS: list = [lambda: None, frozenset()]  # the plan asked last (weakly), its offloads
@@ -133,8 +159,9 @@ _OFFLOADS: list = [lambda: None, frozenset()]  # the plan asked last (weakly), i
 def plan_offloads(plan) -> frozenset:
     """``offloads(plan.programs)``, remembered for the last plan asked (weakly), so the
     many readers of one plan scan it once."""
-    if _OFFLOADS[0]() is not plan:
-        _OFFLOADS[:] = [weakref.ref(plan), offloads(plan.programs)]
+    if _OFFLOADS[0]() is not plan:  # a plan the torch CSV's bulk reader built (its cells
+        moved = frozenset() if known_op_cells(plan) is not None else offloads(plan.programs)
+        _OFFLOADS[:] = [weakref.ref(plan), moved]  # known) holds torch's actions only
     return _OFFLOADS[1]
 
 
@@ -164,8 +191,8 @@ class Chain:
     ``grads:NAME`` needs every local weight gradient of NAME (``required_collectives``
     says which collectives the cut needs).
 
-    A backward (``B`` or ``I``) of an activation its rank offloaded (``offloaded``) also
-    needs that activation's ``RELOAD`` (§2.9).
+    A backward (``B`` or ``I``) of an activation its rank offloaded or lent (``offloaded``)
+    also needs that activation's ``RELOAD`` or return (§2.9).
 
     A ``forward_only`` chain (an evaluation plan, declared) requires no backward and no
     recompute of any unit, stores no activation (nothing will read it back), ships no raw
@@ -175,7 +202,7 @@ class Chain:
     def __init__(self, placement: Placement, cut: Cut = NO_CUT,
                  forward_only: bool = False, offloaded: frozenset = frozenset()) -> None:
         self.placement = placement
-        self.offloaded = offloaded  # (rank, segment, stage, mb) of each OFFLOAD (§2.9)
+        self.offloaded = offloaded  # activations moved away: ``offloads`` (§2.9)
         self.cut = cut
         self.forward_only = forward_only
         self.num_stages = placement.num_stages
@@ -225,9 +252,9 @@ class Chain:
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)
-        if (self.offloaded and kind is Compute and op.kind in (BACKWARD, INPUT_GRAD)
-                and (rank, op.segment, op.stage, op.mb) in self.offloaded):
-            base += (("reloaded", op.segment, op.stage, op.mb),)  # §2.9
+        if self.offloaded and kind is Compute and op.kind in (BACKWARD, INPUT_GRAD):
+            base += tuple((t, op.segment, op.stage, op.mb) for t in ("reloaded", "returned")
+                          if (rank, op.segment, op.stage, op.mb, t) in self.offloaded)  # §2.9
         if kind is not Compute or not self.cut.segments:
             return base
         seg = self._segments.get(op.segment)

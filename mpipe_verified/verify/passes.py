@@ -171,7 +171,9 @@ def _missing_input(plan, rank, index, token, produced_at) -> Finding:
             "wgrad_ready": "input-gradient step", "input": "shipped input",
             "params": "broadcast parameters", "wdone": "weight gradient",
             "offloaded": "offload of the stored activation",
-            "reloaded": "reload of the offloaded activation"}[token.kind]
+            "reloaded": "reload of the offloaded activation",
+            "held": "lent activation held for its owner",
+            "returned": "return of the lent activation"}[token.kind]
     seg = f"{token.segment}:" if token.segment else ""
     name = f"{what} of stage {seg}{token.stage} microbatch {token.mb}"
     op = plan.programs[rank][index]
