@@ -114,10 +114,8 @@ def _moves(rules: Rules, facts: Facts) -> None:
     one offload and as many reloads as offloads; at most one lend sent, as many returns
     received as lends sent, as many returns sent as lends received."""
     g, s, b, names = rules.flow
-    moved = np.zeros(len(rules.kind), bool)
-    moved[rules.comm] = rules.moved()
-    lend = np.zeros(len(rules.kind), bool)
-    lend[rules.comm] = [p.kind == "lend" for p in rules.p2p[0]]
+    moved, lend = np.zeros(len(rules.kind), bool), np.zeros(len(rules.kind), bool)
+    moved[rules.comm], lend[rules.comm] = rules.moved()
     rows = np.flatnonzero((rules.kind == OFF) | (rules.kind == REL) | moved)
     count: dict = defaultdict(lambda: [0] * 6)
     units = set(rules.units)
@@ -296,7 +294,7 @@ def moves(rules: Rules, sizes: Sizes) -> tuple:
     k, comp = rules.kind, rules.kind <= R
     g, s, b, names = rules.flow
     moved = np.zeros(len(k), bool)  # the sends and receives that lend or return
-    moved[rules.comm] = rules.moved()
+    moved[rules.comm] = rules.moved()[0]
     keep = np.flatnonzero(rules.stores() | (k == REL) | (moved & (k == RECV)))  # allocate
     first, back = np.unique(row_keys(g[keep], s[keep]), return_index=True,
                             return_inverse=True)[1:]

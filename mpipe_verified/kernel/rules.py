@@ -25,7 +25,7 @@ F, B, I, W, R, SEND, RECV, COLL, OFF, REL = range(10)  # a member's kind; F..R c
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
 # rank moves (§2.9): what a send of a lend/return needs, and what its receive makes
 _SENT, _RECEIVED = {"lend": STORED, "return": HELD}, {"lend": HELD, "return": RETURNED}
-MOVED = ("lend", "return")
+MOVED = ("lend", "return")  # the payload kinds of rank moves
 _STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6,
          Offload: 7, Reload: 8}
 BLOCKING = (2, 3, 4, 5)  # the steps that can block
@@ -109,8 +109,8 @@ class Rules:
                                  for a in ("kind", "stage", "mb", "segment"))
         peer = [*map(attrgetter("dst"), ops[:self.sends]),
                 *map(attrgetter("src"), ops[self.sends:])]
-        carried = [*(_SENT.get(x, _CARRIED.get(x)) for x in kind[:self.sends]),
-                   *(_RECEIVED.get(x, _CARRIED.get(x)) for x in kind[self.sends:])]
+        carried = [*map({**_CARRIED, **_SENT}.__getitem__, kind[:self.sends]),
+                   *map({**_CARRIED, **_RECEIVED}.__getitem__, kind[self.sends:])]
         return (payloads, as_column(peer), ints(carried), name, as_column(stage),
                 as_column(mb))
 
@@ -128,9 +128,13 @@ class Rules:
                 ((stage, self.stage), (mb, self.mb)))
         return g, s, b, names
 
-    def moved(self) -> np.ndarray:
-        """Per send and receive (``comm`` order): is it a rank move (a lend or return)?"""
-        return np.array([p.kind in MOVED for p in self.p2p[0]], bool)
+    def moved(self) -> tuple:
+        """Per send and receive (``comm`` order): ``(a rank move, a lend)``, read from what
+        the end needs or makes (only a rank move's send needs ``stored`` or ``held``, only
+        its receive makes ``held`` or ``returned``)."""
+        carried, send = self.p2p[2], np.arange(len(self.comm)) < self.sends
+        lend = np.where(send, carried == STORED, carried == HELD)
+        return lend | np.where(send, carried == HELD, carried == RETURNED), lend
 
     def _cut_columns(self) -> None:
         """Per name code: its segment's index in the cut (-1: the body, or a name the cut
@@ -176,8 +180,7 @@ class Rules:
         g, s, b, names = self.flow
         code = {x: j for j, x in enumerate(names)}
         tok = _scatter(len(k), c, self.p2p[2])
-        lends = np.zeros(len(k), bool)
-        lends[c[:self.sends]] = [p.kind == "lend" for p in self.p2p[0][:self.sends]]
+        lends = (k == SEND) & (tok == STORED)  # a send that lends what it stores
         body = code[""]
         comp, cut, bi, fr = k <= R, seg >= 0, (k == B) | (k == I), (k == F) | (k == R)
         main = comp & ~cut  # the body's work (and work of a segment the cut lacks)
