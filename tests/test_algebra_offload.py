@@ -50,7 +50,11 @@ def test_offload_keeps_the_verdict_and_never_raises_a_device_peak(instance, gap,
                                                                    split):
     name, term = instance
     term = SplitBW(term) if split and name in ("1f1b", "gpipe") else term
-    plain, moved = lower(term.derive()), lower(Offloaded(term, gap, prefetch).derive())
+    schedule = Offloaded(term, gap, prefetch).derive()
+    erased = tuple(tuple(op for op in prog if not isinstance(op, (Offload, Reload)))
+                   for prog in schedule.programs)
+    assert erased == term.derive().programs  # it only adds moves
+    plain, moved = lower(term.derive()), lower(schedule)
     report = verify(moved)
     assert report.status == "verified", (name, [v.message for v in report.violations])
     assert judge_plan(moved).ok
@@ -71,3 +75,6 @@ def test_offload_is_a_term_of_the_expression_language_and_of_the_command_line(ca
     assert main(args + ["--offload", "2,1"]) == 0
     assert "host peak 3" in capsys.readouterr().out
     assert main(["check", "examples/1f1b.toml", "--offload", "2"]) == 2
+    assert main(["simulate", "--family", "1f1b", "--pp", "4", "--microbatches", "8",
+                 "--offload", "2"]) == 0
+    assert "host peak memory: 0: 3, 1: 2, 2: 1" in capsys.readouterr().out
