@@ -238,30 +238,32 @@ class Collective:
 
 
 @attrs.frozen(order=True)
-class Offload:
-    """Move the stored activation of ``(segment, stage, mb)`` from this rank's device memory
-    to host memory (it must be resident: after its ``F``, before its backward). Text:
-    ``2OFFLOAD0``."""
+class _Move:
+    """An activation move of ``(segment, stage, mb)`` on its rank (``WORD``: its text)."""
 
     stage: int = attrs.field(validator=_nonneg)
     mb: int = attrs.field(validator=_nonneg)
     segment: str = ""
+    WORD = ""
 
     def __str__(self) -> str:
-        return f"{_seg(self.segment)}{self.stage}OFFLOAD{self.mb}"
+        return f"{_seg(self.segment)}{self.stage}{self.WORD}{self.mb}"
 
 
 @attrs.frozen(order=True)
-class Reload:
-    """Move the stored activation of ``(segment, stage, mb)`` that this rank offloaded back
-    to device memory (before its backward). Text: ``2RELOAD0``."""
+class Offload(_Move):
+    """Move the stored activation from this rank's device memory to host memory (it must
+    be resident: after its ``F``, before its backward). Text: ``2OFFLOAD0``."""
 
-    stage: int = attrs.field(validator=_nonneg)
-    mb: int = attrs.field(validator=_nonneg)
-    segment: str = ""
+    WORD = "OFFLOAD"
 
-    def __str__(self) -> str:
-        return f"{_seg(self.segment)}{self.stage}RELOAD{self.mb}"
+
+@attrs.frozen(order=True)
+class Reload(_Move):
+    """Move the stored activation this rank offloaded back to device memory (before its
+    backward). Text: ``2RELOAD0``."""
+
+    WORD = "RELOAD"
 
 
 MOVES = (Offload, Reload)  # activation moves between a rank's device and host memory
@@ -631,8 +633,7 @@ def _canonical(op: Op) -> str:
     if kind is Marker:
         return f"{op.stage}{op.action}{'' if op.mb is None else _int(op.mb)}"
     if kind is Offload or kind is Reload:
-        word = "OFFLOAD" if kind is Offload else "RELOAD"
-        return f"{_prefix(op.segment)}{_int(op.stage)}{word}{_int(op.mb)}"
+        return f"{_prefix(op.segment)}{_int(op.stage)}{op.WORD}{_int(op.mb)}"
     raise TypeError(f"not an op of a plan: {op!r}")
 
 
