@@ -78,3 +78,11 @@ def test_offload_is_a_term_of_the_expression_language_and_of_the_command_line(ca
     assert main(["simulate", "--family", "1f1b", "--pp", "4", "--microbatches", "8",
                  "--offload", "2"]) == 0
     assert "host peak memory: 0: 3, 1: 2, 2: 1" in capsys.readouterr().out
+
+
+def test_a_spec_offloads_any_term_by_its_expression(tmp_path, capsys):
+    spec = tmp_path / "offload.toml"
+    spec.write_text('[schedule]\nexpression = "offload(family(\'zb-h1\', pp=4, '
+                    'microbatches=8), gap=1, prefetch=0)"\n\n[memory]\nlimit = 4\n')
+    assert main(["check", str(spec)]) == 0
+    assert "host peak" in capsys.readouterr().out
