@@ -410,8 +410,8 @@ PASS_FAULTS = (
           "pass",
           "a lent (or returned) activation takes no memory on the rank that receives it"),
     Fault("table_keeps_lends", TABLE,
-          "                if p.kind in RANK_MOVES:\n"
-          "                    return None  # a lent activation's backward needs more than its class",
+          "                if p.kind in RANK_MOVES:\n                    return None  # a lent "
+          "activation's backward needs more than its class",
           "",
           "plans with rank moves get an op table (a lent backward's need read from its class)"),
 )

@@ -22,9 +22,11 @@ class Token(NamedTuple):
     """A value that lives on a rank: ``out`` (a stage's output activation), ``stored``
     (the activation kept for backward), ``grad`` (the input gradient a backward produced),
     ``wgrad_ready`` (an ``I`` ran, so ``W`` may run), ``offloaded``/``reloaded`` (an
-    ``OFFLOAD``/``RELOAD`` of the stored activation ran, §2.9). ``needs``/``produces`` return plain
-    ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same fields (they
-    run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it by name."""
+    ``OFFLOAD``/``RELOAD`` of the stored activation ran), ``held``/``returned`` (a lent
+    activation arrived at its holder / back at its owner; §2.9). ``needs``/``produces``
+    return plain ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same
+    fields (they run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it
+    by name."""
 
     kind: str
     segment: str
@@ -58,6 +60,7 @@ def received_token(p: Payload) -> tuple:
     activation held for its owner (``lend``) or given back to it (``returned``)."""
     kind = _RECEIVED.get(p.kind)
     return payload_token(p) if kind is None else (kind, p.segment, p.stage, p.mb)
+
 
 PARAMS, GRADS = "params", "grads"  # collective tag roles: a segment's parameters, gradients
 
