@@ -21,7 +21,7 @@ from .memory import (BIG, UNIT_MEMORY, MemoryModel, column_levels, integral, liv
                      step_effects)
 from .pairing import (CollectivePairing, Endpoint, P2PColumns, P2PPairing, collective_instances,
                       p2p_at, p2p_clean, p2p_columns, pair_collectives, pair_p2p)
-from .rules import (GRADS, PARAMS, TRANSFER_TOKENS, Chain, Token, collective_segment,
+from .rules import (GRADS, PARAMS, REPLICA, TRANSFER_TOKENS, Chain, Token, collective_segment,
                     collective_tag, consumers_of_output, needs, payload_token, produces)
 from .run import (COMM_MODELS, EAGER, RENDEZVOUS, STANDARD_DURATIONS, Execution,
                   ScheduleTiming, Wait, comm_ticks, execute, schedule_times, standard_duration,
@@ -32,7 +32,7 @@ from .work import (MISPLACED, WORK_KINDS, CollectiveIssue, WorkIssue, WorkTable,
 
 __all__ = [
     # rules
-    "Token", "payload_token", "TRANSFER_TOKENS", "PARAMS", "GRADS", "collective_tag",
+    "Token", "payload_token", "TRANSFER_TOKENS", "PARAMS", "GRADS", "REPLICA", "collective_tag",
     "collective_segment", "needs", "produces", "consumers_of_output", "Chain",
     # table
     "OpTable", "op_table",

@@ -1,0 +1,129 @@
+"""Several pipelines over one model (docs/semantics.md §2.9): the IR field, the rules as
+the semantics, the kernel and the reference read them, and plans that break only one of
+the new rules, each rejected by the kernel."""
+
+import attrs
+import pytest
+
+from mpipe_verified import kernel
+from mpipe_verified.ir import (ACT, Collective, Compute, Cut, Payload, Placement, Plan, Recv,
+                               Schedule, SegmentWork, Send)
+from mpipe_verified.lower import lower
+from mpipe_verified.verify import verify
+from canonical_decoder import decode
+from reference import judge_plan
+
+C = Compute
+
+
+def _gpipe_pair(placement: Placement) -> Schedule:
+    """Two pipelines of two stages over two ranks: pipeline 0 (mbs 0, 1) on stages 0, 1,
+    pipeline 1 (mbs 2, 3) on stages 2, 3; each rank runs its forwards, then backwards."""
+    programs = [[], []]
+    for kind in "FB":
+        for s in (range(4) if kind == "F" else reversed(range(4))):
+            mbs = (0, 1) if s < 2 else (2, 3)
+            programs[placement.rank_of(s)] += [C(kind, s, mb) for mb in mbs]
+    return Schedule(placement, 4, tuple(map(tuple, programs)), pipelines=((0, 1), (2, 3)))
+
+
+MIRRORED = Placement((0, 1, 1, 0), 2)  # pipeline 1 runs the other way: replicas on two ranks
+LOOPED = Placement((0, 1, 0, 1), 2)    # both replicas of each stage on one rank
+
+
+def _statuses(plan: Plan) -> set:
+    report = verify(plan)
+    return {v.property for v in report.violations} if report.status == "violated" else {
+        report.status}
+
+
+def test_the_field_is_validated():
+    ok = _gpipe_pair(MIRRORED)
+    for bad in [((0, 1), (1, 2, 3)), ((0, 1), (2,)), ((0, 1, 2, 3), (), ()), ((0, 1), [2, 3]),
+                ((0, 1), (2, "3"))]:
+        with pytest.raises(ValueError):
+            attrs.evolve(ok, pipelines=bad)
+    with pytest.raises(ValueError, match="cut"):
+        attrs.evolve(ok, cut=Cut((SegmentWork("vision", "source", (0,) * 4),)))
+
+
+def test_the_canonical_text_names_pipelines_only_when_there_are_several():
+    plan = lower(_gpipe_pair(MIRRORED))
+    head = plan.canonical_text().split("\n")[0]
+    assert head.endswith(";pipelines=0,1|2,3")
+    assert decode(plan.canonical_text()) == plan
+    one = attrs.evolve(plan, pipelines=())
+    assert "pipelines" not in one.canonical_text()
+    assert kernel.digest(one) != kernel.digest(plan)
+
+
+@pytest.mark.parametrize("placement, collectives", [(MIRRORED, 2), (LOOPED, 0)])
+def test_lowering_adds_each_replica_all_reduce_and_the_plan_verifies(placement, collectives):
+    """Mirrored, each model stage has replicas on both ranks: both ranks end with
+    ``replica:0`` then ``replica:1``. Looped, each rank holds both replicas of its stage
+    and sums them locally: no collective."""
+    plan = lower(_gpipe_pair(placement))
+    calls = [[op for op in prog if type(op) is Collective] for prog in plan.programs]
+    assert [len(c) for c in calls] == [collectives] * 2
+    if collectives:
+        assert [op.tag for op in calls[0]] == ["replica:0", "replica:1"]
+        assert all(type(prog[-1]) is Collective for prog in plan.programs)
+    assert verify(plan).verified
+    assert judge_plan(plan).ok
+    # nothing crosses between the pipelines
+    assert not any(type(op) is Send and op.payload.stage in (1, 3) and op.payload.kind == ACT
+                   for prog in plan.programs for op in prog)
+
+
+def _without(plan: Plan, rank: int, tag: str) -> Plan:
+    programs = list(plan.programs)
+    programs[rank] = tuple(op for op in programs[rank]
+                           if not (type(op) is Collective and op.tag == tag))
+    return attrs.evolve(plan, programs=tuple(programs))
+
+
+def test_a_missing_replica_all_reduce_is_incomplete():
+    plan = lower(_gpipe_pair(MIRRORED))
+    broken = _without(_without(plan, 0, "replica:1"), 1, "replica:1")
+    assert _statuses(broken) == {"completeness"}
+    assert judge_plan(broken).violated == {"completeness"}
+    report = verify(plan)
+    assert kernel.prove(broken, report.witness, sizes=report.sizes,
+                        properties=("completeness",))["completeness"].status == "failed"
+
+
+def test_an_all_reduce_before_a_replicas_last_weight_gradient_is_a_dependency_violation():
+    plan = lower(_gpipe_pair(MIRRORED))
+    program = list(plan.programs[0])
+    call = next(i for i, op in enumerate(program) if getattr(op, "tag", "") == "replica:0")
+    last = max(i for i, op in enumerate(program) if str(op) == "0B1")
+    program.insert(last, program.pop(call))  # now just before 0B1
+    broken = attrs.evolve(plan, programs=(tuple(program),) + plan.programs[1:])
+    assert _statuses(broken) == {"dependency"}
+    assert judge_plan(broken).violated == {"dependency"}
+
+
+def test_an_activation_sent_across_pipelines_is_a_matching_violation():
+    """Stage 1 ends pipeline 0; stage 2 (rank 0) starts pipeline 1. Shipping 1F0's output
+    there (a well-formed pair, sent after it is made) breaks only the flow rule."""
+    plan = lower(_gpipe_pair(LOOPED))
+    payload = Payload(ACT, 1, 0)
+    broken = attrs.evolve(plan, programs=(plan.programs[0] + (Recv(1, payload),),
+                                          plan.programs[1] + (Send(0, payload),)))
+    assert _statuses(broken) == {"matching"}
+    assert judge_plan(broken).violated == {"matching"}
+    report = verify(plan)
+    assert kernel.prove(broken, report.witness, sizes=report.sizes,
+                        properties=("matching",))["matching"].status == "failed"
+
+
+def test_work_for_a_microbatch_outside_its_pipeline_is_incomplete():
+    """The same programs with microbatches 1 and 2 swapped between the pipelines: every
+    op is well placed and ordered, but stage 0 now runs microbatch 1 of pipeline 1."""
+    plan = lower(_gpipe_pair(LOOPED))
+    broken = attrs.evolve(plan, pipelines=((0, 2), (1, 3)))
+    assert "completeness" in _statuses(broken)
+    assert "completeness" in judge_plan(broken).violated
+    report = verify(plan)
+    assert kernel.prove(broken, report.witness, sizes=report.sizes,
+                        properties=("completeness",))["completeness"].status == "failed"
