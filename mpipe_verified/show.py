@@ -22,7 +22,7 @@ from typing import Callable
 
 from .figures import num_text
 from .ir import Collective, Op, Plan, Schedule, computes_of
-from .semantics import UNIT_MEMORY, MemoryModel, peak_memory, schedule_times, standard_duration
+from .semantics import UNIT_MEMORY, Chain, MemoryModel, peak_memory, schedule_times, standard_duration
 from .sim import timeline
 
 IDLE = "."
@@ -65,8 +65,7 @@ def _timed(target: Schedule | Plan, duration, memory) -> tuple[list[list[tuple]]
         programs = tuple(tuple(op for op in prog
                                if computes_of(op) or isinstance(op, Collective))
                          for prog in target.programs)
-        flow = schedule_times(programs, target.placement, duration, cut=target.cut,
-                              forward_only=target.forward_only)
+        flow = schedule_times(programs, target.placement, duration, chain=Chain.of(target))
         if flow.stuck:  # an input never arrives: the lowered plan would not notice
             runs = [list(zip(prog, flow.start[r], flow.finish[r]))
                     for r, prog in enumerate(programs)]

@@ -127,3 +127,63 @@ def test_work_for_a_microbatch_outside_its_pipeline_is_incomplete():
     report = verify(plan)
     assert kernel.prove(broken, report.witness, sizes=report.sizes,
                         properties=("completeness",))["completeness"].status == "failed"
+
+
+# ---------------------------------------------------------------- the families, exactly
+
+import json  # noqa: E402
+import pathlib  # noqa: E402
+
+from mpipe_verified.cli import main  # noqa: E402
+
+ORDERS = json.loads((pathlib.Path(__file__).parent / "fixtures" /
+                     "bidirectional_orders.json").read_text())
+CASES = [(name, key) for name in ORDERS for key in ORDERS[name]["orders"]]
+
+
+@pytest.mark.parametrize("name, size", CASES)
+def test_the_family_writes_the_reference_order_and_checks_only_as_bidirectional(
+        name, size, tmp_path, capsys):
+    """``export --compute-only`` of the family equals the reference implementation's
+    order (tests/fixtures/bidirectional_orders.json: source, file and commit), cell for
+    cell; that file is VERIFIED with ``--bidirectional`` and incomplete without it."""
+    import csv
+    pp, m = (int(part.split("=")[1]) for part in size.split())
+    out = tmp_path / f"{name}.csv"
+    assert main(["export", "--family", name, "--pp", str(pp), "--microbatches", str(m),
+                 "--to", "torch-csv", "--compute-only", "-o", str(out)]) == 0
+    with open(out, newline="") as f:
+        assert list(csv.reader(f)) == ORDERS[name]["orders"][size]
+    assert main(["check", str(out), "--bidirectional", "-q"]) == 0
+    assert main(["check", str(out), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert "completeness" in {v["property"] for v in doc["violations"]}
+
+
+@pytest.mark.parametrize("name, sizes", [
+    ("dualpipe", [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 16), (8, 18)]),
+    ("chimera", [(2, 2), (2, 4), (4, 4), (4, 12), (6, 6), (8, 16)])])
+def test_the_families_verify_and_the_reference_agrees(name, sizes):
+    from mpipe_verified.algebra.families import family
+    for pp, m in sizes:
+        plan = lower(family(name, pp, m).derive())
+        assert verify(plan).verified, (name, pp, m)
+        assert judge_plan(plan).ok, (name, pp, m)
+
+
+def test_a_plan_of_other_pipelines_is_not_written_as_a_torch_csv(tmp_path, capsys):
+    from mpipe_verified.formats.plan_json import write_plan_json
+    schedule = attrs.evolve(_gpipe_pair(LOOPED), pipelines=((0, 2), (1, 3)))
+    path = tmp_path / "odd.json"
+    write_plan_json(schedule, path)
+    assert main(["export", str(path), "--to", "torch-csv", "--allow-unverified"]) == 2
+    assert "two-chain encoding" in capsys.readouterr().err
+
+
+def test_bidirectional_needs_an_even_csv_and_a_csv(tmp_path, capsys):
+    odd = tmp_path / "odd.csv"
+    odd.write_text("0F0,1F0,1B0,0B0\n")
+    assert main(["check", str(odd), "--bidirectional"]) == 2
+    assert "even number" in capsys.readouterr().err
+    assert main(["check", "--family", "1f1b", "--pp", "2", "--microbatches", "2",
+                 "--bidirectional"]) == 2

@@ -12,7 +12,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from ..algebra.families import FAMILIES, family
+from ..algebra.families import BIDIRECTIONAL, FAMILIES, family
 from ..algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from ..errors import ParameterError
 from ..formats.files import read_text
@@ -57,8 +57,8 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read SPEC|FILE (auto: by extension, else by content)")
     g = p.add_argument_group("a standard family instead of a file")
-    g.add_argument("--family", choices=[*FAMILIES, TRANSPOSE], metavar="NAME",
-                   help=f"one of {', '.join([*FAMILIES, TRANSPOSE])}")
+    g.add_argument("--family", choices=[*FAMILIES, *BIDIRECTIONAL, TRANSPOSE], metavar="NAME",
+                   help=f"one of {', '.join([*FAMILIES, *BIDIRECTIONAL, TRANSPOSE])}")
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
     g.add_argument("--microbatches", type=int, metavar="M",
                    help="microbatches (check with a file: the count it must cover)")
