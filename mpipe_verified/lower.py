@@ -40,7 +40,12 @@ from .semantics import REPLICA, Chain, payload_token, schedule_times, standard_d
 
 def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duration) -> Plan:
     """Insert communication, ordered by a run with ``duration``; see the module docstring
-    for the guarantees."""
+    for the guarantees. The plan keeps the schedule's pipelines."""
+    plan = _lowered(schedule, duration)
+    return attrs.evolve(plan, pipelines=schedule.pipelines) if schedule.pipelines else plan
+
+
+def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
     placement = schedule.placement
     programs = schedule.programs
     chain = Chain(placement, schedule.cut, schedule.forward_only, schedule.pipelines)
@@ -72,7 +77,7 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
         _append_stuck(out, programs, timing, chain)
     _append_replica_sums(out, chain)
     return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
-                schedule.forward_only, schedule.pipelines)
+                schedule.forward_only)
 
 
 def with_replica_sums(plan: Plan) -> Plan:

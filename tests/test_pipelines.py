@@ -187,3 +187,39 @@ def test_bidirectional_needs_an_even_csv_and_a_csv(tmp_path, capsys):
     assert "even number" in capsys.readouterr().err
     assert main(["check", "--family", "1f1b", "--pp", "2", "--microbatches", "2",
                  "--bidirectional"]) == 2
+
+
+def test_the_algebras_operators_keep_the_pipelines():
+    """``seq`` runs both parts in the same K pipelines (the second's microbatches after
+    the first's), ``relabel`` renames microbatches in the pipelines too, ``split_bw``
+    keeps them; each result verifies."""
+    from mpipe_verified.algebra.families import family
+    from mpipe_verified.algebra.terms import Relabel, Seq, SplitBW, Weave
+    unit = family("chimera", 4, 4)
+    twice = Seq(unit, unit).derive()
+    assert twice.pipelines == ((0, 1, 4, 5), (2, 3, 6, 7))
+    swapped = Relabel(unit, (2, 3, 0, 1)).derive()
+    assert swapped.pipelines == ((2, 3), (0, 1))
+    for schedule in (twice, swapped, SplitBW(unit).derive()):
+        assert verify(lower(schedule)).verified
+    one = Weave(4, 4, "F0* F1* B1* B0*", chunks=2, placement="v")  # one pipeline, V
+    with pytest.raises(Exception, match="pipelines"):
+        Seq(family("chimera", 4, 4), one).derive()
+
+
+def test_the_executor_refuses_a_plan_of_several_pipelines():
+    pytest.importorskip("torch")
+    from mpipe_verified.executor.errors import PipelineError
+    from mpipe_verified.executor.model_checks import check_model
+    with pytest.raises(PipelineError, match="several pipelines"):
+        check_model(lower(_gpipe_pair(MIRRORED)), [], {})
+
+
+@pytest.mark.parametrize("name, sizes", [
+    ("dualpipe", [(p, m) for p in (2, 4, 6, 8) for m in range(2 * p, 2 * p + 7, 2)]),
+    ("chimera", [(p, k * p) for p in (2, 4, 6, 8) for k in (1, 2, 3)])])
+def test_bounded_the_families_verify_at_every_size_up_to_eight_ranks(name, sizes):
+    """No all-sizes laws for these families yet: every size in the bound verifies."""
+    from mpipe_verified.algebra.families import family
+    for pp, m in sizes:
+        assert verify(lower(family(name, pp, m).derive())).verified, (name, pp, m)

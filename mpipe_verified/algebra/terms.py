@@ -154,8 +154,10 @@ class Seq:
         _same_kind(a, b, "seq")
         b = _map_computes(b, lambda c: attrs.evolve(c, mb=c.mb + shift))
         programs = tuple(x + y for x, y in zip(a.programs, b.programs))
+        pipelines = tuple(x + tuple(mb + shift for mb in y)  # pipeline i runs both parts
+                          for x, y in zip(a.pipelines, b.pipelines))
         return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs,
-                        forward_only=a.forward_only)
+                        forward_only=a.forward_only, pipelines=pipelines)
 
     def __str__(self) -> str:
         return f"seq({self.first}, {self.second})"
@@ -175,7 +177,10 @@ class Par:
             raise ParameterError(f"par needs disjoint ranks, but both terms use rank {busy[0]}")
         _same_kind(a, b, "par")
         programs = tuple(x or y for x, y in zip(a.programs, b.programs))
-        return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only)
+        if a.pipelines != b.pipelines:
+            raise ParameterError("par needs both terms over the same pipelines")
+        return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only,
+                        pipelines=a.pipelines)
 
     def __str__(self) -> str:
         return f"par({self.left}, {self.right})"
@@ -184,6 +189,8 @@ class Par:
 def _same_kind(a: Schedule, b: Schedule, name: str) -> None:
     if a.forward_only != b.forward_only:
         raise ParameterError(f"{name} needs two training terms or two forward-only terms")
+    if len(a.pipelines) != len(b.pipelines):
+        raise ParameterError(f"{name} needs both terms in as many pipelines")
 
 
 @attrs.frozen
@@ -295,6 +302,8 @@ class Relabel:
         s = self.term.derive()
         if sorted(self.perm) != list(range(s.num_microbatches)):
             raise ParameterError(f"relabel needs a permutation of 0..{s.num_microbatches - 1}")
+        s = attrs.evolve(s, pipelines=tuple(tuple(sorted(self.perm[mb] for mb in p))
+                                            for p in s.pipelines))  # renamed everywhere
         return _map_computes(s, lambda c: attrs.evolve(c, mb=self.perm[c.mb]))
 
     def __str__(self) -> str:

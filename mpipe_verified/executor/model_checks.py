@@ -36,6 +36,11 @@ from .topology import segments_touched
 def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
     """Raise ``PipelineError`` (naming the segment, or the parameter and both places) for
     any of the models above."""
+    if plan.pipelines:
+        raise PipelineError("the plan runs several pipelines over one model (DualPipe, "
+                            "Chimera): the executor does not run them yet (it would need "
+                            "each replica's stage module and the replica:J sums); verify "
+                            "and export it instead")
     for seg in plan.cut.segments:
         _check_frozen(seg, segments.get(seg.name))
         if seg.side == SINK and any(map(seg.needs_recompute, range(plan.num_microbatches))):

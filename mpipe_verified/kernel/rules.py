@@ -178,13 +178,13 @@ class Rules:
         comp, cut, bi, fr = k <= R, seg >= 0, (k == B) | (k == I), (k == F) | (k == R)
         main = comp & ~cut  # the body's work (and work of a segment the cut lacks)
         # a pipeline's ends (several pipelines): no data flows into or out of them
-        head, tail = ((s % self.n == 0, s % self.n == self.n - 1) if self.pipes
-                      else (s == 0, s >= self.stages - 1))
-        need = [(main & (k == F) & ~head, OUT, g, s - 1, b),
+        inner_in, inner_out = ((s % self.n > 0, s % self.n < self.n - 1) if self.pipes
+                               else (s > 0, s < self.stages - 1))
+        need = [(main & (k == F) & inner_in, OUT, g, s - 1, b),
                 *((main & (k == F) & (s == 0), OUT, code[x.name], 0, b)
                   for x in self.cut if x.side == SOURCE),
                 (k == W, WREADY, g, s, b), (k == R, INPUT, g, s, b), (bi, STORED, g, s, b),
-                (main & bi & ~tail, GRAD, g, s + 1, b),
+                (main & bi & inner_out, GRAD, g, s + 1, b),
                 (cut & bi & (self.source[seg] == 1), GRAD, body, 0, b),
                 (cut & (k == F) & (self.sink[seg] == 1), OUT, body, self.stages - 1, b),
                 (cut & fr & (self.trainable[seg] == 1) & (self.rank != self.home[seg]),
