@@ -82,14 +82,20 @@ def _without(plan: Plan, rank: int, tag: str) -> Plan:
     return attrs.evolve(plan, programs=tuple(programs))
 
 
+def _rejected(broken: Plan, valid: Plan, prop: str, alone: bool = True) -> None:
+    """``broken`` violates ``prop`` (only it, with ``alone``) by the kernel-confirmed
+    verdict and by the reference, and the kernel does not prove ``prop`` of it from the
+    valid plan's witness."""
+    found, judged = _statuses(broken), judge_plan(broken).violated
+    assert found == judged == {prop} if alone else prop in found and prop in judged
+    report = verify(valid)
+    assert kernel.prove(broken, report.witness, sizes=report.sizes,
+                        properties=(prop,))[prop].status == "failed"
+
+
 def test_a_missing_replica_all_reduce_is_incomplete():
     plan = lower(_gpipe_pair(MIRRORED))
-    broken = _without(_without(plan, 0, "replica:1"), 1, "replica:1")
-    assert _statuses(broken) == {"completeness"}
-    assert judge_plan(broken).violated == {"completeness"}
-    report = verify(plan)
-    assert kernel.prove(broken, report.witness, sizes=report.sizes,
-                        properties=("completeness",))["completeness"].status == "failed"
+    _rejected(_without(_without(plan, 0, "replica:1"), 1, "replica:1"), plan, "completeness")
 
 
 def test_an_all_reduce_before_a_replicas_last_weight_gradient_is_a_dependency_violation():
@@ -98,9 +104,8 @@ def test_an_all_reduce_before_a_replicas_last_weight_gradient_is_a_dependency_vi
     call = next(i for i, op in enumerate(program) if getattr(op, "tag", "") == "replica:0")
     last = max(i for i, op in enumerate(program) if str(op) == "0B1")
     program.insert(last, program.pop(call))  # now just before 0B1
-    broken = attrs.evolve(plan, programs=(tuple(program),) + plan.programs[1:])
-    assert _statuses(broken) == {"dependency"}
-    assert judge_plan(broken).violated == {"dependency"}
+    _rejected(attrs.evolve(plan, programs=(tuple(program),) + plan.programs[1:]), plan,
+              "dependency")
 
 
 def test_an_activation_sent_across_pipelines_is_a_matching_violation():
@@ -108,25 +113,17 @@ def test_an_activation_sent_across_pipelines_is_a_matching_violation():
     there (a well-formed pair, sent after it is made) breaks only the flow rule."""
     plan = lower(_gpipe_pair(LOOPED))
     payload = Payload(ACT, 1, 0)
-    broken = attrs.evolve(plan, programs=(plan.programs[0] + (Recv(1, payload),),
-                                          plan.programs[1] + (Send(0, payload),)))
-    assert _statuses(broken) == {"matching"}
-    assert judge_plan(broken).violated == {"matching"}
-    report = verify(plan)
-    assert kernel.prove(broken, report.witness, sizes=report.sizes,
-                        properties=("matching",))["matching"].status == "failed"
+    _rejected(attrs.evolve(plan, programs=(plan.programs[0] + (Recv(1, payload),),
+                                           plan.programs[1] + (Send(0, payload),))),
+              plan, "matching")
 
 
 def test_work_for_a_microbatch_outside_its_pipeline_is_incomplete():
     """The same programs with microbatches 1 and 2 swapped between the pipelines: every
     op is well placed and ordered, but stage 0 now runs microbatch 1 of pipeline 1."""
     plan = lower(_gpipe_pair(LOOPED))
-    broken = attrs.evolve(plan, pipelines=((0, 2), (1, 3)))
-    assert "completeness" in _statuses(broken)
-    assert "completeness" in judge_plan(broken).violated
-    report = verify(plan)
-    assert kernel.prove(broken, report.witness, sizes=report.sizes,
-                        properties=("completeness",))["completeness"].status == "failed"
+    _rejected(attrs.evolve(plan, pipelines=((0, 2), (1, 3))), plan, "completeness",
+              alone=False)
 
 
 # ---------------------------------------------------------------- the families, exactly
