@@ -133,8 +133,8 @@ import pathlib  # noqa: E402
 
 from mpipe_verified.cli import main  # noqa: E402
 
-ORDERS = json.loads((pathlib.Path(__file__).parent / "fixtures" /
-                     "bidirectional_orders.json").read_text())
+ORDERS = json.loads((pathlib.Path(__file__).parent / "fixtures" / "reference_orders" /
+                     "bidirectional.json").read_text())
 CASES = [(name, key) for name in ORDERS for key in ORDERS[name]["orders"]]
 
 
@@ -142,8 +142,8 @@ CASES = [(name, key) for name in ORDERS for key in ORDERS[name]["orders"]]
 def test_the_family_writes_the_reference_order_and_checks_only_as_bidirectional(
         name, size, tmp_path, capsys):
     """``export --compute-only`` of the family equals the reference implementation's
-    order (tests/fixtures/bidirectional_orders.json: source, file and commit), cell for
-    cell; that file is VERIFIED with ``--bidirectional`` and incomplete without it."""
+    order (tests/fixtures/reference_orders/bidirectional.json: source, file, commit),
+    cell for cell; that file is VERIFIED with ``--bidirectional``, incomplete without."""
     import csv
     pp, m = (int(part.split("=")[1]) for part in size.split())
     out = tmp_path / f"{name}.csv"
