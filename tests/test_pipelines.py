@@ -220,3 +220,16 @@ def test_bounded_the_families_verify_at_every_size_up_to_eight_ranks(name, sizes
     from mpipe_verified.algebra.families import family
     for pp, m in sizes:
         assert verify(lower(family(name, pp, m).derive())).verified, (name, pp, m)
+
+
+def test_the_kernel_reads_the_pipelines_itself():
+    """A plan whose ``pipelines`` field got past the IR's validation (a bool for a
+    microbatch, a partition that misses one) is not complete for the kernel."""
+    plan = lower(_gpipe_pair(MIRRORED))
+    report = verify(plan)
+    for bad in (((0, True), (2, 3)), ((0, 1), (2,)), ((0, 1, 2, 3),) * 2):
+        forged = attrs.evolve(plan)
+        object.__setattr__(forged, "pipelines", bad)
+        verdict = kernel.prove(forged, report.witness, sizes=report.sizes,
+                               properties=("completeness",))["completeness"]
+        assert verdict.status == "failed", bad

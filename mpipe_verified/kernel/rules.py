@@ -51,6 +51,7 @@ class Rules:
         k dividing the stage count, and no cut."""
         p = self.pipes
         return p == () or (type(p) is tuple and all(type(x) is tuple for x in p)
+                           and all(type(mb) is int for x in p for mb in x)
                            and sorted(mb for x in p for mb in x) == list(range(self.m))
                            and self.stages % len(p) == 0 and self.stages >= len(p)
                            and not self.cut)
