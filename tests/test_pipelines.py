@@ -233,3 +233,14 @@ def test_the_kernel_reads_the_pipelines_itself():
         verdict = kernel.prove(forged, report.witness, sizes=report.sizes,
                                properties=("completeness",))["completeness"]
         assert verdict.status == "failed", bad
+
+
+def test_compare_keeps_the_model_of_a_schedule_of_two_pipelines():
+    """DualPipe on 4 ranks holds 8 stages, two replicas of a 4-stage model: 1F1B on the
+    same model is not re-cut (each of its 4 stages is one model stage)."""
+    from mpipe_verified.algebra.families import family
+    from mpipe_verified.comparison import baseline_spec, model_stages
+    from mpipe_verified.spec import Spec
+    spec = Spec.of_term(family("dualpipe", 4, 8), "dualpipe")
+    assert model_stages(spec.schedule) == 4
+    assert baseline_spec(spec, "1f1b").cost is None
