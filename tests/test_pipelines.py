@@ -244,3 +244,22 @@ def test_compare_keeps_the_model_of_a_schedule_of_two_pipelines():
     spec = Spec.of_term(family("dualpipe", 4, 8), "dualpipe")
     assert model_stages(spec.schedule) == 4
     assert baseline_spec(spec, "1f1b").cost is None
+
+
+def test_plan_json_carries_pipelines_and_refuses_bad_ones(tmp_path, capsys):
+    from mpipe_verified.formats.plan_json import format_plan_json, parse_plan_json
+    plan = lower(_gpipe_pair(MIRRORED))
+    text = format_plan_json(plan)
+    assert '"pipelines": [[0, 1], [2, 3]]' in text and parse_plan_json(text, "p") == plan
+    assert "pipelines" not in format_plan_json(attrs.evolve(plan, pipelines=()))
+    doc = json.loads(text)
+    path = tmp_path / "bad.json"
+    for bad, where in (([[0, 1], [1, 2, 3]], "$.pipelines:"), ([[0, 1], [2, True]],
+                                                               "$.pipelines[1][1]:"),
+                       ([[0, 1, 2, 3]] * 3, "$.pipelines:")):
+        path.write_text(json.dumps(dict(doc, pipelines=bad)))
+        assert main(["check", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert where in err and "Traceback" not in err, err
+    path.write_text(json.dumps(dict(doc, pipelines=[[0, 1, 2], [3]])))  # well formed, but
+    assert main(["check", str(path), "-q"]) == 1  # stage 0 runs microbatch 2 of pipeline 1
