@@ -98,12 +98,23 @@ def test_a_missing_replica_all_reduce_is_incomplete():
     _rejected(_without(_without(plan, 0, "replica:1"), 1, "replica:1"), plan, "completeness")
 
 
-def test_an_all_reduce_before_a_replicas_last_weight_gradient_is_a_dependency_violation():
-    plan = lower(_gpipe_pair(MIRRORED))
+def _split(schedule: Schedule) -> Schedule:
+    """Every ``B`` as ``I`` then ``W``."""
+    return attrs.evolve(schedule, programs=tuple(
+        tuple(x for op in prog for x in ((attrs.evolve(op, kind="I"), attrs.evolve(op, kind="W"))
+                                         if op.kind == "B" else (op,)))
+        for prog in schedule.programs))
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_an_all_reduce_before_a_replicas_last_weight_gradient_is_a_dependency_violation(split):
+    """Rank 0's ``replica:0`` moved to just before its last weight gradient of stage 0
+    (``0B1``, or ``0W1`` when the backward is split)."""
+    plan = lower(_split(_gpipe_pair(MIRRORED)) if split else _gpipe_pair(MIRRORED))
     program = list(plan.programs[0])
     call = next(i for i, op in enumerate(program) if getattr(op, "tag", "") == "replica:0")
-    last = max(i for i, op in enumerate(program) if str(op) == "0B1")
-    program.insert(last, program.pop(call))  # now just before 0B1
+    last = max(i for i, op in enumerate(program) if str(op) == ("0W1" if split else "0B1"))
+    program.insert(last, program.pop(call))  # now just before it
     _rejected(attrs.evolve(plan, programs=(tuple(program),) + plan.programs[1:]), plan,
               "dependency")
 
