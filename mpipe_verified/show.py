@@ -22,7 +22,8 @@ from typing import Callable
 
 from .figures import num_text
 from .ir import Collective, Op, Plan, Schedule, computes_of
-from .semantics import UNIT_MEMORY, Chain, MemoryModel, peak_memory, schedule_times, standard_duration
+from .semantics import (UNIT_MEMORY, Chain, MemoryModel, peak_memory, schedule_times,
+                        standard_duration)
 from .sim import timeline
 
 IDLE = "."

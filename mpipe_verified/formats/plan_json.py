@@ -29,8 +29,8 @@ One JSON object::
 ``forward_only`` (optional, default false) declares an evaluation plan: no backward
 work is required of it, and none may occur. ``pipelines`` (optional, default one
 pipeline) lists each pipeline's microbatches: lists that partition ``0..m-1``, as many
-as divide the stages (docs/semantics.md §2.9). ``programs`` holds one list per rank, in run order; each op is one object whose ``op``
-key names its kind:
+as divide the stages (docs/semantics.md §2.9). ``programs`` holds one list per rank, in
+run order; each op is one object whose ``op`` key names its kind:
 
 - ``compute``: ``kind`` (``F``/``B``/``I``/``W``/``R``), ``stage``, ``mb``, ``segment``;
 - ``overlap``: ``ops``, its member ``compute`` objects;
