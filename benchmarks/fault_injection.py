@@ -376,7 +376,7 @@ PASS_FAULTS = (
           "np.where(kind >= 0, 0, 0)",
           "the op classes of a torch CSV's cells ignore the stage (ops of two stages share "
           "a class)"),
-    # ---- activation moves (docs/semantics.md §2.9)
+    # ---- activation moves (docs/semantics.md §2.10)
     Fault("backward_without_reload", RULES,
           'for t in ("reloaded", "returned")',
           'for t in ()',
@@ -414,6 +414,35 @@ PASS_FAULTS = (
           "activation's backward needs more than its class",
           "",
           "plans with rank moves get an op table (a lent backward's need read from its class)"),
+    # ---- several pipelines (docs/semantics.md §2.9)
+    Fault("pipeline_second_stage_needs_nothing", RULES,
+          "if op.kind == FORWARD and at == 0:",
+          "if op.kind == FORWARD and at <= 1:",
+          "the forward of a pipeline's second stage needs no activation either"),
+    Fault("pipeline_last_two_backwards_without_grad", RULES,
+          "if op.kind in (BACKWARD, INPUT_GRAD) and at == self.per_pipeline - 1:",
+          "if op.kind in (BACKWARD, INPUT_GRAD) and at >= self.per_pipeline - 2:",
+          "the backward of a pipeline's second-to-last stage needs no gradient"),
+    Fault("replica_sum_without_wgrads", RULES,
+          "if not name.isdigit() or int(name) not in self.replica_ranks():",
+          "if True:",
+          "the replica all-reduce does not need the local weight gradients"),
+    Fault("replica_sum_not_required", RULES,
+          "        for j, ranks in self.replica_ranks().items():\n",
+          "        for j, ranks in ():\n",
+          "no replica all-reduce is required"),
+    Fault("other_pipelines_work_counted", RULES,
+          "return not self.pipelines or (self._pipe_of_mb.get(mb, -1)",
+          "return True or (self._pipe_of_mb.get(mb, -1)",
+          "a stage owes the work of every microbatch, of any pipeline"),
+    Fault("cross_pipeline_transfer_unreported", PASSES,
+          "if chain.crosses(op.payload):",
+          "if False:",
+          "a transfer out of its pipeline is not reported"),
+    Fault("lower_without_replica_sums", LOWER,
+          "    _append_replica_sums(out, chain)\n    return Plan(",
+          "    return Plan(",
+          "the lowering appends no replica all-reduce"),
 )
 # ---- the shell around the kernel: what the question is, and how the verdict is assembled
 # (the per-rank limits, the memory sizes, the lowering and the declarations that make the
@@ -799,7 +828,8 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
 
     def add(name, plan, *extra):
         out.append((name, plan, tuple(extra)))
-    for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits, _move_edits):
+    for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits, _move_edits,
+                  _pipeline_edits):
         edits(add)
     return out
 
@@ -915,6 +945,23 @@ def _collective_edits(add) -> None:
     order = {0: (tied, grads), 1: (grads, tied), 2: (grads,)}
     add("collectives_crossed", _everywhere(g3, lambda r: (), lambda r: order[r]))
     add("collective_last_member_missing", _program(coll, 2, coll.programs[2][:-1]))
+
+
+def _pipeline_edits(add) -> None:
+    """Several pipelines: the replica sums, the flow inside a pipeline, whose work."""
+    dual = _lowered("dualpipe", 2, 4)
+    add("replica_sum_missing", _program(dual, 1, (op for op in dual.programs[1] if not (
+        isinstance(op, Collective) and op.tag == "replica:0"))))
+    prog = list(dual.programs[0])
+    call = prog.pop(next(i for i, op in enumerate(prog) if getattr(op, "tag", "") == "replica:0"))
+    prog.insert(0, call)
+    add("replica_sum_before_w", _program(dual, 0, prog))
+    add("pipeline_f_before_its_recv", _move_before(dual, 0, "3F2", "3RECV_F2"))
+    pair = lower(Weave(2, 4, "F* B*", pipelines=2).derive())  # looped: stage 1 -> 2 crosses
+    payload = Payload("act", 1, 0)
+    add("act_across_pipelines", attrs.evolve(pair, programs=(
+        pair.programs[0] + (Recv(1, payload),), pair.programs[1] + (Send(0, payload),))))
+    add("work_of_another_pipeline", attrs.evolve(pair, pipelines=((0, 2), (1, 3))))
 
 
 def _comm_edits(add) -> None:
@@ -1216,9 +1263,9 @@ def _write(directory: str, index: int, name: str, plan: Plan, extra: tuple,
 
 
 def _csv_ok(plan: Plan) -> bool:
-    """Plain plans (no cut, group, collective or activation move) also go out as torch
-    CSV."""
-    return not plan.cut.segments and not any(
+    """Plain plans (no cut, pipelines, group, collective or activation move) also go out
+    as torch CSV."""
+    return not plan.cut.segments and not plan.pipelines and not any(
         isinstance(op, (Group, Collective, Offload, Reload))
         or (isinstance(op, (Send, Recv)) and op.payload.kind in (LEND, RETURN))
         for prog in plan.programs for op in prog)
@@ -1252,6 +1299,11 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
     valid = [
         _write(directory, 900, "valid:zb-h1-p3", _lowered("zb-h1", 3, 4), ()),
         _write(directory, 901, "valid:dualpipev-p2", _lowered("dualpipev", 2, 4), (), True),
+        _write(directory, 906, "valid:dualpipe-p2", _lowered("dualpipe", 2, 4), ()),
+        _write(directory, 907, "valid:dualpipe-p2-bidirectional", _lowered("dualpipe", 2, 4),
+               ("--bidirectional",), True),
+        Entry("valid:family-chimera-p2", ("check", "--family", "chimera", "--pp", "2",
+                                          "--microbatches", "2", "--expand")),
     ]
     shell = shell_entries(directory)
     if small:

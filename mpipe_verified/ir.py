@@ -137,7 +137,7 @@ class Payload:
     ``stage - 1``) or the raw input (``input``, for a recompute) of ``(segment, stage,
     mb)``. ``to_segment`` names the consumer's segment when the transfer crosses the cut
     (the consumer is then that segment's first stage, or the body's first/last stage).
-    BPipe-style rank moves (docs/semantics.md §2.9): ``lend`` carries the stored
+    BPipe-style rank moves (docs/semantics.md §2.10): ``lend`` carries the stored
     activation of ``(segment, stage, mb)`` from the rank that computed it to a peer that
     holds it in device memory, ``return`` gives it back (text ``1SEND_LEND0``,
     ``1RECV_LEND0``, ``1SEND_RETURN0``, ``1RECV_RETURN0``: both ends name the activation's
@@ -484,6 +484,25 @@ def _check_cut(cut: Cut, num_ranks: int, num_microbatches: int) -> None:
                              f"0..{num_ranks - 1}")
 
 
+def _check_pipelines(pipelines, num_stages: int, num_microbatches: int, cut: Cut) -> None:
+    """``()`` (one pipeline of every microbatch), or k >= 1 tuples of microbatches that
+    partition ``range(num_microbatches)``, with ``num_stages`` a positive multiple of k; no
+    cut besides."""
+    if pipelines == ():
+        return
+    if type(pipelines) is not tuple or not all(
+            type(p) is tuple and all(type(mb) is int for mb in p) for p in pipelines):
+        raise ValueError(f"pipelines must be a tuple of microbatch tuples, got {pipelines!r}")
+    flat = sorted(mb for p in pipelines for mb in p)
+    if flat != list(range(num_microbatches)):
+        raise ValueError(f"pipelines {pipelines!r} do not partition microbatches "
+                         f"0..{num_microbatches - 1}")
+    if num_stages % len(pipelines) or num_stages < len(pipelines):
+        raise ValueError(f"{num_stages} stages do not split into {len(pipelines)} pipelines")
+    if cut.segments:
+        raise ValueError("several pipelines and a cut together are not supported")
+
+
 def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
     return "\n".join(",".join(map(str, row)) for row in programs)
 
@@ -491,18 +510,23 @@ def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
 @attrs.frozen
 class Schedule:
     """Placement plus one compute-only op sequence per rank (and the cut, when segments
-    besides the body exist). ``forward_only``: an evaluation run, declared (no backward)."""
+    besides the body exist). ``forward_only``: an evaluation run, declared (no backward).
+    ``pipelines``: several pipelines over one model (docs/semantics.md §2.9): pipeline i
+    runs stages ``[i*n, (i+1)*n)`` for its microbatches; ``()`` is one pipeline."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    pipelines: tuple[tuple[int, ...], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
             raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
         _check_cut(self.cut, self.placement.num_ranks, self.num_microbatches)
+        _check_pipelines(self.pipelines, self.placement.num_stages, self.num_microbatches,
+                         self.cut)
         for rank, program in enumerate(self.programs):
             for op in program:
                 if isinstance(op, (Send, Recv, Group)):
@@ -520,18 +544,21 @@ class Schedule:
 @attrs.frozen
 class Plan:
     """A lowered schedule: one op sequence per rank, compute and comm ops in run order.
-    ``forward_only``: declared an evaluation run (see ``Schedule``)."""
+    ``forward_only``: declared an evaluation run, ``pipelines`` (see ``Schedule``)."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    pipelines: tuple[tuple[int, ...], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
             raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
         _check_cut(self.cut, self.placement.num_ranks, self.num_microbatches)
+        _check_pipelines(self.pipelines, self.placement.num_stages, self.num_microbatches,
+                         self.cut)
 
     @property
     def num_ranks(self) -> int:
@@ -549,7 +576,7 @@ class Plan:
 
     def canonical_text(self) -> str:
         """The text a digest is taken of: placement, microbatches, the cut's repr, the
-        forward-only declaration, then one line per rank of its ops (``_canonical``; idle
+        forward-only declaration, the pipelines (each only when not the default), then one line per rank of its ops (``_canonical``; idle
         steps dropped). It says every field of every other op, so two plans that differ
         in anything but idle steps have different texts (``tests/canonical_decoder.py``
         reads plans back from it). A field whose value is not of its declared type raises
@@ -561,12 +588,14 @@ class Plan:
             head += ";cut=" + repr(self.cut)
         if self.forward_only:
             head += ";forward_only"
+        if self.pipelines:
+            head += ";pipelines=" + "|".join(",".join(map(_int, p)) for p in self.pipelines)
         return "\n".join([head, *map(_canonical_row, self.programs)])
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
         return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
-                   schedule.cut, schedule.forward_only)
+                   schedule.cut, schedule.forward_only, schedule.pipelines)
 
 
 def _canonical_row(program: tuple[Op, ...]) -> str:

@@ -112,11 +112,12 @@ _PP_M = (("pp", _INT, _REQUIRED), ("microbatches", _INT, _REQUIRED))
 # The constructor takes the params positionally, in this order.
 FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]]] = {
     "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
-                            ("placement", _STR, "looped"), ("group", _INT, None))),
+                            ("placement", _STR, "looped"), ("group", _INT, None),
+                            ("pipelines", _INT, 1))),
     "family": (families.family, (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None))),
     **{make.__name__:  # one_f_one_b, zb_h1, ...: the family functions' own names
        (_family(name), _PP_M + ((("chunks", _INT, None),) if name == "interleaved-1f1b" else ()))
-       for name, make in families.FAMILIES.items()},
+       for name, make in {**families.FAMILIES, **families.BIDIRECTIONAL}.items()},
     "seq": (terms.Seq, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "par": (terms.Par, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "restrict": (lambda t, ranks: terms.Restrict(t, tuple(ranks)),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import (families, family_dualpipev, family_interleaved, family_transpose,
-               family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
-               sequences)
+from . import (families, family_bidirectional, family_dualpipev, family_interleaved,
+               family_transpose, family_transpose_inline, family_zb, family_zbv, lowering,
+               relabel, safety, sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -86,6 +86,17 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
+    # two pipelines over one model (DualPipe, Chimera): bounded
+    family_bidirectional.dualpipe_completeness,
+    family_bidirectional.dualpipe_dependency,
+    family_bidirectional.dualpipe_matching,
+    family_bidirectional.dualpipe_deadlock,
+    family_bidirectional.dualpipe_memory,
+    family_bidirectional.chimera_completeness,
+    family_bidirectional.chimera_dependency,
+    family_bidirectional.chimera_matching,
+    family_bidirectional.chimera_deadlock,
+    family_bidirectional.chimera_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).

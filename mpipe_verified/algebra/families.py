@@ -76,6 +76,44 @@ def dualpipev(pp: int, microbatches: int) -> Weave:
     return Weave(pp, microbatches, DUALPIPEV, chunks=2, placement="v")
 
 
+# DualPipe (DeepSeek): two pipelines in opposite directions on the V placement's ranks;
+# chunk 0 of rank r is its stage nearer its pipeline's start, h = min(r, p-1-r) its depth
+# there, p//2 - h - 1 the ranks between it and the middle; m//2 microbatches per pipeline.
+_H, _E = "min(r, p-1-r)", "(1 - min(r, p-1-r) + 2*(min(r, p-1-r)//2))"  # h, [h is even]
+DUALPIPE = (f"F0^{{2*(p//2-{_H}-1)}} (F0 F1)^{{{_H}+1}} (I1 W F1)^{{p//2-{_H}-1}} "
+            f"(F0 B1)^{{{_H}+2-p//2}} (<F0 B1>)^{{min(1, p//2-1-{_H})}} <F1 B0> "
+            f"(<F0 B1> <F1 B0>)^{{m//2-p+{_H}}} (B1 <F1 B0>)^{{p//2-{_H}-1}} "
+            f"(B1 B0)^{{({_H}+1)//2}} (B1 I0)^{{{_E}}} (I1 I0)^{{{_H}+1-({_H}+1)//2-{_E}}} "
+            f"(W I0)^{{p//2-{_H}-1}} W*")
+
+
+def dualpipe(pp: int, microbatches: int) -> Weave:
+    """DualPipe: microbatches ``0..m/2-1`` flow down ranks ``0..p-1`` and ``m/2..m-1`` up
+    them (two pipelines, each rank a stage of both); the steady state overlaps a forward
+    of one direction with a backward of the other (``OVERLAP_F_B``); the middle ranks run
+    their first such pair apart. p and m even, ``m >= 2p``."""
+    _need(pp % 2 == 0 and microbatches % 2 == 0 and microbatches >= 2 * pp,
+          f"dualpipe needs an even pp, an even microbatches >= 2*pp, got pp={pp}, "
+          f"microbatches={microbatches}")
+    return Weave(pp, microbatches, DUALPIPE, placement="looped", pipelines=2)
+
+
+# Chimera (Li & Hoefler): two pipelines, down and up, each rank a stage of both; one basic
+# unit runs p/2 microbatches each way (a microbatch enters every other step and turns at
+# the last stage); m = k*p by direct concatenation of k units.
+CHIMERA = (f"(F0^{{p//2-{_H}}} (F1 F0)^{{{_H}}} (F1 B1)^{{p//2-{_H}}} (B0 B1)^{{{_H}}} "
+           f"B0^{{p//2-{_H}}})^{{m//p}}")
+
+
+def chimera(pp: int, microbatches: int) -> Weave:
+    """Chimera: microbatches ``0..m/2-1`` down ranks ``0..p-1`` and ``m/2..m-1`` up them;
+    p even, m a multiple of p (p/2 each way per basic unit)."""
+    _need(pp % 2 == 0 and microbatches % pp == 0,
+          f"chimera needs an even pp and microbatches a multiple of pp, got pp={pp}, "
+          f"microbatches={microbatches}")
+    return Weave(pp, microbatches, CHIMERA, pipelines=2)
+
+
 FAMILIES: dict[str, Callable[..., Weave]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
@@ -85,9 +123,15 @@ FAMILIES: dict[str, Callable[..., Weave]] = {
     "zbv": zbv,
     "dualpipev": dualpipev,
 }
+# the families of several pipelines over one model (docs/semantics.md §2.9): each needs an
+# even pp, so they are kept apart from the families every size of which exists
+BIDIRECTIONAL: dict[str, Callable[..., Weave]] = {
+    "dualpipe": dualpipe,
+    "chimera": chimera,
+}
 # the chunks each family other than interleaved-1f1b always uses (read off its term)
 _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
-                 if name != "interleaved-1f1b"}
+                 if name != "interleaved-1f1b"} | {name: 1 for name in BIDIRECTIONAL}
 
 
 def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
@@ -97,8 +141,9 @@ def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
     in the same places, no backward)."""
     if forward_only:
         return ForwardOnly(family(name, pp, microbatches, chunks))
-    if name not in FAMILIES:
-        raise ParameterError(f"unknown family {name!r}; expected one of {', '.join(FAMILIES)}")
+    if name not in FAMILIES and name not in BIDIRECTIONAL:
+        raise ParameterError(f"unknown family {name!r}; expected one of "
+                             f"{', '.join([*FAMILIES, *BIDIRECTIONAL])}")
     _need(isinstance(pp, int) and pp >= 1, f"pp must be an integer >= 1, got {pp!r}")
     _need(isinstance(microbatches, int) and microbatches >= 1,
           f"microbatches must be an integer >= 1, got {microbatches!r}")
@@ -106,4 +151,4 @@ def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
         return interleaved_1f1b(pp, microbatches, 2 if chunks is None else chunks)
     _need(chunks is None or chunks == _FIXED_CHUNKS[name],
           f"{name} takes no --chunks (it uses {_FIXED_CHUNKS[name]})")
-    return FAMILIES[name](pp, microbatches)
+    return {**FAMILIES, **BIDIRECTIONAL}[name](pp, microbatches)

@@ -4,8 +4,10 @@ which ``mpipe_verified.spec.parse_expression`` reads back.
 
 Operators and their meaning on per-rank sequences:
 
-- ``Weave(p, m, pattern, chunks, placement, group)``: rank ``r`` reads ``pattern`` (with
-  ``r`` bound) against its own streams of forwards and backwards (``pattern`` module).
+- ``Weave(p, m, pattern, chunks, placement, group, pipelines)``: rank ``r`` reads
+  ``pattern`` (with ``r`` bound) against its own streams of forwards and backwards
+  (``pattern`` module). With ``pipelines=K`` the model runs in K pipelines over the
+  ranks (``pipeline_streams``).
 - ``Seq(a, b)``: per-rank concatenation ``a_r ++ b_r``; ``b``'s microbatches are renumbered
   after ``a``'s. Precondition: equal placements.
 - ``Par(a, b)``: per-rank union where at most one side has work on each rank.
@@ -22,7 +24,7 @@ Operators and their meaning on per-rank sequences:
   broadcast) stays where it was, and the schedule is declared ``forward_only``.
   Precondition: ``t`` is a training term (not already forward-only).
 - ``Offloaded(t, gap, prefetch)``: PipeOffload-style activation offload (docs/semantics.md
-  §2.9). On each rank, a body forward ``F(s, mb)`` (a step of its own) whose first
+  §2.10). On each rank, a body forward ``F(s, mb)`` (a step of its own) whose first
   backward (``B`` or ``I`` of ``(s, mb)``) on that rank comes at least ``gap + 1`` steps
   later (``gap`` >= 1 steps between them) gets ``OFFLOAD(s, mb)`` right after it and
   ``RELOAD(s, mb)`` ``prefetch`` steps before that backward (not before the step after
@@ -62,6 +64,28 @@ def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankSt
     return RankStreams(fwd, bwd)
 
 
+def pipeline_placement(style: str, ranks: int, chunks: int, k: int) -> Placement:
+    """K pipelines: pipeline 0 placed by ``style``; pipeline i > 0 mirrored (its stage
+    ``i*n + j`` on rank ``p-1-r`` where pipeline 0's stage j is on rank ``r``)."""
+    first = make_placement(style, ranks, chunks).stage_to_rank
+    return Placement(first + tuple(ranks - 1 - r for _ in range(1, k) for r in first), ranks)
+
+
+def pipeline_streams(placement: Placement, rank: int, m: int, k: int,
+                     group: int) -> RankStreams:
+    """K pipelines of ``m / k`` consecutive microbatches each: the rank's chunks are its
+    stages by depth in their pipeline (then pipeline), so chunk 0 is the one nearest its
+    pipeline's start; each chunk streams its own pipeline's microbatches, in rounds of
+    ``group`` (forwards chunk ascending, backwards chunk descending within a round)."""
+    n, per = placement.num_stages // k, m // k
+    stages = sorted(placement.stages_of(rank), key=lambda s: (s % n, s // n))
+    rounds = [range(a, min(per, a + group)) for a in range(0, per, group)]
+    fwd = [(c, s, s // n * per + j) for js in rounds for c, s in enumerate(stages) for j in js]
+    bwd = [(c, s, s // n * per + j) for js in rounds for c, s in reversed(list(enumerate(stages)))
+           for j in js]
+    return RankStreams(fwd, bwd)
+
+
 @attrs.frozen
 class Weave:
     ranks: int
@@ -70,6 +94,7 @@ class Weave:
     chunks: int = 1
     placement: str = "looped"
     group: int | None = None  # microbatches per round; default: ranks
+    pipelines: int = 1  # K pipelines over the ranks, m / K microbatches each
 
     def __attrs_post_init__(self) -> None:
         for name in ("ranks", "microbatches", "chunks"):
@@ -79,22 +104,34 @@ class Weave:
             raise ParameterError(f"group must be >= 1, got {self.group}")
         parse_pattern(self.pattern)
         make_placement(self.placement, self.ranks, self.chunks)
+        k = self.pipelines
+        if type(k) is not int or k < 1 or self.microbatches % k:
+            raise ParameterError(f"pipelines must be an integer >= 1 dividing microbatches "
+                                 f"({self.microbatches}), got {k!r}")
 
     def derive(self) -> Schedule:
-        p, m, v = self.ranks, self.microbatches, self.chunks
-        placement = make_placement(self.placement, p, v)
+        p, m, v, k = self.ranks, self.microbatches, self.chunks, self.pipelines
         g = self.group or p
         node = parse_pattern(self.pattern)
+        if k == 1:
+            placement = make_placement(self.placement, p, v)
+            streams = lambda r: _rank_streams(placement, r, m, g)  # noqa: E731
+        else:
+            placement = pipeline_placement(self.placement, p, v, k)
+            streams = lambda r: pipeline_streams(placement, r, m, k, g)  # noqa: E731
         programs = []
         for r in range(p):
             env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v}
-            programs.append(tuple(weave_rank(node, _rank_streams(placement, r, m, g), env)))
-        return Schedule(placement, m, tuple(programs))
+            programs.append(tuple(weave_rank(node, streams(r), env)))
+        pipelines = () if k == 1 else tuple(tuple(range(i * m // k, (i + 1) * m // k))
+                                            for i in range(k))
+        return Schedule(placement, m, tuple(programs), pipelines=pipelines)
 
     def __str__(self) -> str:
         extra = "" if self.chunks == 1 else f", chunks={self.chunks}"
         extra += "" if self.placement == "looped" else f", placement={self.placement!r}"
         extra += "" if self.group is None else f", group={self.group}"
+        extra += "" if self.pipelines == 1 else f", pipelines={self.pipelines}"
         return f"weave(pp={self.ranks}, microbatches={self.microbatches}, pattern={self.pattern!r}{extra})"
 
 
@@ -127,8 +164,10 @@ class Seq:
         _same_kind(a, b, "seq")
         b = _map_computes(b, lambda c: attrs.evolve(c, mb=c.mb + shift))
         programs = tuple(x + y for x, y in zip(a.programs, b.programs))
+        pipelines = tuple(x + tuple(mb + shift for mb in y)  # pipeline i runs both parts
+                          for x, y in zip(a.pipelines, b.pipelines))
         return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs,
-                        forward_only=a.forward_only)
+                        forward_only=a.forward_only, pipelines=pipelines)
 
     def __str__(self) -> str:
         return f"seq({self.first}, {self.second})"
@@ -148,7 +187,10 @@ class Par:
             raise ParameterError(f"par needs disjoint ranks, but both terms use rank {busy[0]}")
         _same_kind(a, b, "par")
         programs = tuple(x or y for x, y in zip(a.programs, b.programs))
-        return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only)
+        if a.pipelines != b.pipelines:
+            raise ParameterError("par needs both terms over the same pipelines")
+        return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only,
+                        pipelines=a.pipelines)
 
     def __str__(self) -> str:
         return f"par({self.left}, {self.right})"
@@ -157,6 +199,8 @@ class Par:
 def _same_kind(a: Schedule, b: Schedule, name: str) -> None:
     if a.forward_only != b.forward_only:
         raise ParameterError(f"{name} needs two training terms or two forward-only terms")
+    if len(a.pipelines) != len(b.pipelines):
+        raise ParameterError(f"{name} needs both terms in as many pipelines")
 
 
 @attrs.frozen
@@ -268,6 +312,8 @@ class Relabel:
         s = self.term.derive()
         if sorted(self.perm) != list(range(s.num_microbatches)):
             raise ParameterError(f"relabel needs a permutation of 0..{s.num_microbatches - 1}")
+        s = attrs.evolve(s, pipelines=tuple(tuple(sorted(self.perm[mb] for mb in p))
+                                            for p in s.pipelines))  # renamed everywhere
         return _map_computes(s, lambda c: attrs.evolve(c, mb=self.perm[c.mb]))
 
     def __str__(self) -> str:

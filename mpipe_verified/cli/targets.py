@@ -12,7 +12,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from ..algebra.families import FAMILIES, family
+from ..algebra.families import BIDIRECTIONAL, FAMILIES, family
 from ..algebra.terms import Offloaded
 from ..algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from ..errors import ParameterError
@@ -58,8 +58,8 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read SPEC|FILE (auto: by extension, else by content)")
     g = p.add_argument_group("a standard family instead of a file")
-    g.add_argument("--family", choices=[*FAMILIES, TRANSPOSE], metavar="NAME",
-                   help=f"one of {', '.join([*FAMILIES, TRANSPOSE])}")
+    g.add_argument("--family", choices=[*FAMILIES, *BIDIRECTIONAL, TRANSPOSE], metavar="NAME",
+                   help=f"one of {', '.join([*FAMILIES, *BIDIRECTIONAL, TRANSPOSE])}")
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
     g.add_argument("--microbatches", type=int, metavar="M",
                    help="microbatches (check with a file: the count it must cover)")
@@ -68,6 +68,7 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
                    help="offload each activation whose backward is at least GAP+1 steps "
                         "after its forward to host memory, reloaded PREFETCH steps before "
                         "it (default 1): the term offload(FAMILY, gap=GAP, prefetch=PREFETCH)")
+    add_bidirectional(p)
     add_transpose_arguments(p)
 
 
@@ -82,6 +83,27 @@ def offload_option(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected GAP[,PREFETCH] (integers, GAP >= 1, "
                                          f"PREFETCH >= 0), got {text!r}")
     return values[0], values[1] if len(values) == 2 else 1
+
+
+def add_bidirectional(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bidirectional", action="store_true",
+                   help="a torch CSV holds two pipelines in the two-chain encoding "
+                        "(DualPipe's): microbatches 0..m/2-1 down stages 0..S/2-1, "
+                        "m/2..m-1 through stages S/2..S-1")
+
+
+def two_chain_target(args: argparse.Namespace, plan: Plan, name: str) -> Plan:
+    """A torch CSV's plan, read in the two-chain encoding with ``--bidirectional`` (a plan
+    with comm cells gains the replica all-reduces the encoding implies); else as read."""
+    if not getattr(args, "bidirectional", False):
+        return plan
+    from ..formats.torch_csv import as_two_chains
+    from ..lower import with_replica_sums
+    try:
+        plan = as_two_chains(plan)
+    except ValueError as e:
+        raise UsageError(f"{name}: --bidirectional: {e}") from None
+    return with_replica_sums(plan) if plan.has_comms() else plan
 
 
 TRANSPOSE_OPTIONS = ("body", "mode", "ownership", "side", "encoder_cost")
@@ -287,6 +309,9 @@ def declared_sizes(args: argparse.Namespace, spec: Spec | None) -> tuple:
 def read_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
     """``load_target`` before the declared sizes: the target as read or derived."""
     check_target_options(args, args.target)
+    if args.family is not None and getattr(args, "bidirectional", False):
+        raise UsageError("--bidirectional reads a torch CSV; a family states its pipelines "
+                         "itself")
     if args.family is not None:
         missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
         if missing:
@@ -301,6 +326,9 @@ def read_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
         return spec.schedule, spec, name
     path = args.target
     fmt = format_of(path, args.format)
+    if getattr(args, "bidirectional", False) and fmt not in (None, "torch-csv"):
+        raise UsageError(f"{path}: --bidirectional reads a torch CSV (a spec or plan-json "
+                         "file states its pipelines itself)")
     if fmt == "plan-json":  # each format's reader loads only when a file needs it
         from ..formats.plan_json import read_plan_json
         return as_read(read_plan_json(path)), None, path
@@ -314,7 +342,10 @@ def read_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
     if fmt == "plan-json":
         from ..formats.plan_json import parse_plan_json
         return as_read(parse_plan_json(text, path)), None, path
-    return as_read(parse_torch_csv(text, path)), None, path
+    if getattr(args, "bidirectional", False) and fmt != "torch-csv":
+        raise UsageError(f"{path}: --bidirectional reads a torch CSV (a spec or plan-json "
+                         "file states its pipelines itself)")
+    return as_read(two_chain_target(args, parse_torch_csv(text, path), path)), None, path
 
 
 def as_read(plan: Plan | Schedule) -> Plan | Schedule:
@@ -322,7 +353,7 @@ def as_read(plan: Plan | Schedule) -> Plan | Schedule:
     if isinstance(plan, Schedule) or plan.has_comms():
         return plan
     return Schedule(plan.placement, plan.num_microbatches, plan.programs, plan.cut,
-                    plan.forward_only)
+                    plan.forward_only, plan.pipelines)
 
 
 def compute_only(target: Schedule | Plan) -> Schedule:
@@ -333,5 +364,5 @@ def compute_only(target: Schedule | Plan) -> Schedule:
     programs = tuple(tuple(op for op in prog if not isinstance(op, (Send, Recv, Group)))
                      for prog in target.programs)
     return Schedule(target.placement, target.num_microbatches, programs, target.cut,
-                    target.forward_only)
+                    target.forward_only, target.pipelines)
 

@@ -16,8 +16,8 @@ from ..formats.output import write_output
 from ..ir import Plan, Schedule
 from ..semantics import COMM_MODELS, RENDEZVOUS
 from ..show import render_grid
-from .targets import (FORMATS, UsageError, add_target_arguments, compute_only, load_target,
-                      memory_limit, model_of)
+from .targets import (FORMATS, UsageError, add_bidirectional, add_target_arguments,
+                      compute_only, load_target, memory_limit, model_of)
 
 if TYPE_CHECKING:
     from ..spec import Spec
@@ -94,6 +94,7 @@ def add_diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("new", metavar="NEW", help="the schedule after the change")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read OLD and NEW (auto: by extension, else by content)")
+    add_bidirectional(p)
     p.add_argument("--comm-model", choices=COMM_MODELS, default=RENDEZVOUS,
                    help="model under which each side is verified")
     p.add_argument("--memory-limit", type=memory_limit, metavar="N",
@@ -109,7 +110,7 @@ def run_diff(args: argparse.Namespace) -> int:
     for path in (args.old, args.new):
         target, spec, name = load_target(argparse.Namespace(
             target=path, format=args.format, family=None, pp=None, microbatches=None,
-            chunks=None))
+            chunks=None, bidirectional=args.bidirectional))
         model = model_of(spec, args.memory_limit)
         sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm,
                           spec))

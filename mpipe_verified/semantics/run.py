@@ -337,7 +337,7 @@ def schedule_times(programs, placement: Placement,
     finishes when every member has reached its call of the same instance
     (``pairing.collective_instances``). ``chain``: the programs' chain when the caller
     has one (its ``destinations`` are then computed once for both)."""
-    chain = chain or Chain(placement, cut, forward_only, offloads(programs))
+    chain = chain or Chain(placement, cut, forward_only, offloaded=offloads(programs))
     n = placement.num_ranks
     have: list[dict[tuple, float]] = [dict() for _ in range(n)]
     start: list[list[float]] = [[] for _ in range(n)]
