@@ -10,7 +10,7 @@ allows. ``import`` writes one for a schedule read from a file; the greedy V fami
   backwards); counts are plain integers (the word is this rank's own);
 - or, after ``=``, the rank's actions listed (``= 2F0..3 2B0 <0F7 7B3>``): ``SKM`` is
   kind ``K`` of stage ``S`` on microbatch ``M``, ``SKa..b`` the same op on microbatches
-  ``a`` to ``b`` in turn, ``<...>`` one overlapped step. For an order no stream reading
+  ``a`` to ``b`` in turn (rising or falling), ``<...>`` one overlapped step. For an order no stream reading
   gives (microbatches out of order, work missing, ops on a rank that does not hold
   their stage).
 
@@ -112,9 +112,8 @@ def _one(token: str) -> list[Compute]:
         raise ParameterError(f"cannot read action {token!r} (expected like 2F0 or 2F0..5)")
     stage, kind, first = int(m.group(1)), m.group(2), int(m.group(3))
     last = first if m.group(4) is None else int(m.group(4))
-    if last < first:
-        raise ParameterError(f"action range {token!r} runs backwards")
-    return [Compute(kind, stage, mb) for mb in range(first, last + 1)]
+    step = 1 if last >= first else -1
+    return [Compute(kind, stage, mb) for mb in range(first, last + step, step)]
 
 
 def _streams(placement: Placement, rank: int, m: int):
@@ -181,7 +180,7 @@ def word_of(program: tuple[Op, ...], placement: Placement, rank: int, m: int) ->
         for word in _candidates(letters):
             if _reads(word, program, placement, rank, m):
                 return word
-    return LISTED + " " + listed_text(program) if program else ""
+    return (LISTED + " " + listed_text(program)).rstrip()
 
 
 def _reads(word: str, program, placement: Placement, rank: int, m: int) -> bool:
@@ -261,22 +260,23 @@ def _text(items) -> str:
 
 
 def listed_text(program) -> str:
-    """The listed form: consecutive ops of one kind and stage on consecutive
-    microbatches as one range (``2F0..5``)."""
+    """The listed form: consecutive ops of one kind and stage on microbatches one apart,
+    all rising or all falling, as one range (``2F0..5``, ``2B5..3``)."""
     out: list[str] = []
     run: list[Compute] = []
 
     def flush() -> None:
         if run:
-            first, last = run[0], run[-1]
-            out.append(str(first) + (f"..{last.mb}" if len(run) > 1 else ""))
+            out.append(str(run[0]) + (f"..{run[-1].mb}" if len(run) > 1 else ""))
             run.clear()
     for op in program:
         if isinstance(op, Overlap):
             flush()
             out.append("<" + " ".join(map(str, op.ops)) + ">")
             continue
-        if run and (op.kind, op.stage, op.mb) == (run[-1].kind, run[-1].stage, run[-1].mb + 1):
+        step = run[1].mb - run[0].mb if len(run) > 1 else None
+        if run and (op.kind, op.stage) == (run[-1].kind, run[-1].stage) and (
+                op.mb - run[-1].mb == step if step else abs(op.mb - run[-1].mb) == 1):
             run.append(op)
             continue
         flush()
