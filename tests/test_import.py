@@ -229,7 +229,7 @@ def test_transpose_over_an_imported_body():
 V_CASES = json.loads((FIXTURES / "v_greedy_orders.json").read_text())
 
 
-@pytest.mark.parametrize("case", V_CASES["cases"],
+@pytest.mark.parametrize("case", V_CASES["cases"] + V_CASES["hand"]["cases"],
                          ids=lambda c: f"{c['family']}-{c['pp']}-{c['microbatches']}")
 def test_v_families_reproduce_the_reference_orders(capsys, case):
     code, out, err = run(capsys, "export", "--family", case["family"], "--pp", str(case["pp"]),
