@@ -2,7 +2,7 @@
 export gives the compute order back (torch's own schedules, plan-json fixtures, the
 examples' CSVs, random plans); literal terms read back from their text and compose with
 the operators; bad input exits 2 and writes nothing; the greedy V families reproduce the
-reference's orders cell for cell (``fixtures/v_greedy_orders.json``)."""
+reference's orders cell for cell (``fixtures/zero_bubble/v_greedy_orders.json``)."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def test_transpose_over_an_imported_body():
 
 # ------------------------------------------------------------- V-Half and V-Min
 
-V_CASES = json.loads((FIXTURES / "v_greedy_orders.json").read_text())
+V_CASES = json.loads((FIXTURES / "zero_bubble" / "v_greedy_orders.json").read_text())
 
 
 @pytest.mark.parametrize("case", V_CASES["cases"] + V_CASES["hand"]["cases"],
