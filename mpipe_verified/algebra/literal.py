@@ -174,7 +174,8 @@ def _work(program, rank: int) -> tuple[Op, ...]:
 
 def word_of(program: tuple[Op, ...], placement: Placement, rank: int, m: int) -> str:
     """The shortest word found that reads back to ``program`` on ``rank``: the stream
-    letters, repeats folded (``compress``), else the listed actions."""
+    letters, repeats folded (``compress``) and a trailing repeat read as ``*`` where that
+    reads the same, else the listed actions."""
     letters = _letters(program, placement.stages_of(rank))
     if letters is not None:
         for word in _candidates(letters):
@@ -217,21 +218,26 @@ def _candidates(letters: list[str]):
 
 
 def compress(symbols: list[str], longest: int = 8) -> list[tuple[tuple[str, ...], int]]:
-    """Greedy folding into ``(body, count)`` items: at each position the tandem repeat
-    (period <= ``longest``) that saves the most text."""
-    items, i, n = [], 0, len(symbols)
-    while i < n:
-        best = (0, 1, 1)  # (saving, period, count)
-        for period in range(1, min(longest, n - i) + 1):
+    """The shortest text folding ``symbols`` into ``(body, count)`` items, each body a run
+    of at most ``longest`` symbols repeated ``count`` times in a row (one level: bodies
+    hold no repeats); by dynamic programming over the positions, from the end."""
+    n = len(symbols)
+    cost = [0] * (n + 1)
+    choice: list[tuple[int, int]] = [(1, 1)] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        cost[i], choice[i] = len(symbols[i]) + 1 + cost[i + 1], (1, 1)
+        for period in range(1, min(longest, (n - i) // 2) + 1):
             body = symbols[i:i + period]
+            atom = sum(len(x) + 1 for x in body) + (1 if period > 1 else -1)
             count = 1
             while symbols[i + count * period:i + (count + 1) * period] == body:
                 count += 1
-            size = sum(len(s) + 1 for s in body)
-            saving = size * (count - 1) - len(str(count)) - 3
-            if count > 1 and saving > best[0]:
-                best = (saving, period, count)
-        _, period, count = best
+                total = atom + 2 + len(str(count)) + cost[i + count * period]
+                if total < cost[i]:
+                    cost[i], choice[i] = total, (period, count)
+    items, i = [], 0
+    while i < n:
+        period, count = choice[i]
         items.append((tuple(symbols[i:i + period]), count))
         i += period * count
     return items
