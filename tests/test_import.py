@@ -302,3 +302,29 @@ def test_random_literal_terms_round_trip_through_their_text(term, data):
 def attrs_evolve_programs(schedule: Schedule) -> Schedule:
     """``schedule`` as a literal keeps it: its placement, microbatches and programs."""
     return Schedule(schedule.placement, schedule.num_microbatches, schedule.programs)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(plans())
+def test_the_command_round_trips_random_lowered_plans_as_csv(term_and_plan):
+    """``import`` of a random lowered plan's torch CSV, then ``export --compute-only``:
+    the same compute steps in the same order on every rank."""
+    import contextlib
+    import io
+    import tempfile
+    from mpipe_verified.formats.torch_csv import format_torch_csv
+    _, plan = term_and_plan
+    if plan.cut.segments:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        source, spec = Path(d) / "plan.csv", Path(d) / "plan.toml"
+        source.write_text(format_torch_csv(plan))
+        assert main(["import", str(source), "-o", str(spec)]) == 0
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["export", str(spec), "--to", "torch-csv", "--compute-only",
+                         "--allow-unverified"])
+    assert code == 0
+    assert compute_order(parse_torch_csv(out.getvalue(), "x.csv").programs) == compute_order(
+        parse_torch_csv(format_torch_csv(plan), "p.csv").programs)
