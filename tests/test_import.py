@@ -328,3 +328,19 @@ def test_the_command_round_trips_random_lowered_plans_as_csv(term_and_plan):
     assert code == 0
     assert compute_order(parse_torch_csv(out.getvalue(), "x.csv").programs) == compute_order(
         parse_torch_csv(format_torch_csv(plan), "p.csv").programs)
+
+
+def test_a_forward_only_plan_imports_as_forward_only_of_its_literal(capsys, tmp_path):
+    source = tmp_path / "eval.json"
+    source.write_text(format_plan_json(family("1f1b", 2, 3, forward_only=True).derive()))
+    spec, out = round_trip(capsys, tmp_path, source, "plan-json")
+    assert "forward_only(program(" in spec
+    read = parse_plan_json(out, "x.json")
+    assert read.forward_only and compute_order(read.programs) == compute_order(
+        family("1f1b", 2, 3, forward_only=True).derive().programs)
+
+
+def test_chunks_go_with_a_named_placement():
+    with pytest.raises(InputError, match="chunks goes with"):
+        parse_expression("program(pp=1, microbatches=1, placement=[0, 0], chunks=2, "
+                         "ranks=['F0 F1 B1 B0'])")

@@ -60,6 +60,9 @@ class Program:
                 raise ParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
         if len(self.words) != self.ranks:
             raise ParameterError(f"ranks: {len(self.words)} words for pp={self.ranks}")
+        if not isinstance(self.placement, str) and self.chunks != 1:
+            raise ParameterError("chunks goes with placement='looped' (a stage map says "
+                                 "where every stage is)")
         _placement(self.placement, self.ranks, self.chunks)
         for r, word in enumerate(self.words):
             _parse_word(word, r)
