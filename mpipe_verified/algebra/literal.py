@@ -33,6 +33,7 @@ from . import terms as _terms
 from .pattern import check_count, parse_pattern, weave_rank
 
 LISTED = "="  # a word starting with this lists the rank's actions
+STARRED = 4  # how many of a word's last repeats are tried as ``*``
 _ACTION = re.compile(r"(\d+)([FBIWR])(\d+)(?:\.\.(\d+))?")
 _ITEM = re.compile(r"\s*(?:<([^<>]*)>|(\S+))")
 
@@ -177,13 +178,20 @@ def _work(program, rank: int) -> tuple[Op, ...]:
 
 def word_of(program: tuple[Op, ...], placement: Placement, rank: int, m: int) -> str:
     """The shortest word found that reads back to ``program`` on ``rank``: the stream
-    letters, repeats folded (``compress``) and a trailing repeat read as ``*`` where that
-    reads the same, else the listed actions."""
+    letters, repeats folded (``compress``) and one of the last ``STARRED`` repeats read
+    as ``*`` where that reads the same, else the listed actions."""
     letters = _letters(program, placement.stages_of(rank))
-    if letters is not None:
-        for word in _candidates(letters):
+    if letters is not None and _reads(" ".join(letters), program, placement, rank, m):
+        items = compress(letters)
+        starred = sorted({_text(_starred(items, k))
+                          for k in range(1, min(STARRED, len(items)) + 1)}, key=len)
+        plain = _text(items)
+        for word in (w for w in starred if len(w) < len(plain)):
             if _reads(word, program, placement, rank, m):
                 return word
+        if _reads(plain, program, placement, rank, m):
+            return plain
+        return " ".join(letters)
     return (LISTED + " " + listed_text(program)).rstrip()
 
 
@@ -210,14 +218,6 @@ def _letters(program, stages: tuple[int, ...]) -> list[str] | None:
             return None
         out.append(ls[0] if isinstance(op, Compute) else "<" + " ".join(ls) + ">")
     return out
-
-
-def _candidates(letters: list[str]):
-    """Words for ``letters``, shortest first: folded with ``*`` where it reads the same
-    (the caller checks), then with counts only, then plain."""
-    items = compress(letters)
-    yield from sorted({_text(_starred(items, k)) for k in range(len(items) + 1)}, key=len)
-    yield " ".join(letters)
 
 
 def compress(symbols: list[str], longest: int = 8) -> list[tuple[tuple[str, ...], int]]:
