@@ -344,3 +344,8 @@ def test_chunks_go_with_a_named_placement():
     with pytest.raises(InputError, match="chunks goes with"):
         parse_expression("program(pp=1, microbatches=1, placement=[0, 0], chunks=2, "
                          "ranks=['F0 F1 B1 B0'])")
+
+
+def test_an_absurd_range_is_bad_input_not_a_hang():
+    with pytest.raises(InputError, match="longer than"):
+        parse_expression("program(pp=1, microbatches=1, ranks=['= 0F0..999999999999'])")

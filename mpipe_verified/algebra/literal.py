@@ -10,9 +10,9 @@ allows. ``import`` writes one for a schedule read from a file; the greedy V fami
   backwards); counts are plain integers (the word is this rank's own);
 - or, after ``=``, the rank's actions listed (``= 2F0..3 2B0 <0F7 7B3>``): ``SKM`` is
   kind ``K`` of stage ``S`` on microbatch ``M``, ``SKa..b`` the same op on microbatches
-  ``a`` to ``b`` in turn (rising or falling), ``<...>`` one overlapped step. For an order no stream reading
-  gives (microbatches out of order, work missing, ops on a rank that does not hold
-  their stage).
+  ``a`` to ``b`` in turn (rising or falling), ``<...>`` one overlapped step. For an
+  order no stream reading gives (microbatches out of order, work missing, ops on a rank
+  that does not hold their stage).
 
 ``placement`` is ``'looped'`` (stage ``s`` on rank ``s % ranks``, ``chunks`` stages per
 rank), ``'v'`` or the stage map as a list of ranks. Invariant: ``str(term)`` reads back
@@ -34,6 +34,7 @@ from .pattern import check_count, parse_pattern, weave_rank
 
 LISTED = "="  # a word starting with this lists the rank's actions
 STARRED = 4  # how many of a word's last repeats are tried as ``*``
+MAX_RANGE = 1_000_000  # the most ops one listed range may stand for
 _ACTION = re.compile(r"(\d+)([FBIWR])(\d+)(?:\.\.(\d+))?")
 _ITEM = re.compile(r"\s*(?:<([^<>]*)>|(\S+))")
 
@@ -49,6 +50,9 @@ def _placement(style: str | tuple[int, ...], ranks: int, chunks: int) -> Placeme
 
 @attrs.frozen
 class Program:
+    """``program(pp, microbatches, ranks=[word, ...], placement, chunks)``: rank ``r``
+    runs what its word reads (module docstring); validated when made."""
+
     ranks: int
     microbatches: int
     words: tuple[str, ...]
@@ -116,6 +120,8 @@ def _one(token: str) -> list[Compute]:
         raise ParameterError(f"cannot read action {token!r} (expected like 2F0 or 2F0..5)")
     stage, kind, first = int(m.group(1)), m.group(2), int(m.group(3))
     last = first if m.group(4) is None else int(m.group(4))
+    if abs(last - first) >= MAX_RANGE:
+        raise ParameterError(f"action range {token!r} is longer than {MAX_RANGE:,} ops")
     step = 1 if last >= first else -1
     return [Compute(kind, stage, mb) for mb in range(first, last + step, step)]
 
