@@ -113,47 +113,40 @@ def _slot_order(ranks: list[list[list[int]]]):
             heapq.heappush(heap, (ranks[r][t][mb + 1], r, t, mb + 1))
 
 
-def _needs(ranks, r: int, t: int, mb: int) -> list[int]:
-    """Slots of the ops (r, t, mb) waits for: the neighbour's same op (chunk-0 F and
-    chunk-1 I come from rank r-1; chunk-1 F and chunk-0 I from r+1), the same rank's
-    previous list (F0 -> F1 -> I1 -> I0), the previous microbatch; a ``W`` its
-    ``mb``-th input gradient."""
-    p, lists, out = len(ranks), ranks[r], []
+def _sources(p: int, r: int, t: int, mb: int) -> list[tuple[int, int, int]]:
+    """The ops ``(rank, list, mb)`` that op ``(r, t, mb)`` waits for: the neighbour's
+    same op (chunk-0 F and chunk-1 I come from rank r-1; chunk-1 F and chunk-0 I from
+    r+1), the same rank's previous list (F0 -> F1 -> I1 -> I0) and the previous
+    microbatch of its own list."""
+    out = []
     if t in (F0, I1) and r > 0:
-        out.append(ranks[r - 1][t][mb])
+        out.append((r - 1, t, mb))
     if t in (F1, I0) and r + 1 < p:
-        out.append(ranks[r + 1][t][mb])
+        out.append((r + 1, t, mb))
     if 0 < t < 4:
-        out.append(lists[t - 1][mb])
-    if t == W_ANY:
-        out.append(sorted(lists[I1] + lists[I0])[mb])
+        out.append((r, t - 1, mb))
     if mb > 0:
-        out.append(lists[t][mb - 1])
+        out.append((r, t, mb - 1))
+    return out
+
+
+def _needs(ranks, r: int, t: int, mb: int) -> list[int]:
+    """Slots of what ``(r, t, mb)`` waits for (``_sources``; a ``W`` also waits for its
+    rank's ``mb``-th input gradient in slot order)."""
+    out = [ranks[q][u][k] for q, u, k in _sources(len(ranks), r, t, mb)]
+    if t == W_ANY:
+        out.append(sorted(ranks[r][I1] + ranks[r][I0])[mb])
     return out
 
 
 def eager(ranks) -> list[list[list[int]]]:
-    """Unit-cost start times: each op in slot order starts when what it needs and its
-    rank's previous op have ended."""
+    """Unit-cost start times: each op in slot order starts when what it waits for
+    (``_sources``, not a ``W``'s input gradient) and its rank's previous op have ended."""
     end: dict = {}
-    busy = [None] * len(ranks)
-    p = len(ranks)
+    busy: list = [None] * len(ranks)
     for _, r, t, mb in _slot_order(ranks):
-        ready = 0
-        deps = []
-        if t in (F0, I1) and r > 0:
-            deps.append((r - 1, t, mb))
-        if t in (F1, I0) and r + 1 < p:
-            deps.append((r + 1, t, mb))
-        if 0 < t < 4:
-            deps.append((r, t - 1, mb))
-        if mb > 0:
-            deps.append((r, t, mb - 1))
-        if busy[r] is not None:
-            deps.append(busy[r])
-        for d in deps:
-            ready = max(ready, end[d])
-        end[(r, t, mb)] = ready + 1
+        deps = _sources(len(ranks), r, t, mb) + ([busy[r]] if busy[r] is not None else [])
+        end[(r, t, mb)] = max((end[d] for d in deps), default=0) + 1
         busy[r] = (r, t, mb)
     return [[[end[(r, t, mb)] - 1 for mb in range(len(ops))] for t, ops in enumerate(lists)]
             for r, lists in enumerate(ranks)]
