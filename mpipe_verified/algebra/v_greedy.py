@@ -14,12 +14,13 @@ chunk 0, ``F`` of chunk 1, the input gradient ``I`` of chunk 1 and ``I`` of chun
 
 Then, as the reference does: (1) ``fill_w`` puts one weight-gradient list (``W`` of
 either chunk) into the free slots; (2) ``squeeze`` moves each op, in slot order, to the
-earliest free slot after its dependencies that keeps every rank's peak within the
-pattern's, except between the first chunk-0 ``I`` of rank 0 and the last ``F`` of chunk
-0 (the steady phase, kept); (3) ``eager`` re-times everything with unit costs; (1-3)
-again without the ``W`` list, with the warmup kept as well; then the two ``W`` lists
-(chunk 1's first where both wait) go into the free slots. A rank's order is its ops by
-slot. Cost: about ``(6pm)^2`` steps, so meant for the sizes one schedules by hand.
+earliest free slot after what it waits for that keeps every rank's peak within the
+pattern's, except from the first chunk-0 ``I`` of rank 0 to the first chunk-0 ``F`` of
+the last microbatch (the steady phase, kept); (3) ``eager`` re-times everything with
+unit costs; (1-3) again without the ``W`` list, with the warmup kept as well; then the
+two ``W`` lists (chunk 1's first where both wait) go into the free slots. A rank's order
+is its ops by slot; it does not depend on the costs. Each peak is recounted over the
+rank's slots for every slot tried: about a second at p = 16, m = 64.
 """
 
 from __future__ import annotations
