@@ -184,13 +184,15 @@ def _work(program, rank: int) -> tuple[Op, ...]:
 
 def word_of(program: tuple[Op, ...], placement: Placement, rank: int, m: int) -> str:
     """The shortest word found that reads back to ``program`` on ``rank``: the stream
-    letters, repeats folded (``compress``) and one of the last ``STARRED`` repeats read
-    as ``*`` where that reads the same, else the listed actions."""
+    letters, repeats folded (``compress``) and the last item or one of the last
+    ``STARRED`` repeats read as ``*`` (what follows it dropped) where that reads the same,
+    else the listed actions."""
     letters = _letters(program, placement.stages_of(rank))
     if letters is not None and _reads(" ".join(letters), program, placement, rank, m):
         items = compress(letters)
-        starred = sorted({_text(_starred(items, k))
-                          for k in range(1, min(STARRED, len(items)) + 1)}, key=len)
+        repeats = [i for i, (_, count) in enumerate(items) if count > 1][-STARRED:]
+        starred = sorted({_text(_starred(items, i)) for i in repeats}
+                         | {_text(_starred(items, len(items) - 1))}, key=len)
         plain = _text(items)
         for word in (w for w in starred if len(w) < len(plain)):
             if _reads(word, program, placement, rank, m):
@@ -252,13 +254,10 @@ def compress(symbols: list[str], longest: int = 8) -> list[tuple[tuple[str, ...]
     return items
 
 
-def _starred(items, k: int) -> list[tuple[tuple[str, ...], int | None]]:
-    """``items`` with the ``k``-th from the end read as ``*`` and everything after it
-    dropped (``*`` repeats while anything pops); ``k == 0``: as they are."""
-    if k == 0:
-        return list(items)
-    cut = len(items) - k
-    return list(items[:cut]) + [(items[cut][0], None)]
+def _starred(items, i: int) -> list[tuple[tuple[str, ...], int | None]]:
+    """``items`` with item ``i`` read as ``*`` and everything after it dropped (``*``
+    repeats while anything pops)."""
+    return list(items[:i]) + [(items[i][0], None)]
 
 
 def _text(items) -> str:
