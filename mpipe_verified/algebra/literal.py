@@ -191,8 +191,8 @@ def word_of(program: tuple[Op, ...], placement: Placement, rank: int, m: int) ->
     if letters is not None and _reads(" ".join(letters), program, placement, rank, m):
         items = compress(letters)
         repeats = [i for i, (_, count) in enumerate(items) if count > 1][-STARRED:]
-        starred = sorted({_text(_starred(items, i)) for i in repeats}
-                         | {_text(_starred(items, len(items) - 1))}, key=len)
+        tried = set(repeats) | ({len(items) - 1} if items else set())
+        starred = sorted({_text(_starred(items, i)) for i in tried}, key=len)
         plain = _text(items)
         for word in (w for w in starred if len(w) < len(plain)):
             if _reads(word, program, placement, rank, m):
