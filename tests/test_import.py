@@ -151,7 +151,15 @@ def test_a_cut_is_refused_with_the_file(capsys, tmp_path):
     from mpipe_verified.algebra.transpose import transpose_family
     source.write_text(format_plan_json(transpose_family(2, 2, mode="owner").derive()))
     code, _, err = run(capsys, "import", str(source), "-o", str(tmp_path / "o.toml"))
-    assert code == 2 and f"{source}:1:1: cannot import" in err
+    assert code == 2 and f"{source}: $.cut: cannot import" in err
+
+
+def test_segment_work_in_a_plan_names_its_rank(capsys, tmp_path):
+    source = tmp_path / "seg.json"
+    fixture = json.loads((FIXTURES / "one_rank_two_segments.json").read_text())
+    source.write_text(json.dumps(fixture))
+    code, _, err = run(capsys, "import", str(source), "-o", str(tmp_path / "o.toml"))
+    assert code == 2 and f"{source}: $." in err and "cannot import" in err
 
 
 # ------------------------------------------------------------- the literal term

@@ -39,46 +39,52 @@ def add_import(sub) -> None:
 
 
 def read_schedule(path: str, fmt: str = "auto"):
-    """The compute-only schedule of the file at ``path`` (``UsageError`` for a spec)."""
+    """``(schedule, is_json)``: the compute-only schedule of the file at ``path`` and
+    whether it was read as plan-json (``UsageError`` for a spec)."""
     named = format_of(path, fmt)
     if named == "spec":
         raise UsageError(f"{path}: import reads a torch CSV or plan-json file, not a spec")
     if named == "plan-json":
         from ..formats.plan_json import read_plan_json
-        return compute_only(as_read(read_plan_json(path)))
+        return compute_only(as_read(read_plan_json(path))), True
     text = read_text(path, "a torch CSV or plan-json file")
     named = named or sniff(text)
     if named == "plan-json":
         from ..formats.plan_json import parse_plan_json
-        return compute_only(as_read(parse_plan_json(text, path)))
+        return compute_only(as_read(parse_plan_json(text, path))), True
     if named == "spec":
         raise UsageError(f"{path}: import reads a torch CSV or plan-json file, not a spec")
-    return compute_only(as_read(parse_torch_csv(text, path)))
+    return compute_only(as_read(parse_torch_csv(text, path))), False
 
 
-def imported_term(schedule, path: str):
+def imported_term(schedule, path: str, is_json: bool = False):
     """The literal term of ``schedule`` (``ForwardOnly`` of it for a declared evaluation
-    run); ``InputError`` naming ``path`` for what a literal cannot hold."""
+    run); for what a literal cannot hold, ``InputError`` naming ``path`` and where: the
+    rank's row of a CSV, ``$.programs[R]`` or ``$.cut`` of plan-json."""
     try:
         term = literal(schedule)
     except ParameterError as e:
-        line = _line_of(str(e))
-        raise InputError(f"cannot import: {e}", path, line, 1) from None
+        rank = _rank_of(str(e))
+        if not is_json:
+            raise InputError(f"cannot import: {e}", path, 1 if rank is None else rank + 1,
+                             1) from None
+        where = "$.cut" if rank is None else f"$.programs[{rank}]"
+        raise InputError(f"{where}: cannot import: {e}", path) from None
     return ForwardOnly(term) if schedule.forward_only else term
 
 
-def _line_of(message: str) -> int:
-    """The row of the rank a literal's message names (``rank R: ...``), else 1."""
+def _rank_of(message: str) -> int | None:
+    """The rank a literal's message names (``rank R: ...``), else None."""
     if message.startswith("rank "):
         head = message[5:].split(":", 1)[0]
         if head.isdigit():
-            return int(head) + 1
-    return 1
+            return int(head)
+    return None
 
 
 def run_import(args: argparse.Namespace) -> int:
-    schedule = read_schedule(args.file, args.format)
-    term = imported_term(schedule, args.file)
+    schedule, is_json = read_schedule(args.file, args.format)
+    term = imported_term(schedule, args.file, is_json)
     header = (f"Imported from {args.file} by mpipe-verify import: its compute order as a "
               "literal term.\nmpipe-verify export this spec --to torch-csv --compute-only "
               "gives that order back.")
