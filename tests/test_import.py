@@ -357,3 +357,14 @@ def test_chunks_go_with_a_named_placement():
 def test_an_absurd_range_is_bad_input_not_a_hang():
     with pytest.raises(InputError, match="longer than"):
         parse_expression("program(pp=1, microbatches=1, ranks=['= 0F0..999999999999'])")
+
+
+def test_activation_moves_are_refused_with_their_rank(capsys, tmp_path):
+    """A literal holds compute work only: an offloaded plan (moves between device and
+    host) is bad input, named at the rank's program."""
+    source = tmp_path / "off.json"
+    assert run(capsys, "export", "--family", "zb-h1", "--pp", "4", "--microbatches", "8",
+               "--offload", "2,1", "--to", "plan-json", "-o", str(source))[0] == 0
+    code, _, err = run(capsys, "import", str(source), "-o", str(tmp_path / "o.toml"))
+    assert code == 2 and f"{source}: $.programs[0]: cannot import" in err
+    assert "OFFLOAD" in err and not (tmp_path / "o.toml").exists()
