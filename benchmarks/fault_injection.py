@@ -101,7 +101,7 @@ from mpipe_verified.algebra.families import family  # noqa: E402
 from mpipe_verified.algebra.terms import ForwardOnly, Offloaded, Weave  # noqa: E402
 from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
 from mpipe_verified.formats.plan_json import read_plan_json, write_plan_json  # noqa: E402
-from mpipe_verified.formats.torch_csv import write_torch_csv  # noqa: E402
+from mpipe_verified.formats.torch_csv import format_torch_csv, write_torch_csv  # noqa: E402
 from mpipe_verified.ir import (LEND, RETURN, Collective, Compute, Group,  # noqa: E402
                                Marker, Offload, Overlap, Payload, Placement, Plan, Recv,
                                Reload, Schedule, Send)
@@ -1264,11 +1264,18 @@ def _write(directory: str, index: int, name: str, plan: Plan, extra: tuple,
 
 def _csv_ok(plan: Plan) -> bool:
     """Plain plans (no cut, pipelines, group, collective or activation move) also go out
-    as torch CSV."""
-    return not plan.cut.segments and not plan.pipelines and not any(
-        isinstance(op, (Group, Collective, Offload, Reload))
-        or (isinstance(op, (Send, Recv)) and op.payload.kind in (LEND, RETURN))
-        for prog in plan.programs for op in prog)
+    as torch CSV, where the format can say them (a transfer whose peer is not its stage's
+    rank it cannot)."""
+    if plan.cut.segments or plan.pipelines or any(
+            isinstance(op, (Group, Collective, Offload, Reload))
+            or (isinstance(op, (Send, Recv)) and op.payload.kind in (LEND, RETURN))
+            for prog in plan.programs for op in prog):
+        return False
+    try:
+        format_torch_csv(plan)
+    except ValueError:
+        return False
+    return True
 
 
 SMALL_SHELL = ("lowered:1f1b-p2-forward-twice", "valid:declared-1f1b-p2")

@@ -159,9 +159,9 @@ class Derived:
 
 
 def _families(p: int, m: int) -> Iterator[tuple[str, str, object]]:
-    """``(family, label, term)`` for every family term that builds for ``p`` and ``m``
-    (not derived: cheap)."""
-    for name in families.FAMILIES:
+    """``(family, label, term)`` for every weave family term that builds for ``p`` and
+    ``m`` (not derived: cheap; the literal families are built by a search, left out)."""
+    for name in (n for n in families.FAMILIES if n not in families.LITERAL_FAMILIES):
         for chunks in (CHUNKS if name == "interleaved-1f1b" else (None,)):
             label = name if chunks is None else f"{name}/v{chunks}"
             try:

@@ -157,7 +157,7 @@ def family_shape(name: str, chunks: int | None = None) -> tuple[int, str]:
     """``(chunks, placement)`` of a family's derived schedule."""
     if name == "interleaved-1f1b":
         return (chunks or 2, "looped")
-    if name in ("zbv", "dualpipev"):
+    if name in ("zbv", "dualpipev", "v-half", "v-min"):
         return (2, "v")
     return (1, "looped")
 

@@ -1,4 +1,6 @@
-"""The standard families, each a short algebra term (a weave pattern plus placement).
+"""The standard families, each a short algebra term (a weave pattern plus placement; the
+greedy V families ``v-half`` and ``v-min``: the literal term of the order ``v_greedy``
+builds, since their orders follow no count pattern).
 
 Pattern variables: ``p`` ranks, ``r`` rank, ``m`` microbatches, ``v`` chunks, ``g``
 microbatches per round, ``n = m·v`` (see ``pattern``).
@@ -6,10 +8,14 @@ microbatches per round, ``n = m·v`` (see ``pattern``).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 from ..errors import ParameterError
 from ..errors import require as _need
+from ..ir import Placement, Schedule
+from . import v_greedy
+from .literal import Program, literal
 from .terms import ForwardOnly, Weave
 
 GPIPE = "F* B*"
@@ -114,7 +120,26 @@ def chimera(pp: int, microbatches: int) -> Weave:
     return Weave(pp, microbatches, CHIMERA, pipelines=2)
 
 
-FAMILIES: dict[str, Callable[..., Weave]] = {
+@lru_cache(maxsize=64)
+def _v_greedy(kind: str, pp: int, microbatches: int) -> Program:
+    orders = v_greedy.orders(kind, pp, microbatches)
+    return literal(Schedule(Placement.vshape(pp), microbatches,
+                            tuple(tuple(o) for o in orders)))
+
+
+def v_half(pp: int, microbatches: int) -> Program:
+    """V-Half (zero-bubble's greedy V schedule at about half of 1F1B's activation
+    memory): V placement, the order ``v_greedy`` builds from the V-Half stable pattern."""
+    return _v_greedy("half", pp, microbatches)
+
+
+def v_min(pp: int, microbatches: int) -> Program:
+    """V-Min (the same greedy from the V-Min stable pattern: about a third of 1F1B's
+    activation memory)."""
+    return _v_greedy("min", pp, microbatches)
+
+
+FAMILIES: dict[str, Callable[..., Weave | Program]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved-1f1b": interleaved_1f1b,
@@ -122,6 +147,8 @@ FAMILIES: dict[str, Callable[..., Weave]] = {
     "zb-h2": zb_h2,
     "zbv": zbv,
     "dualpipev": dualpipev,
+    "v-half": v_half,
+    "v-min": v_min,
 }
 # the families of several pipelines over one model (docs/semantics.md §2.9): each needs an
 # even pp, so they are kept apart from the families every size of which exists
@@ -129,13 +156,16 @@ BIDIRECTIONAL: dict[str, Callable[..., Weave]] = {
     "dualpipe": dualpipe,
     "chimera": chimera,
 }
+
+# the families whose term is a literal (no laws; tune's search leaves them out)
+LITERAL_FAMILIES = ("v-half", "v-min")
 # the chunks each family other than interleaved-1f1b always uses (read off its term)
 _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
                  if name != "interleaved-1f1b"} | {name: 1 for name in BIDIRECTIONAL}
 
 
 def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
-           forward_only: bool = False) -> Weave | ForwardOnly:
+           forward_only: bool = False) -> Weave | Program | ForwardOnly:
     """The family term for ``name``; ``chunks`` only for ``interleaved-1f1b``. With
     ``forward_only``, its evaluation run: ``ForwardOnly`` of the term (the same forwards
     in the same places, no backward)."""

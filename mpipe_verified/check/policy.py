@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..algebra.families import FAMILIES, family
+from ..algebra.families import FAMILIES, LITERAL_FAMILIES, family
 from ..algebra.transpose import TRANSPOSE
 from ..errors import ParameterError
 from ..ir import Plan, Schedule
@@ -41,7 +41,7 @@ def spec_family(spec: Spec | None, target) -> tuple[str, dict] | None:
             or not isinstance(target, Schedule)):
         return None
     term = spec.term
-    for fam in FAMILIES:
+    for fam in (f for f in FAMILIES if f not in LITERAL_FAMILIES):  # no laws; built, not named
         chunks = getattr(term, "chunks", None) if fam == "interleaved-1f1b" else None
         try:
             same = family(fam, getattr(term, "ranks", 0), getattr(term, "microbatches", 0),
