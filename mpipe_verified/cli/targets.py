@@ -62,7 +62,9 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
     g.add_argument("--microbatches", type=int, metavar="M",
                    help="microbatches (check with a file: the count it must cover)")
-    g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
+    g.add_argument("--chunks", type=int, metavar="V",
+                   help="stages per rank (interleaved-1f1b, looped-bfs, interleaved-zb)")
+    g.add_argument("--waves", type=int, metavar="W", help="waves down and up the ranks (hanayo)")
     add_transpose_arguments(p)
 
 
@@ -145,7 +147,8 @@ def family_term(args: argparse.Namespace):
     """The term of ``--family NAME --pp P --microbatches M [--chunks V]`` (and the
     transpose options); raises ``ParameterError`` or ``UsageError``."""
     if args.family != TRANSPOSE:
-        return family(args.family, args.pp, args.microbatches, args.chunks)
+        return family(args.family, args.pp, args.microbatches, args.chunks,
+                      waves=getattr(args, "waves", None))
     costs = () if args.encoder_cost is None else encoder_costs(args.encoder_cost,
                                                                 args.microbatches)
     return transpose_family(args.pp, args.microbatches, args.chunks, body=args.body or "1f1b",
@@ -171,9 +174,9 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
     if target is None:
         raise UsageError("give a SPEC, torch CSV or plan-json FILE, or --family NAME "
                          "--pp P --microbatches M")
-    family_only = ("pp", "chunks") if getattr(args, "declare", False) else (
-        "pp", "microbatches", "chunks")  # check: --microbatches M also declares a file's
-    opts = [o for o in family_only if getattr(args, o) is not None]
+    family_only = ("pp", "chunks", "waves") if getattr(args, "declare", False) else (
+        "pp", "microbatches", "chunks", "waves")  # check: --microbatches M declares a file's
+    opts = [o for o in family_only if getattr(args, o, None) is not None]
     if opts:
         raise UsageError(f"--{opts[0]} goes with --family, not with a file")
 
