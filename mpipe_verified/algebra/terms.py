@@ -86,17 +86,28 @@ def stage_map(text: str, ranks: int, chunks: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _rank_streams(placement: Placement, rank: int, m: int, group: int,
-                  backward: str = "asc") -> RankStreams:
+def _rounds(m: int, group: int) -> list[range]:
+    return [range(k, min(m, k + group)) for k in range(0, m, group)]
+
+
+def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankStreams:
     """Forwards in (round, chunk ascending, mb) order; backwards in (round, chunk
-    descending, mb) order, mb descending with ``backward="desc"``; a round is ``group``
-    consecutive microbatches."""
+    descending, mb) order; a round is ``group`` consecutive microbatches."""
     stages = placement.stages_of(rank)
-    rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
-    back = [mbs if backward == "asc" else mbs[::-1] for mbs in rounds]
+    rounds = _rounds(m, group)
     fwd = [(c, s, mb) for mbs in rounds for c, s in enumerate(stages) for mb in mbs]
-    bwd = [(c, s, mb) for mbs in back for c, s in reversed(list(enumerate(stages))) for mb in mbs]
+    bwd = [(c, s, mb) for mbs in rounds for c, s in reversed(list(enumerate(stages))) for mb in mbs]
     return RankStreams(fwd, bwd)
+
+
+def _descending(streams: RankStreams, chunks: int, m: int, group: int) -> RankStreams:
+    """``streams`` with each (round, chunk) block of the backward stream reversed (by
+    position, so it commutes with relabelling the microbatches)."""
+    bwd, out = list(streams.backwards), []
+    for mbs in _rounds(m, group):
+        for _ in range(chunks):
+            out += bwd[len(out):len(out) + len(mbs)][::-1]
+    return RankStreams(streams.forwards, out)
 
 
 @attrs.frozen
@@ -138,7 +149,9 @@ class Weave:
         programs = []
         for r in range(p):
             env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v}
-            streams = _rank_streams(placement, r, m, g, self.backward)
+            streams = _rank_streams(placement, r, m, g)
+            if self.backward == "desc":
+                streams = _descending(streams, len(placement.stages_of(r)), m, g)
             programs.append(tuple(weave_rank(node, streams, env)))
         return Schedule(placement, m, tuple(programs))
 
