@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import (families, family_dualpipev, family_interleaved, family_transpose,
-               family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
-               sequences)
+from . import (families, family_dualpipev, family_interleaved, family_interleaved_zb,
+               family_looped_bfs, family_transpose, family_transpose_inline, family_zb,
+               family_zbv, lowering, relabel, safety, sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -86,6 +86,17 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
+    # looped BFS and interleaved zero bubble: bounded
+    family_looped_bfs.looped_bfs_completeness,
+    family_looped_bfs.looped_bfs_dependency,
+    family_looped_bfs.looped_bfs_matching,
+    family_looped_bfs.looped_bfs_deadlock,
+    family_looped_bfs.looped_bfs_memory,
+    family_interleaved_zb.interleaved_zb_completeness,
+    family_interleaved_zb.interleaved_zb_dependency,
+    family_interleaved_zb.interleaved_zb_matching,
+    family_interleaved_zb.interleaved_zb_deadlock,
+    family_interleaved_zb.interleaved_zb_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).
