@@ -1,5 +1,5 @@
 """The command line's shared ground: the target selection every command takes
-(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` and the transpose
+(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]`` and the transpose
 options), reading it (``load_target``: a spec or family derived, a file read), the model
 it is timed and judged with (``model_of``), and the one-line usage errors
 (``UsageError``, ``fail``)."""
@@ -43,7 +43,7 @@ def fail(message: str) -> int:
 
 
 def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None:
-    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` selection.
+    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]`` selection.
     With ``many``, ``args.target`` is a list of any number of files (``check``)."""
     if many:
         p.add_argument("target", nargs="*", metavar="SPEC|FILE",
@@ -144,7 +144,7 @@ def encoder_costs(text: str, microbatches: int) -> tuple[float, ...]:
 
 
 def family_term(args: argparse.Namespace):
-    """The term of ``--family NAME --pp P --microbatches M [--chunks V]`` (and the
+    """The term of ``--family NAME --pp P --microbatches M [--chunks V | --waves W]`` (and the
     transpose options); raises ``ParameterError`` or ``UsageError``."""
     if args.family != TRANSPOSE:
         return family(args.family, args.pp, args.microbatches, args.chunks,

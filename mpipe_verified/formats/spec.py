@@ -6,7 +6,7 @@ A spec has one required table and optional ones::
     family = "zb-h1"          # one of algebra.families.FAMILIES, or "transpose"
     pp = 4
     microbatches = 8
-    # chunks = 2              # interleaved-1f1b, looped-bfs, interleaved-zb (transpose: of its body)
+    # chunks = 2              # interleaved-1f1b, looped-bfs, interleaved-zb (transpose: body)
     # waves = 2               # hanayo only
     # or, instead of family/pp/chunks:
     # expression = "defer_w(split_bw(one_f_one_b(pp=4, microbatches=8)), lag='r')"
