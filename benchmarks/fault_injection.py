@@ -1196,7 +1196,7 @@ def _declared_entries(directory: str) -> tuple[list, list]:
         Schedule(Placement((0, 1), 2), 3, rows.programs[:2]), "--stages", "3", "--ranks", "3")
     dual = _schedule_of(_lowered("dualpipev", 2, 4))
     add(broken, "declared:dualpipev-p2-i-missing",
-        _schedule_of(_drop(_lowered("dualpipev", 2, 4), 0, "3I3")), "--stages", "4",
+        _schedule_of(_drop(_lowered("dualpipev", 2, 4), 0, "0I3")), "--stages", "4",
         "--ranks", "2")
     add(valid, "valid:declared-1f1b-p2", _schedule_of(f2), "--stages", "2",
         "--microbatches", "4", "--ranks", "2")

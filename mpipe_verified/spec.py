@@ -103,6 +103,9 @@ _REQUIRED = object()
 
 
 def _family(name: str) -> Callable[..., Term]:
+    if name in families.WAVED:
+        return lambda pp, microbatches, waves=None: families.family(name, pp, microbatches,
+                                                                     waves=waves)
     return lambda pp, microbatches, chunks=None: families.family(name, pp, microbatches, chunks)
 
 
@@ -121,13 +124,17 @@ _PP_M = (("pp", _INT, _REQUIRED), ("microbatches", _INT, _REQUIRED))
 FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]]] = {
     "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
                             ("placement", _STR, "looped"), ("group", _INT, None),
-                            ("pipelines", _INT, 1))),
+                            ("pipelines", _INT, 1), ("order", _STR, "dfs"),
+                            ("backward", _STR, "asc"))),
     "program": (_program, (*_PP_M, ("ranks", _STRS, _REQUIRED), ("placement", (_STR, _INTS),
                                                                     "looped"),
                             ("chunks", _INT, 1))),
-    "family": (families.family, (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None))),
+    "family": (lambda name, pp, microbatches, chunks=None, waves=None: families.family(
+        name, pp, microbatches, chunks, waves=waves),
+        (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None), ("waves", _INT, None))),
     **{make.__name__:  # one_f_one_b, zb_h1, ...: the family functions' own names
-       (_family(name), _PP_M + ((("chunks", _INT, None),) if name == "interleaved-1f1b" else ()))
+       (_family(name), _PP_M + ((("chunks", _INT, None),) if name in families.CHUNKED else
+                                (("waves", _INT, None),) if name in families.WAVED else ()))
        for name, make in {**families.FAMILIES, **families.BIDIRECTIONAL}.items()},
     "seq": (terms.Seq, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "par": (terms.Par, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),

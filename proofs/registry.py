@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import (families, family_bidirectional, family_dualpipev, family_interleaved,
-               family_transpose, family_transpose_inline, family_zb, family_zbv, lowering,
-               relabel, safety, sequences)
+               family_interleaved_zb, family_looped_bfs, family_transpose,
+               family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
+               sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -97,6 +98,17 @@ LAWS: tuple[Law, ...] = (
     family_bidirectional.chimera_matching,
     family_bidirectional.chimera_deadlock,
     family_bidirectional.chimera_memory,
+    # looped BFS and interleaved zero bubble: bounded
+    family_looped_bfs.looped_bfs_completeness,
+    family_looped_bfs.looped_bfs_dependency,
+    family_looped_bfs.looped_bfs_matching,
+    family_looped_bfs.looped_bfs_deadlock,
+    family_looped_bfs.looped_bfs_memory,
+    family_interleaved_zb.interleaved_zb_completeness,
+    family_interleaved_zb.interleaved_zb_dependency,
+    family_interleaved_zb.interleaved_zb_matching,
+    family_interleaved_zb.interleaved_zb_deadlock,
+    family_interleaved_zb.interleaved_zb_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).

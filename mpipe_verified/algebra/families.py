@@ -37,15 +37,20 @@ def one_f_one_b(pp: int, microbatches: int) -> Weave:
     return Weave(pp, microbatches, ONE_F_ONE_B)
 
 
+def _rounds(pp: int, microbatches: int) -> int:
+    """Microbatches per round of the looped families: ``max(1, m // p)`` rounds of
+    ``ceil(m / rounds)`` (the last may be shorter, so any ``m`` works; PyTorch instead
+    requires ``m % rounds == 0``)."""
+    rounds = max(1, microbatches // pp)
+    return -(-microbatches // rounds)
+
+
 def interleaved_1f1b(pp: int, microbatches: int, chunks: int = 2) -> Weave:
-    """Interleaved (looped, depth-first) 1F1B over ``chunks`` stages per rank. The
-    microbatches form ``max(1, m // p)`` rounds of ``ceil(m / rounds)`` (the last may be
-    shorter, so any ``m`` works; PyTorch instead requires ``m % rounds == 0``)."""
+    """Interleaved (looped, depth-first) 1F1B over ``chunks`` stages per rank, in rounds
+    of ``_rounds(p, m)`` microbatches."""
     _need(isinstance(chunks, int) and chunks >= 2,
           f"interleaved-1f1b needs chunks >= 2, got chunks={chunks!r}")
-    rounds = max(1, microbatches // pp)
-    per_round = -(-microbatches // rounds)
-    return Weave(pp, microbatches, INTERLEAVED_1F1B, chunks=chunks, group=per_round)
+    return Weave(pp, microbatches, INTERLEAVED_1F1B, chunks=chunks, group=_rounds(pp, microbatches))
 
 
 def zb_h1(pp: int, microbatches: int) -> Weave:
@@ -70,8 +75,13 @@ def zbv(pp: int, microbatches: int) -> Weave:
     return Weave(pp, microbatches, ZBV, chunks=2, placement="v")
 
 
-DUALPIPEV = ("F0^{2*(p-r-1)} (F0 F1)^{r+1} (I1 W F1)^{p-r-1} (<F0 B1> <F1 B0>)^{m-2*p+r+1} "
-             "(B1 <F1 B0>)^{p-r-1} (B1 B0)^{(r+1)//2} (I1 I0)^{r+1-(r+1)//2} (W I0)^{p-r-1} W*")
+# DeepSeek's eight steps; the last rank runs its first main step's F0 and B1 apart, and
+# the cooldown splits the backward of chunk 0 from the middle pair on (of chunk 1 too on
+# odd ranks).
+DUALPIPEV = ("F0^{2*(p-r-1)} (F0 F1)^{r+1} (I1 W F1)^{p-r-1} (F0 B1 <F1 B0>)^{r+2-p} "
+             "(<F0 B1> <F1 B0>)^{m-2*p+r+1-max(0, r+2-p)} (B1 <F1 B0>)^{p-r-1} "
+             "(B1 B0)^{(r+1)//2} (B1 I0)^{r+1-2*((r+1)//2)} (I1 I0)^{(r+1)//2} "
+             "(W I0)^{p-r-1} W*")
 
 
 def dualpipev(pp: int, microbatches: int) -> Weave:
@@ -139,6 +149,43 @@ def v_min(pp: int, microbatches: int) -> Program:
     return _v_greedy("min", pp, microbatches)
 
 
+LOOPED_BFS = "F* B*"
+
+
+def looped_bfs(pp: int, microbatches: int, chunks: int = 2) -> Weave:
+    """Looped BFS (torch's ``ScheduleLoopedBFS``): every forward of chunk 0, then of chunk
+    1, ...; then the backwards, chunks descending, microbatches descending."""
+    _need(isinstance(chunks, int) and chunks >= 1,
+          f"looped-bfs needs chunks >= 1, got chunks={chunks!r}")
+    return Weave(pp, microbatches, LOOPED_BFS, chunks=chunks, order="bfs", backward="desc")
+
+
+INTERLEAVED_ZB = "F^{(v-1)*g + p-1-r} (F I)^{r} (F I W)* W*"
+
+
+def interleaved_zb(pp: int, microbatches: int, chunks: int = 2) -> Weave:
+    """Interleaved zero bubble (torch's ``ScheduleInterleavedZeroBubble``): interleaved
+    1F1B's rounds with split backwards, one warmup forward per downstream rank, and
+    rank ``r`` holding back its first ``r`` weight gradients (ZB-H1's lever)."""
+    _need(isinstance(chunks, int) and chunks >= 2,
+          f"interleaved-zb needs chunks >= 2, got chunks={chunks!r}")
+    return Weave(pp, microbatches, INTERLEAVED_ZB, chunks=chunks, group=_rounds(pp, microbatches))
+
+
+HANAYO = "F^{(v-1)*g + p-1} (F B)*"
+
+
+def hanayo(pp: int, microbatches: int, waves: int = 2) -> Weave:
+    """Hanayo: ``waves`` waves, each down and back up the ranks (``zigzag`` placement,
+    ``2·waves`` chunks; the last stage and the loss on rank 0), run depth first as
+    interleaved 1F1B in rounds, every rank warming up with the forwards of a round's
+    first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with: a term
+    from the paper's description, checked valid (not exact)."""
+    _need(isinstance(waves, int) and waves >= 1, f"hanayo needs waves >= 1, got waves={waves!r}")
+    return Weave(pp, microbatches, HANAYO, chunks=2 * waves, placement="zigzag",
+                 group=_rounds(pp, microbatches))
+
+
 FAMILIES: dict[str, Callable[..., Weave | Program]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
@@ -149,6 +196,9 @@ FAMILIES: dict[str, Callable[..., Weave | Program]] = {
     "dualpipev": dualpipev,
     "v-half": v_half,
     "v-min": v_min,
+    "looped-bfs": looped_bfs,
+    "interleaved-zb": interleaved_zb,
+    "hanayo": hanayo,
 }
 # the families of several pipelines over one model (docs/semantics.md §2.9): each needs an
 # even pp, so they are kept apart from the families every size of which exists
@@ -159,26 +209,32 @@ BIDIRECTIONAL: dict[str, Callable[..., Weave]] = {
 
 # the families whose term is a literal (no laws; tune's search leaves them out)
 LITERAL_FAMILIES = ("v-half", "v-min")
-# the chunks each family other than interleaved-1f1b always uses (read off its term)
+CHUNKED = ("interleaved-1f1b", "looped-bfs", "interleaved-zb")  # take --chunks (default 2)
+WAVED = ("hanayo",)  # takes --waves (default 2)
+# the chunks each other family always uses (read off its term)
 _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
-                 if name != "interleaved-1f1b"} | {name: 1 for name in BIDIRECTIONAL}
+                 if name not in CHUNKED + WAVED} | {name: 1 for name in BIDIRECTIONAL}
 
 
 def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
-           forward_only: bool = False) -> Weave | Program | ForwardOnly:
-    """The family term for ``name``; ``chunks`` only for ``interleaved-1f1b``. With
-    ``forward_only``, its evaluation run: ``ForwardOnly`` of the term (the same forwards
-    in the same places, no backward)."""
+           forward_only: bool = False, waves: int | None = None) -> Weave | Program | ForwardOnly:
+    """The family term for ``name``; ``chunks`` only for the ``CHUNKED`` families,
+    ``waves`` only for ``hanayo``. With ``forward_only``, its evaluation run:
+    ``ForwardOnly`` of the term (the same forwards in the same places, no backward)."""
     if forward_only:
-        return ForwardOnly(family(name, pp, microbatches, chunks))
+        return ForwardOnly(family(name, pp, microbatches, chunks, waves=waves))
     if name not in FAMILIES and name not in BIDIRECTIONAL:
         raise ParameterError(f"unknown family {name!r}; expected one of "
                              f"{', '.join([*FAMILIES, *BIDIRECTIONAL])}")
     _need(isinstance(pp, int) and pp >= 1, f"pp must be an integer >= 1, got {pp!r}")
     _need(isinstance(microbatches, int) and microbatches >= 1,
           f"microbatches must be an integer >= 1, got {microbatches!r}")
-    if name == "interleaved-1f1b":
-        return interleaved_1f1b(pp, microbatches, 2 if chunks is None else chunks)
+    _need(waves is None or name in WAVED, f"{name} takes no --waves (hanayo does)")
+    if name in CHUNKED:
+        return FAMILIES[name](pp, microbatches, 2 if chunks is None else chunks)
+    if name in WAVED:
+        _need(chunks is None, f"{name} takes --waves, not --chunks")
+        return FAMILIES[name](pp, microbatches, 2 if waves is None else waves)
     _need(chunks is None or chunks == _FIXED_CHUNKS[name],
           f"{name} takes no --chunks (it uses {_FIXED_CHUNKS[name]})")
     return {**FAMILIES, **BIDIRECTIONAL}[name](pp, microbatches)

@@ -4,10 +4,11 @@ which ``mpipe_verified.spec.parse_expression`` reads back.
 
 Operators and their meaning on per-rank sequences:
 
-- ``Weave(p, m, pattern, chunks, placement, group, pipelines)``: rank ``r`` reads
-  ``pattern`` (with ``r`` bound) against its own streams of forwards and backwards
-  (``pattern`` module). With ``pipelines=K`` the model runs in K pipelines over the
-  ranks (``pipeline_streams``).
+- ``Weave(p, m, pattern, chunks, placement, group, pipelines, order, backward)``: rank
+  ``r`` reads ``pattern`` (with ``r`` bound) against its own streams of forwards and
+  backwards (``pattern`` module); ``placement`` is a named style or any stage-to-rank map,
+  ``order`` and ``backward`` set the streams' order (``Weave``). With ``pipelines=K`` the
+  model runs in K pipelines over the ranks (``pipeline_streams``).
 - ``Seq(a, b)``: per-rank concatenation ``a_r ++ b_r``; ``b``'s microbatches are renumbered
   after ``a``'s. Precondition: equal placements.
 - ``Par(a, b)``: per-rank union where at most one side has work on each rank.
@@ -33,6 +34,8 @@ Operators and their meaning on per-rank sequences:
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 from ..errors import ParameterError
@@ -41,24 +44,64 @@ from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Collective, Comput
 from ..semantics import GRADS, collective_segment
 from .pattern import RankStreams, check_count, evaluate_count, parse_pattern, weave_rank
 
-PLACEMENTS = ("looped", "v")
+PLACEMENTS = ("looped", "v", "zigzag")
+ORDERS = ("dfs", "bfs")  # forwards (and backwards) in rounds of g, or one round of all m
+BACKWARDS = ("asc", "desc")  # microbatches of a round in the backward stream
 
 
 def make_placement(style: str, ranks: int, chunks: int) -> Placement:
+    """``looped`` (stage ``s`` on rank ``s % p``), ``v`` (two chunks, down then up),
+    ``zigzag`` (``chunks`` waves of ``p`` stages, down, up, down, ...: Hanayo's) or an
+    explicit map ``"0,0,1,1,0"`` (stage ``s`` on the ``s``-th rank named; every rank
+    holds 1 to ``chunks`` stages)."""
     if style == "v":
         if chunks != 2:
             raise ParameterError(f"V placement needs chunks == 2, got chunks={chunks}")
         return Placement.vshape(ranks)
     if style == "looped":
         return Placement.looped(ranks, chunks)
-    raise ParameterError(f"placement must be one of {PLACEMENTS}, got {style!r}")
+    if style == "zigzag":
+        return Placement(tuple(s % ranks if (s // ranks) % 2 == 0 else ranks - 1 - s % ranks
+                               for s in range(ranks * chunks)), ranks)
+    if style[:1].isdigit():
+        return Placement(stage_map(style, ranks, chunks), ranks)
+    raise ParameterError(f"placement must be one of {PLACEMENTS} or a stage-to-rank map like "
+                         f"'0,0,1,1,0', got {style!r}")
+
+
+def stage_map(text: str, ranks: int, chunks: int) -> tuple[int, ...]:
+    """The ranks of an explicit map ``"r0,r1,..."``; a ``ParameterError`` names the entry
+    (1-based) that is not a rank of ``0..ranks-1``, a rank holding no stage or more
+    than ``chunks``, or a length outside ``ranks..ranks*chunks``."""
+    items = text.split(",")
+    out = []
+    for i, item in enumerate(items, 1):
+        if not re.fullmatch(r"\s*\d+\s*", item) or int(item) >= ranks:
+            raise ParameterError(f"placement {text!r}: entry {i} ({item.strip()!r}) is not a "
+                                 f"rank of 0..{ranks - 1}")
+        out.append(int(item))
+    if not ranks <= len(out) <= ranks * chunks:
+        raise ParameterError(f"placement {text!r}: {len(out)} entries; pp={ranks}, "
+                             f"chunks={chunks} needs {ranks} to {ranks * chunks}")
+    for r in range(ranks):
+        held = [i for i, x in enumerate(out, 1) if x == r]
+        if not held:
+            raise ParameterError(f"placement {text!r}: rank {r} holds no stage")
+        if len(held) > chunks:
+            raise ParameterError(f"placement {text!r}: entry {held[chunks]} puts stage "
+                                 f"{chunks + 1} on rank {r}, beyond chunks={chunks}")
+    return tuple(out)
+
+
+def _rounds(m: int, group: int) -> list[range]:
+    return [range(k, min(m, k + group)) for k in range(0, m, group)]
 
 
 def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankStreams:
     """Forwards in (round, chunk ascending, mb) order; backwards in (round, chunk
     descending, mb) order; a round is ``group`` consecutive microbatches."""
     stages = placement.stages_of(rank)
-    rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
+    rounds = _rounds(m, group)
     fwd = [(c, s, mb) for mbs in rounds for c, s in enumerate(stages) for mb in mbs]
     bwd = [(c, s, mb) for mbs in rounds for c, s in reversed(list(enumerate(stages))) for mb in mbs]
     return RankStreams(fwd, bwd)
@@ -86,8 +129,23 @@ def pipeline_streams(placement: Placement, rank: int, m: int, k: int,
     return RankStreams(fwd, bwd)
 
 
+def _descending(streams: RankStreams, chunks: int, m: int, group: int) -> RankStreams:
+    """``streams`` with each (round, chunk) block of the backward stream reversed (by
+    position, so it commutes with relabelling the microbatches)."""
+    bwd, out = list(streams.backwards), []
+    for mbs in _rounds(m, group):
+        for _ in range(chunks):
+            out += bwd[len(out):len(out) + len(mbs)][::-1]
+    return RankStreams(streams.forwards, out)
+
+
 @attrs.frozen
 class Weave:
+    """``placement``: see ``make_placement``. ``order``: ``dfs`` (rounds of ``group``
+    microbatches, depth first) or ``bfs`` (one round of all microbatches: every
+    microbatch of chunk 0, then of chunk 1, ...). ``backward``: ``asc`` or ``desc``, the
+    microbatch order inside a round of the backward stream (torch's LoopedBFS: ``desc``)."""
+
     ranks: int
     microbatches: int
     pattern: str
@@ -95,6 +153,8 @@ class Weave:
     placement: str = "looped"
     group: int | None = None  # microbatches per round; default: ranks
     pipelines: int = 1  # K pipelines over the ranks, m / K microbatches each
+    order: str = "dfs"
+    backward: str = "asc"
 
     def __attrs_post_init__(self) -> None:
         for name in ("ranks", "microbatches", "chunks"):
@@ -102,6 +162,12 @@ class Weave:
                 raise ParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group is not None and self.group < 1:
             raise ParameterError(f"group must be >= 1, got {self.group}")
+        if self.order not in ORDERS:
+            raise ParameterError(f"order must be one of {ORDERS}, got {self.order!r}")
+        if self.order == "bfs" and self.group is not None:
+            raise ParameterError("order='bfs' is one round of all microbatches: give no group")
+        if self.backward not in BACKWARDS:
+            raise ParameterError(f"backward must be one of {BACKWARDS}, got {self.backward!r}")
         parse_pattern(self.pattern)
         make_placement(self.placement, self.ranks, self.chunks)
         k = self.pipelines
@@ -111,7 +177,7 @@ class Weave:
 
     def derive(self) -> Schedule:
         p, m, v, k = self.ranks, self.microbatches, self.chunks, self.pipelines
-        g = self.group or p
+        g = m if self.order == "bfs" else self.group or p
         node = parse_pattern(self.pattern)
         if k == 1:
             placement = make_placement(self.placement, p, v)
@@ -122,7 +188,10 @@ class Weave:
         programs = []
         for r in range(p):
             env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v}
-            programs.append(tuple(weave_rank(node, streams(r), env)))
+            mine = streams(r)
+            if self.backward == "desc":
+                mine = _descending(mine, len(placement.stages_of(r)), m // k, g)
+            programs.append(tuple(weave_rank(node, mine, env)))
         pipelines = () if k == 1 else tuple(tuple(range(i * m // k, (i + 1) * m // k))
                                             for i in range(k))
         return Schedule(placement, m, tuple(programs), pipelines=pipelines)
@@ -132,6 +201,8 @@ class Weave:
         extra += "" if self.placement == "looped" else f", placement={self.placement!r}"
         extra += "" if self.group is None else f", group={self.group}"
         extra += "" if self.pipelines == 1 else f", pipelines={self.pipelines}"
+        extra += "" if self.order == "dfs" else f", order={self.order!r}"
+        extra += "" if self.backward == "asc" else f", backward={self.backward!r}"
         return f"weave(pp={self.ranks}, microbatches={self.microbatches}, pattern={self.pattern!r}{extra})"
 
 

@@ -6,7 +6,7 @@ Subcommands (each registered by one ``add_*`` function of its module: ``verdicts
 all share the target selection of ``targets.add_target_arguments`` and
 ``targets.load_target``)::
 
-    mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]
+    mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]
                         [--format auto|spec|torch-csv|plan-json]
                         --to torch-csv|chrome-trace|plan-json [--compute-only]
                         [--allow-unverified] [-o OUT]

@@ -1,5 +1,5 @@
 """The command line's shared ground: the target selection every command takes
-(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` and the transpose
+(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]`` and the transpose
 options), reading it (``load_target``: a spec or family derived, a file read), the model
 it is timed and judged with (``model_of``), and the one-line usage errors
 (``UsageError``, ``fail``)."""
@@ -44,7 +44,7 @@ def fail(message: str) -> int:
 
 
 def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None:
-    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` selection.
+    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]`` selection.
     With ``many``, ``args.target`` is a list of any number of files (``check``)."""
     if many:
         p.add_argument("target", nargs="*", metavar="SPEC|FILE",
@@ -63,7 +63,9 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
     g.add_argument("--microbatches", type=int, metavar="M",
                    help="microbatches (check with a file: the count it must cover)")
-    g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
+    g.add_argument("--chunks", type=int, metavar="V",
+                   help="stages per rank (interleaved-1f1b, looped-bfs, interleaved-zb)")
+    g.add_argument("--waves", type=int, metavar="W", help="waves down and up the ranks (hanayo)")
     g.add_argument("--offload", type=offload_option, metavar="GAP[,PREFETCH]",
                    help="offload each activation whose backward is at least GAP+1 steps "
                         "after its forward to host memory, reloaded PREFETCH steps before "
@@ -182,10 +184,11 @@ def encoder_costs(text: str, microbatches: int) -> tuple[float, ...]:
 
 
 def family_term(args: argparse.Namespace):
-    """The term of ``--family NAME --pp P --microbatches M [--chunks V]`` (and the
+    """The term of ``--family NAME --pp P --microbatches M [--chunks V | --waves W]`` (and the
     transpose options); raises ``ParameterError`` or ``UsageError``."""
     if args.family != TRANSPOSE:
-        term = family(args.family, args.pp, args.microbatches, args.chunks)
+        term = family(args.family, args.pp, args.microbatches, args.chunks,
+                      waves=getattr(args, "waves", None))
     else:
         costs = () if args.encoder_cost is None else encoder_costs(args.encoder_cost,
                                                                     args.microbatches)
@@ -214,8 +217,8 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
     if target is None:
         raise UsageError("give a SPEC, torch CSV or plan-json FILE, or --family NAME "
                          "--pp P --microbatches M")
-    family_only = ("pp", "chunks") if getattr(args, "declare", False) else (
-        "pp", "microbatches", "chunks")  # check: --microbatches M also declares a file's
+    family_only = ("pp", "chunks", "waves") if getattr(args, "declare", False) else (
+        "pp", "microbatches", "chunks", "waves")  # check: --microbatches M declares a file's
     opts = [o for o in family_only + ("offload",) if getattr(args, o, None) is not None]
     if opts:
         raise UsageError(f"--{opts[0]} goes with --family, not with a file")

@@ -6,7 +6,8 @@ A spec has one required table and optional ones::
     family = "zb-h1"          # one of algebra.families.FAMILIES, or "transpose"
     pp = 4
     microbatches = 8
-    # chunks = 2              # interleaved-1f1b only (transpose: of its body)
+    # chunks = 2              # interleaved-1f1b, looped-bfs, interleaved-zb (transpose: body)
+    # waves = 2               # hanayo only
     # or, instead of family/pp/chunks:
     # expression = "defer_w(split_bw(one_f_one_b(pp=4, microbatches=8)), lag='r')"
     # stages = 4              # optional declared sizes (declared.declare): work the
@@ -84,7 +85,8 @@ from ..spec import Spec, Term, default_cost, describe, parse_expression
 from . import files
 
 TABLES: dict[str, tuple[str, ...]] = {
-    "schedule": ("family", "pp", "microbatches", "chunks", "expression", "stages", "ranks"),
+    "schedule": ("family", "pp", "microbatches", "chunks", "waves", "expression", "stages",
+                 "ranks"),
     "cost": ("F", "B", "I", "W", "activation", "R", "segments"),
     "memory": ("limit", "static"),
     "transpose": ("body", "segment", "side", "mode", "ownership", "costs", "owners"),
@@ -260,9 +262,9 @@ class _Builder:
             raise self.error(f"unknown family {name!r}; expected one of "
                              f"{', '.join(FAMILY_NAMES)}", "schedule", "family")
         args = {}
-        for key in ("pp", "microbatches", "chunks"):
+        for key in ("pp", "microbatches", "chunks", "waves"):
             if key not in table:
-                if key != "chunks":
+                if key not in ("chunks", "waves"):
                     raise self.error(f"schedule.{key} is required with family (an integer "
                                      ">= 1)", "schedule")
                 continue
@@ -276,7 +278,8 @@ class _Builder:
         try:
             return families.family(name, **args)
         except ParameterError as e:
-            key = next((k for k in ("chunks", "microbatches", "pp") if k in str(e) and k in table),
+            key = next((k for k in ("chunks", "waves", "microbatches", "pp")
+                        if k in str(e) and k in table),
                        "family")
             raise self.error(str(e), "schedule", key) from None
 
