@@ -144,8 +144,9 @@ import pathlib  # noqa: E402
 
 from mpipe_verified.cli import main  # noqa: E402
 
-ORDERS = json.loads((pathlib.Path(__file__).parent / "fixtures" / "reference_orders" /
-                     "bidirectional.json").read_text())
+ORDERS = {name: entry for file in ("bidirectional.json", "bitpipe.json")
+          for name, entry in json.loads((pathlib.Path(__file__).parent / "fixtures" /
+                                         "reference_orders" / file).read_text()).items()}
 CASES = [(name, key) for name in ORDERS for key in ORDERS[name]["orders"]]
 
 
@@ -153,7 +154,8 @@ CASES = [(name, key) for name in ORDERS for key in ORDERS[name]["orders"]]
 def test_the_family_writes_the_reference_order_and_checks_only_as_bidirectional(
         name, size, tmp_path, capsys):
     """``export --compute-only`` of the family equals the reference implementation's
-    order (tests/fixtures/reference_orders/bidirectional.json: source, file, commit),
+    order (tests/fixtures/reference_orders/bidirectional.json, bitpipe.json: source, file,
+    commit),
     cell for cell; that file is VERIFIED with ``--bidirectional``, incomplete without."""
     import csv
     pp, m = (int(part.split("=")[1]) for part in size.split())
@@ -170,7 +172,8 @@ def test_the_family_writes_the_reference_order_and_checks_only_as_bidirectional(
 
 @pytest.mark.parametrize("name, sizes", [
     ("dualpipe", [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 16), (8, 18)]),
-    ("chimera", [(2, 2), (2, 4), (4, 4), (4, 12), (6, 6), (8, 16)])])
+    ("chimera", [(2, 2), (2, 4), (4, 4), (4, 12), (6, 6), (8, 16)]),
+    ("bitpipe", [(2, 2), (2, 4), (4, 4), (4, 12), (6, 6), (6, 12), (8, 8)])])
 def test_the_families_verify_and_the_reference_agrees(name, sizes):
     from mpipe_verified.algebra.families import family
     for pp, m in sizes:
