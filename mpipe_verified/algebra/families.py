@@ -201,8 +201,9 @@ def hanayo(pp: int, microbatches: int, waves: int = 2) -> Weave:
     """Hanayo: ``waves`` waves, each down and back up the ranks (``zigzag`` placement,
     ``2·waves`` chunks; the last stage and the loss on rank 0), run depth first as
     interleaved 1F1B in rounds, every rank warming up with the forwards of a round's
-    first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with: a term
-    from the paper's description, checked valid (not exact)."""
+    first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with (the
+    authors published no code; Colossal-AI has no Hanayo schedule): a term from the
+    paper's description, checked valid (not exact)."""
     _need(isinstance(waves, int) and waves >= 1, f"hanayo needs waves >= 1, got waves={waves!r}")
     return Weave(pp, microbatches, HANAYO, chunks=2 * waves, placement="zigzag",
                  group=_rounds(pp, microbatches))
