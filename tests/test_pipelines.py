@@ -182,6 +182,22 @@ def test_the_families_verify_and_the_reference_agrees(name, sizes):
         assert judge_plan(plan).ok, (name, pp, m)
 
 
+
+def test_bitpipe_places_its_stages_as_bitpipe_does_and_checks_its_sizes():
+    """BitPipe's layer table (megatron/model/transformer.py, its "V_shaped way", 4 ranks):
+    rank r holds pipeline 0's stages r and 7-r and pipeline 1's 3-r and 4+r, so the
+    mirrored V of ``Weave(placement='v', pipelines=2)`` is its placement; p must be even
+    and m a multiple of p (its own RuntimeError); ``--chunks 2`` is the term's own."""
+    from mpipe_verified.algebra.families import family
+    from mpipe_verified.errors import ParameterError
+    schedule = family("bitpipe", 4, 8).derive()
+    assert schedule.placement.stage_to_rank == (0, 1, 2, 3, 3, 2, 1, 0, 3, 2, 1, 0, 0, 1, 2, 3)
+    assert schedule.pipelines == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert family("bitpipe", 4, 8, chunks=2).derive() == schedule
+    for pp, m, chunks in ((4, 6, None), (3, 3, None), (4, 8, 1)):
+        with pytest.raises(ParameterError, match="bitpipe"):
+            family("bitpipe", pp, m, chunks)
+
 def test_a_plan_of_other_pipelines_is_not_written_as_a_torch_csv(tmp_path, capsys):
     from mpipe_verified.formats.plan_json import write_plan_json
     schedule = attrs.evolve(_gpipe_pair(LOOPED), pipelines=((0, 2), (1, 3)))
