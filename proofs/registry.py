@@ -87,7 +87,7 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
-    # two pipelines over one model (DualPipe, Chimera): bounded
+    # two pipelines over one model (DualPipe, Chimera, BitPipe): bounded
     family_bidirectional.dualpipe_completeness,
     family_bidirectional.dualpipe_dependency,
     family_bidirectional.dualpipe_matching,
@@ -98,6 +98,11 @@ LAWS: tuple[Law, ...] = (
     family_bidirectional.chimera_matching,
     family_bidirectional.chimera_deadlock,
     family_bidirectional.chimera_memory,
+    family_bidirectional.bitpipe_completeness,
+    family_bidirectional.bitpipe_dependency,
+    family_bidirectional.bitpipe_matching,
+    family_bidirectional.bitpipe_deadlock,
+    family_bidirectional.bitpipe_memory,
     # looped BFS and interleaved zero bubble: bounded
     family_looped_bfs.looped_bfs_completeness,
     family_looped_bfs.looped_bfs_dependency,

@@ -130,6 +130,28 @@ def chimera(pp: int, microbatches: int) -> Weave:
     return Weave(pp, microbatches, CHIMERA, pipelines=2)
 
 
+# BitPipe (Wu et al.): two V pipelines in opposite directions, each rank a V stage pair of
+# both. Chunks by depth (``pipeline_streams``): 0 and 3 the rank's own pipeline (the one it
+# enters nearer the start), 1 and 2 the other's; h = min(r, p-1-r). A unit of p/2
+# microbatches per pipeline runs forwards 0^{p/2-h} (1 0)^h (1 2)^{p/2-h} (3 2)^h 3^{p/2-h},
+# backwards the reverse word (3 for 0, 2 for 1); the steady 1F1B rounds and the cooldown
+# are one body (the last round's forwards are exhausted).
+_U = f"p//2-{_H}"
+BITPIPE = (f"F0^{{{_U}}} (F1 F0)^{{{_H}}} (F1 F2)^{{{_U}}} (F3 F2)^{{{_H}}} "
+           f"((F3 B3)^{{{_U}}} (B2 B3)^{{{_H}}} (B2 B1)^{{{_U}}} (B0 B1)^{{{_H}}} B0 "
+           f"(F0 B0)^{{{_U}-1}} F0 (F1 F0)^{{{_H}}} (F1 F2)^{{{_U}}} (F3 F2)^{{{_H}}})*")
+
+
+def bitpipe(pp: int, microbatches: int) -> Weave:
+    """BitPipe: microbatches ``0..m/2-1`` down a V pipeline from rank 0 and ``m/2..m-1``
+    down its mirror from rank ``p-1`` (four stages a rank); 1F1B in units of ``p/2``
+    microbatches each way. p even, m a multiple of p."""
+    _need(pp % 2 == 0 and microbatches % pp == 0,
+          f"bitpipe needs an even pp and microbatches a multiple of pp, got pp={pp}, "
+          f"microbatches={microbatches}")
+    return Weave(pp, microbatches, BITPIPE, chunks=2, placement="v", pipelines=2)
+
+
 @lru_cache(maxsize=64)
 def _v_greedy(kind: str, pp: int, microbatches: int) -> Program:
     orders = v_greedy.orders(kind, pp, microbatches)
@@ -179,8 +201,9 @@ def hanayo(pp: int, microbatches: int, waves: int = 2) -> Weave:
     """Hanayo: ``waves`` waves, each down and back up the ranks (``zigzag`` placement,
     ``2·waves`` chunks; the last stage and the loss on rank 0), run depth first as
     interleaved 1F1B in rounds, every rank warming up with the forwards of a round's
-    first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with: a term
-    from the paper's description, checked valid (not exact)."""
+    first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with (the
+    authors published no code; Colossal-AI has no Hanayo schedule): a term from the
+    paper's description, checked valid (not exact)."""
     _need(isinstance(waves, int) and waves >= 1, f"hanayo needs waves >= 1, got waves={waves!r}")
     return Weave(pp, microbatches, HANAYO, chunks=2 * waves, placement="zigzag",
                  group=_rounds(pp, microbatches))
@@ -205,6 +228,7 @@ FAMILIES: dict[str, Callable[..., Weave | Program]] = {
 BIDIRECTIONAL: dict[str, Callable[..., Weave]] = {
     "dualpipe": dualpipe,
     "chimera": chimera,
+    "bitpipe": bitpipe,
 }
 
 # the families whose term is a literal (no laws; tune's search leaves them out)
@@ -213,7 +237,8 @@ CHUNKED = ("interleaved-1f1b", "looped-bfs", "interleaved-zb")  # take --chunks 
 WAVED = ("hanayo",)  # takes --waves (default 2)
 # the chunks each other family always uses (read off its term)
 _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
-                 if name not in CHUNKED + WAVED} | {name: 1 for name in BIDIRECTIONAL}
+                 if name not in CHUNKED + WAVED} | {name: make(2, 4).chunks
+                                                  for name, make in BIDIRECTIONAL.items()}
 
 
 def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
