@@ -95,7 +95,7 @@ TABLES: dict[str, tuple[str, ...]] = {
 }
 SEGMENT_KEYS = ("F", "B", "R", "activation", "output", "input", "static", "replica")
 BODY_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
-FAMILY_NAMES = (*families.FAMILIES, TRANSPOSE)
+FAMILY_NAMES = (*families.FAMILIES, *families.BIDIRECTIONAL, TRANSPOSE)
 _TOML_POS = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
 
 
