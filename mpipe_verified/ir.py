@@ -442,6 +442,16 @@ def _check_cut(cut: Cut, num_ranks: int, num_microbatches: int) -> None:
                              f"0..{num_ranks - 1}")
 
 
+def _seq_chunks(instance, attribute, value) -> None:
+    """``seq_chunks``: an int >= 1 that divides the microbatch count (microbatch
+    ``sample * S + j`` is chunk ``j`` of ``sample``)."""
+    if type(value) is not int or value < 1:
+        raise ValueError(f"seq_chunks must be an integer >= 1, got {value!r}")
+    if value != 1 and instance.num_microbatches % value:
+        raise ValueError(f"seq_chunks={value} does not divide the {instance.num_microbatches} "
+                         "microbatches")
+
+
 def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
     return "\n".join(",".join(map(str, row)) for row in programs)
 
@@ -449,13 +459,17 @@ def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
 @attrs.frozen
 class Schedule:
     """Placement plus one compute-only op sequence per rank (and the cut, when segments
-    besides the body exist). ``forward_only``: an evaluation run, declared (no backward)."""
+    besides the body exist). ``forward_only``: an evaluation run, declared (no backward).
+    ``seq_chunks`` S: each sample is cut along its sequence into S chunks, microbatch
+    ``sample * S + j`` being chunk ``j`` (docs/semantics.md §2.5: a chunk's forward needs
+    the previous chunk's, a chunk's backward the next chunk's, on the same rank)."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    seq_chunks: int = attrs.field(default=1, validator=_seq_chunks)
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -478,13 +492,14 @@ class Schedule:
 @attrs.frozen
 class Plan:
     """A lowered schedule: one op sequence per rank, compute and comm ops in run order.
-    ``forward_only``: declared an evaluation run (see ``Schedule``)."""
+    ``forward_only``: declared an evaluation run; ``seq_chunks``: see ``Schedule``."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    seq_chunks: int = attrs.field(default=1, validator=_seq_chunks)
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -507,7 +522,7 @@ class Plan:
 
     def canonical_text(self) -> str:
         """The text a digest is taken of: placement, microbatches, the cut's repr, the
-        forward-only declaration, then one line per rank of its ops (``_canonical``; idle
+        forward-only declaration, ``seq_chunks`` when not 1, then one line per rank of its ops (``_canonical``; idle
         steps dropped). It says every field of every other op, so two plans that differ
         in anything but idle steps have different texts (``tests/canonical_decoder.py``
         reads plans back from it). A field whose value is not of its declared type raises
@@ -519,12 +534,14 @@ class Plan:
             head += ";cut=" + repr(self.cut)
         if self.forward_only:
             head += ";forward_only"
+        if self.seq_chunks != 1:
+            head += f";seq_chunks={_int(self.seq_chunks)}"
         return "\n".join([head, *map(_canonical_row, self.programs)])
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
         return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
-                   schedule.cut, schedule.forward_only)
+                   schedule.cut, schedule.forward_only, schedule.seq_chunks)
 
 
 def _canonical_row(program: tuple[Op, ...]) -> str:

@@ -37,7 +37,7 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
     for the guarantees."""
     placement = schedule.placement
     programs = schedule.programs
-    chain = Chain(placement, schedule.cut, schedule.forward_only)
+    chain = Chain(placement, schedule.cut, schedule.forward_only, schedule.seq_chunks)
     total = sum(duration(op) for prog in programs for op in prog if computes_of(op))
     tiny = 1e-9 * (total if total > 0 else 1.0)  # resolvable at every time of the run
 
@@ -65,7 +65,7 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
     if any(len(timing.start[rank]) < len(program) for rank, program in enumerate(programs)):
         _append_stuck(out, programs, timing, chain)
     return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
-                schedule.forward_only)
+                schedule.forward_only, schedule.seq_chunks)
 
 
 def _append_stuck(out: list[list[Op]], programs, timing, chain: Chain) -> None:

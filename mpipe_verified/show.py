@@ -66,7 +66,8 @@ def _timed(target: Schedule | Plan, duration, memory) -> tuple[list[list[tuple]]
                                if computes_of(op) or isinstance(op, Collective))
                          for prog in target.programs)
         flow = schedule_times(programs, target.placement, duration, cut=target.cut,
-                              forward_only=target.forward_only)
+                              forward_only=target.forward_only,
+                              seq_chunks=target.seq_chunks)
         if flow.stuck:  # an input never arrives: the lowered plan would not notice
             runs = [list(zip(prog, flow.start[r], flow.finish[r]))
                     for r, prog in enumerate(programs)]

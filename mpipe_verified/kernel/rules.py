@@ -19,7 +19,7 @@ from .columns import as_column, dense, ints, pick, row_keys
 
 F, B, I, W, R, SEND, RECV, COLL = range(8)  # a member's kind; F..R are compute kinds
 # token kinds, numbered in the order of their names (so codes sort as the names do)
-GRAD, INPUT, OUT, PARAMS, STORED, WDONE, WREADY = range(7)
+GRAD, INPUT, KV, KV_GRAD, OUT, PARAMS, STORED, WDONE, WREADY = range(9)
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
 _STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6}
 BLOCKING = (2, 3, 4, 5)  # the steps that can block
@@ -38,6 +38,7 @@ class Rules:
 
     def __init__(self, plan: Plan) -> None:
         self.p, self.m, self.forward_only = plan.num_ranks, plan.num_microbatches, plan.forward_only
+        self.seq = plan.seq_chunks
         self.where = np.array(plan.placement.stage_to_rank + (0,), np.int64)
         self.stages, self.cut = len(self.where) - 1, plan.cut.segments
         self.units = [("", s) for s in range(self.stages)] + [(s.name, 0) for s in self.cut]
@@ -135,7 +136,11 @@ class Rules:
         - ``F`` makes ``out``, ``stored`` (and ``input``, for a segment's), ``B`` makes
           ``grad`` and ``wdone``, ``I`` ``grad`` and ``wgrad_ready``, ``W`` ``wdone``,
           ``R`` ``stored``; a receive makes what it carries, the broadcast ``params:NAME``
-          the parameters."""
+          the parameters;
+        - with sequence chunks (``seq`` S > 1; ``mb = sample * S + j``): a forward with
+          ``j > 0`` needs ``kv`` of ``(stage, mb - 1)``, which only a forward makes; a
+          backward (``B`` or ``I``) with ``j < S - 1`` needs ``kv_grad`` of ``(stage,
+          mb + 1)``, which only a backward makes."""
         k, seg, c, (_, _, kind, names, stage, mb) = (
             self.kind, self.seg[self.name], self.comm, self.p2p)
         names = sorted({*self.names, *names})  # payloads' names too, in order
@@ -160,6 +165,11 @@ class Rules:
                 ((k == F) & (g != body), INPUT, g, s, b), (bi, GRAD, g, s, b),
                 ((k == B) | (k == W), WDONE, g, s, b), (k == I, WREADY, g, s, b),
                 (k == R, STORED, g, s, b), (k == RECV, tok, g, s, b)]
+        if self.seq > 1:  # the chunk order (docstring)
+            j = b % self.seq
+            need += [((k == F) & (j > 0), KV, g, s, b - 1),
+                     (bi & (j < self.seq - 1), KV_GRAD, g, s, b + 1)]
+            made += [(k == F, KV, g, s, b), (bi, KV_GRAD, g, s, b)]
         extra_need, extra_made = [], []
         for row in np.flatnonzero(k == COLL).tolist():
             op, rank = self.ops[row], int(self.rank[row])

@@ -14,13 +14,16 @@ from typing import NamedTuple
 
 from ..ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
                   SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Op, Overlap,
-                  Payload, Placement, Recv, Send)
+                  Payload, Placement, Recv, Send, computes_of)
 
 
 class Token(NamedTuple):
     """A value that lives on a rank: ``out`` (a stage's output activation), ``stored``
     (the activation kept for backward), ``grad`` (the input gradient a backward produced),
-    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run). ``needs``/``produces`` return plain
+    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run); in a plan of sequence chunks also
+    ``kv`` (a chunk's forward ran here: the keys and values later chunks attend to) and
+    ``kv_grad`` (a chunk's backward ran here: the gradient of what earlier chunks
+    produced), which only ``Chain.produces`` makes. ``needs``/``produces`` return plain
     ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same fields (they
     run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it by name."""
 
@@ -138,13 +141,21 @@ class Chain:
     A ``forward_only`` chain (an evaluation plan, declared) requires no backward and no
     recompute of any unit, stores no activation (nothing will read it back), ships no raw
     input and needs no gradient all-reduce; a segment run off its home still needs its
-    parameters broadcast."""
+    parameters broadcast.
+
+    Sequence chunks (``seq_chunks`` S > 1, docs/semantics.md §2.5): microbatch ``u`` is
+    chunk ``u % S`` of its sample. A forward of a chunk other than the first needs the
+    ``kv`` of the previous chunk ``(stage, u - 1)`` on its rank (that chunk's forward ran
+    there); a backward (``B`` or ``I``) of a chunk other than the last needs the
+    ``kv_grad`` of the next chunk ``(stage, u + 1)`` (that chunk's backward ran there).
+    ``produces`` adds the tokens that state it; with S = 1 both are the module's own."""
 
     def __init__(self, placement: Placement, cut: Cut = NO_CUT,
-                 forward_only: bool = False) -> None:
+                 forward_only: bool = False, seq_chunks: int = 1) -> None:
         self.placement = placement
         self.cut = cut
         self.forward_only = forward_only
+        self.seq_chunks = seq_chunks
         self.num_stages = placement.num_stages
         self._segments = {seg.name: seg for seg in cut.segments}
         self._sources = tuple(seg for seg in cut.segments if seg.side == SOURCE)
@@ -154,7 +165,7 @@ class Chain:
 
     @classmethod
     def of(cls, plan) -> "Chain":
-        return cls(plan.placement, plan.cut, plan.forward_only)
+        return cls(plan.placement, plan.cut, plan.forward_only, plan.seq_chunks)
 
     def segment(self, name: str):
         return self._segments.get(name)
@@ -192,6 +203,8 @@ class Chain:
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)
+        if kind is Compute and self.seq_chunks > 1:
+            base += self._chunk_needs(op)
         if kind is not Compute or not self.cut.segments:
             return base
         seg = self._segments.get(op.segment)
@@ -209,6 +222,28 @@ class Chain:
             stored = ("stored", seg.name, 0, op.mb)
             return (stored, ("grad", BODY, 0, op.mb)) if seg.side == SOURCE else (stored,)
         return extra + base
+
+    def _chunk_needs(self, c: Compute) -> tuple[tuple, ...]:
+        """The sequence-chunk rule (see the class docstring) for one compute op."""
+        j, last = c.mb % self.seq_chunks, self.seq_chunks - 1
+        if c.kind == FORWARD and j > 0:
+            return (("kv", c.segment, c.stage, c.mb - 1),)
+        if (c.kind == BACKWARD or c.kind == INPUT_GRAD) and j < last:
+            return (("kv_grad", c.segment, c.stage, c.mb + 1),)
+        return ()
+
+    def produces(self, op: Op) -> tuple[tuple, ...]:
+        """``produces(op)``, plus in a plan of sequence chunks each forward's ``kv`` and
+        each backward's (``B`` or ``I``) ``kv_grad``."""
+        base = produces(op)
+        if self.seq_chunks == 1:
+            return base
+        for c in computes_of(op):
+            if c.kind == FORWARD:
+                base += (("kv", c.segment, c.stage, c.mb),)
+            elif c.kind == BACKWARD or c.kind == INPUT_GRAD:
+                base += (("kv_grad", c.segment, c.stage, c.mb),)
+        return base
 
     def _collective_needs(self, op: Collective, rank: int) -> tuple[tuple, ...]:
         tagged = collective_segment(op)
