@@ -100,7 +100,16 @@ _REQUIRED = object()
 
 
 def _family(name: str) -> Callable[..., Term]:
+    if name == "seq1f1b":
+        return lambda pp, microbatches, seq_chunks=None: families.family(
+            name, pp, microbatches, seq_chunks=seq_chunks)
     return lambda pp, microbatches, chunks=None: families.family(name, pp, microbatches, chunks)
+
+
+def _extra(name: str) -> tuple:
+    """A family function's parameters after ``pp`` and ``microbatches``."""
+    return ((("chunks", _INT, None),) if name == "interleaved-1f1b" else
+            (("seq_chunks", _INT, None),) if name == "seq1f1b" else ())
 
 
 def _defer_w(t, lag):
@@ -112,11 +121,14 @@ _PP_M = (("pp", _INT, _REQUIRED), ("microbatches", _INT, _REQUIRED))
 # The constructor takes the params positionally, in this order.
 FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]]] = {
     "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
-                            ("placement", _STR, "looped"), ("group", _INT, None))),
-    "family": (families.family, (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None))),
+                            ("placement", _STR, "looped"), ("group", _INT, None),
+                            ("seq_chunks", _INT, 1))),
+    "family": (lambda name, pp, microbatches, chunks, seq_chunks: families.family(
+        name, pp, microbatches, chunks, seq_chunks=seq_chunks),
+        (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None), ("seq_chunks", _INT, None))),
     **{make.__name__:  # one_f_one_b, zb_h1, ...: the family functions' own names
-       (_family(name), _PP_M + ((("chunks", _INT, None),) if name == "interleaved-1f1b" else ()))
-       for name, make in families.FAMILIES.items()},
+       (_family(name), _PP_M + _extra(name))
+       for name, make in {**families.FAMILIES, **families.SEQ_FAMILIES}.items()},
     "seq": (terms.Seq, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "par": (terms.Par, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "restrict": (lambda t, ranks: terms.Restrict(t, tuple(ranks)),

@@ -4,8 +4,11 @@ which ``mpipe_verified.spec.parse_expression`` reads back.
 
 Operators and their meaning on per-rank sequences:
 
-- ``Weave(p, m, pattern, chunks, placement, group)``: rank ``r`` reads ``pattern`` (with
-  ``r`` bound) against its own streams of forwards and backwards (``pattern`` module).
+- ``Weave(p, m, pattern, chunks, placement, group, seq_chunks)``: rank ``r`` reads
+  ``pattern`` (with ``r`` bound) against its own streams of forwards and backwards
+  (``pattern`` module); with ``seq_chunks`` S each of the ``m`` samples is S microbatches
+  (its sequence chunks, ``sample * S + j``), forwarded in chunk order and backwarded in
+  reverse.
 - ``Seq(a, b)``: per-rank concatenation ``a_r ++ b_r``; ``b``'s microbatches are renumbered
   after ``a``'s. Precondition: equal placements.
 - ``Par(a, b)``: per-rank union where at most one side has work on each rank.
@@ -46,13 +49,19 @@ def make_placement(style: str, ranks: int, chunks: int) -> Placement:
     raise ParameterError(f"placement must be one of {PLACEMENTS}, got {style!r}")
 
 
-def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankStreams:
+def _rank_streams(placement: Placement, rank: int, m: int, group: int,
+                  seq_chunks: int = 1) -> RankStreams:
     """Forwards in (round, chunk ascending, mb) order; backwards in (round, chunk
-    descending, mb) order; a round is ``group`` consecutive microbatches."""
+    descending, mb) order; a round is ``group`` consecutive microbatches. With
+    ``seq_chunks`` S, ``m`` counts samples and each sample's S sequence chunks (microbatch
+    ``sample * S + j``) follow it: forwards chunk-ascending, backwards chunk-descending."""
     stages = placement.stages_of(rank)
     rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
-    fwd = [(c, s, mb) for mbs in rounds for c, s in enumerate(stages) for mb in mbs]
-    bwd = [(c, s, mb) for mbs in rounds for c, s in reversed(list(enumerate(stages))) for mb in mbs]
+    up, down = range(seq_chunks), range(seq_chunks - 1, -1, -1)
+    fwd = [(c, s, mb * seq_chunks + j) for mbs in rounds for c, s in enumerate(stages)
+           for mb in mbs for j in up]
+    bwd = [(c, s, mb * seq_chunks + j) for mbs in rounds
+           for c, s in reversed(list(enumerate(stages))) for mb in mbs for j in down]
     return RankStreams(fwd, bwd)
 
 
@@ -64,9 +73,10 @@ class Weave:
     chunks: int = 1
     placement: str = "looped"
     group: int | None = None  # microbatches per round; default: ranks
+    seq_chunks: int = 1  # sequence chunks per sample (microbatches then count samples)
 
     def __attrs_post_init__(self) -> None:
-        for name in ("ranks", "microbatches", "chunks"):
+        for name in ("ranks", "microbatches", "chunks", "seq_chunks"):
             if getattr(self, name) < 1:
                 raise ParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group is not None and self.group < 1:
@@ -77,18 +87,19 @@ class Weave:
     def derive(self) -> Schedule:
         p, m, v = self.ranks, self.microbatches, self.chunks
         placement = make_placement(self.placement, p, v)
-        g = self.group or p
+        g, sc = self.group or p, self.seq_chunks
         node = parse_pattern(self.pattern)
         programs = []
         for r in range(p):
-            env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v}
-            programs.append(tuple(weave_rank(node, _rank_streams(placement, r, m, g), env)))
-        return Schedule(placement, m, tuple(programs))
+            env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v * sc, "s": sc}
+            programs.append(tuple(weave_rank(node, _rank_streams(placement, r, m, g, sc), env)))
+        return Schedule(placement, m * sc, tuple(programs), seq_chunks=sc)
 
     def __str__(self) -> str:
         extra = "" if self.chunks == 1 else f", chunks={self.chunks}"
         extra += "" if self.placement == "looped" else f", placement={self.placement!r}"
         extra += "" if self.group is None else f", group={self.group}"
+        extra += "" if self.seq_chunks == 1 else f", seq_chunks={self.seq_chunks}"
         return f"weave(pp={self.ranks}, microbatches={self.microbatches}, pattern={self.pattern!r}{extra})"
 
 
@@ -118,7 +129,7 @@ class Seq:
         b = _map_computes(b, lambda c: attrs.evolve(c, mb=c.mb + shift))
         programs = tuple(x + y for x, y in zip(a.programs, b.programs))
         return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs,
-                        forward_only=a.forward_only)
+                        forward_only=a.forward_only, seq_chunks=a.seq_chunks)
 
     def __str__(self) -> str:
         return f"seq({self.first}, {self.second})"
@@ -138,7 +149,8 @@ class Par:
             raise ParameterError(f"par needs disjoint ranks, but both terms use rank {busy[0]}")
         _same_kind(a, b, "par")
         programs = tuple(x or y for x, y in zip(a.programs, b.programs))
-        return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only)
+        return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only,
+                        seq_chunks=a.seq_chunks)
 
     def __str__(self) -> str:
         return f"par({self.left}, {self.right})"
@@ -147,6 +159,9 @@ class Par:
 def _same_kind(a: Schedule, b: Schedule, name: str) -> None:
     if a.forward_only != b.forward_only:
         raise ParameterError(f"{name} needs two training terms or two forward-only terms")
+    if a.seq_chunks != b.seq_chunks:
+        raise ParameterError(f"{name} needs terms with equal seq_chunks, got {a.seq_chunks} "
+                             f"and {b.seq_chunks}")
 
 
 @attrs.frozen

@@ -10,6 +10,7 @@ One JSON object::
       "stage_to_rank": [0, 1],
       "num_microbatches": 2,
       "forward_only": true,                 # only in an evaluation plan (no backward)
+      "seq_chunks": 2,                      # only when samples are cut into chunks
       "cut": [
         {"name": "vision", "side": "source", "forward_rank": [0, 1],
          "backward_rank": [0, 1], "recompute": false, "home": 0, "broadcast": true,
@@ -26,7 +27,9 @@ One JSON object::
     }
 
 ``forward_only`` (optional, default false) declares an evaluation plan: no backward
-work is required of it, and none may occur. ``programs`` holds one list per rank, in run order; each op is one object whose ``op``
+work is required of it, and none may occur. ``seq_chunks`` (optional, default 1) cuts
+each sample along its sequence into that many chunks, microbatch ``sample * S + j``
+being chunk ``j``; it must divide ``num_microbatches``. ``programs`` holds one list per rank, in run order; each op is one object whose ``op``
 key names its kind:
 
 - ``compute``: ``kind`` (``F``/``B``/``I``/``W``/``R``), ``stage``, ``mb``, ``segment``;
@@ -87,7 +90,7 @@ MAX_DIM = (1 << 63) - 1  # a tensor dimension: torch's int64
 EXPECTED = "expected a plan-json file"
 _TOP = ("format", "version", "type", "num_ranks", "stage_to_rank", "num_microbatches",
         "cut", "programs")
-_OPTIONAL_TOP = ("forward_only",)
+_OPTIONAL_TOP = ("forward_only", "seq_chunks")
 _SEGMENT = ("name", "side", "forward_rank", "backward_rank", "recompute", "home",
             "broadcast", "all_reduce")
 
@@ -103,6 +106,8 @@ def format_plan_json(plan: Plan | Schedule) -> str:
             "num_microbatches": plan.num_microbatches}
     if plan.forward_only:
         head["forward_only"] = True
+    if plan.seq_chunks != 1:
+        head["seq_chunks"] = plan.seq_chunks
     cut = _rows([_dump(_segment_obj(s)) for s in plan.cut.segments], "  ")
     programs = _rows([_rows([_dump(_op_obj(op)) for op in program], "    ")
                       for program in plan.programs], "  ")
@@ -302,7 +307,12 @@ class _Reader:
                                                 f"compute op computes: {IDLE_STAGES}")
         placement = Placement(stage_to_rank, self.num_ranks)
         forward_only = _flag(obj.get("forward_only", False), ("forward_only",))
-        return (Schedule if self.schedule else Plan)(placement, m, programs, cut, forward_only)
+        chunks = _index(obj.get("seq_chunks", 1), ("seq_chunks",), low=1)
+        if m % chunks:
+            raise _Bad(("seq_chunks",), f"seq_chunks={chunks} does not divide the {m} "
+                                        "microbatches (num_microbatches)")
+        return (Schedule if self.schedule else Plan)(placement, m, programs, cut, forward_only,
+                                                     chunks)
 
     def _rank(self, value: Any, path: tuple) -> int:
         rank = _index(value, path)
