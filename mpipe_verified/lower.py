@@ -28,13 +28,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+import attrs
+
 from .ir import Idle, Op, Plan, Recv, Schedule, Send, computes_of
 from .semantics import Chain, payload_token, schedule_times, standard_duration
 
 
 def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duration) -> Plan:
     """Insert communication, ordered by a run with ``duration``; see the module docstring
-    for the guarantees."""
+    for the guarantees. The plan keeps the schedule's sequence chunks."""
+    plan = _lowered(schedule, duration)
+    return plan if schedule.seq_chunks == 1 else attrs.evolve(plan, seq_chunks=schedule.seq_chunks)
+
+
+def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
     placement = schedule.placement
     programs = schedule.programs
     chain = Chain(placement, schedule.cut, schedule.forward_only, schedule.seq_chunks)
@@ -65,7 +72,7 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
     if any(len(timing.start[rank]) < len(program) for rank, program in enumerate(programs)):
         _append_stuck(out, programs, timing, chain)
     return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
-                schedule.forward_only, schedule.seq_chunks)
+                schedule.forward_only)
 
 
 def _append_stuck(out: list[list[Op]], programs, timing, chain: Chain) -> None:

@@ -1,5 +1,5 @@
 """The seq1f1b family and ``--seq-chunks`` on the command line: Seq1F1B's per-rank orders
-(tests/fixtures/seq1f1b_orders.json, with their source and commit) exported cell for cell,
+(tests/fixtures/orders/seq1f1b.json, with their source and commit) exported cell for cell,
 files read as sequence chunks, and bad chunk counts refused (exit 2)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mpipe_verified.lower import lower
 from mpipe_verified.spec import parse_expression
 from mpipe_verified.verify import verify
 
-FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "seq1f1b_orders.json"
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "orders" / "seq1f1b.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
 
 

@@ -156,6 +156,7 @@ class Chain:
         self.cut = cut
         self.forward_only = forward_only
         self.seq_chunks = seq_chunks
+        self._chunked = seq_chunks > 1
         self.num_stages = placement.num_stages
         self._segments = {seg.name: seg for seg in cut.segments}
         self._sources = tuple(seg for seg in cut.segments if seg.side == SOURCE)
@@ -203,7 +204,7 @@ class Chain:
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)
-        if kind is Compute and self.seq_chunks > 1:
+        if self._chunked and kind is Compute:
             base += self._chunk_needs(op)
         if kind is not Compute or not self.cut.segments:
             return base
