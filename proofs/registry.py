@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import (families, family_dualpipev, family_interleaved, family_transpose,
-               family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
-               sequences)
+from . import (families, family_dualpipev, family_interleaved, family_seq1f1b,
+               family_transpose, family_transpose_inline, family_zb, family_zbv, lowering,
+               relabel, safety, sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -86,6 +86,12 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
+    # seq1f1b (sequence chunks): bounded
+    family_seq1f1b.seq1f1b_completeness,
+    family_seq1f1b.seq1f1b_dependency,
+    family_seq1f1b.seq1f1b_matching,
+    family_seq1f1b.seq1f1b_deadlock,
+    family_seq1f1b.seq1f1b_peak_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).

@@ -49,12 +49,21 @@ def make_placement(style: str, ranks: int, chunks: int) -> Placement:
     raise ParameterError(f"placement must be one of {PLACEMENTS}, got {style!r}")
 
 
-def _rank_streams(placement: Placement, rank: int, m: int, group: int,
-                  seq_chunks: int = 1) -> RankStreams:
+def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankStreams:
     """Forwards in (round, chunk ascending, mb) order; backwards in (round, chunk
-    descending, mb) order; a round is ``group`` consecutive microbatches. With
-    ``seq_chunks`` S, ``m`` counts samples and each sample's S sequence chunks (microbatch
-    ``sample * S + j``) follow it: forwards chunk-ascending, backwards chunk-descending."""
+    descending, mb) order; a round is ``group`` consecutive microbatches."""
+    stages = placement.stages_of(rank)
+    rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
+    fwd = [(c, s, mb) for mbs in rounds for c, s in enumerate(stages) for mb in mbs]
+    bwd = [(c, s, mb) for mbs in rounds for c, s in reversed(list(enumerate(stages))) for mb in mbs]
+    return RankStreams(fwd, bwd)
+
+
+def _chunk_streams(placement: Placement, rank: int, m: int, group: int,
+                   seq_chunks: int) -> RankStreams:
+    """``_rank_streams`` of ``m`` samples, each sample's place taken by its
+    ``seq_chunks`` S sequence chunks (microbatch ``sample * S + j``): forwards
+    chunk-ascending, backwards chunk-descending."""
     stages = placement.stages_of(rank)
     rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
     up, down = range(seq_chunks), range(seq_chunks - 1, -1, -1)
@@ -92,7 +101,9 @@ class Weave:
         programs = []
         for r in range(p):
             env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v * sc, "s": sc}
-            programs.append(tuple(weave_rank(node, _rank_streams(placement, r, m, g, sc), env)))
+            streams = (_rank_streams(placement, r, m, g) if sc == 1
+                       else _chunk_streams(placement, r, m, g, sc))
+            programs.append(tuple(weave_rank(node, streams, env)))
         return Schedule(placement, m * sc, tuple(programs), seq_chunks=sc)
 
     def __str__(self) -> str:
