@@ -98,3 +98,13 @@ def test_the_spec_and_the_expression_take_seq_chunks():
     term = family("seq1f1b", 2, 3, seq_chunks=3)
     assert parse_expression(str(term)) == term
     assert parse_expression("seq1f1b(pp=2, microbatches=3, seq_chunks=3)") == term
+
+
+def test_the_executor_refuses_a_plan_of_sequence_chunks():
+    """The executor runs whole samples: a certified plan of chunks is refused up front."""
+    torch = pytest.importorskip("torch")
+    from mpipe_verified.executor import PipelineError, PipelineExecutor, certify
+    plan = lower(family("seq1f1b", 1, 1).derive())
+    with pytest.raises(PipelineError, match="sequence chunks"):
+        PipelineExecutor(plan, certify(plan), stages={0: torch.nn.Linear(2, 2)},
+                         loss_fn=lambda out, target: out.sum(), rank=0)
