@@ -43,7 +43,8 @@ The *corpus* (``build_corpus``) is written into a temporary directory from a fix
 broken plans, each rejected by the pristine package (asserted: exit 1 from ``check``),
 as plan-json files (transpose plans of every mode, source and sink, bodies 1f1b and
 interleaved-1f1b on 2 and 4 ranks; plans with groups and collectives; plain family
-plans), torch CSVs and specs, spanning all five properties (memory through a
+plans; plans of sequence chunks out of chunk order, read with ``--seq-chunks``), torch
+CSVs and specs, spanning all five properties (memory through a
 ``--memory-limit`` below the plan's peak), plus the collective false accepts of
 ``tests/fixtures/false_accept_*.json``; for the shell (``shell_entries``): compute-only
 files that ``check`` lowers, with a repeated, missing or stuck compute, FSDP markers, or
