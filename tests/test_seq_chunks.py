@@ -26,14 +26,26 @@ def _one_rank(order: str, seq_chunks: int = 2) -> Plan:
 
 
 def _no_witness_proves_dependency(plan: Plan) -> bool:
-    """Every producer list of the right length, each entry any position (or -1), put to
-    the kernel: none proves ``dependency``."""
+    """Each input's true first producer on the rank where there is one before the op;
+    every input without one (the chunk rule's) given every position (or -1), in every
+    combination: no such witness makes the kernel prove ``dependency``."""
     honest = verify(attrs.evolve(plan, seq_chunks=1)).witness
-    chain = Chain.of(plan)
-    needs = sum(len(chain.needs(op, 0)) for op in plan.programs[0])
-    n = len(plan.programs[0])
-    for given in itertools.product(range(-1, n), repeat=needs):
-        forged = attrs.evolve(honest, producers=(given,))
+    chain, program = Chain.of(plan), plan.programs[0]
+    made: dict = {}
+    fixed, free = [], []
+    for index, op in enumerate(program):
+        for token in sorted(chain.needs(op, 0)):
+            at = made.get(token)
+            fixed.append(at if at is not None else -1)
+            if at is None:
+                free.append(len(fixed) - 1)
+        for token in chain.produces(op):
+            made.setdefault(token, index)
+    for values in itertools.product(range(-1, len(program)), repeat=len(free)):
+        given = list(fixed)
+        for k, v in zip(free, values):
+            given[k] = v
+        forged = attrs.evolve(honest, producers=(tuple(given),))
         if kernel.prove(plan, forged, properties=("dependency",))["dependency"].status \
                 == "proved":
             return False
@@ -61,7 +73,7 @@ def test_chunks_in_order_verify():
     plan = _one_rank("F0 F1 B1 B0")
     assert verify(plan).status == "verified"
     assert judge_plan(plan).ok
-    assert not _no_witness_proves_dependency(plan)  # the search finds the honest one
+    assert not _no_witness_proves_dependency(plan)  # the honest producers prove it
 
 
 @pytest.mark.parametrize("order, cell", [("F1 F0 B1 B0", "0F1"), ("F0 F1 B0 B1", "0B0")])
@@ -93,3 +105,32 @@ def test_a_lowered_plan_of_chunks_keeps_them_and_is_judged_alike():
     assert good.seq_chunks == 2
     assert verify(good).status == "verified" and judge_plan(good).ok
     assert verify(bad).status == "violated" and "dependency" in judge_plan(bad).violated
+
+
+@pytest.mark.parametrize("order, cell", [("F0 F1 I0 W0 I1 W1", "0I0"),
+                                         ("F0 F1 I1 I0 W1 W0", None),
+                                         ("F0 F1 I1 W1 I0 W0", None)])
+def test_the_split_backward_of_a_chunk_waits_for_the_next_chunk_s_input_gradient(order, cell):
+    """``I`` stands for a chunk's backward; ``W`` is free of the chunk rule."""
+    plan = _one_rank(order)
+    report = verify(plan)
+    assert report.status == ("verified" if cell is None else "violated")
+    assert judge_plan(plan).ok == (cell is None)
+    if cell is not None:
+        assert [v.ops[0][2] for v in report.violations] == [cell]
+        assert _no_witness_proves_dependency(plan)
+
+
+def test_the_column_form_gives_the_op_by_op_hint_on_chunks():
+    """The dependency hint by columns (classes split by the chunk's place in its sample)
+    is the op-by-op one, on seq1f1b plans with 2 and 3 chunks, split or not."""
+    from mpipe_verified.algebra.families import family
+    from mpipe_verified.algebra.terms import SplitBW
+    from mpipe_verified.semantics import op_table
+    from mpipe_verified.verify import passes
+    for term in (family("seq1f1b", 3, 3), family("seq1f1b", 4, 2, seq_chunks=3),
+                 SplitBW(family("seq1f1b", 2, 3, seq_chunks=3))):
+        plan = lower(term.derive())
+        table = op_table(plan)
+        by_columns = passes.dependency(plan, table)[1]
+        assert by_columns is not None and by_columns == passes.dependency(plan, None)[1]
