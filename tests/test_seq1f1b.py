@@ -79,12 +79,15 @@ def test_seq_chunks_reach_the_family_through_every_command(tmp_path, capsys):
     assert main(["recheck", str(tmp_path / "p.json"), str(tmp_path / "none.json")]) == 2
 
 
-def test_plan_json_carries_seq_chunks(tmp_path):
+def test_plan_json_carries_seq_chunks(tmp_path, capsys):
     plan = lower(family("seq1f1b", 3, 2, seq_chunks=3).derive())
     text = format_plan_json(plan)
     assert '"seq_chunks": 3' in text and parse_plan_json(text, "x.json") == plan
     plain = lower(family("1f1b", 3, 2).derive())
     assert "seq_chunks" not in format_plan_json(plain)
+    (tmp_path / "p.json").write_text(text)
+    assert main(["check", str(tmp_path / "p.json"), "--seq-chunks", "3", "-q"]) == 0
+    assert main(["check", str(tmp_path / "p.json"), "--seq-chunks", "2"]) == 2
     bad = text.replace('"seq_chunks": 3', '"seq_chunks": 4')
     with pytest.raises(Exception, match=r"\$\.seq_chunks: seq_chunks=4 does not divide"):
         parse_plan_json(bad, "x.json")

@@ -79,10 +79,14 @@ def add_seq_chunks(p: argparse.ArgumentParser) -> None:
 def with_seq_chunks(target: Schedule | Plan, chunks: int | None, name: str
                     ) -> Schedule | Plan:
     """A file's plan read with ``--seq-chunks S`` (None: as written): microbatch
-    ``mb * S + j`` is chunk ``j`` of sample ``mb``. S must divide the file's microbatches."""
+    ``mb * S + j`` is chunk ``j`` of sample ``mb``. S must divide the file's microbatches
+    (and be the file's own, where it states one: plan-json's ``seq_chunks``)."""
     if chunks is None:
         return target
     check_seq_chunks(chunks)
+    if target.seq_chunks not in (1, chunks):
+        raise UsageError(f"{name}: the file says seq_chunks={target.seq_chunks}, "
+                         f"--seq-chunks {chunks}")
     if target.num_microbatches % chunks:
         raise UsageError(f"{name}: --seq-chunks {chunks} does not divide the "
                          f"{target.num_microbatches} microbatches of the file (microbatch "
