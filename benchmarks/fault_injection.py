@@ -100,12 +100,13 @@ import attrs  # noqa: E402
 
 import strategies as S  # noqa: E402
 from mpipe_verified.algebra.families import family  # noqa: E402
-from mpipe_verified.algebra.terms import ForwardOnly, Weave  # noqa: E402
+from mpipe_verified.algebra.terms import ForwardOnly, Offloaded, Weave  # noqa: E402
 from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
 from mpipe_verified.formats.plan_json import read_plan_json, write_plan_json  # noqa: E402
 from mpipe_verified.formats.torch_csv import write_torch_csv  # noqa: E402
-from mpipe_verified.ir import (Collective, Compute, Group, Marker, Overlap,  # noqa: E402
-                               Placement, Plan, Recv, Schedule, Send)
+from mpipe_verified.ir import (LEND, RETURN, Collective, Compute, Group,  # noqa: E402
+                               Marker, Offload, Overlap, Payload, Placement, Plan, Recv,
+                               Reload, Schedule, Send)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.semantics import peak_memory  # noqa: E402
 from mpipe_verified.verify import PROPERTIES, verify  # noqa: E402
@@ -151,7 +152,7 @@ PASS_FAULTS = (
           "return ()",
           "a recompute does not need its shipped input"),
     Fault("send_needs_nothing", RULES,
-          "    if kind is Send:\n        return (payload_token(op.payload),)",
+          "    if kind is Send:\n        return (sent_token(op.payload),)",
           "    if kind is Send:\n        return ()",
           "a send does not need the value it sends"),
     Fault("group_needs_first_member", RULES,
@@ -396,6 +397,44 @@ PASS_FAULTS = (
           "np.where(kind >= 0, 0, 0)",
           "the op classes of a torch CSV's cells ignore the stage (ops of two stages share "
           "a class)"),
+    # ---- activation moves (docs/semantics.md §2.9)
+    Fault("backward_without_reload", RULES,
+          'for t in ("reloaded", "returned")',
+          'for t in ()',
+          "a backward of an offloaded or lent activation does not need it back"),
+    Fault("reload_needs_nothing", RULES,
+          'return (("offloaded", op.segment, op.stage, op.mb),)',
+          "return ()",
+          "a reload does not need its offload"),
+    Fault("offload_needs_nothing", RULES,
+          '        return (("stored", op.segment, op.stage, op.mb),)\n    if kind is Reload:',
+          '        return ()\n    if kind is Reload:',
+          "an offload does not need the stored activation"),
+    Fault("return_needs_nothing", RULES,
+          '{LEND: "stored", RETURN: "held"}',
+          '{LEND: "stored", RETURN: "out"}',
+          "a return's send needs the forward's output, not the lent activation held"),
+    Fault("moves_uncounted", WORK,
+          "if off > 1 or rel != off:",
+          "if False:",
+          "offloads without their reload (or repeated) are not counted as incomplete"),
+    Fault("lends_uncounted", WORK,
+          "if lent > 1 or back != lent or gave != held:",
+          "if False:",
+          "lends without their return are not counted as incomplete"),
+    Fault("reload_allocates_nothing", MEMORY,
+          'return [(key, ("reloaded activation of", op, stored(op.stage, op.segment)))], []',
+          "return [], []",
+          "a reload puts nothing back on the device"),
+    Fault("holder_keeps_nothing", MEMORY,
+          'allocs.append((key, ("moved activation of", r, stored(p.stage, p.segment))))',
+          "pass",
+          "a lent (or returned) activation takes no memory on the rank that receives it"),
+    Fault("table_keeps_lends", TABLE,
+          "                if p.kind in RANK_MOVES:\n                    return None  # a lent "
+          "activation's backward needs more than its class",
+          "",
+          "plans with rank moves get an op table (a lent backward's need read from its class)"),
 )
 # ---- the shell around the kernel: what the question is, and how the verdict is assembled
 # (the per-rank limits, the memory sizes, the lowering and the declarations that make the
@@ -598,9 +637,9 @@ SHELL_FAULTS = (
           "return target, spec, name",
           "a file is read without the --seq-chunks the user named"),
     Fault("seq_chunks_ignored_by_the_family", CLI_TARGETS,
-          "return family(args.family, args.pp, args.microbatches, args.chunks, "
+          "term = family(args.family, args.pp, args.microbatches, args.chunks, "
           "seq_chunks=chunks)",
-          "return family(args.family, args.pp, args.microbatches, args.chunks)",
+          "term = family(args.family, args.pp, args.microbatches, args.chunks)",
           "--family seq1f1b is built with its default chunks, not the ones named"),
     # ---- the canonical text (ir.py): digests only; check compares none
     Fault("canonical_send_without_peer", IR,
@@ -796,9 +835,47 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
 
     def add(name, plan, *extra):
         out.append((name, plan, tuple(extra)))
-    for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits, _seq_edits):
+    for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits, _move_edits,
+                  _seq_edits):
         edits(add)
     return out
+
+
+def _offloaded(name: str, p: int, m: int) -> Plan:
+    return lower(Offloaded(family(name, p, m), 1, 0).derive())
+
+
+def _lent(plan: Plan, rank: int, to: int, stage: int, mb: int) -> Plan:
+    """``plan`` with rank ``rank`` lending the activation of ``(stage, mb)`` to rank ``to``
+    right after its forward; ``to`` receives it first and gives it back just before its
+    first send to ``rank``, where ``rank`` receives it just before its first receive from
+    ``to`` (so both channels keep their FIFO order; that receive must come before the
+    activation's backward)."""
+    lend, back = Payload(LEND, stage, mb), Payload(RETURN, stage, mb)
+    prog = list(plan.programs[rank])
+    prog.insert(prog.index(Compute("F", stage, mb)) + 1, Send(to, lend))
+    prog.insert(next(i for i, op in enumerate(prog) if isinstance(op, Recv) and op.src == to),
+                Recv(to, back))
+    held = [Recv(rank, lend), *plan.programs[to]]
+    held.insert(next(i for i, op in enumerate(held) if isinstance(op, Send) and op.dst == rank),
+                Send(rank, back))
+    return _program(_program(plan, rank, prog), to, held)
+
+
+def _move_edits(add) -> None:
+    """Activation moves: offloads and reloads, lends and returns."""
+    off = _offloaded("1f1b", 2, 4)
+    add("reload_after_backward", _move_before(off, 0, "0B0", "0RELOAD0"))
+    add("reload_dropped", _drop(off, 0, "0RELOAD1"))
+    add("offload_dropped", _drop(off, 0, "0OFFLOAD2"))
+    add("reload_before_offload", _move_before(off, 0, "0RELOAD0", "0OFFLOAD0"))
+    peak = max(x for x, _ in peak_memory(off).values())
+    add("offloaded-1f1b-p2-below-peak", off, "--memory-limit", f"{peak - 1:g}")
+    lent = _lent(_lowered("gpipe", 2, 2), 0, 1, 0, 0)
+    add("return_after_backward", _move_before(lent, 0, "0B0", "0RECV_RETURN0"))
+    add("return_dropped", _drop(_drop(lent, 0, "0RECV_RETURN0"), 1, "0SEND_RETURN0"))
+    peak = max(x for x, _ in peak_memory(lent).values())
+    add("lent-gpipe-p2-below-peak", lent, "--memory-limit", f"{peak - 1:g}")
 
 
 def _body_edits(add) -> None:
@@ -1196,9 +1273,12 @@ def _write(directory: str, index: int, name: str, plan: Plan, extra: tuple,
 
 
 def _csv_ok(plan: Plan) -> bool:
-    """Plain plans (no cut, group or collective) also go out as torch CSV."""
-    return not plan.cut.segments and not any(isinstance(op, (Group, Collective))
-                                             for prog in plan.programs for op in prog)
+    """Plain plans (no cut, group, collective or activation move) also go out as torch
+    CSV."""
+    return not plan.cut.segments and not any(
+        isinstance(op, (Group, Collective, Offload, Reload))
+        or (isinstance(op, (Send, Recv)) and op.payload.kind in (LEND, RETURN))
+        for prog in plan.programs for op in prog)
 
 
 SMALL_SHELL = ("lowered:1f1b-p2-forward-twice", "valid:declared-1f1b-p2")
@@ -1250,6 +1330,9 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
         _write(directory, 903, "valid:1f1b-p3-groups",
                S.with_groups(_lowered("1f1b", 3, 4), S.RandomChooser(random.Random(SEED))), ()),
         _write(directory, 904, "valid:gpipe-p3-collectives", _with_coll(_lowered("gpipe", 3, 2)),
+               ()),
+        _write(directory, 906, "valid:offloaded-1f1b-p2", _offloaded("1f1b", 2, 4), ()),
+        _write(directory, 907, "valid:lent-gpipe-p2", _lent(_lowered("gpipe", 2, 2), 0, 1, 0, 0),
                ()),
         _write(directory, 905, "valid:steady-exchange-eager",
                read_plan_json(os.path.join(FIXTURES, "steady_exchange_ungrouped.json")),

@@ -22,7 +22,8 @@ same model and times it the same way:
 - each baseline's peak memory is compared with the same limit (``within_limit``) and its
   plan is verified too (``status``).
 
-The document (``--json``) holds ``makespan``, ``bubble_fraction``, ``peak_memory`` (per rank),
+The document (``--json``) holds ``makespan``, ``bubble_fraction``, ``peak_memory`` (per rank;
+``host_peak_memory`` too where activations are offloaded),
 per-rank ``busy`` and ``bubble``, and ``compare: {FAMILY: {makespan, bubble_fraction,
 peak_memory, within_limit, status, speedup}}`` where ``speedup`` is *this spec's* speedup
 over the family: the family's makespan over the spec's (above 1: the spec is faster; below
@@ -188,6 +189,8 @@ def _doc(t: Timed, name: str) -> dict:
     doc["ranks"] = t.plan.num_ranks
     doc["microbatches"] = t.plan.num_microbatches
     doc["certificate"] = report.certificate.digest if report.certificate else None
+    if "host_peak_memory" in report.stats:  # offloaded activations (docs/semantics.md §2.9)
+        doc["host_peak_memory"] = report.stats["host_peak_memory"]
     return doc
 
 
@@ -214,6 +217,10 @@ def render_simulation(doc: dict) -> str:
     for r in sorted(doc["busy"], key=int):
         lines.append(f"  {r:>4}  {_num(doc['busy'][r]):>10}  {doc['bubble'][r]:>7.1%}  "
                      f"{_num(doc['peak_memory'][r]):>11}")
+    if doc.get("host_peak_memory"):
+        lines.append("  host peak memory: " + ", ".join(
+            f"{r}: {_num(x)}" for r, x in sorted(doc["host_peak_memory"].items(),
+                                                  key=lambda kv: int(kv[0]))))
     if doc.get("compare"):
         segment = doc.get("inline_segment")
         lines.append("compared on the same model and costs" + (

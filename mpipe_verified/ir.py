@@ -10,6 +10,8 @@ Invariants:
 - A ``Plan`` may also hold ``Send``, ``Recv``, ``Group`` and ``Collective``.
 - A ``forward_only`` schedule or plan (an evaluation run) declares that it holds no
   backward work: no ``B``/``I``/``W``/``R`` is required of it, and none may occur.
+- ``Offload``/``Reload`` move a stored activation from its rank's device memory to host
+  memory and back (PipeOffload); they compute nothing and send nothing.
 - ``Idle`` is an empty step (an empty CSV cell) and ``Marker`` an FSDP bookkeeping action
   (``UNSHARD``/``RESHARD``/``REDUCE_GRAD``); both are kept only so a file reads back
   unchanged, and the semantics ignore them.
@@ -31,6 +33,9 @@ import attrs
 FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE = "F", "B", "I", "W", "R"
 COMPUTE_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
 ACT, GRAD, INPUT = "act", "grad", "input"
+LEND, RETURN = "lend", "return"  # a stored activation lent to a peer rank, and given back
+RANK_MOVES = (LEND, RETURN)
+PAYLOAD_KINDS = (ACT, GRAD, INPUT) + RANK_MOVES
 BODY = ""  # the pipelined body's segment name
 MARKER_ACTIONS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 COLLECTIVE_KINDS = ("broadcast", "all_reduce", "gather")
@@ -78,7 +83,7 @@ def _members_are(ops, kinds: tuple, what: str) -> None:
         raise ValueError(f"{what}, got {ops!r}")
 
 
-_LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN"}
+_LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN", LEND: "LEND", RETURN: "RETURN"}
 _STEP = re.compile(r'\((\d+)\)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
 
 
@@ -132,6 +137,11 @@ class Payload:
     ``stage - 1``) or the raw input (``input``, for a recompute) of ``(segment, stage,
     mb)``. ``to_segment`` names the consumer's segment when the transfer crosses the cut
     (the consumer is then that segment's first stage, or the body's first/last stage).
+    BPipe-style rank moves (docs/semantics.md §2.9): ``lend`` carries the stored
+    activation of ``(segment, stage, mb)`` from the rank that computed it to a peer that
+    holds it in device memory, ``return`` gives it back (text ``1SEND_LEND0``,
+    ``1RECV_LEND0``, ``1SEND_RETURN0``, ``1RECV_RETURN0``: both ends name the activation's
+    stage).
 
     Layout: ``shape``/``dtype`` describe one tensor (``leaves`` None); or ``leaves``
     describes a structure (tuples, lists, dicts of tensors and None), one ``Leaf`` per
@@ -139,7 +149,7 @@ class Payload:
     ``shape``/``dtype`` are None. ``leaves == ()``: nothing travels (the gradient of an
     activation that needs none)."""
 
-    kind: str = attrs.field(validator=attrs.validators.in_((ACT, GRAD, INPUT)))
+    kind: str = attrs.field(validator=attrs.validators.in_(PAYLOAD_KINDS))
     stage: int = attrs.field(validator=_nonneg)
     mb: int = attrs.field(validator=_nonneg)
     segment: str = ""
@@ -150,7 +160,7 @@ class Payload:
 
     @property
     def consumer_stage(self) -> int:
-        if self.kind == INPUT:
+        if self.kind == INPUT or self.kind == LEND or self.kind == RETURN:
             return self.stage
         if self.to_segment is not None:
             return 0
@@ -228,6 +238,38 @@ class Collective:
 
 
 @attrs.frozen(order=True)
+class _Move:
+    """An activation move of ``(segment, stage, mb)`` on its rank (``WORD``: its text)."""
+
+    stage: int = attrs.field(validator=_nonneg)
+    mb: int = attrs.field(validator=_nonneg)
+    segment: str = ""
+    WORD = ""
+
+    def __str__(self) -> str:
+        return f"{_seg(self.segment)}{self.stage}{self.WORD}{self.mb}"
+
+
+@attrs.frozen(order=True)
+class Offload(_Move):
+    """Move the stored activation from this rank's device memory to host memory (it must
+    be resident: after its ``F``, before its backward). Text: ``2OFFLOAD0``."""
+
+    WORD = "OFFLOAD"
+
+
+@attrs.frozen(order=True)
+class Reload(_Move):
+    """Move the stored activation this rank offloaded back to device memory (before its
+    backward). Text: ``2RELOAD0``."""
+
+    WORD = "RELOAD"
+
+
+MOVES = (Offload, Reload)  # activation moves between a rank's device and host memory
+
+
+@attrs.frozen(order=True)
 class Idle:
     """An empty step (an empty CSV cell)."""
 
@@ -298,7 +340,7 @@ def known_op_cells(plan: "Plan"):
     return _KNOWN_CELLS[1] if _KNOWN_CELLS[0]() is plan else None
 
 
-Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker]
+Op = Union[Compute, Overlap, Send, Recv, Group, Collective, Idle, Marker, Offload, Reload]
 COMM_STEP = (Send, Recv, Group, Collective)
 _BULK = (Compute, Payload, Send, Recv, Marker)  # no __attrs_post_init__, defaults plain
 
@@ -607,6 +649,8 @@ def _canonical(op: Op) -> str:
         return f"{op.kind.upper()}({_text(op.tag)}{root}|{','.join(map(_int, op.ranks))})"
     if kind is Marker:
         return f"{op.stage}{op.action}{'' if op.mb is None else _int(op.mb)}"
+    if kind is Offload or kind is Reload:
+        return f"{_prefix(op.segment)}{_int(op.stage)}{op.WORD}{_int(op.mb)}"
     raise TypeError(f"not an op of a plan: {op!r}")
 
 

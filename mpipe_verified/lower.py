@@ -31,7 +31,7 @@ from typing import Callable
 import attrs
 
 from .ir import Idle, Op, Plan, Recv, Schedule, Send, computes_of
-from .semantics import Chain, payload_token, schedule_times, standard_duration
+from .semantics import Chain, offloads, payload_token, schedule_times, standard_duration
 
 
 def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duration) -> Plan:
@@ -44,7 +44,8 @@ def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duratio
 def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
     placement = schedule.placement
     programs = schedule.programs
-    chain = Chain(placement, schedule.cut, schedule.forward_only, schedule.seq_chunks)
+    chain = Chain(placement, schedule.cut, schedule.forward_only, offloads(schedule.programs),
+                  schedule.seq_chunks)
     total = sum(duration(op) for prog in programs for op in prog if computes_of(op))
     tiny = 1e-9 * (total if total > 0 else 1.0)  # resolvable at every time of the run
 

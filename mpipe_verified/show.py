@@ -22,7 +22,8 @@ from typing import Callable
 
 from .figures import num_text
 from .ir import Collective, Op, Plan, Schedule, computes_of
-from .semantics import UNIT_MEMORY, MemoryModel, peak_memory, schedule_times, standard_duration
+from .semantics import (UNIT_MEMORY, MemoryModel, host_peaks, peak_memory, schedule_times,
+                        standard_duration)
 from .sim import timeline
 
 IDLE = "."
@@ -130,7 +131,9 @@ def _footer(target, runs, span, stops: str | None, duration, memory) -> list[str
     ratio = (1 - sum(busy) / total) if total else 0.0
     out = [f"{stops or f'makespan {num_text(span)}'}, bubble {ratio:.1%} "
            f"({len(runs)} ranks, {plan.num_microbatches} microbatches)"]
+    host = host_peaks(plan, memory)  # offloaded activations (§2.9), on ranks that offload
     for r in range(len(runs)):
         out.append(f"rank {r}: busy {num_text(busy[r])}, "
-                   f"idle {num_text(span - busy[r])}, peak memory {num_text(peaks[r][0])}")
+                   f"idle {num_text(span - busy[r])}, peak memory {num_text(peaks[r][0])}"
+                   + (f", host peak {num_text(host[r])}" if r in host else ""))
     return out

@@ -29,7 +29,7 @@ from .ir import Op, Schedule
 from .semantics import UNIT_MEMORY, MemoryModel, standard_duration
 
 TERM_TYPES = (terms.Weave, terms.Seq, terms.Par, terms.Restrict, terms.SplitBW, terms.MergeBW,
-              terms.DeferW, terms.Relabel, terms.ForwardOnly, Transpose)
+              terms.DeferW, terms.Relabel, terms.ForwardOnly, terms.Offloaded, Transpose)
 Term = Any  # any of TERM_TYPES: an object with ``derive() -> Schedule``
 
 
@@ -136,6 +136,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
     "split_bw": (terms.SplitBW, (("t", _TERM, _REQUIRED),)),
     "merge_bw": (terms.MergeBW, (("t", _TERM, _REQUIRED),)),
     "forward_only": (terms.ForwardOnly, (("t", _TERM, _REQUIRED),)),
+    "offload": (terms.Offloaded, (("t", _TERM, _REQUIRED), ("gap", _INT, 2),
+                                  ("prefetch", _INT, 1))),
     "defer_w": (_defer_w, (("t", _TERM, _REQUIRED), ("lag", (_STR, _INT), _REQUIRED))),
     "relabel": (lambda t, perm: terms.Relabel(t, tuple(perm)),
                 (("t", _TERM, _REQUIRED), ("perm", _INTS, _REQUIRED))),

@@ -10,10 +10,11 @@ Written from the grammar, not from the encoder's code:
   rank's ops, separated by ``,``;
 - a text (segment, tag, dtype, ``to``) is either plain (``[A-Za-z0-9_.:/+-]*``) or a JSON
   string; a segment prefixes its op as ``SEGMENT:``, the last ``:`` of a plain run;
-- ``[SEG:]S{F,B,I,W,R}MB``; ``S{UNSHARD,RESHARD,REDUCE_GRAD}[MB]``;
+- ``[SEG:]S{F,B,I,W,R}MB``; ``[SEG:]S{OFFLOAD,RELOAD}MB`` (activation moves); ``S{UNSHARD,RESHARD,REDUCE_GRAD}[MB]``;
   ``(C;C;...)OVERLAP_F_B``; ``[P;P;...]GROUP``; ``KIND(TAG[@ROOT]|R,R,...)``;
 - ``[SEG:]S SEND_L MB<PEER FIELDS>`` (the producing segment and stage) and
-  ``[SEG:]S RECV_L MB<PEER FIELDS>`` (the consuming ones), ``L`` in ``F``/``B``/``IN``;
+  ``[SEG:]S RECV_L MB<PEER FIELDS>`` (the consuming ones), ``L`` in ``F``/``B``/``IN``/``LEND``/``RETURN`` (the last two name the activation's stage
+  at both ends);
   fields ``|SHAPE|DTYPE`` (``None`` or a Python tuple; ``None`` or a text) or
   ``|leaves=JSON``, then ``|to=TEXT`` (a send's ``to_segment``) or ``|from=[SEG:]S`` (a
   receive across the cut: its payload's segment and stage; the head names the consumer).
@@ -26,18 +27,19 @@ import json
 import re
 
 from mpipe_verified.ir import (ACT, COLLECTIVE_KINDS, GRAD, INPUT, Collective, Compute, Cut,
-                               Group, Leaf, Marker, Overlap, Payload, Placement, Plan, Recv,
-                               SegmentWork, Send)
+                               Group, Leaf, Marker, Offload, Overlap, Payload, Placement, Plan,
+                               Recv, Reload, SegmentWork, Send)
 
 _PLAIN_RUN = re.compile(r"[A-Za-z0-9_.:/+\-]*")
 _INT = r"-?[0-9]+"
 _COMPUTE = re.compile(r"([0-9]+)([FBIWR])([0-9]+)")
+_MOVE = re.compile(r"([0-9]+)(OFFLOAD|RELOAD)([0-9]+)")
 _MARKER = re.compile(r"([0-9]+)(UNSHARD|RESHARD|REDUCE_GRAD)(-?[0-9]+)?")
-_P2P = re.compile(rf"({_INT})(SEND|RECV)_(F|B|IN)([0-9]+)")
+_P2P = re.compile(rf"({_INT})(SEND|RECV)_(F|B|IN|LEND|RETURN)([0-9]+)")
 _SHAPE = re.compile(rf"None|\(\)|\(({_INT}),\)|\(({_INT}(?:, {_INT})+)\)")
 _RANKS = re.compile(rf"(?:{_INT}(?:,{_INT})*)?")
 _HEAD = re.compile(r"placement=((?:[0-9]+(?:,[0-9]+)*)?);m=([0-9]+)(?:;cut=(.*))?")
-_KINDS = {"F": ACT, "B": GRAD, "IN": INPUT}
+_KINDS = {"F": ACT, "B": GRAD, "IN": INPUT, "LEND": "lend", "RETURN": "return"}
 
 
 class DecodeError(ValueError):
@@ -162,6 +164,9 @@ class _Row:
         segment, rest = self.segment_and_rest()
         if (m := _COMPUTE.fullmatch(rest)) is not None:
             return Compute(m.group(2), int(m.group(1)), int(m.group(3)), segment)
+        if (m := _MOVE.fullmatch(rest)) is not None:
+            cls = Offload if m.group(2) == "OFFLOAD" else Reload
+            return cls(int(m.group(1)), int(m.group(3)), segment)
         if (m := _MARKER.fullmatch(rest)) is not None and not segment:
             mb = None if m.group(3) is None else int(m.group(3))
             return Marker(int(m.group(1)), m.group(2), mb)

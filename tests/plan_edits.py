@@ -9,7 +9,7 @@ import attrs
 
 from mpipe_verified.algebra.families import family
 from mpipe_verified.formats.plan_json import read_plan_json
-from mpipe_verified.ir import Plan, Recv
+from mpipe_verified.ir import Offload, Plan, Recv, Reload, computes_of
 from mpipe_verified.lower import lower
 from mpipe_verified.semantics import needs, produces
 
@@ -58,3 +58,40 @@ def defer_receives(plan: Plan) -> Plan:
         assert not pending, "every receive has a consumer"
         programs.append(tuple(out))
     return attrs.evolve(plan, programs=tuple(programs))
+
+
+# ---------------------------------------------------------------- activation moves
+
+MOVE_EDITS = ("drop_reload", "reload_after_backward", "drop_offload",
+              "offload_after_backward", "duplicate_offload", "reload_first")
+
+
+def _moves_at(plan: Plan, kind) -> list[tuple[int, int]]:
+    return [(r, i) for r, prog in enumerate(plan.programs) for i, op in enumerate(prog)
+            if isinstance(op, kind)]
+
+
+def _backward_at(plan: Plan, rank: int, move) -> int:
+    """The position of the first backward (``B`` or ``I``) of ``move``'s activation."""
+    return next(i for i, op in enumerate(plan.programs[rank]) for c in computes_of(op)
+                if c.kind in "BI" and (c.segment, c.stage, c.mb) == (move.segment, move.stage,
+                                                                      move.mb))
+
+
+def edit_moves(plan: Plan, kind: str, pick) -> tuple[Plan, str]:
+    """One ``MOVE_EDITS`` edit of a plan with offloads; ``pick(list)`` chooses."""
+    moves = _moves_at(plan, Reload if "reload" in kind else Offload)
+    rank, i = pick(moves)
+    prog = list(plan.programs[rank])
+    op = prog[i]
+    if kind.startswith("drop"):
+        del prog[i]
+    elif kind == "duplicate_offload":
+        prog.insert(i, op)
+    elif kind == "reload_first":
+        prog.insert(0, prog.pop(i))
+    else:  # just after the backward that needs it
+        b = _backward_at(plan, rank, op)
+        del prog[i]
+        prog.insert(b if i < b else b + 1, op)
+    return with_program(plan, rank, prog), f"{kind} rank {rank} #{i} {op}"

@@ -199,6 +199,7 @@ def run_plan(plan) -> Result:
 #   ("C", ((kind, stage, mb, segment), ...))        a compute step (several: overlapped)
 #   ("P", ((is_send, peer, payload), ...), grouped)  comm ops (a group when ``grouped``)
 #   ("K", kind, ranks, tag, root)                    a collective over ``ranks``
+#   ("M", "offload"|"reload", stage, mb, segment)    an activation move (device <-> host)
 #   ("N",)                                           an idle step or a marker
 # where ``payload = (kind "act"|"grad"|"input", producing stage, mb, segment, shape,
 # dtype, ...)`` (any further fields only take part in the equality that matching checks),
@@ -257,6 +258,22 @@ def run_plan(plan) -> Result:
 #   the F of the same (segment, stage) and ``mb - 1`` to have run earlier on its rank; a B
 #   or I of a chunk that is not its sample's last needs a B or I of ``mb + 1`` to have run
 #   earlier on its rank. Nothing else changes (each chunk stores as a microbatch does).
+#
+# Activation moves (PipeOffload): an offload moves a rank's stored activation of (segment,
+# stage, mb) to host memory, a reload moves it back. Completeness: each move names a unit
+# and mb of the plan; per rank and activation at most one offload and exactly as many
+# reloads as offloads. Dependency: an offload needs the stored activation (its F ran
+# there), a reload needs that offload earlier on its rank, and a backward (B or I) of an
+# activation its rank offloads anywhere needs the reload earlier. Memory counts the device
+# only: an offload frees the stored activation's key, a reload allocates it again (its
+# stored size); host memory has no limit. BPipe's rank moves are transfers of payload kind
+# "lend" (the owner sends its stored activation to a peer, which holds it) and "return"
+# (the peer sends it back): a lend's send needs the stored activation and its receive
+# makes it held, a return's send needs it held and its receive makes it returned; a
+# backward of an activation its rank lends anywhere needs it returned earlier. Per rank
+# and activation at most one lend sent, as many returns received as lends sent, as many
+# returns sent as lends received. Memory: the send of a lend or return frees the stored
+# activation's key on its rank, the receive allocates it (stored size, no buffer).
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 SOURCE_SIDE, SINK_SIDE = "source", "sink"
@@ -362,12 +379,18 @@ class _Chain:
         return [("stored", seg, s, mb)] + ([("grad", "", 0, mb)]
                                            if segw.side == SOURCE_SIDE else [])
 
-    def needs(self, cell, rank) -> list:
+    def needs(self, cell, rank, away=frozenset()) -> list:
         if cell[0] == "C":
             return [t for kind, s, mb, seg in cell[1]
-                    for t in self.compute_needs(kind, s, mb, seg, rank)]
+                    for t in self.compute_needs(kind, s, mb, seg, rank)
+                    + [(back, seg, s, mb) for back in ("reloaded", "returned")
+                       if kind in ("B", "I") and (rank, seg, s, mb, back) in away]]
+        if cell[0] == "M":
+            _, move, s, mb, seg = cell
+            return [("stored" if move == "offload" else "offloaded", seg, s, mb)]
         if cell[0] == "P":
-            return [_token(payload) for is_send, _, payload in cell[1] if is_send]
+            return [_moved(payload, {"lend": "stored", "return": "held"})
+                    for is_send, _, payload in cell[1] if is_send]
         if cell[0] == "K":
             role, _, name = cell[3].partition(":")
             segw = self.segs.get(name)
@@ -390,10 +413,14 @@ class _Chain:
                 out += ([("ran F",) + unit] if kind == "F" else
                         [("ran backward",) + unit] if kind in ("B", "I") else [])
         elif cell[0] == "P":
-            out += [_token(payload) for is_send, _, payload in cell[1] if not is_send]
+            out += [_moved(payload, {"lend": "held", "return": "returned"})
+                    for is_send, _, payload in cell[1] if not is_send]
         elif cell[0] == "K" and cell[1] == "broadcast":
             role, _, name = cell[3].partition(":")
             out += [("params", name, 0, 0)] if role == "params" else []
+        elif cell[0] == "M":
+            _, move, s, mb, seg = cell
+            out.append(("offloaded" if move == "offload" else "reloaded", seg, s, mb))
         return out
 
     def stores(self, kind, seg, mb, rank) -> bool:
@@ -424,6 +451,13 @@ def _token(payload):
     return (kind, seg, stage, mb)
 
 
+def _moved(payload, tokens: dict):
+    """What a transfer end needs or makes: what it carries, or for a lend or return the
+    token ``tokens`` names."""
+    kind, stage, mb, seg = payload[:4]
+    return (tokens.get(kind, kind), seg, stage, mb)
+
+
 def _completeness(programs, chain: _Chain, res: Judgement) -> None:
     if not chain.well_formed():
         res.incomplete.append(f"the cut is malformed: {chain.cut}")
@@ -450,6 +484,23 @@ def _completeness(programs, chain: _Chain, res: Judgement) -> None:
             if f != 1 or (b, i, w) not in backward or rc != due:
                 res.incomplete.append(f"{seg}:{s} mb {mb}: F={f} B={b} I={i} W={w} R={rc}")
     _required_collectives(programs, chain, res)
+    moves = {}
+    for r, prog in enumerate(programs):
+        for i, cell in enumerate(prog):
+            named = ([(cell[1], cell[2], cell[3], cell[4])] if cell[0] == "M" else
+                     [(("sent " if is_send else "got ") + payload[0], payload[1], payload[2],
+                       payload[3]) for is_send, _, payload in cell[1]
+                      if payload[0] in ("lend", "return")] if cell[0] == "P" else [])
+            for move, s, mb, seg in named:
+                if (seg, s) not in units or mb >= chain.m:
+                    res.incomplete.append(f"rank {r} #{i}: {move} of {seg}{s} mb {mb}")
+                else:
+                    moves.setdefault((r, seg, s, mb), []).append(move)
+    for key, kinds in moves.items():
+        n = kinds.count
+        if n("offload") > 1 or n("reload") != n("offload") or n("sent lend") > 1 \
+                or n("got return") != n("sent lend") or n("sent return") != n("got lend"):
+            res.incomplete.append(f"{key}: moves {kinds}")
 
 
 def _required_collectives(programs, chain: _Chain, res: Judgement) -> None:
@@ -475,10 +526,15 @@ def _required_collectives(programs, chain: _Chain, res: Judgement) -> None:
 
 
 def _dependency(programs, chain: _Chain, res: Judgement) -> None:
+    away = {(r, cell[4], cell[2], cell[3], "reloaded") for r, prog in enumerate(programs)
+            for cell in prog if cell[0] == "M" and cell[1] == "offload"}
+    away |= {(r, payload[3], payload[1], payload[2], "returned")
+             for r, prog in enumerate(programs) for cell in prog if cell[0] == "P"
+             for is_send, _, payload in cell[1] if is_send and payload[0] == "lend"}
     for r, prog in enumerate(programs):
         have = set()
         for i, cell in enumerate(prog):
-            for token in chain.needs(cell, r):
+            for token in chain.needs(cell, r, away):
                 if token not in have:
                     res.dependency.append((r, i, token))
             have.update(chain.makes(cell))
@@ -611,9 +667,22 @@ def _effects(cell, chain: _Chain, sizes: Sizes, rank: int) -> tuple[list, list]:
                       if t[0] in TRAVELLING]
     elif cell[0] == "P":
         for is_send, _, payload in cell[1]:
+            if payload[0] in ("lend", "return"):  # the activation itself changes rank
+                key = ("stored", payload[3], payload[1], payload[2])
+                if is_send:
+                    frees.append(key)
+                else:
+                    allocs.append((key, sizes.stored.get((payload[3], payload[1]), 1)))
+                continue
             size = 0 if is_send else sizes.received(payload[0])
             if size:
                 allocs.append((("buffer",) + _token(payload), size))
+    elif cell[0] == "M":  # the device only: host memory has no limit
+        _, move, s, mb, seg = cell
+        if move == "offload":
+            frees.append(("stored", seg, s, mb))
+        else:
+            allocs.append((("stored", seg, s, mb), sizes.stored.get((seg, s), 1)))
     return allocs, frees
 
 
@@ -676,6 +745,8 @@ def cell_of(op):
         return ("P", tuple(_endpoint(o) for o in op.ops), True)
     if name == "Collective":
         return ("K", op.kind, tuple(op.ranks), op.tag, op.root)
+    if name in ("Offload", "Reload"):
+        return ("M", name.lower(), op.stage, op.mb, op.segment)
     if name in ("Idle", "Marker"):
         return ("N",)
     raise ValueError(f"unknown op {op!r}")

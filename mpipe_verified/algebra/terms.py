@@ -24,6 +24,12 @@ Operators and their meaning on per-rank sequences:
   gradient all-reduce (``grads:NAME``) is dropped, every forward (and parameter
   broadcast) stays where it was, and the schedule is declared ``forward_only``.
   Precondition: ``t`` is a training term (not already forward-only).
+- ``Offloaded(t, gap, prefetch)``: PipeOffload-style activation offload (docs/semantics.md
+  §2.9). On each rank, a body forward ``F(s, mb)`` (a step of its own) whose first
+  backward (``B`` or ``I`` of ``(s, mb)``) on that rank comes at least ``gap + 1`` steps
+  later (``gap`` >= 1 steps between them) gets ``OFFLOAD(s, mb)`` right after it and
+  ``RELOAD(s, mb)`` ``prefetch`` steps before that backward (not before the step after
+  the forward); steps are counted in ``t``'s programs. Every other op stays in order.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ from __future__ import annotations
 import attrs
 
 from ..errors import ParameterError
-from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Collective, Compute, Op, Overlap,
-                  Placement, Schedule, computes_of)
+from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Collective, Compute, Offload, Op,
+                  Overlap, Placement, Reload, Schedule, computes_of)
 from ..semantics import GRADS, collective_segment
 from .pattern import RankStreams, check_count, evaluate_count, parse_pattern, weave_rank
 
@@ -115,12 +121,16 @@ class Weave:
 
 
 def _map_computes(schedule: Schedule, fn) -> Schedule:
-    """Apply ``fn: Compute -> Compute`` to every compute op (inside overlaps too)."""
+    """Apply ``fn: Compute -> Compute`` to every compute op (inside overlaps too), and
+    to the activation a move names (read as its forward)."""
     def one(op: Op) -> Op:
         if isinstance(op, Compute):
             return fn(op)
         if isinstance(op, Overlap):
             return Overlap(tuple(fn(c) for c in op.ops))
+        if isinstance(op, (Offload, Reload)):
+            c = fn(Compute(FORWARD, op.stage, op.mb, op.segment))
+            return attrs.evolve(op, stage=c.stage, mb=c.mb)
         return op
     programs = tuple(tuple(one(op) for op in prog) for prog in schedule.programs)
     return attrs.evolve(schedule, programs=programs)
@@ -308,7 +318,10 @@ class ForwardOnly:
 
 
 def _forwards_of(op: Op) -> Op | None:
-    """What stays of ``op`` in an evaluation run (None: nothing)."""
+    """What stays of ``op`` in an evaluation run (None: nothing; no activation is stored,
+    so none is moved)."""
+    if isinstance(op, (Offload, Reload)):
+        return None
     if isinstance(op, Compute):
         return op if op.kind == FORWARD else None
     if isinstance(op, Overlap):
@@ -318,3 +331,55 @@ def _forwards_of(op: Op) -> Op | None:
         tagged = collective_segment(op)
         return None if tagged is not None and tagged[0] == GRADS else op
     return op
+
+
+@attrs.frozen
+class Offloaded:
+    """``offload(t, gap=G, prefetch=P)``: ``t`` with each body activation whose backward
+    is at least ``gap + 1`` steps after its forward on its rank offloaded right after the
+    forward and reloaded ``prefetch`` steps before the backward (module docstring)."""
+
+    term: object
+    gap: int = 2
+    prefetch: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        for name, low in (("gap", 1), ("prefetch", 0)):
+            value = getattr(self, name)
+            if type(value) is not int or value < low:
+                raise ParameterError(f"offload {name} must be an integer >= {low}, got {value!r}")
+
+    def derive(self) -> Schedule:
+        s = self.term.derive()
+        return attrs.evolve(s, programs=tuple(offload_program(prog, self.gap, self.prefetch)
+                                              for prog in s.programs))
+
+    def __str__(self) -> str:
+        return f"offload({self.term}, gap={self.gap}, prefetch={self.prefetch})"
+
+
+def offload_program(program: tuple[Op, ...], gap: int, prefetch: int) -> tuple[Op, ...]:
+    """One rank's program with its moves (``Offloaded``): for each body ``F`` step at
+    ``f`` whose first backward step is at ``b >= f + gap + 1``, ``OFFLOAD`` after step
+    ``f`` and ``RELOAD`` before step ``max(f + 1, b - prefetch)``."""
+    first_backward: dict[tuple[int, int], int] = {}
+    for index, op in enumerate(program):
+        for c in computes_of(op):
+            if c.kind in (BACKWARD, INPUT_GRAD) and not c.segment:
+                first_backward.setdefault((c.stage, c.mb), index)
+    after: dict[int, Op] = {}
+    before: dict[int, list[Op]] = {}
+    for f, op in enumerate(program):
+        if type(op) is not Compute or op.kind != FORWARD or op.segment:
+            continue
+        b = first_backward.get((op.stage, op.mb))
+        if b is not None and b - f - 1 >= gap:
+            after[f] = Offload(op.stage, op.mb)
+            before.setdefault(max(f + 1, b - prefetch), []).append(Reload(op.stage, op.mb))
+    out: list[Op] = []
+    for index, op in enumerate(program):
+        out.extend(before.get(index, ()))
+        out.append(op)
+        if index in after:
+            out.append(after[index])
+    return tuple(out)

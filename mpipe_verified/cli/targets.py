@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import attrs
 
 from ..algebra.families import FAMILIES, FAMILY_NAMES, family
+from ..algebra.terms import Offloaded
 from ..algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from ..errors import ParameterError
 from ..formats.files import read_text
@@ -66,7 +67,24 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
                    help="microbatches (check with a file: the count it must cover)")
     g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
     add_seq_chunks(p)
+    g.add_argument("--offload", type=offload_option, metavar="GAP[,PREFETCH]",
+                   help="offload each activation whose backward is at least GAP+1 steps "
+                        "after its forward to host memory, reloaded PREFETCH steps before "
+                        "it (default 1): the term offload(FAMILY, gap=GAP, prefetch=PREFETCH)")
     add_transpose_arguments(p)
+
+
+def offload_option(text: str) -> tuple[int, int]:
+    """``--offload GAP[,PREFETCH]`` (an argparse ``type``): integers, GAP >= 1, PREFETCH >= 0."""
+    parts = text.split(",")
+    try:
+        values = [int(x) for x in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or values[0] < 1 or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected GAP[,PREFETCH] (integers, GAP >= 1, "
+                                         f"PREFETCH >= 0), got {text!r}")
+    return values[0], values[1] if len(values) == 2 else 1
 
 
 def add_seq_chunks(p: argparse.ArgumentParser) -> None:
@@ -180,15 +198,18 @@ def family_term(args: argparse.Namespace):
     chunks = getattr(args, "seq_chunks", None)
     check_seq_chunks(chunks)
     if args.family != TRANSPOSE:
-        return family(args.family, args.pp, args.microbatches, args.chunks, seq_chunks=chunks)
-    if chunks is not None:
-        raise UsageError("--seq-chunks goes with --family seq1f1b or a file, not with "
-                         "--family transpose")
-    costs = () if args.encoder_cost is None else encoder_costs(args.encoder_cost,
-                                                                args.microbatches)
-    return transpose_family(args.pp, args.microbatches, args.chunks, body=args.body or "1f1b",
-                            side=args.side or SOURCE, mode=args.mode,
-                            ownership=args.ownership or "cost", costs=costs)
+        term = family(args.family, args.pp, args.microbatches, args.chunks, seq_chunks=chunks)
+    else:
+        if chunks is not None:
+            raise UsageError("--seq-chunks goes with --family seq1f1b or a file, not with "
+                             "--family transpose")
+        costs = () if args.encoder_cost is None else encoder_costs(args.encoder_cost,
+                                                                    args.microbatches)
+        term = transpose_family(args.pp, args.microbatches, args.chunks,
+                                body=args.body or "1f1b", side=args.side or SOURCE,
+                                mode=args.mode, ownership=args.ownership or "cost", costs=costs)
+    offload = getattr(args, "offload", None)
+    return term if offload is None else Offloaded(term, *offload)
 
 
 def display_name(args: argparse.Namespace) -> str:
@@ -211,7 +232,7 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
                          "--pp P --microbatches M")
     family_only = ("pp", "chunks") if getattr(args, "declare", False) else (
         "pp", "microbatches", "chunks")  # check: --microbatches M also declares a file's
-    opts = [o for o in family_only if getattr(args, o) is not None]
+    opts = [o for o in family_only + ("offload",) if getattr(args, o, None) is not None]
     if opts:
         raise UsageError(f"--{opts[0]} goes with --family, not with a file")
 

@@ -54,6 +54,10 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-only", action="store_true",
                    help="write the compute-only schedule instead of the lowered plan "
                         "(chrome-trace: leave out the comm tracks and flows)")
+    p.add_argument("--csv-moves", action="store_true",
+                   help="torch-csv: write activation moves as OFFLOAD/RELOAD cells, this "
+                        "package's extension (torch cannot run them; without it a plan "
+                        "with moves is refused)")
     p.add_argument("--allow-unverified", action="store_true",
                    help="write the plan even if it is violated or undecided, with a "
                         "warning on stderr naming the properties (exit 0)")
@@ -120,7 +124,7 @@ def _export_text(args: argparse.Namespace, target: Schedule | Plan, plan: Plan,
     # plan with comms as written, which needs torch's REDUCE_GRAD/UNSHARD/RESHARD cells
     if args.compute_only:
         out = without_markers(out)
-    rows = partial(torch_csv_rows, out, markers=not args.compute_only)
+    rows = partial(torch_csv_rows, out, markers=not args.compute_only, moves=args.csv_moves)
     try:  # a big plan's rows on two cores
         text = (in_two_halves(rows, out.num_ranks) if sum(map(len, out.programs)) >= TWO_PROCESS_OPS
                 else rows(range(out.num_ranks)))
@@ -156,6 +160,8 @@ def _family_instance(args: argparse.Namespace, spec: Spec | None,
     may answer for (``--family`` without an encoder cost, or a spec whose expression is
     a family term and has no cost model: ``spec_family``); else None."""
     if args.family is not None:  # the plan written is lowered with the model's costs: the
+        if getattr(args, "offload", None) is not None:  # the laws know no activation moves
+            return None
         if getattr(args, "encoder_cost", None) is not None or (  # laws' plan is lowered
                 spec is not None and spec.cost is not None):  # with the standard ones
             return None
@@ -403,7 +409,8 @@ def _parametric_family(args: argparse.Namespace, progress: Progress, started: fl
     model, an instance the laws do not cover, or one small enough that op by op is
     faster."""
     if (args.family is None or args.expand or args.svg is not None
-            or args.solver_rlimit is not None or getattr(args, "encoder_cost", None) is not None):
+            or args.solver_rlimit is not None or getattr(args, "encoder_cost", None) is not None
+            or getattr(args, "offload", None) is not None):
         return None
     check_target_options(args, None)
     missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]

@@ -35,13 +35,16 @@ key names its kind:
 - ``compute``: ``kind`` (``F``/``B``/``I``/``W``/``R``), ``stage``, ``mb``, ``segment``;
 - ``overlap``: ``ops``, its member ``compute`` objects;
 - ``send``: ``dst``, ``payload``; ``recv``: ``src``, ``payload``; a payload has ``kind``
-  (``act``/``grad``/``input``), ``stage``, ``mb``, ``segment``, ``shape`` (a list of
+  (``act``/``grad``/``input``, or ``lend``/``return``: a stored activation lent to a
+  peer rank and given back, docs/semantics.md §2.9), ``stage``, ``mb``, ``segment``, ``shape`` (a list of
   dimensions), ``dtype``, ``to_segment`` and ``leaves`` (a structured payload: a list of
   ``{"path", "shape", "dtype"}``, shape and dtype null for a None leaf; then the
   payload's own ``shape`` and ``dtype`` are absent);
 - ``group``: ``ops``, its member ``send``/``recv`` objects;
 - ``collective``: ``kind`` (``broadcast``/``all_reduce``/``gather``), ``tag``,
   ``members`` (the ranks taking part, in order) and ``root``;
+- ``offload``/``reload``: ``stage``, ``mb``, ``segment``: a stored activation moved to host
+  memory and back (docs/semantics.md §2.9);
 - ``idle``: an empty step; ``marker``: ``action`` (``UNSHARD``/``RESHARD``/
   ``REDUCE_GRAD``), ``stage``, ``mb``.
 
@@ -76,10 +79,10 @@ from typing import Any, Callable
 from ..declared import (IDLE_RANKS, IDLE_STAGES, MAX_IDLE_RANKS, MAX_IDLE_STAGES,
                         idle_rank_beyond, idle_stage_beyond)
 from ..errors import InputError
-from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, ACT, GRAD, INPUT,
-                  SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Op,
-                  Overlap, Payload, Placement, Plan, Recv, Schedule, SegmentWork, Send,
-                  path_steps)
+from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, PAYLOAD_KINDS,
+                  SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Offload,
+                  Op, Overlap, Payload, Placement, Plan, Recv, Reload, Schedule, SegmentWork,
+                  Send, path_steps)
 from .output import write_output
 from .files import MAX_BYTES, read_text
 from .torch_actions import MAX_INDEX
@@ -155,6 +158,9 @@ def _op_obj(op: Op) -> dict:
     if kind is Collective:
         return _with({"op": "collective", "kind": op.kind}, tag=(op.tag, ""),
                      members=(list(op.ranks), None), root=(op.root, None))
+    if kind is Offload or kind is Reload:
+        return _with({"op": "offload" if kind is Offload else "reload", "stage": op.stage,
+                      "mb": op.mb}, segment=(op.segment, ""))
     if kind is Idle:
         return {"op": "idle"}
     if kind is Marker:
@@ -391,6 +397,12 @@ class _Reader:
                           _string(obj.get("tag", ""), (*path, "tag")),
                           None if root is None else _index(root, (*path, "root")))
 
+    def _move(self, value: Any, path: tuple) -> Offload | Reload:
+        obj = _fields(value, path, ("op", "stage", "mb", "segment"), ("op", "stage", "mb"))
+        return (Offload if obj["op"] == "offload" else Reload)(
+            _index(obj["stage"], (*path, "stage")), _index(obj["mb"], (*path, "mb")),
+            _string(obj.get("segment", ""), (*path, "segment")))
+
     def _idle(self, value: Any, path: tuple) -> Idle:
         _fields(value, path, ("op",), ("op",))
         return Idle()
@@ -406,7 +418,8 @@ class _Reader:
 _OPS: dict[str, Callable[[_Reader, Any, tuple], Op]] = {
     "compute": _Reader._compute, "overlap": _Reader._overlap, "send": _Reader._send,
     "recv": _Reader._recv, "group": _Reader._group, "collective": _Reader._collective,
-    "idle": _Reader._idle, "marker": _Reader._marker}
+    "idle": _Reader._idle, "marker": _Reader._marker, "offload": _Reader._move,
+    "reload": _Reader._move}
 
 
 def _payload(value: Any, path: tuple) -> Payload:
@@ -420,7 +433,7 @@ def _payload(value: Any, path: tuple) -> Payload:
                                           "its own")
         leaves = tuple(_leaf(x, (*path, "leaves", i))
                        for i, x in enumerate(_array(leaves, (*path, "leaves"))))
-    return Payload(_choice(obj["kind"], (*path, "kind"), (ACT, GRAD, INPUT)),
+    return Payload(_choice(obj["kind"], (*path, "kind"), PAYLOAD_KINDS),
                    _index(obj["stage"], (*path, "stage")), _index(obj["mb"], (*path, "mb")),
                    _string(obj.get("segment", ""), (*path, "segment")), shape,
                    None if dtype is None else _string(dtype, (*path, "dtype")),

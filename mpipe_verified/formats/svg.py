@@ -27,7 +27,7 @@ import math
 from typing import Callable, Iterable, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
-from ..ir import Compute, Idle, Marker, Op, computes_of, p2p_of
+from ..ir import Compute, Idle, Marker, Offload, Op, Reload, computes_of, p2p_of
 from ..semantics import pair_p2p
 from ..sim import Timeline
 
@@ -35,8 +35,11 @@ KIND_FILL = {"F": "#4c78a8", "B": "#54a24b", "I": "#f58518", "W": "#b279a2", "R"
 KIND_NAME = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
              "R": "recompute"}
 SEGMENT_SHADE = (0.0, 0.45, -0.35, 0.7, -0.55, 0.25)  # >0 lighter, <0 darker
-ARROW_COLOUR = {"act": "#27467a", "grad": "#2f6b2f", "input": "#8c6d31"}
-ARROW_NAME = {"act": "activation", "grad": "gradient", "input": "segment input"}
+ARROW_COLOUR = {"act": "#27467a", "grad": "#2f6b2f", "input": "#8c6d31", "lend": "#9d755d",
+                "return": "#9d755d"}
+ARROW_NAME = {"act": "activation", "grad": "gradient", "input": "segment input",
+              "lend": "lent activation", "return": "returned activation"}
+MOVE_MARK = "#e45756"  # offload (a triangle down, to host) and reload (up, to device)
 RED = "#d62728"
 
 LANE, MEM, GAP = 26, 34, 10
@@ -176,6 +179,8 @@ class _Drawing:
                     out += self._box(rank, index, c, t0, t1, y + k * h, h, op)
             elif (rank, index) in self.marked and not isinstance(op, (Idle, Marker)):
                 out.append(self._comm_mark(rank, index, op, t0, t1, y))
+            elif isinstance(op, (Offload, Reload)):
+                out.append(self._move_mark(rank, index, op, t0, y))
         for w in tl.waits:
             if w.rank == rank:
                 out.append(self._blocked(w, y))
@@ -210,6 +215,18 @@ class _Drawing:
             out.append(_text(x + w / 2, y + h / 2 + size * 0.36, label, anchor="middle",
                              size=size, fill=_ink(fill), cls="label"))
         return out
+
+    def _move_mark(self, rank, index, op, t, y) -> str:
+        """A small triangle at the lane's foot: down for an offload (to host memory), up
+        for a reload (back to the device)."""
+        x, foot = self.x(t), y + LANE
+        tip, base = (foot, foot - 6) if isinstance(op, Offload) else (foot - 6, foot)
+        where = "to host memory" if isinstance(op, Offload) else "back to the device"
+        return (f'<path class="move {type(op).__name__.lower()}" data-rank="{rank}" '
+                f'data-position="{index}" d="M{_n(x - 3.5)},{_n(base)} L{_n(x + 3.5)},'
+                f'{_n(base)} L{_n(x)},{_n(tip)} Z" fill="{MOVE_MARK}"><title>'
+                f'{escape(str(op))} — activation of stage {op.stage}, microbatch {op.mb}, '
+                f'{where}; rank {rank}, position {index}; time {_n(t)}</title></path>')
 
     def _comm_mark(self, rank, index, op, t0, t1, y) -> str:
         v = self.marked[(rank, index)]
@@ -357,6 +374,8 @@ class _Drawing:
                 shade = _shade("#888888", self._segment_shade(s))
                 items.append((f'fill="{shade}"', f"segment {s or '(default)'}"))
         items.append(('fill="url(#idle)" stroke="#cccccc"', "idle"))
+        if any(isinstance(op, (Offload, Reload)) for prog in plan.programs for op in prog):
+            items.append((f'fill="{MOVE_MARK}"', "offload ▼ / reload ▲"))
         if self.arrows:
             items += [(f'fill="{ARROW_COLOUR[k]}"', f"{ARROW_NAME[k]} send→recv")
                       for k in self.arrow_kinds]

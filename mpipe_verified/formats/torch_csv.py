@@ -12,6 +12,11 @@ stage → rank placement from the rows and build the ops (peers need the placeme
 build the same plan for the same text. Bad input raises ``InputError`` with the file, the 1-based row as
 ``line`` and the 1-based cell index as ``column``.
 
+Activation moves (``2OFFLOAD0``, ``2RELOAD0``, docs/semantics.md §2.9) are this package's
+extension, not torch's: the reader takes such cells where a file holds them, and the
+writer writes them only when asked (``moves=True``, ``export --csv-moves``), else refuses
+a plan that holds them (torch's runtime has no such action).
+
 Writing uses ``csv.writer``'s default dialect (``\\r\\n``, minimal quoting: ``;`` and
 parentheses are not quoted), as torch does, so the bytes match torch's own dump. A file in
 that form (which every torch dump is) reads and writes back byte for byte, idle cells,
@@ -31,8 +36,8 @@ import attrs
 
 from ..declared import IDLE_RANKS, MAX_IDLE_RANKS
 from ..errors import InputError
-from ..ir import (MARKER_ACTIONS, Compute, Idle, Marker, Op, Overlap, Payload, Placement, Plan,
-                  Recv, Schedule, Send, computes_of)
+from ..ir import (MARKER_ACTIONS, Compute, Idle, Marker, Offload, Op, Overlap, Payload,
+                  Placement, Plan, Recv, Reload, Schedule, Send, computes_of)
 from .files import MAX_BYTES, read_text
 from .output import write_output
 from .torch_actions import COMMS, MAX_INDEX, PEER
@@ -40,7 +45,8 @@ from .torch_csv_fast import parse_plain
 
 EXPECTED = "expected an action like 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B"
 _MARKERS = MARKER_ACTIONS
-_STEPS = "|".join(("F", "B", "I", "W") + COMMS)  # the actions that name a microbatch
+_MOVES = {"OFFLOAD": Offload, "RELOAD": Reload}  # this package's extension (§2.9)
+_STEPS = "|".join(("F", "B", "I", "W") + COMMS + tuple(_MOVES))  # actions naming a microbatch
 _INDEX = "(0|[1-9][0-9]{0,5})"  # canonical: no leading zeros, at most 6 digits
 _ACTION = re.compile(  # ASCII digits only: \d would also take other scripts' digits
     rf"([0-9]+)({_STEPS}|{'|'.join(_MARKERS)})([0-9]*)")
@@ -124,13 +130,16 @@ def format_torch_csv(plan: Plan | Schedule) -> str:
     return torch_csv_rows(plan, range(plan.num_ranks))
 
 
-def torch_csv_rows(plan: Plan | Schedule, ranks: range, markers: bool = False) -> str:
+def torch_csv_rows(plan: Plan | Schedule, ranks: range, markers: bool = False,
+                   moves: bool = False) -> str:
     """The rows of ``ranks`` of ``format_torch_csv(plan)`` (of ``with_torch_markers(plan)``
-    if ``markers``); the rows of consecutive ranges concatenate to the whole text."""
+    if ``markers``); the rows of consecutive ranges concatenate to the whole text. With
+    ``moves``, activation moves are written as this package's ``OFFLOAD``/``RELOAD`` cells
+    (else they are refused, like any op the format cannot say)."""
     programs = plan.programs[ranks.start:ranks.stop]
     if markers and not has_markers(plan):
         programs = tuple(_with_markers(prog, plan.num_microbatches) for prog in programs)
-    _check_writable(plan.placement, programs, ranks.start)
+    _check_writable(plan.placement, programs, ranks.start, moves)
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(programs)  # each op written as str(op)
     return buf.getvalue()
@@ -344,7 +353,7 @@ def _parse_cell(raw: str, file: str, r: int, c: int) -> _Cell:
     if m := _OVERLAP.fullmatch(s):
         parts = [p.strip() for p in m.group(1).split(";")]
         subs = tuple(_parse_action(p, raw, file, r, c) for p in parts)
-        bad = [p for p, sub in zip(parts, subs) if sub.kind in _MARKERS + COMMS]
+        bad = [p for p, sub in zip(parts, subs) if sub.kind in _MARKERS + COMMS + tuple(_MOVES)]
         if bad:
             raise InputError(f"OVERLAP_F_B may only combine compute actions (F, B, I, W), "
                              f"got {_show(bad[0])} in {_show(raw)}", file, r, c)
@@ -391,7 +400,8 @@ def _mbs(cell: _Cell) -> tuple[int, ...]:
 def _infer_placement(rows: list[list[_Cell]], file: str) -> Placement:
     where: dict[int, int] = {}
     for r, row in enumerate(rows):
-        stages = {cell[1] for cell in row if cell[0] and cell[0] != "OVERLAP"}
+        stages = {cell[1] for cell in row  # a move places nothing: the verifier judges it
+                  if cell[0] and cell[0] != "OVERLAP" and cell[0] not in _MOVES}
         stages.update(stage for cell in row if cell[0] == "OVERLAP" for stage in _stages(cell))
         for stage in stages:
             first = where.setdefault(stage, r)
@@ -435,6 +445,8 @@ def _build(cell: _Cell, placement: Placement, file: str, r: int, c: int,
         return op
     if not kind:
         return Idle()
+    if kind in _MOVES:
+        return _MOVES[kind](stage, mb)
     if kind == "OVERLAP":
         return Overlap(tuple(Compute(sub.kind, sub.stage, sub.mb) for sub in subs))
     return Marker(stage, kind, mb)
@@ -466,7 +478,7 @@ def _p2p(route: tuple | None, mb: int, payloads: dict[tuple, Payload]) -> Send |
 
 # ------------------------------------------------------------------- writing
 
-def _check_writable(place: Placement, programs, first_rank: int) -> None:
+def _check_writable(place: Placement, programs, first_rank: int, moves: bool = False) -> None:
     """Raise ``ValueError`` for the first op, rank by rank, of ``programs`` (ranks from
     ``first_rank``, placed by ``place``) that the torch CSV format cannot say
     (``format_torch_csv``). Constant time per op: the common ops (a ``Compute``
@@ -492,6 +504,8 @@ def _check_writable(place: Placement, programs, first_rank: int) -> None:
                     continue
             elif t is Idle or t is Marker:
                 continue
+            elif (t is Offload or t is Reload) and moves and not op.segment:
+                continue
             problem = _unwritable(op, place)
             if problem is not None:
                 raise ValueError(f"rank {rank}, op {i} ({op}): {problem}")
@@ -500,7 +514,10 @@ def _check_writable(place: Placement, programs, first_rank: int) -> None:
 def _unwritable(op: Op, place: Placement) -> str | None:
     """Why the torch CSV format cannot say ``op`` (on a plan placed by ``place``), or
     ``None`` if it can."""
-    if not isinstance(op, (Compute, Overlap, Send, Recv, Idle, Marker)):
+    if isinstance(op, (Offload, Reload)) and not op.segment:
+        return ("the torch CSV format has no activation moves (OFFLOAD/RELOAD); write "
+                "plan-json, or --csv-moves for this package's CSV extension")
+    if not isinstance(op, (Compute, Overlap, Send, Recv, Idle, Marker, Offload, Reload)):
         return f"the torch CSV format has no {type(op).__name__} action"
     subs = op.ops if isinstance(op, Overlap) else (op,)
     if any(getattr(getattr(x, "payload", x), "segment", "") for x in subs):

@@ -31,7 +31,7 @@ import numpy as np
 
 from .columns import as_column, distinct, exact, ints, pick, row_keys
 from .inputs import Sizes, Witness
-from .rules import B, BLOCKING, COLL, GRAD, INPUT, OUT, R, RECV, W, Rules
+from .rules import B, BLOCKING, COLL, GRAD, INPUT, MOVED, OFF, OUT, R, RECV, REL, SEND, W, Rules
 
 class Facts:
     """Facts grouped by ``(template, class)``. With ``where``, each fact also records the
@@ -105,6 +105,34 @@ def _completeness(rules: Rules, facts: Facts, _witness) -> None:
         facts.extend("eq", name, [have[sel].ravel(), want[sel].ravel()], np.repeat(sel, m),
                      at=lambda j, sel=sel: ("unit", *units[sel[j // m]], j % m))
     _required_collectives(rules, facts)
+    _moves(rules, facts)
+
+
+def _moves(rules: Rules, facts: Facts) -> None:
+    """Activation moves (§2.9): each names an activation of the plan (a unit and a
+    microbatch below ``m``; none in a forward-only plan); per rank and activation at most
+    one offload and as many reloads as offloads; at most one lend sent, as many returns
+    received as lends sent, as many returns sent as lends received."""
+    g, s, b, names = rules.flow
+    moved, lend = np.zeros(len(rules.kind), bool), np.zeros(len(rules.kind), bool)
+    moved[rules.comm], lend[rules.comm] = rules.moved()
+    rows = np.flatnonzero((rules.kind == OFF) | (rules.kind == REL) | moved)
+    count: dict = defaultdict(lambda: [0] * 6)
+    units = set(rules.units)
+    for row in rows.tolist():
+        key = (int(rules.rank[row]), names[g[row]], int(s[row]), int(b[row]))
+        kind = int(rules.kind[row])
+        column = ({OFF: 0, REL: 1}[kind] if kind in (OFF, REL) else
+                  (2 if lend[row] else 5) if kind == SEND else (4 if lend[row] else 3))
+        count[key][column] += 1
+        facts.flag("move", key[1:3] in units and key[3] < rules.m and not rules.forward_only,
+                   at=("move", *key))
+    for key, (off, rel, lent, back, held, gave) in count.items():
+        facts.add("le", "offloads", off, 1, at=("move", *key))
+        facts.add("eq", "reloads", rel, off, at=("move", *key))
+        facts.add("le", "lends", lent, 1, at=("move", *key))
+        facts.add("eq", "returns", back, lent, at=("move", *key))
+        facts.add("eq", "given back", gave, held, at=("move", *key))
 
 
 def _required_collectives(rules: Rules, facts: Facts) -> None:
@@ -258,24 +286,30 @@ def _memory(rules: Rules, facts: Facts, witness: Witness, sizes: Sizes, limits) 
 def moves(rules: Rules, sizes: Sizes) -> tuple:
     """Per step of the plan, the exact ``(allocated, freed)``: a forward (or recompute)
     that stores allocates its activation (``sizes.stored``, default 1), freed by its
-    ``B`` or ``W``; a receive allocates its buffer (``sizes.buffer``, default 0), freed by
+    ``B`` or ``W``; an offload frees it from the device and a reload allocates it again
+    (device memory only, §2.9), and so do a send and a receive that lend or return it
+    (on their own ranks: the holder keeps it on its device); a receive allocates its buffer (``sizes.buffer``, default 0), freed by
     the compute op that consumes what it carried. Allocations count before frees; a free
     releases its key's latest allocation, unless already freed."""
     k, comp = rules.kind, rules.kind <= R
-    keep = np.flatnonzero(rules.stores())
-    first, back = np.unique(row_keys(rules.name[keep], rules.stage[keep]), return_index=True,
+    g, s, b, names = rules.flow
+    moved = np.zeros(len(k), bool)  # the sends and receives that lend or return
+    moved[rules.comm] = rules.moved()[0]
+    keep = np.flatnonzero(rules.stores() | (k == REL) | (moved & (k == RECV)))  # allocate
+    first, back = np.unique(row_keys(g[keep], s[keep]), return_index=True,
                             return_inverse=True)[1:]
-    size = as_column((sizes.stored.get((rules.names[rules.name[j]], int(rules.stage[j])), 1)
+    size = as_column((sizes.stored.get((names[g[j]], int(s[j])), 1)
                     for j in keep[first].tolist()), 1 << 32)
-    gone = np.flatnonzero(comp & ((k == B) | (k == W)))
-    unit = row_keys(*(np.concatenate([x[keep], x[gone]]) for x in (rules.name, rules.stage, rules.mb)))
+    gone = np.flatnonzero((k == B) | (k == W) | (k == OFF) | (moved & (k == SEND)))  # free
+    unit = row_keys(*(np.concatenate([x[keep], x[gone]]) for x in (g, s, b)))
     # keys and token codes are below BOUND, so 2 * key + 1 stays in int64
     events = [(keep, 2 * unit[:len(keep)], size[back.reshape(-1)]),
               (gone, 2 * unit[len(keep):], None)]  # stored activations: even keys
     if sizes.buffer:  # receive buffers: odd keys (without sizes, no buffer is allocated)
         (nrow, ntok), kind, (mrow, mtok) = rules.tokens
         recv = np.flatnonzero(k == RECV)
-        got = [sizes.buffer.get(x, 0) for x in rules.p2p[0][rules.sends:]]
+        got = [0 if x.kind in MOVED else sizes.buffer.get(x, 0)  # a moved activation is
+               for x in rules.p2p[0][rules.sends:]]  # counted as stored (above)
         has = np.array([x != 0 for x in got], bool)
         use = comp[nrow] & np.isin(kind, (OUT, GRAD, INPUT))
         events += [(recv[has], 2 * mtok[k[mrow] == RECV][has] + 1,

@@ -14,14 +14,20 @@ from operator import attrgetter
 
 import numpy as np
 
-from ..ir import SINK, SOURCE, Collective, Compute, Group, Idle, Marker, Overlap, Plan, Recv, Send
+from ..ir import (SINK, SOURCE, Collective, Compute, Group, Idle, Marker, Offload, Overlap, Plan,
+                  Recv, Reload, Send)
 from .columns import as_column, dense, ints, pick, row_keys
 
-F, B, I, W, R, SEND, RECV, COLL = range(8)  # a member's kind; F..R are compute kinds
+F, B, I, W, R, SEND, RECV, COLL, OFF, REL = range(10)  # a member's kind; F..R compute
 # token kinds, numbered in the order of their names (so codes sort as the names do)
-GRAD, INPUT, KV, KV_GRAD, OUT, PARAMS, STORED, WDONE, WREADY = range(9)
+(GRAD, HELD, INPUT, KV, KV_GRAD, OFFLOADED, OUT, PARAMS, RELOADED, RETURNED, STORED,
+ WDONE, WREADY) = range(13)
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
-_STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6}
+# rank moves (§2.9): what a send of a lend/return needs, and what its receive makes
+_SENT, _RECEIVED = {"lend": STORED, "return": HELD}, {"lend": HELD, "return": RETURNED}
+MOVED = ("lend", "return")  # the payload kinds of rank moves
+_STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6,
+         Offload: 7, Reload: 8}
 BLOCKING = (2, 3, 4, 5)  # the steps that can block
 
 
@@ -31,8 +37,8 @@ class Rules:
     Members: every step's ops (an overlapped step's computes, a group's sends and
     receives, else the step itself; idle steps and markers hold none), a row each in
     program order: ``pos`` its step (rank ``r``'s steps are numbered from ``base[r]``),
-    ``rank``, ``kind`` (``F B I W R SEND RECV COLL``) and a compute op's ``name``,
-    ``stage`` and ``mb``; ``comm`` lists the sends' rows, then the receives', and ``p2p``
+    ``rank``, ``kind`` (``F B I W R SEND RECV COLL OFF REL``) and a compute op's or an
+    activation move's ``name``, ``stage`` and ``mb``; ``comm`` lists the sends' rows, then the receives', and ``p2p``
     what they carry. Names are numbered in sorted order ("" first); stages, mbs and peers
     are the plan's numbers (int64 when all are below ``BOUND``, else Python's)."""
 
@@ -69,23 +75,26 @@ class Rules:
             ops = list(chain.from_iterable(op.ops if t in (1, 4) else (op,) for op, t in
                                            zip(steps, step.tolist())))
             pos, step = np.repeat(pos, size), _types(ops)
-        keep = np.flatnonzero(step < 6)  # idle steps and markers hold nothing
+        keep = np.flatnonzero(step != 6)  # idle steps and markers hold nothing
         if len(keep) < len(ops):
             ops, pos, step = pick(ops, keep), pos[keep], step[keep]
         self.rank_of = np.repeat(np.arange(self.p), np.diff(self.base))
         self.ops, self.pos, self.rank, n = ops, pos, self.rank_of[pos], len(ops)
-        at = [np.flatnonzero(step == code) for code in (0, 2, 3, 5)]
+        at = [np.flatnonzero(step == code) for code in (0, 2, 3, 5, 7, 8)]
         self.comm, self.sends = np.concatenate(at[1:3]), len(at[1])  # sends, then receives
-        comp, coll = pick(ops, at[0]), pick(ops, at[3])
-        c = [list(map(attrgetter(a), comp)) for a in ("kind", "stage", "mb", "segment")]
+        work = np.concatenate([at[0], at[4], at[5]])  # computes, then offloads and reloads
+        comp, coll = pick(ops, work), pick(ops, at[3])
+        c = [list(map(attrgetter(a), comp[:len(at[0])])) if a == "kind" else
+             list(map(attrgetter(a), comp)) for a in ("kind", "stage", "mb", "segment")]
         tags = [op.tag.partition(":")[2] for op in coll]
         self.names = sorted({"", *(x for x in self.segs if type(x) is str), *c[3], *tags})
         code = {x: k for k, x in enumerate(self.names)}
         self.kind, self.name = np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.kind[at[0]], self.kind[at[1]], self.kind[at[2]], self.kind[at[3]] = (
-            ints(map(_KIND.__getitem__, c[0])), SEND, RECV, COLL)
-        self.name[at[0]], self.name[at[3]] = (ints(map(code.__getitem__, x)) for x in (c[3], tags))
-        self.stage, self.mb = (_scatter(n, at[0], as_column(x)) for x in c[1:3])
+            ints(map(_KIND.__getitem__, c[0][:len(at[0])])), SEND, RECV, COLL)
+        self.kind[at[4]], self.kind[at[5]] = OFF, REL
+        self.name[work], self.name[at[3]] = (ints(map(code.__getitem__, x)) for x in (c[3], tags))
+        self.stage, self.mb = (_scatter(n, work, as_column(x)) for x in c[1:3])
         self.body = code[""]
         if self.cut_ok():
             self._cut_columns()
@@ -93,15 +102,40 @@ class Rules:
     @cached_property
     def p2p(self) -> tuple:
         """Per send and receive (``comm`` order): its payload, the peer, and what the
-        payload carries: token kind, name (text), stage, mb."""
+        payload carries: token kind (a send of a rank move: what it needs; a receive of
+        one: what it makes), name (text), stage, mb."""
         ops = pick(self.ops, self.comm)
         payloads = list(map(attrgetter("payload"), ops))
         kind, stage, mb, name = (list(map(attrgetter(a), payloads))
                                  for a in ("kind", "stage", "mb", "segment"))
         peer = [*map(attrgetter("dst"), ops[:self.sends]),
                 *map(attrgetter("src"), ops[self.sends:])]
-        return (payloads, as_column(peer), ints(map(_CARRIED.__getitem__, kind)), name,
-                as_column(stage), as_column(mb))
+        carried = [*map({**_CARRIED, **_SENT}.__getitem__, kind[:self.sends]),
+                   *map({**_CARRIED, **_RECEIVED}.__getitem__, kind[self.sends:])]
+        return (payloads, as_column(peer), ints(carried), name, as_column(stage),
+                as_column(mb))
+
+    @cached_property
+    def flow(self) -> tuple:
+        """Per member: ``(g, s, b)``, the name code, stage and mb of what it computes, moves
+        or carries (a transfer's: its payload's), and ``names``, the texts the codes
+        number (sorted, so codes compare as the texts do)."""
+        c, (_, _, _, names, stage, mb) = self.comm, self.p2p
+        names = sorted({*self.names, *names})  # payloads' names too, in order
+        code = {x: j for j, x in enumerate(names)}
+        g = np.searchsorted(names, self.names)[self.name]
+        g[c] = ints(map(code.__getitem__, self.p2p[3]))
+        s, b = (_scatter(len(self.kind), c, x, base) for x, base in
+                ((stage, self.stage), (mb, self.mb)))
+        return g, s, b, names
+
+    def moved(self) -> tuple:
+        """Per send and receive (``comm`` order): ``(a rank move, a lend)``, read from what
+        the end needs or makes (only a rank move's send needs ``stored`` or ``held``, only
+        its receive makes ``held`` or ``returned``)."""
+        carried, send = self.p2p[2], np.arange(len(self.comm)) < self.sends
+        lend = np.where(send, carried == STORED, carried == HELD)
+        return lend | np.where(send, carried == HELD, carried == RETURNED), lend
 
     def _cut_columns(self) -> None:
         """Per name code: its segment's index in the cut (-1: the body, or a name the cut
@@ -137,18 +171,21 @@ class Rules:
           ``grad`` and ``wdone``, ``I`` ``grad`` and ``wgrad_ready``, ``W`` ``wdone``,
           ``R`` ``stored``; a receive makes what it carries, the broadcast ``params:NAME``
           the parameters;
+        - activation moves (§2.9): ``OFF`` needs ``stored`` and makes ``offloaded``, ``REL``
+          needs ``offloaded`` and makes ``reloaded``; a send that lends an activation needs
+          it ``stored``, its receive makes it ``held``, a send that returns it needs it
+          ``held``, its receive makes it ``returned``; a backward (``B`` or ``I``) of an
+          activation its rank offloads (lends) anywhere in its program also needs it
+          ``reloaded`` (``returned``);
         - with sequence chunks (``seq`` S > 1; ``mb = sample * S + j``): a forward with
           ``j > 0`` needs ``kv`` of ``(stage, mb - 1)``, which only a forward makes; a
           backward (``B`` or ``I``) with ``j < S - 1`` needs ``kv_grad`` of ``(stage,
           mb + 1)``, which only a backward makes."""
-        k, seg, c, (_, _, kind, names, stage, mb) = (
-            self.kind, self.seg[self.name], self.comm, self.p2p)
-        names = sorted({*self.names, *names})  # payloads' names too, in order
+        k, seg, c = self.kind, self.seg[self.name], self.comm
+        g, s, b, names = self.flow
         code = {x: j for j, x in enumerate(names)}
-        g = np.searchsorted(names, self.names)[self.name]
-        g[c] = ints(map(code.__getitem__, self.p2p[3]))
-        s, b, tok = (_scatter(len(k), c, x, base) for x, base in
-                     ((stage, self.stage), (mb, self.mb), (kind, np.zeros(len(k), np.int64))))
+        tok = _scatter(len(k), c, self.p2p[2])
+        lends = (k == SEND) & (tok == STORED)  # a send that lends what it stores
         body = code[""]
         comp, cut, bi, fr = k <= R, seg >= 0, (k == B) | (k == I), (k == F) | (k == R)
         main = comp & ~cut  # the body's work (and work of a segment the cut lacks)
@@ -160,11 +197,15 @@ class Rules:
                 (cut & bi & (self.source[seg] == 1), GRAD, body, 0, b),
                 (cut & (k == F) & (self.sink[seg] == 1), OUT, body, self.stages - 1, b),
                 (cut & fr & (self.trainable[seg] == 1) & (self.rank != self.home[seg]),
-                 PARAMS, g, 0, 0), (k == SEND, tok, g, s, b)]
+                 PARAMS, g, 0, 0), (k == SEND, tok, g, s, b),
+                (k == OFF, STORED, g, s, b), (k == REL, OFFLOADED, g, s, b),
+                (bi & self._away(k == OFF, g, s, b), RELOADED, g, s, b),
+                (bi & self._away(lends, g, s, b), RETURNED, g, s, b)]
         made = [(k == F, OUT, g, s, b), (k == F, STORED, g, s, b),
                 ((k == F) & (g != body), INPUT, g, s, b), (bi, GRAD, g, s, b),
                 ((k == B) | (k == W), WDONE, g, s, b), (k == I, WREADY, g, s, b),
-                (k == R, STORED, g, s, b), (k == RECV, tok, g, s, b)]
+                (k == R, STORED, g, s, b), (k == RECV, tok, g, s, b),
+                (k == OFF, OFFLOADED, g, s, b), (k == REL, RELOADED, g, s, b)]
         if self.seq > 1:  # the chunk order (docstring)
             j = b % self.seq
             need += [((k == F) & (j > 0), KV, g, s, b - 1),
@@ -188,6 +229,14 @@ class Rules:
         order = np.argsort(row_keys(self.pos[nrow], token[0]), kind="stable")  # sorted inputs
         return (np.stack([nrow, token[0]])[:, order], parts[0][1][order],
                 np.stack([mrow, token[1]]))
+
+    def _away(self, off, g, s, b) -> np.ndarray:
+        """Per member: does a member of its rank where ``off`` holds name the activation
+        ``(g, s, b)`` (name code, stage, mb) it names?"""
+        if not off.any():
+            return off
+        key = row_keys(self.rank, g, s, b)
+        return np.isin(key, key[off])
 
     @cached_property
     def pairs(self) -> tuple:

@@ -17,28 +17,32 @@ module states the package's public surface; the modules import from one another.
 """
 
 from .memory import (BIG, UNIT_MEMORY, MemoryModel, column_levels, integral, live_tensors,
-                     memory_levels, memory_moves, memory_steps, memory_trace, peak_memory,
-                     step_effects)
+                     host_peaks, memory_levels, memory_moves, memory_steps, memory_trace,
+                     peak_memory, step_effects)
 from .pairing import (CollectivePairing, Endpoint, P2PColumns, P2PPairing, collective_instances,
                       p2p_at, p2p_clean, p2p_columns, pair_collectives, pair_p2p)
 from .rules import (GRADS, PARAMS, TRANSFER_TOKENS, Chain, Token, collective_segment,
-                    collective_tag, consumers_of_output, needs, payload_token, produces)
+                    collective_tag, consumers_of_output, needs, offloads, payload_token,
+                    plan_offloads, produces)
 from .run import (COMM_MODELS, EAGER, RENDEZVOUS, STANDARD_DURATIONS, Execution,
                   ScheduleTiming, Wait, comm_ticks, execute, schedule_times, standard_duration,
                   unit_duration, wait_cycle)
 from .table import OpTable, op_table
-from .work import (MISPLACED, WORK_KINDS, CollectiveIssue, WorkIssue, WorkTable,
-                   collective_issues, required_work, unit_ok, work_complete, work_table)
+from .work import (MISPLACED, WORK_KINDS, CollectiveIssue, MoveIssue, WorkIssue, WorkTable,
+                   collective_issues, move_issues, required_work, unit_ok, work_complete,
+                   work_table)
 
 __all__ = [
     # rules
     "Token", "payload_token", "TRANSFER_TOKENS", "PARAMS", "GRADS", "collective_tag",
-    "collective_segment", "needs", "produces", "consumers_of_output", "Chain",
+    "collective_segment", "needs", "produces", "consumers_of_output", "Chain", "offloads",
+    "plan_offloads",
     # table
     "OpTable", "op_table",
     # work
     "WorkIssue", "WORK_KINDS", "MISPLACED", "WorkTable", "work_table", "unit_ok",
-    "required_work", "work_complete", "CollectiveIssue", "collective_issues",
+    "required_work", "work_complete", "CollectiveIssue", "collective_issues", "MoveIssue",
+    "move_issues",
     # pairing
     "Endpoint", "P2PPairing", "p2p_at", "pair_p2p", "CollectivePairing", "pair_collectives",
     "collective_instances", "P2PColumns", "p2p_columns", "p2p_clean",
@@ -49,5 +53,5 @@ __all__ = [
     # memory
     "MemoryModel", "UNIT_MEMORY", "memory_steps", "step_effects", "BIG", "memory_moves",
     "integral", "memory_levels", "column_levels", "memory_trace", "live_tensors",
-    "peak_memory",
+    "peak_memory", "host_peaks",
 ]

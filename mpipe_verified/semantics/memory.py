@@ -16,8 +16,9 @@ from typing import Callable
 
 import attrs
 
-from ..ir import (BACKWARD, FORWARD, INPUT, RECOMPUTE, WEIGHT_GRAD, Collective, Idle, Marker,
-                  Op, Payload, Plan, Recv, Send, computes_of, p2p_of)
+from ..ir import (BACKWARD, FORWARD, INPUT, RANK_MOVES, RECOMPUTE, WEIGHT_GRAD, Collective,
+                  Idle, Marker, Offload, Op, Payload, Plan, Recv, Reload, Send, computes_of,
+                  p2p_of)
 from .rules import TRANSFER_TOKENS, Chain, payload_token
 from .table import OpTable
 
@@ -82,7 +83,8 @@ def memory_steps(plan: Plan, rank: int, model: MemoryModel = UNIT_MEMORY,
     cut = 0  # the events before the peak of step live_at
     for index, op in enumerate(plan.programs[rank]):
         kind = type(op)
-        if kind is Send or kind is Idle or kind is Marker or kind is Collective:
+        if (kind is Send and op.payload.kind not in RANK_MOVES) or kind is Idle \
+                or kind is Marker or kind is Collective:
             allocated.append(0.0)  # allocates and frees nothing
             freed.append(0.0)
             per_step.append(0)
@@ -164,7 +166,16 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
     that key, if anything). ``stored(stage, segment)`` and ``buffer(payload)`` give the
     sizes. A forward (or recompute) keeps its activation where the chain says so; ``B`` or
     ``W`` frees it; a receive allocates its buffer (none of size 0), which the op
-    consuming its token frees."""
+    consuming its token frees. Device memory only (§2.9): an ``OFFLOAD`` frees the stored
+    activation, a ``RELOAD`` allocates it again (what host memory holds: ``host_peaks``);
+    a ``SEND`` that lends or returns it frees it, the ``RECV`` allocates it (its stored
+    size) on the receiving rank."""
+    kind = type(op)
+    if kind is Offload or kind is Reload:
+        key = ("stored", op.segment, op.stage, op.mb)
+        if kind is Offload:
+            return [], [key]
+        return [(key, ("reloaded activation of", op, stored(op.stage, op.segment)))], []
     allocs, frees = [], []
     for c in computes_of(op):
         if c.kind in (FORWARD, RECOMPUTE):
@@ -176,7 +187,14 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
         # a receive buffer is freed by the op that consumes its token (§2.6)
         frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
     for r in p2p_of(op):
-        if isinstance(r, Recv):
+        p = r.payload
+        if p.kind in RANK_MOVES:  # §2.9: a lent activation lives on the holder's device
+            key = ("stored", p.segment, p.stage, p.mb)
+            if isinstance(r, Send):
+                frees.append(key)
+            else:
+                allocs.append((key, ("moved activation of", r, stored(p.stage, p.segment))))
+        elif isinstance(r, Recv):
             size = buffer(r.payload)
             if size:
                 allocs.append((("buffer", payload_token(r.payload)), ("receive buffer of", r, size)))
@@ -293,6 +311,29 @@ def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_ME
                  ) -> list[tuple[str, float]]:
     """The tensors live on ``rank`` at the peak of step ``index``."""
     return memory_steps(plan, rank, model, live_at=index)[1]
+
+
+def host_peaks(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, float]:
+    """Per rank that offloads anything, the peak of its host memory (§2.9): an
+    ``OFFLOAD`` puts its activation's stored size there, the ``RELOAD`` of that activation
+    takes it back (host memory has no limit; device memory is what ``peak_memory`` says)."""
+    out = {}
+    for rank, program in enumerate(plan.programs):
+        level, peak, held = 0.0, 0.0, {}
+        for op in program:
+            kind = type(op)
+            if kind is not Offload and kind is not Reload:
+                continue
+            key = (op.segment, op.stage, op.mb)
+            if kind is Offload and key not in held:
+                held[key] = model.stored(op.stage, op.segment)
+                level += held[key]
+                peak = max(peak, level)
+            elif kind is Reload and key in held:
+                level -= held.pop(key)
+        if peak or held:
+            out[rank] = peak
+    return out
 
 
 def peak_memory(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, tuple[float, int]]:

@@ -9,23 +9,28 @@ plain ``(kind, segment, stage, mb)`` tuples (``Token`` names the fields).
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import NamedTuple
 
-from ..ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, NO_CUT, RECOMPUTE,
-                  SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Op, Overlap,
-                  Payload, Placement, Recv, Send, computes_of)
+from ..ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, LEND, NO_CUT, RECOMPUTE,
+                  RETURN, SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Offload, Op,
+                  Overlap, Payload, Placement, Recv, Reload, Send, computes_of, known_op_cells,
+                  p2p_of)
 
 
 class Token(NamedTuple):
     """A value that lives on a rank: ``out`` (a stage's output activation), ``stored``
     (the activation kept for backward), ``grad`` (the input gradient a backward produced),
-    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run); in a plan of sequence chunks also
-    ``kv`` (a chunk's forward ran here: the keys and values later chunks attend to) and
-    ``kv_grad`` (a chunk's backward ran here: the gradient of what earlier chunks
-    produced), which only ``Chain.produces`` makes. ``needs``/``produces`` return plain
-    ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same fields (they
-    run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it by name."""
+    ``wgrad_ready`` (an ``I`` ran, so ``W`` may run), ``offloaded``/``reloaded`` (an
+    ``OFFLOAD``/``RELOAD`` of the stored activation ran), ``held``/``returned`` (a lent
+    activation arrived at its holder / back at its owner; §2.9); in a plan of sequence
+    chunks also ``kv`` (a chunk's forward ran here: the keys and values later chunks
+    attend to) and ``kv_grad`` (a chunk's backward ran here: the gradient of what earlier
+    chunks produced), which only ``Chain.produces`` makes. ``needs``/``produces`` return
+    plain ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same fields
+    (they run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it by
+    name."""
 
     kind: str
     segment: str
@@ -43,6 +48,23 @@ def payload_token(p: Payload) -> tuple:
 
 
 TRANSFER_TOKENS = frozenset(_TOKEN_OF_PAYLOAD.values())  # token kinds a transfer carries
+# a rank move (§2.9): what its SEND needs and its RECV leaves, per payload kind
+_SENT, _RECEIVED = {LEND: "stored", RETURN: "held"}, {LEND: "held", RETURN: "returned"}
+
+
+def sent_token(p: Payload) -> tuple:
+    """What a ``SEND`` of ``p`` needs: what it carries, or for a rank move (§2.9) the
+    stored activation (``lend``) or the activation held for its owner (``return``)."""
+    kind = _SENT.get(p.kind)
+    return payload_token(p) if kind is None else (kind, p.segment, p.stage, p.mb)
+
+
+def received_token(p: Payload) -> tuple:
+    """What a ``RECV`` of ``p`` leaves: what it carries, or for a rank move (§2.9) the
+    activation held for its owner (``lend``) or given back to it (``returned``)."""
+    kind = _RECEIVED.get(p.kind)
+    return payload_token(p) if kind is None else (kind, p.segment, p.stage, p.mb)
+
 
 PARAMS, GRADS = "params", "grads"  # collective tag roles: a segment's parameters, gradients
 
@@ -75,9 +97,13 @@ def needs(op: Op, num_stages: int) -> tuple[tuple, ...]:
             return (("stored", seg, s, mb), ("grad", seg, s + 1, mb))
         return (("stored", seg, s, mb),)
     if kind is Send:
-        return (payload_token(op.payload),)
+        return (sent_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in needs(c, num_stages))
+    if kind is Offload:  # the activation is resident on the device
+        return (("stored", op.segment, op.stage, op.mb),)
+    if kind is Reload:
+        return (("offloaded", op.segment, op.stage, op.mb),)
     return ()
 
 
@@ -102,14 +128,48 @@ def produces(op: Op) -> tuple[tuple, ...]:
             return (("wdone", seg, s, mb),)
         return (("stored", seg, s, mb),)  # RECOMPUTE
     if kind is Recv:
-        return (payload_token(op.payload),)
+        return (received_token(op.payload),)
     if kind is Overlap or kind is Group:
         return tuple(t for c in op.ops for t in produces(c))
+    if kind is Offload or kind is Reload:
+        return (("offloaded" if kind is Offload else "reloaded", op.segment, op.stage, op.mb),)
     if kind is Collective and op.kind == "broadcast":
         tagged = collective_segment(op)
         if tagged is not None and tagged[0] == PARAMS:
             return (("params", tagged[1], 0, 0),)
     return ()
+
+
+def offloads(programs) -> frozenset:
+    """``(rank, segment, stage, mb, token)`` of every activation a rank moves away (§2.9):
+    ``reloaded`` for an ``OFFLOAD``, ``returned`` for a ``SEND`` that lends it; a backward
+    of it on that rank needs that token first."""
+    found = set()
+    for rank, program in enumerate(programs):
+        types = set(map(type, program))
+        if Offload not in types and Group not in types and (Send not in types or LEND not in {
+                op.payload.kind for op in program if type(op) is Send}):
+            continue  # nothing moved away on this rank (the common case, read quickly)
+        for op in program:
+            if type(op) is Offload:
+                found.add((rank, op.segment, op.stage, op.mb, "reloaded"))
+            for t in p2p_of(op):
+                if type(t) is Send and t.payload.kind == LEND:
+                    p = t.payload
+                    found.add((rank, p.segment, p.stage, p.mb, "returned"))
+    return frozenset(found)
+
+
+_OFFLOADS: list = [lambda: None, frozenset()]  # the plan asked last (weakly), its offloads
+
+
+def plan_offloads(plan) -> frozenset:
+    """``offloads(plan.programs)``, remembered for the last plan asked (weakly), so the
+    many readers of one plan scan it once."""
+    if _OFFLOADS[0]() is not plan:  # a plan the torch CSV's bulk reader built (its cells
+        moved = frozenset() if known_op_cells(plan) is not None else offloads(plan.programs)
+        _OFFLOADS[:] = [weakref.ref(plan), moved]  # known) holds torch's actions only
+    return _OFFLOADS[1]
 
 
 def consumers_of_output(c: Compute, placement: Placement) -> tuple[tuple[int, Payload], ...]:
@@ -138,6 +198,9 @@ class Chain:
     ``grads:NAME`` needs every local weight gradient of NAME (``required_collectives``
     says which collectives the cut needs).
 
+    A backward (``B`` or ``I``) of an activation its rank offloaded or lent (``offloaded``)
+    also needs that activation's ``RELOAD`` or return (§2.9).
+
     A ``forward_only`` chain (an evaluation plan, declared) requires no backward and no
     recompute of any unit, stores no activation (nothing will read it back), ships no raw
     input and needs no gradient all-reduce; a segment run off its home still needs its
@@ -151,8 +214,10 @@ class Chain:
     ``produces`` adds the tokens that state it; with S = 1 both are the module's own."""
 
     def __init__(self, placement: Placement, cut: Cut = NO_CUT,
-                 forward_only: bool = False, seq_chunks: int = 1) -> None:
+                 forward_only: bool = False, offloaded: frozenset = frozenset(),
+                 seq_chunks: int = 1) -> None:
         self.placement = placement
+        self.offloaded = offloaded  # activations moved away: ``offloads`` (§2.9)
         self.cut = cut
         self.forward_only = forward_only
         self.seq_chunks = seq_chunks
@@ -166,7 +231,8 @@ class Chain:
 
     @classmethod
     def of(cls, plan) -> "Chain":
-        return cls(plan.placement, plan.cut, plan.forward_only, plan.seq_chunks)
+        return cls(plan.placement, plan.cut, plan.forward_only, plan_offloads(plan),
+                   plan.seq_chunks)
 
     def segment(self, name: str):
         return self._segments.get(name)
@@ -204,6 +270,9 @@ class Chain:
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)
+        if self.offloaded and kind is Compute and op.kind in (BACKWARD, INPUT_GRAD):
+            base += tuple((t, op.segment, op.stage, op.mb) for t in ("reloaded", "returned")
+                          if (rank, op.segment, op.stage, op.mb, t) in self.offloaded)  # §2.9
         if self._chunked and kind is Compute:
             base += self._chunk_needs(op)
         if kind is not Compute or not self.cut.segments:

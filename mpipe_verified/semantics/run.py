@@ -22,7 +22,7 @@ from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, NO_CUT, RECOMPUTE, WEIGHT_GRAD,
                   Cut, Group, Op, Placement, Plan, Recv, Send, computes_of)
 from .pairing import (CollectivePairing, P2PColumns, P2PPairing, collective_instances,
                       p2p_columns, pair_collectives, pair_p2p)
-from .rules import Chain, Token, payload_token, produces
+from .rules import Chain, Token, offloads, payload_token, produces
 from .table import OpTable
 
 RENDEZVOUS, EAGER = "rendezvous", "eager"
@@ -338,7 +338,7 @@ def schedule_times(programs, placement: Placement,
     finishes when every member has reached its call of the same instance
     (``pairing.collective_instances``). ``chain``: the programs' chain when the caller
     has one (its ``destinations`` are then computed once for both)."""
-    chain = chain or Chain(placement, cut, forward_only, seq_chunks)
+    chain = chain or Chain(placement, cut, forward_only, offloads(programs), seq_chunks)
     make = produces if chain.seq_chunks == 1 else chain.produces
     n = placement.num_ranks
     have: list[dict[tuple, float]] = [dict() for _ in range(n)]

@@ -11,7 +11,7 @@ from typing import Callable
 
 import attrs
 
-from ..ir import Compute, Idle, Marker, Op, Plan, Recv, Send, known_op_cells
+from ..ir import RANK_MOVES, Compute, Idle, Marker, Op, Plan, Recv, Send, known_op_cells
 
 
 @attrs.frozen(eq=False)
@@ -85,8 +85,8 @@ def _relative(tokens, mb: int, ids: dict) -> tuple:
 
 
 def op_table(plan: Plan) -> OpTable | None:
-    """The plan's ``OpTable``, or None for a plan with a cut, groups, overlaps or
-    collectives (their rules depend on more than an op's class). A plan that a bulk
+    """The plan's ``OpTable``, or None for a plan with a cut, groups, overlaps,
+    collectives or activation moves (their rules depend on more than an op's class). A plan that a bulk
     reader built is classed by what it recorded (``ir.known_op_cells``), any other op by
     op."""
     import numpy as np
@@ -107,6 +107,8 @@ def op_table(plan: Plan) -> OpTable | None:
                 add_mb(op.mb)
             elif kind is Send or kind is Recv:  # the peer read as a field (a property)
                 p = op.payload
+                if p.kind in RANK_MOVES:
+                    return None  # a lent activation's backward needs more than its class
                 key = (rank, kind, op.dst if kind is Send else op.src, p.kind, p.stage,
                        p.segment, p.to_segment, p.shape, p.dtype, p.leaves)
                 add_mb(p.mb)

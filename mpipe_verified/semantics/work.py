@@ -14,8 +14,8 @@ from collections import defaultdict
 
 import attrs
 
-from ..ir import (BACKWARD, BODY, FORWARD, INPUT_GRAD, RECOMPUTE, WEIGHT_GRAD, Collective,
-                  Compute, Plan, computes_of)
+from ..ir import (BACKWARD, BODY, FORWARD, INPUT_GRAD, LEND, RANK_MOVES, RECOMPUTE, WEIGHT_GRAD,
+                  Collective, Compute, Offload, Plan, Reload, Send, computes_of, p2p_of)
 from .rules import GRADS, PARAMS, Chain, collective_segment
 from .table import OpTable
 
@@ -280,3 +280,62 @@ def _never_called(tag: str, kind: str, root, rank: int) -> str:
     return (f"rank {rank} never receives the parameters of segment {name!r} ({kind} {tag} "
             f"from rank {root}) but runs it")
 
+
+
+@attrs.frozen
+class MoveIssue:
+    """A completeness finding about the activation moves (§2.9) of ``key`` = ``(rank,
+    segment, stage, mb)``: at ``where`` (rank, index), or about the key as a whole."""
+
+    key: tuple
+    where: tuple[int, int] | None
+    detail: str
+
+
+def move_issues(plan: Plan, limit: int | None = None) -> list[MoveIssue]:
+    """§2.9 completeness of the activation moves: each ``OFFLOAD``/``RELOAD`` and each
+    lend or return names a unit and microbatch of the plan (and none occurs in a
+    forward-only plan); per rank and activation at most one ``OFFLOAD``, exactly as many
+    ``RELOAD`` as ``OFFLOAD``, at most one lend sent, as many returns received as lends
+    sent and as many returns sent as lends received. At most ``limit`` issues."""
+    units, m = set(Chain.of(plan).units()), plan.num_microbatches
+    counts: dict[tuple, list[int]] = {}  # offloads, reloads, lends sent, returns received,
+    first: dict[tuple, tuple[int, int]] = {}  # lends received, returns sent
+    issues = []
+    for rank, program in enumerate(plan.programs):
+        for index, op in enumerate(program):
+            for what, move in _moves_of(op):
+                key = (rank, move.segment, move.stage, move.mb)
+                if (move.segment, move.stage) not in units or move.mb >= m or plan.forward_only:
+                    why = ("the plan is declared forward-only (nothing is stored)"
+                           if plan.forward_only else "it is not an activation of this plan")
+                    issues.append(MoveIssue(key, (rank, index), f"{op} on rank {rank}: {why}"))
+                    continue
+                counts.setdefault(key, [0] * 6)[what] += 1
+                first.setdefault(key, (rank, index))
+    for key, (off, rel, lent, back, held, gave) in counts.items():
+        rank, seg, stage, mb = key
+        name = f"{seg + ':' if seg else ''}{stage} microbatch {mb}"
+        if off > 1 or rel != off:
+            issues.append(MoveIssue(key, first[key], f"rank {rank} offloads the activation of "
+                                    f"{name} {off} times and reloads it {rel} times (each "
+                                    "offload needs exactly one reload, at most one offload)"))
+        if lent > 1 or back != lent or gave != held:
+            issues.append(MoveIssue(key, first[key], f"rank {rank} lends the activation of "
+                                    f"{name} {lent} times and gets it back {back} times, and "
+                                    f"holds it for a peer {held} times and gives it back "
+                                    f"{gave} times (each lend needs exactly one return, at "
+                                    "most one lend)"))
+    return issues[:limit]
+
+
+def _moves_of(op) -> list:
+    """``(column, move)`` of the activation moves of one step: an ``OFFLOAD`` (0), a
+    ``RELOAD`` (1), a lend sent (2) or a return received (3), a lend received (4) or a
+    return sent (5) (its payload)."""
+    kind = type(op)
+    if kind is Offload or kind is Reload:
+        return [(int(kind is Reload), op)]
+    return [((2 if t.payload.kind == LEND else 5) if type(t) is Send else
+             (4 if t.payload.kind == LEND else 3), t.payload)
+            for t in p2p_of(op) if t.payload.kind in RANK_MOVES]

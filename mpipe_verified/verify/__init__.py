@@ -23,8 +23,9 @@ from .. import kernel
 from ..forking import can_fork, forked
 from ..ir import Plan
 from ..question import Asked, Question
-from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, op_table,
-                         pair_collectives, pair_p2p)
+from ..figures import figures
+from ..semantics import (COMM_MODELS, RENDEZVOUS, UNIT_MEMORY, MemoryModel, host_peaks,
+                         op_table, pair_collectives, pair_p2p, plan_offloads)
 from . import passes
 from .report import PROPERTIES, Certificate, CertificateError, Report, Violation, plan_digest
 
@@ -157,6 +158,9 @@ def _report(asked: Asked, decided: dict, clock: float) -> Report:
             undecided.append(f"{name}: {answer.reason or 'solver returned unknown'}")
     if verdict.refusal is not None:
         undecided.append(f"not verified: {verdict.refusal} (internal error)")
+    host = host_peaks(plan, _passes_memory(asked)) if plan_offloads(plan) else {}
+    if host:  # what offloads keep in host memory (§2.9: reported, not limited)
+        stats["host_peak_memory"] = figures(host)
     stats["seconds"] = round(time.perf_counter() - clock, 4)
     certificate = None
     if verdict.status == "verified":

@@ -21,8 +21,8 @@ import numpy as np
 from ..ir import COMM_STEP, Plan, Send, p2p_of
 from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, OpTable, Token, collective_issues,
                          column_levels, comm_ticks, execute, live_tensors, memory_levels,
-                         memory_moves, p2p_clean, pair_collectives, pair_p2p, produces,
-                         required_work, wait_cycle, work_complete, work_table)
+                         memory_moves, move_issues, p2p_clean, pair_collectives, pair_p2p,
+                         produces, required_work, wait_cycle, work_complete, work_table)
 from .report import Violation, apart
 
 
@@ -83,6 +83,9 @@ def completeness(plan: Plan, table: OpTable | None = None) -> tuple[list[Finding
         ops = (_op_ref(plan, *issue.where),) if issue.where else ()
         findings.append(Finding(Violation("completeness", issue.detail, (issue.rank,), ops),
                                 ("collective", issue.tag, issue.rank)))
+    for move in move_issues(plan, limit=MAX_FINDINGS):
+        findings.append(Finding(Violation("completeness", move.detail, (move.key[0],),
+                                          (_op_ref(plan, *move.where),)), ("move", *move.key)))
     return findings[:MAX_FINDINGS], None
 
 
@@ -169,7 +172,11 @@ def _missing_input(plan, rank, index, token, produced_at) -> Finding:
         return _chunk_order(plan, rank, index, token, produced_at)
     what = {"out": "activation", "stored": "stored forward", "grad": "gradient",
             "wgrad_ready": "input-gradient step", "input": "shipped input",
-            "params": "broadcast parameters", "wdone": "weight gradient"}[token.kind]
+            "params": "broadcast parameters", "wdone": "weight gradient",
+            "offloaded": "offload of the stored activation",
+            "reloaded": "reload of the offloaded activation",
+            "held": "lent activation held for its owner",
+            "returned": "return of the lent activation"}[token.kind]
     seg = f"{token.segment}:" if token.segment else ""
     name = f"{what} of stage {seg}{token.stage} microbatch {token.mb}"
     op = plan.programs[rank][index]
