@@ -103,7 +103,7 @@ from mpipe_verified.algebra.families import family  # noqa: E402
 from mpipe_verified.algebra.terms import ForwardOnly, Offloaded, Weave  # noqa: E402
 from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
 from mpipe_verified.formats.plan_json import read_plan_json, write_plan_json  # noqa: E402
-from mpipe_verified.formats.torch_csv import write_torch_csv  # noqa: E402
+from mpipe_verified.formats.torch_csv import format_torch_csv, write_torch_csv  # noqa: E402
 from mpipe_verified.ir import (LEND, RETURN, Collective, Compute, Group,  # noqa: E402
                                Marker, Offload, Overlap, Payload, Placement, Plan, Recv,
                                Reload, Schedule, Send)
@@ -397,7 +397,7 @@ PASS_FAULTS = (
           "np.where(kind >= 0, 0, 0)",
           "the op classes of a torch CSV's cells ignore the stage (ops of two stages share "
           "a class)"),
-    # ---- activation moves (docs/semantics.md §2.9)
+    # ---- activation moves (docs/semantics.md §2.10)
     Fault("backward_without_reload", RULES,
           'for t in ("reloaded", "returned")',
           'for t in ()',
@@ -435,6 +435,35 @@ PASS_FAULTS = (
           "activation's backward needs more than its class",
           "",
           "plans with rank moves get an op table (a lent backward's need read from its class)"),
+    # ---- several pipelines (docs/semantics.md §2.9)
+    Fault("pipeline_second_stage_needs_nothing", RULES,
+          "if op.kind == FORWARD and at == 0:",
+          "if op.kind == FORWARD and at <= 1:",
+          "the forward of a pipeline's second stage needs no activation either"),
+    Fault("pipeline_last_two_backwards_without_grad", RULES,
+          "if op.kind in (BACKWARD, INPUT_GRAD) and at == self.per_pipeline - 1:",
+          "if op.kind in (BACKWARD, INPUT_GRAD) and at >= self.per_pipeline - 2:",
+          "the backward of a pipeline's second-to-last stage needs no gradient"),
+    Fault("replica_sum_without_wgrads", RULES,
+          "if not name.isdigit() or int(name) not in self.replica_ranks():",
+          "if True:",
+          "the replica all-reduce does not need the local weight gradients"),
+    Fault("replica_sum_not_required", RULES,
+          "        for j, ranks in self.replica_ranks().items():\n",
+          "        for j, ranks in ():\n",
+          "no replica all-reduce is required"),
+    Fault("other_pipelines_work_counted", RULES,
+          "return not self.pipelines or (self._pipe_of_mb.get(mb, -1)",
+          "return True or (self._pipe_of_mb.get(mb, -1)",
+          "a stage owes the work of every microbatch, of any pipeline"),
+    Fault("cross_pipeline_transfer_unreported", PASSES,
+          "if chain.crosses(op.payload):",
+          "if False:",
+          "a transfer out of its pipeline is not reported"),
+    Fault("lower_without_replica_sums", LOWER,
+          "    _append_replica_sums(out, chain)\n    return Plan(",
+          "    return Plan(",
+          "the lowering appends no replica all-reduce"),
 )
 # ---- the shell around the kernel: what the question is, and how the verdict is assembled
 # (the per-rank limits, the memory sizes, the lowering and the declarations that make the
@@ -637,9 +666,8 @@ SHELL_FAULTS = (
           "return target, spec, name",
           "a file is read without the --seq-chunks the user named"),
     Fault("seq_chunks_ignored_by_the_family", CLI_TARGETS,
-          "term = family(args.family, args.pp, args.microbatches, args.chunks, "
-          "seq_chunks=chunks)",
-          "term = family(args.family, args.pp, args.microbatches, args.chunks)",
+          'waves=getattr(args, "waves", None), seq_chunks=chunks)',
+          'waves=getattr(args, "waves", None))',
           "--family seq1f1b is built with its default chunks, not the ones named"),
     # ---- the canonical text (ir.py): digests only; check compares none
     Fault("canonical_send_without_peer", IR,
@@ -836,7 +864,7 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
     def add(name, plan, *extra):
         out.append((name, plan, tuple(extra)))
     for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits, _move_edits,
-                  _seq_edits):
+                  _pipeline_edits, _seq_edits):
         edits(add)
     return out
 
@@ -952,6 +980,23 @@ def _collective_edits(add) -> None:
     order = {0: (tied, grads), 1: (grads, tied), 2: (grads,)}
     add("collectives_crossed", _everywhere(g3, lambda r: (), lambda r: order[r]))
     add("collective_last_member_missing", _program(coll, 2, coll.programs[2][:-1]))
+
+
+def _pipeline_edits(add) -> None:
+    """Several pipelines: the replica sums, the flow inside a pipeline, whose work."""
+    dual = _lowered("dualpipe", 2, 4)
+    add("replica_sum_missing", _program(dual, 1, (op for op in dual.programs[1] if not (
+        isinstance(op, Collective) and op.tag == "replica:0"))))
+    prog = list(dual.programs[0])
+    call = prog.pop(next(i for i, op in enumerate(prog) if getattr(op, "tag", "") == "replica:0"))
+    prog.insert(0, call)
+    add("replica_sum_before_w", _program(dual, 0, prog))
+    add("pipeline_f_before_its_recv", _move_before(dual, 0, "3F2", "3RECV_F2"))
+    pair = lower(Weave(2, 4, "F* B*", pipelines=2).derive())  # looped: stage 1 -> 2 crosses
+    payload = Payload("act", 1, 0)
+    add("act_across_pipelines", attrs.evolve(pair, programs=(
+        pair.programs[0] + (Recv(1, payload),), pair.programs[1] + (Send(0, payload),))))
+    add("work_of_another_pipeline", attrs.evolve(pair, pipelines=((0, 2), (1, 3))))
 
 
 def _comm_edits(add) -> None:
@@ -1206,7 +1251,7 @@ def _declared_entries(directory: str) -> tuple[list, list]:
         Schedule(Placement((0, 1), 2), 3, rows.programs[:2]), "--stages", "3", "--ranks", "3")
     dual = _schedule_of(_lowered("dualpipev", 2, 4))
     add(broken, "declared:dualpipev-p2-i-missing",
-        _schedule_of(_drop(_lowered("dualpipev", 2, 4), 0, "3I3")), "--stages", "4",
+        _schedule_of(_drop(_lowered("dualpipev", 2, 4), 0, "0I3")), "--stages", "4",
         "--ranks", "2")
     add(valid, "valid:declared-1f1b-p2", _schedule_of(f2), "--stages", "2",
         "--microbatches", "4", "--ranks", "2")
@@ -1273,12 +1318,19 @@ def _write(directory: str, index: int, name: str, plan: Plan, extra: tuple,
 
 
 def _csv_ok(plan: Plan) -> bool:
-    """Plain plans (no cut, group, collective or activation move) also go out as torch
-    CSV."""
-    return not plan.cut.segments and not any(
-        isinstance(op, (Group, Collective, Offload, Reload))
-        or (isinstance(op, (Send, Recv)) and op.payload.kind in (LEND, RETURN))
-        for prog in plan.programs for op in prog)
+    """Plain plans (no cut, pipelines, group, collective or activation move) also go out
+    as torch CSV, where the format can say them (a transfer whose peer is not its stage's
+    rank it cannot)."""
+    if plan.cut.segments or plan.pipelines or any(
+            isinstance(op, (Group, Collective, Offload, Reload))
+            or (isinstance(op, (Send, Recv)) and op.payload.kind in (LEND, RETURN))
+            for prog in plan.programs for op in prog):
+        return False
+    try:
+        format_torch_csv(plan)
+    except ValueError:
+        return False
+    return True
 
 
 SMALL_SHELL = ("lowered:1f1b-p2-forward-twice", "valid:declared-1f1b-p2")
@@ -1310,7 +1362,12 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
     valid = [
         _write(directory, 900, "valid:zb-h1-p3", _lowered("zb-h1", 3, 4), ()),
         _write(directory, 901, "valid:dualpipev-p2", _lowered("dualpipev", 2, 4), (), True),
-        _write(directory, 906, "valid:seq1f1b-p3", _lowered("seq1f1b", 3, 3),
+        _write(directory, 906, "valid:dualpipe-p2", _lowered("dualpipe", 2, 4), ()),
+        _write(directory, 907, "valid:dualpipe-p2-bidirectional", _lowered("dualpipe", 2, 4),
+               ("--bidirectional",), True),
+        Entry("valid:family-chimera-p2", ("check", "--family", "chimera", "--pp", "2",
+                                          "--microbatches", "2", "--expand")),
+        _write(directory, 908, "valid:seq1f1b-p3", _lowered("seq1f1b", 3, 3),
                ("--seq-chunks", "2"), True),
         Entry("valid:family-seq1f1b", ("check", "--family", "seq1f1b", "--pp", "3",
                                        "--microbatches", "3", "--seq-chunks", "3")),

@@ -107,14 +107,19 @@ def baseline_spec(spec: Spec, name: str) -> Spec:
                    ownership="inline")
 
 
+def model_stages(schedule: Schedule) -> int:
+    """The model's stage count: a schedule of K pipelines holds K replicas of each."""
+    return schedule.placement.num_stages // max(1, len(schedule.pipelines))
+
+
 def on_body(spec: Spec, body, name: str, **changes) -> Spec:
     """``spec``'s model with ``body`` as its body (a transpose's body, else the whole
     term), ``changes`` (e.g. ``ownership``, ``mode``) applied to a transpose: the cost
     model is re-cut to ``body``'s stage count (see the module docstring). One model for
     ``--compare`` and ``tune``."""
     schedule = spec.schedule
-    stages = body.derive().placement.num_stages
-    ratio = schedule.placement.num_stages / stages
+    stages, own = model_stages(body.derive()), model_stages(schedule)
+    ratio = own / stages
     term = spec.term
     if isinstance(term, Transpose):
         term = attrs.evolve(term, body=body, body_forward=term.body_forward * ratio,
@@ -122,10 +127,9 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
     else:
         term = body
     cost = spec.cost
-    if cost is None and (stages != schedule.placement.num_stages
-                         or isinstance(term, Transpose)):
+    if cost is None and (stages != own or isinstance(term, Transpose)):
         cost = CostModel()  # the standard costs written out, so they can be re-cut
-    cost = cost.rescaled(schedule.placement.num_stages, stages) if cost else None
+    cost = cost.rescaled(own, stages) if cost else None
     return Spec(term, term.derive(), cost, spec.memory_limit, name)
 
 
@@ -189,7 +193,7 @@ def _doc(t: Timed, name: str) -> dict:
     doc["ranks"] = t.plan.num_ranks
     doc["microbatches"] = t.plan.num_microbatches
     doc["certificate"] = report.certificate.digest if report.certificate else None
-    if "host_peak_memory" in report.stats:  # offloaded activations (docs/semantics.md §2.9)
+    if "host_peak_memory" in report.stats:  # offloaded activations (docs/semantics.md §2.10)
         doc["host_peak_memory"] = report.stats["host_peak_memory"]
     return doc
 

@@ -98,6 +98,10 @@ def declare(target: Schedule | Plan, stages: int | None = None,
         raise ParameterError(f"{m} microbatches declared for a plan of "
                              f"{target.num_microbatches} with a cut: each segment names its "
                              "forward and backward rank per microbatch")
+    if getattr(target, "pipelines", ()) and (m, num_stages) != (target.num_microbatches,
+                                                                have.num_stages):
+        raise ParameterError("stages or microbatches declared for a plan of several "
+                             "pipelines: each pipeline names its own microbatches")
     programs = target.programs + ((),) * (num_ranks - have.num_ranks)
     if num_ranks > have.num_ranks and idle_rank_beyond(programs) is not None:
         busy = sum(any(type(op) is not Idle for op in program) for program in target.programs)

@@ -137,7 +137,7 @@ class Payload:
     ``stage - 1``) or the raw input (``input``, for a recompute) of ``(segment, stage,
     mb)``. ``to_segment`` names the consumer's segment when the transfer crosses the cut
     (the consumer is then that segment's first stage, or the body's first/last stage).
-    BPipe-style rank moves (docs/semantics.md §2.9): ``lend`` carries the stored
+    BPipe-style rank moves (docs/semantics.md §2.10): ``lend`` carries the stored
     activation of ``(segment, stage, mb)`` from the rank that computed it to a peer that
     holds it in device memory, ``return`` gives it back (text ``1SEND_LEND0``,
     ``1RECV_LEND0``, ``1SEND_RETURN0``, ``1RECV_RETURN0``: both ends name the activation's
@@ -485,13 +485,29 @@ def _check_cut(cut: Cut, num_ranks: int, num_microbatches: int) -> None:
 
 
 def _seq_chunks(instance, attribute, value) -> None:
-    """``seq_chunks``: an int >= 1 that divides the microbatch count (microbatch
-    ``sample * S + j`` is chunk ``j`` of ``sample``)."""
-    if type(value) is not int or value < 1:
-        raise ValueError(f"seq_chunks must be an integer >= 1, got {value!r}")
-    if value != 1 and instance.num_microbatches % value:
-        raise ValueError(f"seq_chunks={value} does not divide the {instance.num_microbatches} "
-                         "microbatches")
+    ok = type(value) is int and value >= 1 and (value == 1 or not instance.num_microbatches % value)
+    parts = [{mb // value for mb in p} for p in instance.pipelines] if ok and value > 1 else []
+    if not ok or sum(map(len, parts)) != len(set().union(*parts)):  # a sample in 2 pipelines
+        raise ValueError(f"seq_chunks must be an int >= 1 dividing the microbatches, got {value!r}")
+
+
+def _check_pipelines(pipelines, num_stages: int, num_microbatches: int, cut: Cut) -> None:
+    """``()`` (one pipeline of every microbatch), or k >= 1 tuples of microbatches that
+    partition ``range(num_microbatches)``, with ``num_stages`` a positive multiple of k; no
+    cut besides."""
+    if pipelines == ():
+        return
+    if type(pipelines) is not tuple or not all(
+            type(p) is tuple and all(type(mb) is int for mb in p) for p in pipelines):
+        raise ValueError(f"pipelines must be a tuple of microbatch tuples, got {pipelines!r}")
+    flat = sorted(mb for p in pipelines for mb in p)
+    if flat != list(range(num_microbatches)):
+        raise ValueError(f"pipelines {pipelines!r} do not partition microbatches "
+                         f"0..{num_microbatches - 1}")
+    if num_stages % len(pipelines) or num_stages < len(pipelines):
+        raise ValueError(f"{num_stages} stages do not split into {len(pipelines)} pipelines")
+    if cut.segments:
+        raise ValueError("several pipelines and a cut together are not supported")
 
 
 def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
@@ -502,21 +518,23 @@ def _programs_text(programs: tuple[tuple[Op, ...], ...]) -> str:
 class Schedule:
     """Placement plus one compute-only op sequence per rank (and the cut, when segments
     besides the body exist). ``forward_only``: an evaluation run, declared (no backward).
-    ``seq_chunks`` S: each sample is cut along its sequence into S chunks, microbatch
-    ``sample * S + j`` being chunk ``j`` (docs/semantics.md §2.5: a chunk's forward needs
-    the previous chunk's, a chunk's backward the next chunk's, on the same rank)."""
+    ``pipelines``: several pipelines over one model (docs/semantics.md §2.9): pipeline i
+    runs stages ``[i*n, (i+1)*n)`` for its microbatches; ``()`` is one pipeline."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    pipelines: tuple[tuple[int, ...], ...] = ()
     seq_chunks: int = attrs.field(default=1, validator=_seq_chunks)
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
             raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
         _check_cut(self.cut, self.placement.num_ranks, self.num_microbatches)
+        _check_pipelines(self.pipelines, self.placement.num_stages, self.num_microbatches,
+                         self.cut)
         for rank, program in enumerate(self.programs):
             for op in program:
                 if isinstance(op, (Send, Recv, Group)):
@@ -534,19 +552,22 @@ class Schedule:
 @attrs.frozen
 class Plan:
     """A lowered schedule: one op sequence per rank, compute and comm ops in run order.
-    ``forward_only``: declared an evaluation run; ``seq_chunks``: see ``Schedule``."""
+    ``forward_only``: declared an evaluation run, ``pipelines`` (see ``Schedule``)."""
 
     placement: Placement
     num_microbatches: int
     programs: tuple[tuple[Op, ...], ...]
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    pipelines: tuple[tuple[int, ...], ...] = ()
     seq_chunks: int = attrs.field(default=1, validator=_seq_chunks)
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
             raise ValueError(f"{len(self.programs)} programs for {self.placement.num_ranks} ranks")
         _check_cut(self.cut, self.placement.num_ranks, self.num_microbatches)
+        _check_pipelines(self.pipelines, self.placement.num_stages, self.num_microbatches,
+                         self.cut)
 
     @property
     def num_ranks(self) -> int:
@@ -564,7 +585,7 @@ class Plan:
 
     def canonical_text(self) -> str:
         """The text a digest is taken of: placement, microbatches, the cut's repr, the
-        forward-only declaration, ``seq_chunks`` when not 1, then one line per rank of its ops (``_canonical``; idle
+        forward-only declaration, pipelines, seq_chunks (each only when not the default), then one line per rank of its ops (``_canonical``; idle
         steps dropped). It says every field of every other op, so two plans that differ
         in anything but idle steps have different texts (``tests/canonical_decoder.py``
         reads plans back from it). A field whose value is not of its declared type raises
@@ -576,14 +597,14 @@ class Plan:
             head += ";cut=" + repr(self.cut)
         if self.forward_only:
             head += ";forward_only"
-        if self.seq_chunks != 1:
-            head += f";seq_chunks={_int(self.seq_chunks)}"
-        return "\n".join([head, *map(_canonical_row, self.programs)])
+        if self.pipelines:
+            head += ";pipelines=" + "|".join(",".join(map(_int, p)) for p in self.pipelines)
+        return "\n".join([head + f";seq_chunks={_int(self.seq_chunks)}" * (self.seq_chunks != 1), *map(_canonical_row, self.programs)])
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
         return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
-                   schedule.cut, schedule.forward_only, schedule.seq_chunks)
+                   schedule.cut, schedule.forward_only, schedule.pipelines, schedule.seq_chunks)
 
 
 def _canonical_row(program: tuple[Op, ...]) -> str:

@@ -19,6 +19,10 @@ compute op's duration is taken as at least a tiny positive amount (1e-9 of the t
 it still advances the clock), so a transfer never sorts before the op that produces it (a
 zero-cost segment forward, mode ``none``).
 
+Several pipelines (docs/semantics.md §2.9): each rank that holds a replica of a model
+stage whose replicas sit on several ranks ends with the all-reduce ``replica:J``, in
+ascending J on every rank, after all its work (so after every backward it needs).
+
 A schedule that cannot run (a rank waits for an input that never comes) still lowers, so
 the verifier can say why: the ops after the stuck point keep their order, each ``SEND``
 right after its producer and each ``RECV`` right before its consumer.
@@ -30,22 +34,24 @@ from typing import Callable
 
 import attrs
 
-from .ir import Idle, Op, Plan, Recv, Schedule, Send, computes_of
-from .semantics import Chain, offloads, payload_token, schedule_times, standard_duration
+from .ir import Collective, Idle, Op, Plan, Recv, Schedule, Send, computes_of
+from .semantics import (REPLICA, Chain, offloads, payload_token, schedule_times,
+                        standard_duration)
 
 
 def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duration) -> Plan:
     """Insert communication, ordered by a run with ``duration``; see the module docstring
-    for the guarantees. The plan keeps the schedule's sequence chunks."""
+    for the guarantees. The plan keeps the schedule's pipelines and sequence chunks."""
     plan = _lowered(schedule, duration)
+    plan = attrs.evolve(plan, pipelines=schedule.pipelines) if schedule.pipelines else plan
     return plan if schedule.seq_chunks == 1 else attrs.evolve(plan, seq_chunks=schedule.seq_chunks)
 
 
 def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
     placement = schedule.placement
     programs = schedule.programs
-    chain = Chain(placement, schedule.cut, schedule.forward_only, offloads(schedule.programs),
-                  schedule.seq_chunks)
+    chain = Chain(placement, schedule.cut, schedule.forward_only, schedule.pipelines,
+                  offloads(schedule.programs), schedule.seq_chunks)
     total = sum(duration(op) for prog in programs for op in prog if computes_of(op))
     tiny = 1e-9 * (total if total > 0 else 1.0)  # resolvable at every time of the run
 
@@ -72,8 +78,38 @@ def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
         out.append([event[6] for event in mine])
     if any(len(timing.start[rank]) < len(program) for rank, program in enumerate(programs)):
         _append_stuck(out, programs, timing, chain)
+    _append_replica_sums(out, chain)
     return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
                 schedule.forward_only)
+
+
+def with_replica_sums(plan: Plan) -> Plan:
+    """``plan`` with the replica all-reduces its pipelines require appended where missing
+    (as ``lower`` places them); ``plan`` itself when it has one pipeline."""
+    if not plan.pipelines:
+        return plan
+    out = [list(prog) for prog in plan.programs]
+    _append_replica_sums(out, Chain.of(plan))
+    return attrs.evolve(plan, programs=tuple(map(tuple, out)))
+
+
+def _append_replica_sums(out: list[list[Op]], chain: Chain) -> None:
+    """Several pipelines: each rank holding a replica of a model stage J whose replicas
+    sit on several ranks ends its program with the all-reduce ``replica:J`` (after all its
+    work), in ascending J on every rank (one agreed order: no collective waits on
+    another). A call the schedule already makes is kept, not repeated."""
+    for tag, (kind, _, ranks) in sorted(chain.required_collectives().items(),
+                                        key=lambda item: _replica_order(item[0])):
+        if not tag.startswith(REPLICA + ":"):
+            continue
+        for rank in sorted(ranks):
+            if not any(type(op) is Collective and op.tag == tag for op in out[rank]):
+                out[rank].append(Collective(kind, tuple(sorted(ranks)), tag))
+
+
+def _replica_order(tag: str) -> tuple:
+    role, _, name = tag.partition(":")
+    return (role, int(name) if name.isdigit() else -1, name)
 
 
 def _append_stuck(out: list[list[Op]], programs, timing, chain: Chain) -> None:

@@ -45,7 +45,7 @@ from functools import cached_property
 import attrs
 
 from . import kernel
-from .ir import PROPERTIES, Idle, Plan, Recv, Schedule, Send
+from .ir import PROPERTIES, Collective, Idle, Plan, Recv, Schedule, Send
 
 COMM_MODELS = ("rendezvous", "eager")
 
@@ -170,15 +170,24 @@ def _not_built_from(plan: Plan, source: Plan | Schedule, declared: tuple) -> str
         return "the cut or the forward-only declaration differs from the input's"
     if plan.seq_chunks != source.seq_chunks:
         return "the sequence chunks per sample differ from the input's"
+    if plan.pipelines != source.pipelines:
+        return "the pipelines differ from the input's"
     if plan.num_ranks < len(source.programs):
         return "the plan has fewer ranks than the input"
     added = (Send, Recv, Idle) if isinstance(source, Schedule) else (Idle,)
-    for rank, program in enumerate(plan.programs):
+    summed = isinstance(source, Schedule) and bool(source.pipelines)  # lowering adds the
+    for rank, program in enumerate(plan.programs):  # replica all-reduces (replica:J)
         given = source.programs[rank] if rank < len(source.programs) else ()
-        if [op for op in program if type(op) not in added] != \
-                [op for op in given if type(op) is not Idle]:
+        if [op for op in program if type(op) not in added and not (
+                summed and _replica_sum(op))] != \
+                [op for op in given if type(op) is not Idle and not (
+                    summed and _replica_sum(op))]:
             return f"rank {rank}'s steps differ from the input's"
     return None
+
+
+def _replica_sum(op) -> bool:
+    return type(op) is Collective and op.tag.startswith("replica:")
 
 
 class _Unit:

@@ -22,7 +22,7 @@ from typing import Callable
 
 from .figures import num_text
 from .ir import Collective, Op, Plan, Schedule, computes_of
-from .semantics import (UNIT_MEMORY, MemoryModel, host_peaks, peak_memory, schedule_times,
+from .semantics import (UNIT_MEMORY, Chain, MemoryModel, host_peaks, peak_memory, schedule_times,
                         standard_duration)
 from .sim import timeline
 
@@ -66,9 +66,7 @@ def _timed(target: Schedule | Plan, duration, memory) -> tuple[list[list[tuple]]
         programs = tuple(tuple(op for op in prog
                                if computes_of(op) or isinstance(op, Collective))
                          for prog in target.programs)
-        flow = schedule_times(programs, target.placement, duration, cut=target.cut,
-                              forward_only=target.forward_only,
-                              seq_chunks=target.seq_chunks)
+        flow = schedule_times(programs, target.placement, duration, chain=Chain.of(target))
         if flow.stuck:  # an input never arrives: the lowered plan would not notice
             runs = [list(zip(prog, flow.start[r], flow.finish[r]))
                     for r, prog in enumerate(programs)]
@@ -131,7 +129,7 @@ def _footer(target, runs, span, stops: str | None, duration, memory) -> list[str
     ratio = (1 - sum(busy) / total) if total else 0.0
     out = [f"{stops or f'makespan {num_text(span)}'}, bubble {ratio:.1%} "
            f"({len(runs)} ranks, {plan.num_microbatches} microbatches)"]
-    host = host_peaks(plan, memory)  # offloaded activations (§2.9), on ranks that offload
+    host = host_peaks(plan, memory)  # offloaded activations (§2.10), on ranks that offload
     for r in range(len(runs)):
         out.append(f"rank {r}: busy {num_text(busy[r])}, "
                    f"idle {num_text(span - busy[r])}, peak memory {num_text(peaks[r][0])}"

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import attrs
 
 from .algebra import families, terms
+from .algebra.literal import Program
 from .algebra.transpose import Transpose
 from .cost import NO_COMM_COST, CommCost, CostModel
 from .errors import InputError, ParameterError
@@ -29,7 +30,8 @@ from .ir import Op, Schedule
 from .semantics import UNIT_MEMORY, MemoryModel, standard_duration
 
 TERM_TYPES = (terms.Weave, terms.Seq, terms.Par, terms.Restrict, terms.SplitBW, terms.MergeBW,
-              terms.DeferW, terms.Relabel, terms.ForwardOnly, terms.Offloaded, Transpose)
+              terms.DeferW, terms.Relabel, terms.ForwardOnly, terms.Offloaded, Transpose,
+              Program)
 Term = Any  # any of TERM_TYPES: an object with ``derive() -> Schedule``
 
 
@@ -96,20 +98,23 @@ class Spec:
 
 _INT, _STR, _TERM, _INTS = "an integer", "a string", "a schedule term", "a list of integers"
 _NUM, _NUMS = "a number", "a list of numbers"
+_STRS = "a list of strings"
 _REQUIRED = object()
 
 
 def _family(name: str) -> Callable[..., Term]:
-    if name == "seq1f1b":
+    if name in families.SEQ_FAMILIES:
         return lambda pp, microbatches, seq_chunks=None: families.family(
             name, pp, microbatches, seq_chunks=seq_chunks)
+    if name in families.WAVED:
+        return lambda pp, microbatches, waves=None: families.family(name, pp, microbatches,
+                                                                     waves=waves)
     return lambda pp, microbatches, chunks=None: families.family(name, pp, microbatches, chunks)
 
 
-def _extra(name: str) -> tuple:
-    """A family function's parameters after ``pp`` and ``microbatches``."""
-    return ((("chunks", _INT, None),) if name == "interleaved-1f1b" else
-            (("seq_chunks", _INT, None),) if name == "seq1f1b" else ())
+def _program(pp, microbatches, ranks, placement, chunks):
+    return Program(pp, microbatches, tuple(ranks),
+                   placement if isinstance(placement, str) else tuple(placement), chunks)
 
 
 def _defer_w(t, lag):
@@ -122,13 +127,23 @@ _PP_M = (("pp", _INT, _REQUIRED), ("microbatches", _INT, _REQUIRED))
 FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]]] = {
     "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
                             ("placement", _STR, "looped"), ("group", _INT, None),
-                            ("seq_chunks", _INT, 1))),
-    "family": (lambda name, pp, microbatches, chunks, seq_chunks: families.family(
-        name, pp, microbatches, chunks, seq_chunks=seq_chunks),
-        (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None), ("seq_chunks", _INT, None))),
+                            ("pipelines", _INT, 1), ("order", _STR, "dfs"),
+                            ("backward", _STR, "asc"), ("seq_chunks", _INT, 1))),
+    "program": (_program, (*_PP_M, ("ranks", _STRS, _REQUIRED), ("placement", (_STR, _INTS),
+                                                                    "looped"),
+                            ("chunks", _INT, 1))),
+    "family": (lambda name, pp, microbatches, chunks=None, waves=None, seq_chunks=None:
+               families.family(name, pp, microbatches, chunks, waves=waves,
+                               seq_chunks=seq_chunks),
+               (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None), ("waves", _INT, None),
+                ("seq_chunks", _INT, None))),
     **{make.__name__:  # one_f_one_b, zb_h1, ...: the family functions' own names
-       (_family(name), _PP_M + _extra(name))
-       for name, make in {**families.FAMILIES, **families.SEQ_FAMILIES}.items()},
+       (_family(name), _PP_M + ((("chunks", _INT, None),) if name in families.CHUNKED else
+                                (("waves", _INT, None),) if name in families.WAVED else
+                                (("seq_chunks", _INT, None),) if name in families.SEQ_FAMILIES
+                                else ()))
+       for name, make in {**families.FAMILIES, **families.BIDIRECTIONAL,
+                          **families.SEQ_FAMILIES}.items()},
     "seq": (terms.Seq, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "par": (terms.Par, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "restrict": (lambda t, ranks: terms.Restrict(t, tuple(ranks)),
@@ -245,6 +260,7 @@ def _is(v: Any, ptype: Any) -> bool:
     return {_INT: lambda: type(v) is int, _STR: lambda: type(v) is str,
             _TERM: lambda: isinstance(v, TERM_TYPES),
             _INTS: lambda: type(v) is list and all(type(x) is int for x in v),
+            _STRS: lambda: type(v) is list and all(type(x) is str for x in v),
             _NUM: lambda: type(v) in (int, float),
             _NUMS: lambda: type(v) is list and all(type(x) in (int, float) for x in v),
             }[ptype]()

@@ -6,7 +6,9 @@ static``), its memory limit, its rank and microbatch counts and, for a transpose
 cut segment (its name, side and whether it is trainable). ``tune`` searches the
 *schedule* (``candidates``), in a fixed order, the spec's own term first:
 
-- every body family, ``interleaved-1f1b`` with 2, 3 and 4 chunks;
+- every body family of ``TUNED`` (the seven before looped-bfs, interleaved-zb and
+  hanayo, so a search's answer stays what it was), ``interleaved-1f1b`` with 2, 3 and 4
+  chunks;
 - each body as derived, and with its weight gradients deferred (``defer_w`` with each lag
   of ``LAGS``; a body without split backward is split first, ``split_bw``);
 - for a transpose spec, every mode the model permits (a trainable source: ``recompute``
@@ -70,6 +72,7 @@ from .spec import Spec
 CHUNKS = (2, 3, 4)
 LAGS = ("1", "2", "r")
 HEURISTICS = OWNERSHIPS  # the ownership rules every candidate is tried with
+TUNED = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev")
 REFINE = 3  # (body, mode) groups whose placement is solved with Z3's Optimize
 OWN = "the spec's own schedule"
 
@@ -161,7 +164,7 @@ class Derived:
 def _families(p: int, m: int) -> Iterator[tuple[str, str, object]]:
     """``(family, label, term)`` for every family term that builds for ``p`` and ``m``
     (not derived: cheap)."""
-    for name in families.FAMILIES:
+    for name in TUNED:
         for chunks in (CHUNKS if name == "interleaved-1f1b" else (None,)):
             label = name if chunks is None else f"{name}/v{chunks}"
             try:

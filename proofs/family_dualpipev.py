@@ -2,30 +2,32 @@
 1 stage ``2p-1-r``, both on rank ``r``), ``m >= 2p``; the steady state overlaps a forward
 of one chunk with a backward of the other in one step.
 
-**The model.** With ``a = p-1-r``, ``S = m-2p+r+1``, ``h = (r+1)//2`` and ``q = r+1-h``,
-reading the pattern is reading nine phases of steps, each a body repeated ``n`` times;
-in iteration ``j`` a letter names ``kind chunk`` and a microbatch affine in ``j``
+**The model** (DeepSeek's and torch 2.13's order). With ``a = p-1-r``, ``S = m-2p+r+1``,
+``h = (r+1)//2``, ``e = r+1-2h`` (1 on even ranks) and ``t`` (1 on the last rank, else
+0), reading the pattern is reading eleven phases of steps, each a body repeated ``n``
+times; in iteration ``j`` a letter names ``kind chunk`` and a microbatch affine in ``j``
 (``<X Y>``: one overlapped step):
 
     phase  n      body
     1      2a     F0 j
     2      r+1    F0 2a+j;  F1 j
     3      a      I1 j;  W1 j;  F1 r+1+j
-    4      S      <F0 2p-r-1+j  B1 a+j>;  <F1 p+j  B0 j>
-    5      a      B1 a+S+j;  <F1 p+S+j  B0 S+j>
-    6      h      B1 2a+S+j;  B0 S+a+j
-    7      q      I1 2a+S+h+j;  I0 S+a+h+j
-    8      a      W  wq(j);  I0 m-p+r+1+j
-    9      2q     W  wq(a+j)
+    4      t      F0 2p-r-1+j;  B1 a+j;  <F1 p+j  B0 j>
+    5      S-t    <F0 2p-r-1+t+j  B1 a+t+j>;  <F1 p+t+j  B0 t+j>
+    6      a      B1 a+S+j;  <F1 p+S+j  B0 S+j>
+    7      h      B1 2a+S+j;  B0 S+a+j
+    8      e      B1 2a+S+h+j;  I0 S+a+h+j
+    9      h      I1 2a+S+h+e+j;  I0 S+a+h+e+j
+    10     a      W  wq(j);  I0 m-p+r+1+j
+    11     r+1    W  wq(a+j)
 
 Every letter pops (``m >= 2p``: no stream runs dry before its last letter). An unchunked
 ``W`` pops the oldest queued weight gradient, so the ``n``-th ``W`` after phase 3 pops
-the ``n``-th ``I`` of phases 7-8: ``wq(n)`` is ``I1``/``I0`` of pair ``n//2`` of phase
-7 for ``n < 2q``, else the ``I0`` of phase 8's iteration ``n-2q``. That this is what
-``derive`` returns is checked op for op for every ``p <= 8``, ``2p <= m <= 24`` by
-tests/test_proofs_family_models.py. So chunk 0's microbatches ``< S+a+h`` get a full ``B``,
-the rest ``I`` and ``W``; chunk 1's in ``[a, 2a+S+h)`` a full ``B``, the rest ``I`` and
-``W``.
+the ``n``-th ``I`` of phases 8-10: ``wq(n)`` (``queued``). That this is what ``derive``
+returns is checked op for op for every ``p <= 8``, ``2p <= m <= 24`` by
+tests/test_proofs_family_models.py. So chunk 0's microbatches ``< S+a+h`` get a full
+``B``, the rest ``I`` and ``W``; chunk 1's in ``[a, 2a+S+h+e)`` a full ``B``, the rest
+``I`` and ``W``.
 
 **All sizes.** Every step ``k`` is step ``o`` of an iteration ``j`` of one phase
 (``k = s + b j + o``), and each claim is proven step by step for symbolic ``p >= 1,
@@ -33,13 +35,14 @@ m >= 2p``, ``r`` and ``j``. Completeness: each member of each step is a required
 found at that unit's position (an explicit inverse), a single step has no second member,
 and each required unit sits at its position: a bijection between the steps' members and
 the required units. Dependency: a closed-form clock (unit durations: rank ``r``'s step
-``k`` starts at ``k + r``, plus one tick for each of phase 4's iterations ``1..r`` begun)
-advances along every rank, and every input of every unit, across ranks, the V's turn and
-full or split backwards, finished before its step, so no member of an overlapped step
-needs another's output. The unit-model peak ``2p + 1`` on every rank: a closed-form level
-before each step (``level_at``; every letter pops) satisfies the level's recurrence step
-to step and across phase boundaries, every step stays within the peak, and the first
-overlapped step reaches it.
+``k`` starts at ``k + r``, plus one tick for each main-step iteration ``1..r`` begun)
+advances along every rank (less one tick on the last rank from its third main step on),
+and every input of every unit, across ranks, the V's turn and full or split backwards,
+finished before its step, so no member of an overlapped step needs another's output.
+The unit-model peak ``2p + 1`` on every rank: a closed-form level before each step
+(``level_at``; every letter pops) satisfies the level's recurrence step to step and
+across phase boundaries, every step stays within the peak, and the first main step's
+``F0`` reaches it.
 
 **Matching and deadlock**, all sizes: the clock ranks every step above its predecessor on
 its rank and above the step producing each input of each member, so the data-flow graph
@@ -68,37 +71,44 @@ QUEUED = "queued"  # a W letter whose unit is wq(base + j)
 
 
 def _dims(p, m, r):
+    """``a``, ``S``, ``h``, ``e`` (1 on even ranks: the middle pair's ``B1 I0``) and
+    ``t`` (1 on the last rank: its first main step runs ``F0`` and ``B1`` apart)."""
     a, h = p - 1 - r, div(r + 1, 2)
-    return a, m - 2 * p + r + 1, h, r + 1 - h
+    return a, m - 2 * p + r + 1, h, r + 1 - 2 * h, ite(r == p - 1, 1, 0)
 
 
 def phases(p, m, r):
     """``(n, steps)`` per phase; a step is a tuple of letters ``(kind, chunk, base)``
     naming microbatch ``base + j`` in iteration ``j`` (``chunk`` ``QUEUED``: ``W`` of
     ``wq(base + j)``). Works on ints and Z3 terms alike."""
-    a, S, h, q = _dims(p, m, r)
+    a, S, h, e, t = _dims(p, m, r)
     return (
         (2 * a, ((("F", 0, 0),),)),
         (r + 1, ((("F", 0, 2 * a),), (("F", 1, 0),))),
         (a, ((("I", 1, 0),), (("W", 1, 0),), (("F", 1, r + 1),))),
-        (S, ((("F", 0, 2 * p - r - 1), ("B", 1, a)), (("F", 1, p), ("B", 0, 0)))),
+        (t, ((("F", 0, 2 * p - r - 1),), (("B", 1, a),), (("F", 1, p), ("B", 0, 0)))),
+        (S - t, ((("F", 0, 2 * p - r - 1 + t), ("B", 1, a + t)),
+                 (("F", 1, p + t), ("B", 0, t)))),
         (a, ((("B", 1, a + S),), (("F", 1, p + S), ("B", 0, S)))),
         (h, ((("B", 1, 2 * a + S),), (("B", 0, S + a),))),
-        (q, ((("I", 1, 2 * a + S + h),), (("I", 0, S + a + h),))),
+        (e, ((("B", 1, 2 * a + S + h),), (("I", 0, S + a + h),))),
+        (h, ((("I", 1, 2 * a + S + h + e),), (("I", 0, S + a + h + e),))),
         (a, ((("W", QUEUED, 0),), (("I", 0, m - p + r + 1),))),
-        (2 * q, ((("W", QUEUED, a),),)),
+        (r + 1, ((("W", QUEUED, a),),)),
     )
 
 
 def queued(p, m, r, n):
-    """``(chunk, mb)`` of the ``n``-th ``I`` of phases 7-8 (FIFO: what the ``n``-th
-    unchunked ``W`` pops)."""
-    a, S, h, q = _dims(p, m, r)
-    j = div(n, 2)
-    pair_c = ite(n % 2 == 0, 1, 0)
-    pair_mb = ite(n % 2 == 0, 2 * a + S + h + j, S + a + h + j)
-    late = n >= 2 * q
-    return ite(late, 0, pair_c), ite(late, m - p + r + 1 + n - 2 * q, pair_mb)
+    """``(chunk, mb)`` of the ``n``-th ``I`` of phases 8-10 (FIFO: what the ``n``-th
+    unchunked ``W`` pops): phase 8's ``I0``, then phase 9's pairs ``I1 I0``, then phase
+    10's ``I0``s; chunk 0's are microbatches ``S+a+h, S+a+h+1, ...`` in turn."""
+    a, S, h, e, _ = _dims(p, m, r)
+    k = n - e
+    one = z3.And(k >= 0, k < 2 * h, k % 2 == 0) if isinstance(k, z3.ExprRef) else (
+        0 <= k < 2 * h and k % 2 == 0)
+    mb0 = ite(n < e, S + a + h + n, ite(k < 2 * h, S + a + h + e + div(k, 2),
+                                        m - p + r + 1 + n - e - 2 * h))
+    return ite(one, 1, 0), ite(one, 2 * a + S + h + e + div(k, 2), mb0)
 
 
 def unit(p, m, r, letter, j):
@@ -126,10 +136,10 @@ def model(p: int, m: int, v: int | None = None):
 
 def backward_is_full(p, m, r, chunk, x):
     """Whether microbatch ``x`` of ``chunk`` gets a full ``B`` (else ``I`` and ``W``)."""
-    a, S, h, _ = _dims(p, m, r)
+    a, S, h, e, _ = _dims(p, m, r)
     if chunk == 0:
         return x < S + a + h
-    return z3.And(a <= x, x < 2 * a + S + h)
+    return z3.And(a <= x, x < 2 * a + S + h + e)
 
 
 # ---------------------------------------------------------------- symbolic steps
@@ -175,7 +185,7 @@ def member(k_, slot: int):
 @memo_terms
 def position(kd: str, c: int, x_):
     """``(step, slot)`` of the member naming ``kd c(x_)``: the inverse of ``member``."""
-    a, S, h, q = _dims(p, m, r)
+    a, S, h, e, _ = _dims(p, m, r)
     pos, slot = z3.IntVal(-1), z3.IntVal(-1)
     for n, body, s in reversed(SPANS):
         for o, step in enumerate(body):
@@ -184,12 +194,13 @@ def position(kd: str, c: int, x_):
                     continue
                 if lc == QUEUED:  # invert wq: the W ordinal n, then its iteration
                     if c == 1:
-                        jj = x_ - (2 * a + S + h)
-                        ok, nth = z3.And(0 <= jj, jj < q), 2 * jj
+                        jj = x_ - (2 * a + S + h + e)
+                        ok, nth = z3.And(0 <= jj, jj < h), e + 2 * jj
                     else:
-                        jj, late = x_ - (S + a + h), x_ - (m - p + r + 1)
-                        ok = z3.Or(z3.And(0 <= jj, jj < q), z3.And(0 <= late, late < a))
-                        nth = z3.If(z3.And(0 <= jj, jj < q), 2 * jj + 1, 2 * q + late)
+                        jj = x_ - (S + a + h)  # chunk 0's I0s: e, then h pairs, then a
+                        ok = z3.And(0 <= jj, jj < e + h + a)
+                        nth = z3.If(jj < e, jj, z3.If(jj < e + h, e + 2 * (jj - e) + 1,
+                                                      e + 2 * h + jj - e - h))
                     j = nth - base
                 elif lc == c:
                     j, ok = x_ - base, z3.BoolVal(True)
@@ -337,10 +348,11 @@ def dualpipev_peak_memory():
             fwd = sum(1 for lt in step if lt[0] == "F")
             yield Obligation(f"DualPipeV phase {i + 1} step {o}: the step's peak <= 2p + 1",
                              level_at(i, j, o) + fwd <= PEAK, case)
-    assert SPANS[3][1][0][0][0] == "F"  # the first overlapped step stores one more
-    yield Obligation("DualPipeV: the peak is reached at the first overlapped step (phase "
-                     "4, iteration 0, step 0)",
-                     z3.And(SPANS[3][0] >= 1, level_at(3, 0, 0) + 1 == PEAK), SIZES)
+    assert SPANS[3][1][0][0][0] == SPANS[4][1][0][0][0] == "F"  # the first main step's F0
+    yield Obligation("DualPipeV: the peak is reached at the first main step's F0 (phase 4, "
+                     "iteration 0, step 0 on the last rank; phase 5's on the others)",
+                     z3.Or(z3.And(SPANS[3][0] >= 1, level_at(3, 0, 0) + 1 == PEAK),
+                           z3.And(SPANS[4][0] >= 1, level_at(4, 0, 0) + 1 == PEAK)), SIZES)
 
 
 # ---------------------------------------------------------------- dependency
@@ -348,12 +360,15 @@ def dualpipev_peak_memory():
 
 def clock(r_, k_):
     """The timing witness (unit durations, an overlapped step included): rank ``r_``'s
-    step ``k_`` starts at ``k_ + r_``, plus one tick for each of phase 4's iterations
-    ``1..r_`` begun (the V's turn: the last chunk-1 forwards reach rank ``r_`` late)."""
+    step ``k_`` starts at ``k_ + r_``, plus one tick for each of the main steps'
+    iterations ``1..r_`` begun (the V's turn: the last chunk-1 forwards reach rank ``r_``
+    late), less one on the last rank (``r_ >= 1``) from its third main step on (its first
+    main step's ``F0`` and ``B1`` run apart, in the tick the first late one would take)."""
     a = p - 1 - r_
     s4 = 2 * a + 2 * (r_ + 1) + 3 * a
     late = (k_ - s4) / 2
-    return k_ + r_ + z3.If(k_ < s4, 0, z3.If(late > r_, r_, late))
+    apart = z3.If(z3.And(r_ == p - 1, r_ >= 1, k_ >= s4 + 2), 1, 0)
+    return k_ + r_ + z3.If(k_ < s4, 0, z3.If(late > r_, r_, late)) - apart
 
 
 def _at(r_, kd: str, c: int, x_):

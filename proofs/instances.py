@@ -81,3 +81,41 @@ def none_of(violations: list[str]) -> tuple[str, str]:
     ``QUERY_DECLS``) is satisfiable"."""
     from mpipe_verified import kernel
     return kernel.QUERY_DECLS, "(not (or false " + " ".join(violations) + "))"
+
+
+STATEMENTS = {
+    "completeness": "every F(s, x) and its backward (B, or I and W) exactly once, on the rank "
+                    "owning s, and nothing else",
+    "dependency": "in the lowered plan every op's inputs are on its rank before it runs",
+    "matching": "the lowered plan pairs every send with the receive of the same payload, FIFO "
+                "per channel, none left over",
+    "deadlock": "the lowered plan runs to completion under rendezvous (a completion-time "
+                "witness checked by Z3)",
+}
+
+
+def chunked_family_laws(name: str, title: str, peak, peak_text: str, p_max: int, m_max: int,
+                        chunks: tuple[int, ...], weight: int = 3) -> tuple:
+    """The five bounded laws of the family ``name`` that takes ``chunks``: every property
+    of its package-derived, lowered instances for ``p <= p_max``, ``m <= m_max`` and each
+    of ``chunks``, one Z3 query per ``p`` and property; the memory law states the peak
+    ``peak(p, m, v, r)`` (``peak_text``) exactly."""
+    from .core import bounded, law
+    from mpipe_verified.algebra.families import family
+    scope = bounded(f"p <= {p_max}, m <= {m_max}, chunks {', '.join(map(str, chunks))}; "
+                    f"package-derived and lowered instances, each checked by the "
+                    f"verification kernel's obligations")
+
+    def obligations(prop: str):
+        for pp in range(1, p_max + 1):
+            parts = [violation(family(name, pp, mm, v).derive(), prop,
+                               lambda p, m, r, v=v: peak(p, m, v, r))
+                     for mm in range(1, m_max + 1) for v in chunks]
+            yield Obligation(f"{title} p={pp}: {prop} of every instance with m <= {m_max}",
+                             smt=none_of(parts))
+
+    def cell(prop: str, statement: str):
+        return law(f"{name.replace('-', '_')}_{prop}", f"{title}: {statement}", scope,
+                   weight=weight, family=name, property=prop)(lambda: obligations(prop))
+    return tuple(cell(prop, STATEMENTS[prop]) for prop in STATEMENTS) + (
+        cell("memory", f"the unit-model peak on rank r is exactly {peak_text}"),)

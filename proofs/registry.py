@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import (families, family_dualpipev, family_interleaved, family_seq1f1b,
-               family_transpose, family_transpose_inline, family_zb, family_zbv, lowering,
-               relabel, safety, sequences)
+from . import (families, family_bidirectional, family_dualpipev, family_interleaved,
+               family_interleaved_zb, family_looped_bfs, family_seq1f1b, family_transpose,
+               family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
+               sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -86,6 +87,28 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
+    # two pipelines over one model (DualPipe, Chimera): bounded
+    family_bidirectional.dualpipe_completeness,
+    family_bidirectional.dualpipe_dependency,
+    family_bidirectional.dualpipe_matching,
+    family_bidirectional.dualpipe_deadlock,
+    family_bidirectional.dualpipe_memory,
+    family_bidirectional.chimera_completeness,
+    family_bidirectional.chimera_dependency,
+    family_bidirectional.chimera_matching,
+    family_bidirectional.chimera_deadlock,
+    family_bidirectional.chimera_memory,
+    # looped BFS and interleaved zero bubble: bounded
+    family_looped_bfs.looped_bfs_completeness,
+    family_looped_bfs.looped_bfs_dependency,
+    family_looped_bfs.looped_bfs_matching,
+    family_looped_bfs.looped_bfs_deadlock,
+    family_looped_bfs.looped_bfs_memory,
+    family_interleaved_zb.interleaved_zb_completeness,
+    family_interleaved_zb.interleaved_zb_dependency,
+    family_interleaved_zb.interleaved_zb_matching,
+    family_interleaved_zb.interleaved_zb_deadlock,
+    family_interleaved_zb.interleaved_zb_memory,
     # seq1f1b (sequence chunks): bounded
     family_seq1f1b.seq1f1b_completeness,
     family_seq1f1b.seq1f1b_dependency,

@@ -6,8 +6,9 @@ everything about a plan: two plans that differ in anything but idle steps never 
 Written from the grammar, not from the encoder's code:
 
 - line 1: ``placement=S,S,...;m=M``, then ``;cut=REPR`` (the cut's Python ``repr``), then
-  ``;forward_only``, then ``;seq_chunks=S`` (only when S is not 1); each further line one
-  rank's ops, separated by ``,``;
+  ``;forward_only``, then ``;pipelines=MB,MB|MB,...`` (several pipelines; never with a
+  cut, whose repr ends with ``)``), then ``;seq_chunks=S`` (only when S is not 1); each
+  further line one rank's ops, separated by ``,``;
 - a text (segment, tag, dtype, ``to``) is either plain (``[A-Za-z0-9_.:/+-]*``) or a JSON
   string; a segment prefixes its op as ``SEGMENT:``, the last ``:`` of a plain run;
 - ``[SEG:]S{F,B,I,W,R}MB``; ``[SEG:]S{OFFLOAD,RELOAD}MB`` (activation moves); ``S{UNSHARD,RESHARD,REDUCE_GRAD}[MB]``;
@@ -52,6 +53,10 @@ def decode(text: str) -> Plan:
     chunks = re.search(r";seq_chunks=([0-9]+)$", head)  # a cut's repr ends with ")"
     seq_chunks = 1 if chunks is None else int(chunks.group(1))
     head = head if chunks is None else head[:chunks.start()]
+    pipes = re.search(r";pipelines=([0-9,|]+)$", head)
+    pipelines = () if pipes is None else tuple(
+        tuple(int(mb) for mb in p.split(",")) for p in pipes.group(1).split("|"))
+    head = head if pipes is None else head[:pipes.start()]
     forward_only = head.endswith(";forward_only")  # a cut's repr ends with ")"
     m = _HEAD.fullmatch(head.removesuffix(";forward_only"))
     if m is None:
@@ -60,7 +65,7 @@ def decode(text: str) -> Plan:
     cut = Cut() if m.group(3) is None else _cut(m.group(3))
     programs = tuple(_Row(row).ops() for row in rows)
     return Plan(Placement(stages, len(rows)), int(m.group(2)), programs, cut, forward_only,
-                seq_chunks)
+                pipelines, seq_chunks)
 
 
 def _cut(text: str) -> Cut:

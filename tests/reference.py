@@ -274,6 +274,14 @@ def run_plan(plan) -> Result:
 # and activation at most one lend sent, as many returns received as lends sent, as many
 # returns sent as lends received. Memory: the send of a lend or return frees the stored
 # activation's key on its rank, the receive allocates it (stored size, no buffer).
+# Several pipelines (``pipelines``: k tuples of microbatches; never with a cut): with
+# n = stages / k, pipeline i is stages i*n .. i*n+n-1 and runs only its own microbatches
+# (work of another microbatch at one of its stages is no work). Nothing flows between
+# pipelines: the forward of a pipeline's first stage needs no activation, the backward of
+# its last stage no gradient, and a transfer of a pipeline's last activation or first
+# gradient is a matching problem. Model stage J (the stages i*n+J) whose stages sit on
+# more than one rank needs an all-reduce tagged ``replica:J`` (no root) over those ranks,
+# called once by each of them, needing every B or W of those stages on the caller's rank.
 
 PROPERTIES = ("completeness", "dependency", "matching", "deadlock", "memory")
 SOURCE_SIDE, SINK_SIDE = "source", "sink"
@@ -319,10 +327,13 @@ class _Chain:
     """The body's stages plus the cut: who owns each unit of work, and what each step
     needs and makes on its rank. Tokens are ``(kind, segment, stage, mb)``."""
 
-    def __init__(self, stage_to_rank, microbatches, cut, ranks, seq_chunks=1) -> None:
+    def __init__(self, stage_to_rank, microbatches, cut, ranks, pipelines=(),
+                 seq_chunks=1) -> None:
         self.where, self.m, self.n = list(stage_to_rank), microbatches, ranks
         self.seq = seq_chunks
         self.last = len(self.where) - 1
+        self.pipes = [set(p) for p in pipelines]
+        self.width = len(self.where) // len(self.pipes) if self.pipes else len(self.where)
         self.cut = tuple(cut)
         self.segs = {seg.name: seg for seg in self.cut}
         self.sources = [seg.name for seg in self.cut if seg.side == SOURCE_SIDE]
@@ -337,10 +348,22 @@ class _Chain:
     def units(self) -> list:
         return [("", s) for s in range(self.last + 1)] + [(seg.name, 0) for seg in self.cut]
 
+    def due(self, s, mb) -> bool:
+        """Does body stage ``s`` owe work of ``mb`` (its pipeline's microbatches)?"""
+        return not self.pipes or mb in self.pipes[s // self.width]
+
+    def crosses(self, payload) -> bool:
+        """A transfer out of its pipeline: a last stage's activation, a first's gradient."""
+        kind, s, _, seg = payload[:4]
+        return bool(self.pipes) and not seg and (
+            (kind == "act" and s % self.width == self.width - 1)
+            or (kind == "grad" and s % self.width == 0))
+
     def owner(self, kind, seg, s, mb):
         """The rank that must run this compute (None: nobody may)."""
         if not seg:
-            return self.where[s] if kind != "R" and s <= self.last else None
+            return (self.where[s] if kind != "R" and s <= self.last and self.due(s, mb)
+                    else None)
         segw = self.segs.get(seg)
         if segw is None or s != 0 or mb >= self.m:
             return None
@@ -361,12 +384,14 @@ class _Chain:
     def _needs(self, kind, s, mb, seg, rank) -> list:
         segw = self.segs.get(seg) if seg else None
         if segw is None:  # the body (a name outside the cut reads as body work)
+            first = s % self.width == 0 if self.pipes else s == 0
+            last = s % self.width == self.width - 1 if self.pipes else s >= self.last
             if kind == "F":
-                return [("act", seg, s - 1, mb)] if s > 0 else [("act", src, 0, mb)
-                                                                 for src in self.sources]
+                return [("act", seg, s - 1, mb)] if not first else [("act", src, 0, mb)
+                                                                     for src in self.sources]
             if kind in ("B", "I"):
                 return [("stored", seg, s, mb)] + ([("grad", seg, s + 1, mb)]
-                                                   if s < self.last else [])
+                                                   if not last else [])
             return [("I", seg, s, mb)] if kind == "W" else [("input", seg, s, mb)]
         params = ([("params", seg, 0, 0)] if kind in ("F", "R") and segw.backward is not None
                   and rank != segw.home else [])
@@ -397,6 +422,9 @@ class _Chain:
             if cell[1] == "all_reduce" and role == "grads" and segw and segw.backward:
                 return [("wdone", name, 0, mb) for mb, r in enumerate(segw.backward)
                         if r == rank]
+            if cell[1] == "all_reduce" and role == "replica" and name in self.replicas():
+                return [("wdone", "", s, mb) for s in range(int(name), self.last + 1, self.width)
+                        if self.where[s] == rank for mb in sorted(self.pipes[s // self.width])]
         return []
 
     @staticmethod
@@ -443,7 +471,16 @@ class _Chain:
                 out["params:" + seg.name] = ("broadcast", seg.home, runs | {seg.home})
             if set(seg.backward) - {seg.home}:
                 out["grads:" + seg.name] = ("all_reduce", None, set(seg.backward) | {seg.home})
+        for name, ranks in self.replicas().items():
+            out["replica:" + name] = ("all_reduce", None, ranks)
         return out
+
+    def replicas(self) -> dict:
+        """``"J" -> ranks`` of model stage J's stages, where those are several ranks."""
+        if not self.pipes:
+            return {}
+        ranks = {str(j): set(self.where[j::self.width]) for j in range(self.width)}
+        return {j: r for j, r in ranks.items() if len(r) > 1}
 
 
 def _token(payload):
@@ -470,6 +507,9 @@ def _completeness(programs, chain: _Chain, res: Judgement) -> None:
             for kind, s, mb, seg in cell[1]:
                 if (seg, s) not in units or mb >= chain.m:
                     res.incomplete.append(f"rank {r} #{i}: {seg}{s}{kind}{mb} is no work")
+                elif not seg and not chain.due(s, mb):
+                    res.incomplete.append(f"rank {r} #{i}: {s}{kind}{mb} is not of the "
+                                          "pipeline of its stage")
                 elif chain.owner(kind, seg, s, mb) != r:
                     res.incomplete.append(f"rank {r} #{i}: {seg}{s}{kind}{mb} belongs on "
                                           f"rank {chain.owner(kind, seg, s, mb)}")
@@ -478,6 +518,8 @@ def _completeness(programs, chain: _Chain, res: Judgement) -> None:
     for seg, s in chain.units():
         segw = chain.segs.get(seg) if seg else None
         for mb in range(chain.m):
+            if not seg and not chain.due(s, mb):
+                continue  # another pipeline's microbatch: its work here was no work
             f, b, i, w, rc = (count.get((k, seg, s, mb), 0) for k in "FBIWR")
             backward = ((1, 0, 0), (0, 1, 1)) if segw is None or segw.backward else ((0, 0, 0),)
             due = int(segw is not None and segw.recompute_due(mb))
@@ -511,7 +553,7 @@ def _required_collectives(programs, chain: _Chain, res: Judgement) -> None:
                 continue
             kind, ranks, tag, root = cell[1:]
             role, colon, _ = tag.partition(":")
-            if not colon or role not in ("params", "grads"):
+            if not colon or role not in ("params", "grads", "replica"):
                 continue  # a collective of the user's own
             calls[(tag, r)] = calls.get((tag, r), 0) + 1
             need = required.get(tag)
@@ -540,13 +582,15 @@ def _dependency(programs, chain: _Chain, res: Judgement) -> None:
             have.update(chain.makes(cell))
 
 
-def _p2p_matching(programs, res: Judgement) -> dict:
+def _p2p_matching(programs, res: Judgement, chain: _Chain) -> dict:
     """FIFO per ordered pair; returns each endpoint's partner ``(rank, index, member)``."""
     sends, recvs = {}, {}
     for r, prog in enumerate(programs):
         for i, cell in enumerate(prog):
             if cell[0] == "P":
                 for k, (is_send, peer, payload) in enumerate(cell[1]):
+                    if chain.crosses(payload):
+                        res.matching.append(f"rank {r} op {i}: {payload} leaves its pipeline")
                     if is_send:
                         sends.setdefault((r, peer), []).append((r, i, k, payload))
                     else:
@@ -708,15 +752,16 @@ def _memory(programs, chain: _Chain, memory_limit, res: Judgement, sizes: Sizes)
 
 
 def judge(programs, stage_to_rank, microbatches, memory_limit=None, cut=(),
-          sizes: Sizes = UNIT, seq_chunks: int = 1) -> Judgement:
+          sizes: Sizes = UNIT, pipelines=(), seq_chunks: int = 1) -> Judgement:
     """All five properties of a plain-data plan (see the comment above); ``cut`` is a
     sequence of ``Segment``, ``sizes`` the memory sizes (default: the unit model),
-    ``seq_chunks`` the chunks per sample."""
+    ``pipelines`` the microbatches of each pipeline (``()``: one pipeline), ``seq_chunks``
+    the chunks per sample."""
     res = Judgement()
-    chain = _Chain(stage_to_rank, microbatches, cut, len(programs), seq_chunks)
+    chain = _Chain(stage_to_rank, microbatches, cut, len(programs), pipelines, seq_chunks)
     _completeness(programs, chain, res)
     _dependency(programs, chain, res)
-    partner = _p2p_matching(programs, res)
+    partner = _p2p_matching(programs, res, chain)
     instance = _collective_matching(programs, res)
     _deadlock(programs, partner, instance, res)
     _memory(programs, chain, memory_limit, res, sizes)
@@ -769,4 +814,5 @@ def judge_plan(plan, memory_limit=None, sizes: Sizes = UNIT) -> Judgement:
     return judge([[cell_of(op) for op in prog] for prog in plan.programs],
                  list(plan.placement.stage_to_rank), plan.num_microbatches, memory_limit,
                  [segment_of(w) for w in plan.cut.segments], sizes,
+                 tuple(map(tuple, getattr(plan, "pipelines", ()))),
                  getattr(plan, "seq_chunks", 1))

@@ -9,8 +9,13 @@ Valid terms (``random_term`` / ``terms()``), on ``p`` in 1..6 ranks and at most 
 microbatches in all:
 
 - bases: every family of ``algebra.families`` with valid parameters (``dualpipev`` needs
-  ``m >= 2p``; ``interleaved-1f1b`` takes 2..3 chunks) and the hand ``Weave`` patterns of
-  ``HAND_WEAVES`` (each checked to run for every p <= 6, m <= 12);
+  ``m >= 2p``; the ``CHUNKED`` families take 2..3 chunks, ``hanayo`` 1..2 waves) and the
+  hand ``Weave`` patterns of ``HAND_WEAVES`` (each checked to run for every p <= 6,
+  m <= 12), each in a stream order of ``orders_for`` (``order`` dfs or bfs; ``backward``
+  desc too for the all-forwards-first patterns);
+- shapes (placements): ``SHAPES`` (looped, V, Hanayo's zigzag) and random explicit
+  stage-to-rank maps (``random_map``: every rank 1..v stages, in any order), which carry
+  the ``ANY_MAP_WEAVES`` (forwards, then backwards: they run on any map in any order);
 - ``SplitBW``, ``MergeBW``, ``DeferW`` (lags ``LAGS``) and ``Relabel`` (a random
   permutation) of a valid term;
 - ``Seq(a, b)`` of two valid terms on the same placement;
@@ -83,7 +88,7 @@ from typing import Sequence
 import attrs
 from hypothesis import strategies as st
 
-from mpipe_verified.algebra.families import FAMILIES, family
+from mpipe_verified.algebra.families import CHUNKED, FAMILIES, WAVED, family
 from mpipe_verified.algebra.terms import (DeferW, MergeBW, Par, Relabel, Restrict, Seq,
                                           SplitBW, Weave)
 from mpipe_verified.algebra.transpose import MODES, OWNERSHIPS, transpose_family
@@ -112,6 +117,18 @@ HAND_WEAVES = (
     ("F0* F1* B1* B0*", 2, "v"),
     ("F0^{2*(p-r)-1} (F1 F0)^{r} (F1 B1)^{p-r} (F0 B0 F1 B1)* B0* B1*", 2, "v"),
 )
+# patterns that run on any stage-to-rank map in any stream order: each rank's forwards in
+# (round, stage) order, then its backwards in (round, stage descending) order
+ANY_MAP_WEAVES = ("F* B*", "F* I* W*", "F* (I W)*")
+ORDERS = (("dfs", "asc"), ("bfs", "asc"), ("dfs", "desc"), ("bfs", "desc"))
+
+
+def orders_for(pattern: str) -> tuple[tuple[str, str], ...]:
+    """The stream orders ``(order, backward)`` a hand pattern runs in (checked for every
+    p <= 6, m <= 12): all four when every forward comes first, else ascending ones."""
+    return ORDERS if pattern in ANY_MAP_WEAVES + ("F0* F1* B1* B0*",) else ORDERS[:2]
+
+
 LAGS = ("0", "1", "2", "r", "p-1-r", "m")
 UNARY = ("split", "merge", "defer", "relabel")
 SEGMENT_MUTATIONS = ("drop_all_reduce", "narrow_all_reduce", "broadcast_root",
@@ -154,10 +171,13 @@ class DrawChooser:
 
 
 def family_shape(name: str, chunks: int | None = None) -> tuple[int, str]:
-    """``(chunks, placement)`` of a family's derived schedule."""
-    if name == "interleaved-1f1b":
+    """``(chunks, placement)`` of a family's derived schedule (``hanayo``: ``chunks`` is
+    twice its waves)."""
+    if name in CHUNKED:
         return (chunks or 2, "looped")
-    if name in ("zbv", "dualpipev"):
+    if name in WAVED:
+        return (2, "v") if chunks == 2 else (chunks or 4, "zigzag")
+    if name in ("zbv", "dualpipev", "v-half", "v-min"):
         return (2, "v")
     return (1, "looped")
 
@@ -166,7 +186,7 @@ def _split_free_pattern(pattern: str) -> bool:
     return "I" not in pattern and "W" not in pattern
 
 
-SPLIT_FREE_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b")
+SPLIT_FREE_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "hanayo")
 
 
 def _bases_for(p: int, shape: tuple[int, str], m_max: int, split_free: bool = False
@@ -175,18 +195,36 @@ def _bases_for(p: int, shape: tuple[int, str], m_max: int, split_free: bool = Fa
     v, placement = shape
     out = []
     for name in FAMILY_NAMES:
-        chunks = v if name == "interleaved-1f1b" else None
+        chunks = v if name in CHUNKED + WAVED else None
         if family_shape(name, chunks) != shape or (name == "dualpipev" and m_max < 2 * p):
             continue
         if (split_free and name not in SPLIT_FREE_FAMILIES) or chunks == 1:
             continue
         out.append(("family", name, chunks))
-    out += [("weave", pat, c, pl) for pat, c, pl in HAND_WEAVES
+    hand = HAND_WEAVES if placement in ("looped", "v") else [
+        (pat, v, placement) for pat in ANY_MAP_WEAVES]  # zigzag or an explicit map
+    out += [("weave", pat, c, pl) for pat, c, pl in hand
             if (c, pl) == shape and (not split_free or _split_free_pattern(pat))]
     return out
 
 
-SHAPES = ((1, "looped"), (2, "looped"), (3, "looped"), (2, "v"))
+SHAPES = ((1, "looped"), (2, "looped"), (3, "looped"), (2, "v"), (4, "zigzag"))
+MAP = "map"  # a shape drawn as a random explicit stage-to-rank map (``random_shape``)
+
+
+def random_map(ch, p: int) -> tuple[int, str]:
+    """``(v, "r0,r1,...")``: every rank holds 1..v stages (v in 1..3), in a random order."""
+    v = ch.int(1, 3)
+    pool = [r for r in range(p) for _ in range(ch.int(1, v))]
+    out = []
+    while pool:
+        out.append(pool.pop(ch.int(0, len(pool) - 1)))
+    return v, ",".join(map(str, out))
+
+
+def random_shape(ch, p: int) -> tuple[int, str]:
+    shape = ch.pick(SHAPES + (MAP,))
+    return random_map(ch, p) if shape == MAP else shape
 
 
 def random_base(ch, p: int, shape: tuple[int, str], m_max: int, split_free: bool = False):
@@ -194,9 +232,13 @@ def random_base(ch, p: int, shape: tuple[int, str], m_max: int, split_free: bool
     if base[0] == "family":
         _, name, chunks = base
         m = ch.int(2 * p if name == "dualpipev" else 1, m_max)
+        if name in WAVED:
+            return family(name, p, m, waves=chunks // 2)
         return family(name, p, m, chunks)
     _, pattern, chunks, placement = base
-    return Weave(p, ch.int(1, m_max), pattern, chunks=chunks, placement=placement)
+    order, backward = ch.pick(orders_for(pattern))
+    return Weave(p, ch.int(1, m_max), pattern, chunks=chunks, placement=placement,
+                 order=order, backward=backward)
 
 
 def local_variants(t) -> list:
@@ -210,7 +252,7 @@ def random_term(ch, depth: int = 2, p: int | None = None, shape=None, m_max: int
     """A valid term (see the module docstring). ``split_free``: no ``I``/``W`` anywhere
     (B-only bases under ``Seq``, ``Relabel``, ``MergeBW`` and ``Par`` of ``Restrict``s)."""
     p = ch.int(1, MAX_P) if p is None else p
-    shape = ch.pick(SHAPES) if shape is None else shape
+    shape = random_shape(ch, p) if shape is None else shape
     unary = ("merge", "relabel") if split_free else UNARY
     ops = ["base"] + ((list(unary) + ["seq", "par"]) if depth > 0 else [])
     if m_max < 2 and "seq" in ops:
@@ -294,8 +336,9 @@ def family_terms(draw, names: Sequence[str] = FAMILY_NAMES):
     name = draw(st.sampled_from(list(names)))
     p = draw(st.integers(1, MAX_P))
     m = draw(st.integers(2 * p if name == "dualpipev" else 1, MAX_M))
-    v = draw(st.integers(2, 3)) if name == "interleaved-1f1b" else None
-    return family(name, p, m, v)
+    v = draw(st.integers(2, 3)) if name in CHUNKED else None
+    waves = draw(st.integers(1, 2)) if name in WAVED else None
+    return family(name, p, m, v, waves=waves)
 
 
 @st.composite
@@ -816,8 +859,9 @@ def random_family_term(ch, p: int | None = None):
     name = ch.pick(FAMILY_NAMES)
     p = ch.int(1, MAX_P) if p is None else p
     m = ch.int(2 * p if name == "dualpipev" else 1, max(MAX_M, 2 * p))
-    v = ch.int(2, 3) if name == "interleaved-1f1b" else None
-    return family(name, p, m, v)
+    v = ch.int(2, 3) if name in CHUNKED else None
+    waves = ch.int(1, 2) if name in WAVED else None
+    return family(name, p, m, v, waves=waves)
 
 
 def random_base_term(ch, source: str, kind: str, depth: int, p: int | None):

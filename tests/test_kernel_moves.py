@@ -1,4 +1,4 @@
-"""Activation moves (docs/semantics.md §2.9): ``OFFLOAD``/``RELOAD`` of a stored activation
+"""Activation moves (docs/semantics.md §2.10): ``OFFLOAD``/``RELOAD`` of a stored activation
 between a rank's device and host memory. Each rule has a plan that breaks it alone; the
 kernel rejects it (from the plan, not from a pass), and the reference judge agrees."""
 

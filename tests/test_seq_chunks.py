@@ -53,7 +53,7 @@ def _no_witness_proves_dependency(plan: Plan) -> bool:
 
 
 def test_seq_chunks_is_validated():
-    with pytest.raises(ValueError, match="does not divide"):
+    with pytest.raises(ValueError, match="dividing the microbatches"):
         Plan(Placement((0,), 1), 3, ((),), seq_chunks=2)
     for bad in (0, -1, True, 1.0):
         with pytest.raises(ValueError, match="seq_chunks"):
@@ -134,3 +134,10 @@ def test_the_column_form_gives_the_op_by_op_hint_on_chunks():
         table = op_table(plan)
         by_columns = passes.dependency(plan, table)[1]
         assert by_columns is not None and by_columns == passes.dependency(plan, None)[1]
+
+
+def test_with_pipelines_a_sample_s_chunks_lie_in_one_pipeline():
+    placement = Placement((0, 1), 2)
+    Plan(placement, 4, ((), ()), pipelines=((0, 1), (2, 3)), seq_chunks=2)
+    with pytest.raises(ValueError, match="seq_chunks"):
+        Plan(placement, 4, ((), ()), pipelines=((0, 2), (1, 3)), seq_chunks=2)

@@ -1,4 +1,4 @@
-"""Fuzzing plans with activation moves (docs/semantics.md §2.9): random terms under the
+"""Fuzzing plans with activation moves (docs/semantics.md §2.10): random terms under the
 offload modifier verify and the reference judge accepts them; one edit of their moves
 (``plan_edits.MOVE_EDITS``: a reload dropped or put after its backward, an offload
 dropped, repeated or put after its backward) or one of the generic mutations

@@ -208,6 +208,14 @@ class RankStreams:
         self._used: set = set()
         self._weights: deque = deque()
 
+    @property
+    def forwards(self) -> tuple:
+        return tuple(self._order[FORWARD])
+
+    @property
+    def backwards(self) -> tuple:
+        return tuple(self._order[BACKWARD])
+
     def pop(self, letter: Letter) -> Compute | None:
         if letter.kind == WEIGHT_GRAD:
             return self._pop_weight(letter.chunk)

@@ -4,11 +4,13 @@ which ``mpipe_verified.spec.parse_expression`` reads back.
 
 Operators and their meaning on per-rank sequences:
 
-- ``Weave(p, m, pattern, chunks, placement, group, seq_chunks)``: rank ``r`` reads
-  ``pattern`` (with ``r`` bound) against its own streams of forwards and backwards
-  (``pattern`` module); with ``seq_chunks`` S each of the ``m`` samples is S microbatches
-  (its sequence chunks, ``sample * S + j``), forwarded in chunk order and backwarded in
-  reverse.
+- ``Weave(p, m, pattern, chunks, placement, group, pipelines, order, backward)``: rank
+  ``r`` reads ``pattern`` (with ``r`` bound) against its own streams of forwards and
+  backwards (``pattern`` module); ``placement`` is a named style or any stage-to-rank map,
+  ``order`` and ``backward`` set the streams' order (``Weave``). With ``pipelines=K`` the
+  model runs in K pipelines over the ranks (``pipeline_streams``).
+  With ``seq_chunks`` S each of the ``m`` samples is S microbatches (its sequence chunks,
+  ``sample * S + j``), forwarded in chunk order and backwarded in reverse.
 - ``Seq(a, b)``: per-rank concatenation ``a_r ++ b_r``; ``b``'s microbatches are renumbered
   after ``a``'s. Precondition: equal placements.
 - ``Par(a, b)``: per-rank union where at most one side has work on each rank.
@@ -25,7 +27,7 @@ Operators and their meaning on per-rank sequences:
   broadcast) stays where it was, and the schedule is declared ``forward_only``.
   Precondition: ``t`` is a training term (not already forward-only).
 - ``Offloaded(t, gap, prefetch)``: PipeOffload-style activation offload (docs/semantics.md
-  §2.9). On each rank, a body forward ``F(s, mb)`` (a step of its own) whose first
+  §2.10). On each rank, a body forward ``F(s, mb)`` (a step of its own) whose first
   backward (``B`` or ``I`` of ``(s, mb)``) on that rank comes at least ``gap + 1`` steps
   later (``gap`` >= 1 steps between them) gets ``OFFLOAD(s, mb)`` right after it and
   ``RELOAD(s, mb)`` ``prefetch`` steps before that backward (not before the step after
@@ -33,6 +35,8 @@ Operators and their meaning on per-rank sequences:
 """
 
 from __future__ import annotations
+
+import re
 
 import attrs
 
@@ -42,27 +46,99 @@ from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Collective, Comput
 from ..semantics import GRADS, collective_segment
 from .pattern import RankStreams, check_count, evaluate_count, parse_pattern, weave_rank
 
-PLACEMENTS = ("looped", "v")
+PLACEMENTS = ("looped", "v", "zigzag")
+ORDERS = ("dfs", "bfs")  # forwards (and backwards) in rounds of g, or one round of all m
+BACKWARDS = ("asc", "desc")  # microbatches of a round in the backward stream
 
 
 def make_placement(style: str, ranks: int, chunks: int) -> Placement:
+    """``looped`` (stage ``s`` on rank ``s % p``), ``v`` (two chunks, down then up),
+    ``zigzag`` (``chunks`` waves of ``p`` stages, down, up, down, ...: Hanayo's) or an
+    explicit map ``"0,0,1,1,0"`` (stage ``s`` on the ``s``-th rank named; every rank
+    holds 1 to ``chunks`` stages)."""
     if style == "v":
         if chunks != 2:
             raise ParameterError(f"V placement needs chunks == 2, got chunks={chunks}")
         return Placement.vshape(ranks)
     if style == "looped":
         return Placement.looped(ranks, chunks)
-    raise ParameterError(f"placement must be one of {PLACEMENTS}, got {style!r}")
+    if style == "zigzag":
+        return Placement(tuple(s % ranks if (s // ranks) % 2 == 0 else ranks - 1 - s % ranks
+                               for s in range(ranks * chunks)), ranks)
+    if style[:1].isdigit():
+        return Placement(stage_map(style, ranks, chunks), ranks)
+    raise ParameterError(f"placement must be one of {PLACEMENTS} or a stage-to-rank map like "
+                         f"'0,0,1,1,0', got {style!r}")
+
+
+def stage_map(text: str, ranks: int, chunks: int) -> tuple[int, ...]:
+    """The ranks of an explicit map ``"r0,r1,..."``; a ``ParameterError`` names the entry
+    (1-based) that is not a rank of ``0..ranks-1``, a rank holding no stage or more
+    than ``chunks``, or a length outside ``ranks..ranks*chunks``."""
+    items = text.split(",")
+    out = []
+    for i, item in enumerate(items, 1):
+        if not re.fullmatch(r"\s*\d+\s*", item) or int(item) >= ranks:
+            raise ParameterError(f"placement {text!r}: entry {i} ({item.strip()!r}) is not a "
+                                 f"rank of 0..{ranks - 1}")
+        out.append(int(item))
+    if not ranks <= len(out) <= ranks * chunks:
+        raise ParameterError(f"placement {text!r}: {len(out)} entries; pp={ranks}, "
+                             f"chunks={chunks} needs {ranks} to {ranks * chunks}")
+    for r in range(ranks):
+        held = [i for i, x in enumerate(out, 1) if x == r]
+        if not held:
+            raise ParameterError(f"placement {text!r}: rank {r} holds no stage")
+        if len(held) > chunks:
+            raise ParameterError(f"placement {text!r}: entry {held[chunks]} puts stage "
+                                 f"{chunks + 1} on rank {r}, beyond chunks={chunks}")
+    return tuple(out)
+
+
+def _rounds(m: int, group: int) -> list[range]:
+    return [range(k, min(m, k + group)) for k in range(0, m, group)]
 
 
 def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankStreams:
     """Forwards in (round, chunk ascending, mb) order; backwards in (round, chunk
     descending, mb) order; a round is ``group`` consecutive microbatches."""
     stages = placement.stages_of(rank)
-    rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
+    rounds = _rounds(m, group)
     fwd = [(c, s, mb) for mbs in rounds for c, s in enumerate(stages) for mb in mbs]
     bwd = [(c, s, mb) for mbs in rounds for c, s in reversed(list(enumerate(stages))) for mb in mbs]
     return RankStreams(fwd, bwd)
+
+
+def pipeline_placement(style: str, ranks: int, chunks: int, k: int) -> Placement:
+    """K pipelines: pipeline 0 placed by ``style``; pipeline i > 0 mirrored (its stage
+    ``i*n + j`` on rank ``p-1-r`` where pipeline 0's stage j is on rank ``r``)."""
+    first = make_placement(style, ranks, chunks).stage_to_rank
+    return Placement(first + tuple(ranks - 1 - r for _ in range(1, k) for r in first), ranks)
+
+
+def pipeline_streams(placement: Placement, rank: int, m: int, k: int,
+                     group: int) -> RankStreams:
+    """K pipelines of ``m / k`` consecutive microbatches each: the rank's chunks are its
+    stages by depth in their pipeline (then pipeline), so chunk 0 is the one nearest its
+    pipeline's start; each chunk streams its own pipeline's microbatches, in rounds of
+    ``group`` (forwards chunk ascending, backwards chunk descending within a round)."""
+    n, per = placement.num_stages // k, m // k
+    stages = sorted(placement.stages_of(rank), key=lambda s: (s % n, s // n))
+    rounds = [range(a, min(per, a + group)) for a in range(0, per, group)]
+    fwd = [(c, s, s // n * per + j) for js in rounds for c, s in enumerate(stages) for j in js]
+    bwd = [(c, s, s // n * per + j) for js in rounds for c, s in reversed(list(enumerate(stages)))
+           for j in js]
+    return RankStreams(fwd, bwd)
+
+
+def _descending(streams: RankStreams, chunks: int, m: int, group: int) -> RankStreams:
+    """``streams`` with each (round, chunk) block of the backward stream reversed (by
+    position, so it commutes with relabelling the microbatches)."""
+    bwd, out = list(streams.backwards), []
+    for mbs in _rounds(m, group):
+        for _ in range(chunks):
+            out += bwd[len(out):len(out) + len(mbs)][::-1]
+    return RankStreams(streams.forwards, out)
 
 
 def _chunk_streams(placement: Placement, rank: int, m: int, group: int,
@@ -82,12 +158,20 @@ def _chunk_streams(placement: Placement, rank: int, m: int, group: int,
 
 @attrs.frozen
 class Weave:
+    """``placement``: see ``make_placement``. ``order``: ``dfs`` (rounds of ``group``
+    microbatches, depth first) or ``bfs`` (one round of all microbatches: every
+    microbatch of chunk 0, then of chunk 1, ...). ``backward``: ``asc`` or ``desc``, the
+    microbatch order inside a round of the backward stream (torch's LoopedBFS: ``desc``)."""
+
     ranks: int
     microbatches: int
     pattern: str
     chunks: int = 1
     placement: str = "looped"
     group: int | None = None  # microbatches per round; default: ranks
+    pipelines: int = 1  # K pipelines over the ranks, m / K microbatches each
+    order: str = "dfs"
+    backward: str = "asc"
     seq_chunks: int = 1  # sequence chunks per sample (microbatches then count samples)
 
     def __attrs_post_init__(self) -> None:
@@ -96,26 +180,53 @@ class Weave:
                 raise ParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group is not None and self.group < 1:
             raise ParameterError(f"group must be >= 1, got {self.group}")
+        if self.order not in ORDERS:
+            raise ParameterError(f"order must be one of {ORDERS}, got {self.order!r}")
+        if self.order == "bfs" and self.group is not None:
+            raise ParameterError("order='bfs' is one round of all microbatches: give no group")
+        if self.backward not in BACKWARDS:
+            raise ParameterError(f"backward must be one of {BACKWARDS}, got {self.backward!r}")
         parse_pattern(self.pattern)
         make_placement(self.placement, self.ranks, self.chunks)
+        if self.seq_chunks != 1 and (self.pipelines, self.order, self.backward) != (1, "dfs",
+                                                                                    "asc"):
+            raise ParameterError("seq_chunks goes with one pipeline, order 'dfs' and backward "
+                                 "'asc'")
+        k = self.pipelines
+        if type(k) is not int or k < 1 or self.microbatches % k:
+            raise ParameterError(f"pipelines must be an integer >= 1 dividing microbatches "
+                                 f"({self.microbatches}), got {k!r}")
 
     def derive(self) -> Schedule:
-        p, m, v = self.ranks, self.microbatches, self.chunks
-        placement = make_placement(self.placement, p, v)
-        g, sc = self.group or p, self.seq_chunks
+        p, m, v, k = self.ranks, self.microbatches, self.chunks, self.pipelines
+        sc = self.seq_chunks
+        g = m if self.order == "bfs" else self.group or p
         node = parse_pattern(self.pattern)
+        if k == 1:
+            placement = make_placement(self.placement, p, v)
+            streams = ((lambda r: _rank_streams(placement, r, m, g)) if sc == 1  # noqa: E731
+                       else (lambda r: _chunk_streams(placement, r, m, g, sc)))
+        else:
+            placement = pipeline_placement(self.placement, p, v, k)
+            streams = lambda r: pipeline_streams(placement, r, m, k, g)  # noqa: E731
         programs = []
         for r in range(p):
             env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v * sc, "s": sc}
-            streams = (_rank_streams(placement, r, m, g) if sc == 1
-                       else _chunk_streams(placement, r, m, g, sc))
-            programs.append(tuple(weave_rank(node, streams, env)))
-        return Schedule(placement, m * sc, tuple(programs), seq_chunks=sc)
+            mine = streams(r)
+            if self.backward == "desc":
+                mine = _descending(mine, len(placement.stages_of(r)), m // k, g)
+            programs.append(tuple(weave_rank(node, mine, env)))
+        pipelines = () if k == 1 else tuple(tuple(range(i * m // k, (i + 1) * m // k))
+                                            for i in range(k))
+        return Schedule(placement, m * sc, tuple(programs), pipelines=pipelines, seq_chunks=sc)
 
     def __str__(self) -> str:
         extra = "" if self.chunks == 1 else f", chunks={self.chunks}"
         extra += "" if self.placement == "looped" else f", placement={self.placement!r}"
         extra += "" if self.group is None else f", group={self.group}"
+        extra += "" if self.pipelines == 1 else f", pipelines={self.pipelines}"
+        extra += "" if self.order == "dfs" else f", order={self.order!r}"
+        extra += "" if self.backward == "asc" else f", backward={self.backward!r}"
         extra += "" if self.seq_chunks == 1 else f", seq_chunks={self.seq_chunks}"
         return f"weave(pp={self.ranks}, microbatches={self.microbatches}, pattern={self.pattern!r}{extra})"
 
@@ -149,8 +260,11 @@ class Seq:
         _same_kind(a, b, "seq")
         b = _map_computes(b, lambda c: attrs.evolve(c, mb=c.mb + shift))
         programs = tuple(x + y for x, y in zip(a.programs, b.programs))
+        pipelines = tuple(x + tuple(mb + shift for mb in y)  # pipeline i runs both parts
+                          for x, y in zip(a.pipelines, b.pipelines))
         return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs,
-                        forward_only=a.forward_only, seq_chunks=a.seq_chunks)
+                        forward_only=a.forward_only, pipelines=pipelines,
+                        seq_chunks=a.seq_chunks)
 
     def __str__(self) -> str:
         return f"seq({self.first}, {self.second})"
@@ -170,7 +284,10 @@ class Par:
             raise ParameterError(f"par needs disjoint ranks, but both terms use rank {busy[0]}")
         _same_kind(a, b, "par")
         programs = tuple(x or y for x, y in zip(a.programs, b.programs))
+        if a.pipelines != b.pipelines:
+            raise ParameterError("par needs both terms over the same pipelines")
         return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only,
+                        pipelines=a.pipelines,
                         seq_chunks=a.seq_chunks)
 
     def __str__(self) -> str:
@@ -180,6 +297,8 @@ class Par:
 def _same_kind(a: Schedule, b: Schedule, name: str) -> None:
     if a.forward_only != b.forward_only:
         raise ParameterError(f"{name} needs two training terms or two forward-only terms")
+    if len(a.pipelines) != len(b.pipelines):
+        raise ParameterError(f"{name} needs both terms in as many pipelines")
     if a.seq_chunks != b.seq_chunks:
         raise ParameterError(f"{name} needs terms with equal seq_chunks, got {a.seq_chunks} "
                              f"and {b.seq_chunks}")
@@ -294,6 +413,8 @@ class Relabel:
         s = self.term.derive()
         if sorted(self.perm) != list(range(s.num_microbatches)):
             raise ParameterError(f"relabel needs a permutation of 0..{s.num_microbatches - 1}")
+        s = attrs.evolve(s, pipelines=tuple(tuple(sorted(self.perm[mb] for mb in p))
+                                            for p in s.pipelines))  # renamed everywhere
         return _map_computes(s, lambda c: attrs.evolve(c, mb=self.perm[c.mb]))
 
     def __str__(self) -> str:

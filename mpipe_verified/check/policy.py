@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..algebra.families import FAMILIES, family
+from ..algebra.families import CHUNKED, FAMILIES, LITERAL_FAMILIES, WAVED, family
 from ..algebra.transpose import TRANSPOSE
 from ..errors import ParameterError
 from ..ir import Plan, Schedule
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 def family_params(name: str, pp: int, microbatches: int, chunks: int | None,
                   body: str | None = None, term=None) -> dict:
     """A family instance's parameters as the laws read them (``check.parametric``):
-    ``chunks`` only for an interleaved body (2 unless given); for ``transpose``, its
+    ``chunks`` only for a ``CHUNKED`` body (2 unless given); for ``transpose``, its
     ``body`` (default 1f1b) and ``term``'s side, mode and ownership."""
     inner = name if name != TRANSPOSE else (body or "1f1b")
-    chunks = (chunks or 2) if inner == "interleaved-1f1b" else None
+    chunks = (chunks or 2) if inner in CHUNKED else None
     params = {"pp": pp, "microbatches": microbatches, "chunks": chunks}
     if name == TRANSPOSE:
         params.update(body=inner, side=term.side, mode=term.mode, ownership=term.ownership)
@@ -41,11 +41,12 @@ def spec_family(spec: Spec | None, target) -> tuple[str, dict] | None:
             or not isinstance(target, Schedule)):
         return None
     term = spec.term
-    for fam in FAMILIES:
-        chunks = getattr(term, "chunks", None) if fam == "interleaved-1f1b" else None
+    for fam in (f for f in FAMILIES if f not in LITERAL_FAMILIES):  # no laws; built, not named
+        chunks = getattr(term, "chunks", None) if fam in CHUNKED else None
+        waves = getattr(term, "chunks", 0) // 2 if fam in WAVED else None
         try:
             same = family(fam, getattr(term, "ranks", 0), getattr(term, "microbatches", 0),
-                          chunks) == term
+                          chunks, waves=waves) == term
         except (ParameterError, TypeError):
             same = False
         if same:

@@ -1,11 +1,12 @@
 """``mpipe-verify``: the command-line contract of docs/semantics.md §6.
 
 Subcommands (each registered by one ``add_*`` function of its module: ``verdicts``
-(export, check), ``views`` (show, diff, simulate), ``proving`` (laws, recheck), ``tune``;
+(export, check), ``views`` (show, diff, simulate), ``proving`` (laws, recheck), ``tune``,
+``importing`` (import);
 all share the target selection of ``targets.add_target_arguments`` and
 ``targets.load_target``)::
 
-    mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]
+    mpipe-verify export SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]
                         [--format auto|spec|torch-csv|plan-json]
                         --to torch-csv|chrome-trace|plan-json [--compute-only]
                         [--allow-unverified] [-o OUT]
@@ -22,6 +23,7 @@ all share the target selection of ``targets.add_target_arguments`` and
                         [--comm-model eager|rendezvous] [--json]
     mpipe-verify recheck PLAN CERT.json [--solver-rlimit R] [--json]
     mpipe-verify tune   SPEC [--budget SECONDS] [--json] [-o BEST.toml]
+    mpipe-verify import FILE [--format auto|torch-csv|plan-json] [-o SPEC.toml]
 
 ``--family transpose`` takes ``--body``, ``--mode``, ``--ownership``, ``--side`` and
 ``--encoder-cost`` (every other target rejects them: ``targets.check_transpose_options``).
@@ -45,6 +47,7 @@ from typing import NoReturn, Sequence
 
 from .. import __version__
 from ..errors import InputError, ParameterError
+from .importing import add_import
 from .proving import add_laws, add_recheck
 from .targets import PROG, UsageError, fail, one_line
 from .tune import add_tune
@@ -54,7 +57,7 @@ from .views import add_diff, add_show, add_simulate
 __all__ = ["main", "console_main", "build_parser", "UsageError"]
 
 COMMANDS = (add_export, add_show, add_check, add_laws, add_diff, add_simulate, add_recheck,
-            add_tune)  # in the order --help lists them
+            add_tune, add_import)  # in the order --help lists them
 
 
 class _Parser(argparse.ArgumentParser):

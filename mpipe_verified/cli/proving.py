@@ -15,7 +15,8 @@ from ..ir import Plan, Schedule
 from ..question import Question
 from ..semantics import COMM_MODELS, RENDEZVOUS
 from .targets import (FORMATS, UsageError, add_seq_chunks, as_read, format_of, is_plan_json,
-                      memory_limit, sniff, add_solver_rlimit, with_seq_chunks)
+                      memory_limit, sniff, add_solver_rlimit, add_bidirectional,
+                      two_chain_target, with_seq_chunks)
 
 
 def add_laws(sub: argparse._SubParsersAction) -> None:
@@ -115,6 +116,7 @@ def add_recheck(sub: argparse._SubParsersAction) -> None:
                         "cells")
     p.add_argument("certificate", metavar="CERT.json")
     p.add_argument("--format", choices=FORMATS, default="auto", help="the plan's format")
+    add_bidirectional(p)
     p.add_argument("--comm-model", choices=COMM_MODELS,
                    help="require the certificate to be for this model (it is reported always)")
     p.add_argument("--memory-limit", type=memory_limit, metavar="N",
@@ -138,7 +140,7 @@ def run_recheck(args: argparse.Namespace) -> int:
     untrusted), which the kernel then rechecks the same way."""
     from .. import kernel
     from ..formats.plan_json import load_json
-    plan = with_seq_chunks(_plan_as_written(args.plan, args.format), args.seq_chunks,
+    plan = with_seq_chunks(_plan_as_written(args.plan, args.format, args), args.seq_chunks,
                            args.plan)
     data = load_json(read_text(args.certificate, "a certificate (JSON)"), args.certificate,
                      CERTIFICATE)
@@ -222,7 +224,7 @@ def _sizes_named(kernel, plan: Plan, sizes) -> str:
     return "unit model" if unit else "the certificate's own"
 
 
-def _plan_as_written(path: str, fmt: str) -> Plan:
+def _plan_as_written(path: str, fmt: str, args=None) -> Plan:
     """A plan file read as written (no lowering): what a certificate can be about."""
     if fmt == "auto" and not format_of(path, fmt) and os.path.isfile(path):
         fmt = sniff(read_text(path, "a plan file"))
@@ -230,7 +232,9 @@ def _plan_as_written(path: str, fmt: str) -> Plan:
         from ..formats.plan_json import read_plan_json
         plan = as_read(read_plan_json(path))
     elif format_of(path, fmt) == "torch-csv":
-        plan = as_read(parse_torch_csv(read_text(path, "a torch CSV file"), path))
+        plan = as_read(two_chain_target(args, parse_torch_csv(read_text(path,
+                                                                        "a torch CSV file"),
+                                                              path), path))
     else:
         raise UsageError(f"{path}: recheck reads a plan file (plan-json, or a torch CSV with "
                          f"SEND/RECV cells); export a spec's plan first (mpipe-verify export "

@@ -1,6 +1,7 @@
 """The command line's shared ground: the target selection every command takes
-(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V] [--seq-chunks S]`` and
-the transpose options), reading it (``load_target``: a spec or family derived, a file read), the model
+(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]
+[--seq-chunks S]`` and the transpose options), reading it (``load_target``: a spec or
+family derived, a file read), the model
 it is timed and judged with (``model_of``), and the one-line usage errors
 (``UsageError``, ``fail``)."""
 
@@ -46,7 +47,7 @@ def fail(message: str) -> int:
 
 
 def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None:
-    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V]`` selection.
+    """The ``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]`` selection.
     With ``many``, ``args.target`` is a list of any number of files (``check``)."""
     if many:
         p.add_argument("target", nargs="*", metavar="SPEC|FILE",
@@ -65,12 +66,15 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
     g.add_argument("--microbatches", type=int, metavar="M",
                    help="microbatches (check with a file: the count it must cover)")
-    g.add_argument("--chunks", type=int, metavar="V", help="stages per rank (interleaved-1f1b)")
+    g.add_argument("--chunks", type=int, metavar="V",
+                   help="stages per rank (interleaved-1f1b, looped-bfs, interleaved-zb)")
+    g.add_argument("--waves", type=int, metavar="W", help="waves down and up the ranks (hanayo)")
     add_seq_chunks(p)
     g.add_argument("--offload", type=offload_option, metavar="GAP[,PREFETCH]",
                    help="offload each activation whose backward is at least GAP+1 steps "
                         "after its forward to host memory, reloaded PREFETCH steps before "
                         "it (default 1): the term offload(FAMILY, gap=GAP, prefetch=PREFETCH)")
+    add_bidirectional(p)
     add_transpose_arguments(p)
 
 
@@ -115,6 +119,27 @@ def with_seq_chunks(target: Schedule | Plan, chunks: int | None, name: str
 def check_seq_chunks(chunks: int | None) -> None:
     if chunks is not None and chunks < 1:
         raise UsageError(f"--seq-chunks must be an integer >= 1, got {chunks}")
+
+
+def add_bidirectional(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bidirectional", action="store_true",
+                   help="a torch CSV holds two pipelines in the two-chain encoding "
+                        "(DualPipe's): microbatches 0..m/2-1 down stages 0..S/2-1, "
+                        "m/2..m-1 through stages S/2..S-1")
+
+
+def two_chain_target(args: argparse.Namespace, plan: Plan, name: str) -> Plan:
+    """A torch CSV's plan, read in the two-chain encoding with ``--bidirectional`` (a plan
+    with comm cells gains the replica all-reduces the encoding implies); else as read."""
+    if not getattr(args, "bidirectional", False):
+        return plan
+    from ..formats.torch_csv import as_two_chains
+    from ..lower import with_replica_sums
+    try:
+        plan = as_two_chains(plan)
+    except ValueError as e:
+        raise UsageError(f"{name}: --bidirectional: {e}") from None
+    return with_replica_sums(plan) if plan.has_comms() else plan
 
 
 TRANSPOSE_OPTIONS = ("body", "mode", "ownership", "side", "encoder_cost")
@@ -193,12 +218,13 @@ def encoder_costs(text: str, microbatches: int) -> tuple[float, ...]:
 
 
 def family_term(args: argparse.Namespace):
-    """The term of ``--family NAME --pp P --microbatches M [--chunks V]`` (and the
+    """The term of ``--family NAME --pp P --microbatches M [--chunks V | --waves W]`` (and the
     transpose options); raises ``ParameterError`` or ``UsageError``."""
     chunks = getattr(args, "seq_chunks", None)
     check_seq_chunks(chunks)
     if args.family != TRANSPOSE:
-        term = family(args.family, args.pp, args.microbatches, args.chunks, seq_chunks=chunks)
+        term = family(args.family, args.pp, args.microbatches, args.chunks,
+                      waves=getattr(args, "waves", None), seq_chunks=chunks)
     else:
         if chunks is not None:
             raise UsageError("--seq-chunks goes with --family seq1f1b or a file, not with "
@@ -230,8 +256,8 @@ def check_target_options(args: argparse.Namespace, target: str | None) -> None:
     if target is None:
         raise UsageError("give a SPEC, torch CSV or plan-json FILE, or --family NAME "
                          "--pp P --microbatches M")
-    family_only = ("pp", "chunks") if getattr(args, "declare", False) else (
-        "pp", "microbatches", "chunks")  # check: --microbatches M also declares a file's
+    family_only = ("pp", "chunks", "waves") if getattr(args, "declare", False) else (
+        "pp", "microbatches", "chunks", "waves")  # check: --microbatches M declares a file's
     opts = [o for o in family_only + ("offload",) if getattr(args, o, None) is not None]
     if opts:
         raise UsageError(f"--{opts[0]} goes with --family, not with a file")
@@ -327,6 +353,9 @@ def declared_sizes(args: argparse.Namespace, spec: Spec | None) -> tuple:
 def read_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
     """``load_target`` before the declared sizes: the target as read or derived."""
     check_target_options(args, args.target)
+    if args.family is not None and getattr(args, "bidirectional", False):
+        raise UsageError("--bidirectional reads a torch CSV; a family states its pipelines "
+                         "itself")
     if args.family is not None:
         missing = [f"--{o}" for o in ("pp", "microbatches") if getattr(args, o) is None]
         if missing:
@@ -351,6 +380,9 @@ def _read_file(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, 
     """The target file as read (a spec derived)."""
     path = args.target
     fmt = format_of(path, args.format)
+    if getattr(args, "bidirectional", False) and fmt not in (None, "torch-csv"):
+        raise UsageError(f"{path}: --bidirectional reads a torch CSV (a spec or plan-json "
+                         "file states its pipelines itself)")
     if fmt == "plan-json":  # each format's reader loads only when a file needs it
         from ..formats.plan_json import read_plan_json
         return as_read(read_plan_json(path)), None, path
@@ -364,7 +396,10 @@ def _read_file(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, 
     if fmt == "plan-json":
         from ..formats.plan_json import parse_plan_json
         return as_read(parse_plan_json(text, path)), None, path
-    return as_read(parse_torch_csv(text, path)), None, path
+    if getattr(args, "bidirectional", False) and fmt != "torch-csv":
+        raise UsageError(f"{path}: --bidirectional reads a torch CSV (a spec or plan-json "
+                         "file states its pipelines itself)")
+    return as_read(two_chain_target(args, parse_torch_csv(text, path), path)), None, path
 
 
 def as_read(plan: Plan | Schedule) -> Plan | Schedule:
@@ -372,7 +407,7 @@ def as_read(plan: Plan | Schedule) -> Plan | Schedule:
     if isinstance(plan, Schedule) or plan.has_comms():
         return plan
     return Schedule(plan.placement, plan.num_microbatches, plan.programs, plan.cut,
-                    plan.forward_only, plan.seq_chunks)
+                    plan.forward_only, plan.pipelines, plan.seq_chunks)
 
 
 def compute_only(target: Schedule | Plan) -> Schedule:
@@ -383,5 +418,5 @@ def compute_only(target: Schedule | Plan) -> Schedule:
     programs = tuple(tuple(op for op in prog if not isinstance(op, (Send, Recv, Group)))
                      for prog in target.programs)
     return Schedule(target.placement, target.num_microbatches, programs, target.cut,
-                    target.forward_only, target.seq_chunks)
+                    target.forward_only, target.pipelines, target.seq_chunks)
 

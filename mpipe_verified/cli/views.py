@@ -16,7 +16,8 @@ from ..formats.output import write_output
 from ..ir import Plan, Schedule
 from ..semantics import COMM_MODELS, RENDEZVOUS
 from ..show import render_grid
-from .targets import (FORMATS, UsageError, add_seq_chunks, add_target_arguments,
+from .targets import (FORMATS, UsageError, add_bidirectional, add_seq_chunks,
+                      add_target_arguments,
                       compute_only, load_target, memory_limit, model_of)
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ def add_diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("new", metavar="NEW", help="the schedule after the change")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read OLD and NEW (auto: by extension, else by content)")
+    add_bidirectional(p)
     p.add_argument("--comm-model", choices=COMM_MODELS, default=RENDEZVOUS,
                    help="model under which each side is verified")
     p.add_argument("--memory-limit", type=memory_limit, metavar="N",
@@ -110,7 +112,7 @@ def run_diff(args: argparse.Namespace) -> int:
     for path in (args.old, args.new):
         target, spec, name = load_target(argparse.Namespace(
             target=path, format=args.format, family=None, pp=None, microbatches=None,
-            chunks=None, seq_chunks=args.seq_chunks))
+            chunks=None, bidirectional=args.bidirectional, seq_chunks=args.seq_chunks))
         model = model_of(spec, args.memory_limit)
         sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm,
                           spec))

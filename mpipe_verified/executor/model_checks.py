@@ -14,7 +14,7 @@ silently wrong.
   without gradients (docs/executor.md, "FSDP2").
 - A sink segment recomputed off its forward's rank (a plan-json file can say so; the
   algebra never derives it): only a source's raw input is shipped for a recompute.
-- A plan that moves activations (``OFFLOAD``/``RELOAD``, lends: docs/semantics.md §2.9):
+- A plan that moves activations (``OFFLOAD``/``RELOAD``, lends: docs/semantics.md §2.10):
   verified, but not run here.
 
 And what one rank is given (``local_stages``, ``local_segments``, ``sink_losses``): a
@@ -41,8 +41,13 @@ def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
     any of the models above."""
     if plan_offloads(plan):
         raise PipelineError("the plan moves activations (OFFLOAD/RELOAD, or lends them to "
-                            "another rank: docs/semantics.md §2.9); the verifier checks such "
+                            "another rank: docs/semantics.md §2.10); the verifier checks such "
                             "plans but this executor does not run them")
+    if plan.pipelines:
+        raise PipelineError("the plan runs several pipelines over one model (DualPipe, "
+                            "Chimera): the executor does not run them yet (it would need "
+                            "each replica's stage module and the replica:J sums); verify "
+                            "and export it instead")
     for seg in plan.cut.segments:
         _check_frozen(seg, segments.get(seg.name))
         if seg.side == SINK and any(map(seg.needs_recompute, range(plan.num_microbatches))):

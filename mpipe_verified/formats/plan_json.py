@@ -10,6 +10,7 @@ One JSON object::
       "stage_to_rank": [0, 1],
       "num_microbatches": 2,
       "forward_only": true,                 # only in an evaluation plan (no backward)
+      "pipelines": [[0, 1], [2, 3]],        # only with several pipelines over one model
       "seq_chunks": 2,                      # only when samples are cut into chunks
       "cut": [
         {"name": "vision", "side": "source", "forward_rank": [0, 1],
@@ -27,16 +28,18 @@ One JSON object::
     }
 
 ``forward_only`` (optional, default false) declares an evaluation plan: no backward
-work is required of it, and none may occur. ``seq_chunks`` (optional, default 1) cuts
+work is required of it, and none may occur. ``pipelines`` (optional, default one
+pipeline) lists each pipeline's microbatches: lists that partition ``0..m-1``, as many
+as divide the stages (docs/semantics.md §2.9). ``seq_chunks`` (optional, default 1) cuts
 each sample along its sequence into that many chunks, microbatch ``sample * S + j``
-being chunk ``j``; it must divide ``num_microbatches``. ``programs`` holds one list per rank, in run order; each op is one object whose ``op``
-key names its kind:
+being chunk ``j``; it must divide ``num_microbatches``. ``programs`` holds one list per rank, in
+run order; each op is one object whose ``op`` key names its kind:
 
 - ``compute``: ``kind`` (``F``/``B``/``I``/``W``/``R``), ``stage``, ``mb``, ``segment``;
 - ``overlap``: ``ops``, its member ``compute`` objects;
 - ``send``: ``dst``, ``payload``; ``recv``: ``src``, ``payload``; a payload has ``kind``
   (``act``/``grad``/``input``, or ``lend``/``return``: a stored activation lent to a
-  peer rank and given back, docs/semantics.md §2.9), ``stage``, ``mb``, ``segment``, ``shape`` (a list of
+  peer rank and given back, docs/semantics.md §2.10), ``stage``, ``mb``, ``segment``, ``shape`` (a list of
   dimensions), ``dtype``, ``to_segment`` and ``leaves`` (a structured payload: a list of
   ``{"path", "shape", "dtype"}``, shape and dtype null for a None leaf; then the
   payload's own ``shape`` and ``dtype`` are absent);
@@ -44,7 +47,7 @@ key names its kind:
 - ``collective``: ``kind`` (``broadcast``/``all_reduce``/``gather``), ``tag``,
   ``members`` (the ranks taking part, in order) and ``root``;
 - ``offload``/``reload``: ``stage``, ``mb``, ``segment``: a stored activation moved to host
-  memory and back (docs/semantics.md §2.9);
+  memory and back (docs/semantics.md §2.10);
 - ``idle``: an empty step; ``marker``: ``action`` (``UNSHARD``/``RESHARD``/
   ``REDUCE_GRAD``), ``stage``, ``mb``.
 
@@ -93,7 +96,7 @@ MAX_DIM = (1 << 63) - 1  # a tensor dimension: torch's int64
 EXPECTED = "expected a plan-json file"
 _TOP = ("format", "version", "type", "num_ranks", "stage_to_rank", "num_microbatches",
         "cut", "programs")
-_OPTIONAL_TOP = ("forward_only", "seq_chunks")
+_OPTIONAL_TOP = ("forward_only", "pipelines", "seq_chunks")
 _SEGMENT = ("name", "side", "forward_rank", "backward_rank", "recompute", "home",
             "broadcast", "all_reduce")
 
@@ -109,6 +112,8 @@ def format_plan_json(plan: Plan | Schedule) -> str:
             "num_microbatches": plan.num_microbatches}
     if plan.forward_only:
         head["forward_only"] = True
+    if plan.pipelines:
+        head["pipelines"] = [list(p) for p in plan.pipelines]
     if plan.seq_chunks != 1:
         head["seq_chunks"] = plan.seq_chunks
     cut = _rows([_dump(_segment_obj(s)) for s in plan.cut.segments], "  ")
@@ -313,12 +318,21 @@ class _Reader:
                                                 f"compute op computes: {IDLE_STAGES}")
         placement = Placement(stage_to_rank, self.num_ranks)
         forward_only = _flag(obj.get("forward_only", False), ("forward_only",))
+        pipelines = tuple(tuple(_index(mb, ("pipelines", i, k)) for k, mb in
+                                enumerate(_array(row, ("pipelines", i))))
+                          for i, row in enumerate(_array(obj.get("pipelines", []),
+                                                         ("pipelines",))))
         chunks = _index(obj.get("seq_chunks", 1), ("seq_chunks",), low=1)
         if m % chunks:
             raise _Bad(("seq_chunks",), f"seq_chunks={chunks} does not divide the {m} "
                                         "microbatches (num_microbatches)")
-        return (Schedule if self.schedule else Plan)(placement, m, programs, cut, forward_only,
-                                                     chunks)
+        try:
+            return (Schedule if self.schedule else Plan)(placement, m, programs, cut,
+                                                         forward_only, pipelines, chunks)
+        except ValueError as e:
+            if not pipelines:
+                raise
+            raise _Bad(("pipelines",), str(e)) from None
 
     def _rank(self, value: Any, path: tuple) -> int:
         rank = _index(value, path)

@@ -6,7 +6,8 @@ A spec has one required table and optional ones::
     family = "zb-h1"          # one of algebra.families.FAMILY_NAMES, or "transpose"
     pp = 4
     microbatches = 8
-    # chunks = 2              # interleaved-1f1b only (transpose: of its body)
+    # chunks = 2              # interleaved-1f1b, looped-bfs, interleaved-zb (transpose: body)
+    # waves = 2               # hanayo only
     # seq_chunks = 2          # seq1f1b only: sequence chunks per sample
     # or, instead of family/pp/chunks:
     # expression = "defer_w(split_bw(one_f_one_b(pp=4, microbatches=8)), lag='r')"
@@ -85,7 +86,8 @@ from ..spec import Spec, Term, default_cost, describe, parse_expression
 from . import files
 
 TABLES: dict[str, tuple[str, ...]] = {
-    "schedule": ("family", "pp", "microbatches", "chunks", "seq_chunks", "expression", "stages",
+    "schedule": ("family", "pp", "microbatches", "chunks", "waves", "seq_chunks",
+                 "expression", "stages",
                  "ranks"),
     "cost": ("F", "B", "I", "W", "activation", "R", "segments"),
     "memory": ("limit", "static"),
@@ -263,9 +265,9 @@ class _Builder:
             raise self.error(f"unknown family {name!r}; expected one of "
                              f"{', '.join(FAMILY_NAMES)}", "schedule", "family")
         args = {}
-        for key in ("pp", "microbatches", "chunks", "seq_chunks"):
+        for key in ("pp", "microbatches", "chunks", "waves", "seq_chunks"):
             if key not in table:
-                if key not in ("chunks", "seq_chunks"):
+                if key not in ("chunks", "waves", "seq_chunks"):
                     raise self.error(f"schedule.{key} is required with family (an integer "
                                      ">= 1)", "schedule")
                 continue
@@ -279,8 +281,9 @@ class _Builder:
         try:
             return families.family(name, **args)
         except ParameterError as e:
-            key = next((k for k in ("seq_chunks", "chunks", "microbatches", "pp")
-                        if k in str(e) and k in table), "family")
+            key = next((k for k in ("seq_chunks", "chunks", "waves", "microbatches", "pp")
+                        if k in str(e) and k in table),
+                       "family")
             raise self.error(str(e), "schedule", key) from None
 
     def transpose_term(self, args: dict, data: dict) -> Transpose:

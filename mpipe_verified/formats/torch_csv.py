@@ -12,7 +12,7 @@ stage → rank placement from the rows and build the ops (peers need the placeme
 build the same plan for the same text. Bad input raises ``InputError`` with the file, the 1-based row as
 ``line`` and the 1-based cell index as ``column``.
 
-Activation moves (``2OFFLOAD0``, ``2RELOAD0``, docs/semantics.md §2.9) are this package's
+Activation moves (``2OFFLOAD0``, ``2RELOAD0``, docs/semantics.md §2.10) are this package's
 extension, not torch's: the reader takes such cells where a file holds them, and the
 writer writes them only when asked (``moves=True``, ``export --csv-moves``), else refuses
 a plan that holds them (torch's runtime has no such action).
@@ -36,8 +36,8 @@ import attrs
 
 from ..declared import IDLE_RANKS, MAX_IDLE_RANKS
 from ..errors import InputError
-from ..ir import (MARKER_ACTIONS, Compute, Idle, Marker, Offload, Op, Overlap, Payload,
-                  Placement, Plan, Recv, Reload, Schedule, Send, computes_of)
+from ..ir import (MARKER_ACTIONS, Collective, Compute, Idle, Marker, Offload, Op, Overlap,
+                  Payload, Placement, Plan, Recv, Reload, Schedule, Send, computes_of)
 from .files import MAX_BYTES, read_text
 from .output import write_output
 from .torch_actions import COMMS, MAX_INDEX, PEER
@@ -45,7 +45,7 @@ from .torch_csv_fast import parse_plain
 
 EXPECTED = "expected an action like 2F0, 1SEND_F3 or (0F7;7B3)OVERLAP_F_B"
 _MARKERS = MARKER_ACTIONS
-_MOVES = {"OFFLOAD": Offload, "RELOAD": Reload}  # this package's extension (§2.9)
+_MOVES = {"OFFLOAD": Offload, "RELOAD": Reload}  # this package's extension (§2.10)
 _STEPS = "|".join(("F", "B", "I", "W") + COMMS + tuple(_MOVES))  # actions naming a microbatch
 _INDEX = "(0|[1-9][0-9]{0,5})"  # canonical: no leading zeros, at most 6 digits
 _ACTION = re.compile(  # ASCII digits only: \d would also take other scripts' digits
@@ -137,12 +137,46 @@ def torch_csv_rows(plan: Plan | Schedule, ranks: range, markers: bool = False,
     ``moves``, activation moves are written as this package's ``OFFLOAD``/``RELOAD`` cells
     (else they are refused, like any op the format cannot say)."""
     programs = plan.programs[ranks.start:ranks.stop]
+    if plan.pipelines:
+        programs = _two_chain_rows(plan, programs)
     if markers and not has_markers(plan):
         programs = tuple(_with_markers(prog, plan.num_microbatches) for prog in programs)
     _check_writable(plan.placement, programs, ranks.start, moves)
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(programs)  # each op written as str(op)
     return buf.getvalue()
+
+
+# ------------------------------------------------------------------- two chains
+
+def two_chains(m: int) -> tuple[tuple[int, ...], ...]:
+    """The pipelines of the two-chain encoding (``--bidirectional``): microbatches
+    ``0..m/2-1`` run down stages ``0..S/2-1``, ``m/2..m-1`` through stages ``S/2..S-1``
+    (with ``S = 2p``, DualPipe's reverse pipeline: its k-th stage is ``p + k``, on rank
+    ``p-1-k``, as the file's rows place it)."""
+    return (tuple(range(m // 2)), tuple(range(m // 2, m)))
+
+
+def as_two_chains(plan: Plan) -> Plan:
+    """``plan`` read in the two-chain encoding: its pipelines set (``ValueError`` when its
+    stage or microbatch count is odd)."""
+    s, m = plan.placement.num_stages, plan.num_microbatches
+    if s % 2 or m % 2 or not m:
+        raise ValueError(f"the two-chain encoding needs an even number of stages and of "
+                         f"microbatches, and this file has {s} stages and {m} microbatches")
+    return attrs.evolve(plan, pipelines=two_chains(m))
+
+
+def _two_chain_rows(plan: Plan | Schedule, programs):
+    """The rows of a plan of several pipelines: only the two-chain encoding can say it;
+    its replica all-reduces (``replica:J``) are implied by the encoding, so left out."""
+    if plan.pipelines != two_chains(plan.num_microbatches):
+        raise ValueError(f"the torch CSV format holds several pipelines only in the "
+                         f"two-chain encoding (--bidirectional: microbatches 0..m/2-1 and "
+                         f"m/2..m-1), not pipelines {plan.pipelines}; export it to plan-json")
+    return tuple(tuple(op for op in prog if not (type(op) is Collective
+                                                 and op.tag.startswith("replica:")))
+                 for prog in programs)
 
 
 # ------------------------------------------------------------------- torch's markers

@@ -76,17 +76,23 @@ class Facts:
 def _completeness(rules: Rules, facts: Facts, _witness) -> None:
     ok = rules.cut_ok()
     facts.flag("cut", ok, at=("cut",))
+    if rules.pipes:
+        ok = rules.pipes_ok()
+        facts.flag("pipelines", ok, at=("pipelines",))
     if not ok:
         return
     m, units, ns = rules.m, rules.units, rules.stages
     comp = np.flatnonzero(rules.kind <= R)
-    if len(units) * m > len(comp):  # fewer ops than required forwards: never enumerate m
-        facts.add("le", "work", len(units) * m, len(comp), at=("work",))
+    due_work = len(units) * m // max(len(rules.pipes), 1)  # each pipeline: its own mbs
+    if due_work > len(comp):  # fewer ops than required forwards: never enumerate m
+        facts.add("le", "work", due_work, len(comp), at=("work",))
         return
     seg, s, b = rules.seg[rules.name[comp]], rules.stage[comp], rules.mb[comp]
     unit = np.where(seg < 0, np.where(rules.name[comp] == rules.body, s, -1),
                     np.where(s == 0, ns + seg, -1))
     stray = (unit < 0) | (unit >= len(units)) | (b < 0) | (b >= m)  # so unit, b: digits
+    if rules.pipes:  # a body stage's work of another pipeline's microbatch
+        stray |= (seg < 0) & ~rules.runs(s, b)
     for row in comp[stray].tolist():
         facts.flag("stray", False, at=("stray", int(rules.rank[row]), rules.index_of(row)))
     comp, unit, b = comp[~stray], unit[~stray].astype(np.int64), b[~stray].astype(np.int64)
@@ -98,6 +104,9 @@ def _completeness(rules: Rules, facts: Facts, _witness) -> None:
                     for x in segw], np.int64).reshape(len(units), m)
     back = np.array([rules.backward_due(x) for x in segw], bool)
     one, zero, every = np.ones_like(f), np.zeros_like(f), np.arange(len(units))
+    if rules.pipes:  # a stage owes the work of its own pipeline's microbatches only
+        one = (rules.pipe_of[None, :] == (np.arange(len(units)) // rules.n)[:, None]).astype(
+            np.int64)
     for name, have, want, sel in [("F", f, one, every), ("misplaced", wrong, zero, every),
                                   ("R", r, due, every), ("B|I", bw + i, one, every[back]),
                                   ("I=W", i, w, every[back]),  # one B, or one I and one W
@@ -109,7 +118,7 @@ def _completeness(rules: Rules, facts: Facts, _witness) -> None:
 
 
 def _moves(rules: Rules, facts: Facts) -> None:
-    """Activation moves (§2.9): each names an activation of the plan (a unit and a
+    """Activation moves (§2.10): each names an activation of the plan (a unit and a
     microbatch below ``m``; none in a forward-only plan); per rank and activation at most
     one offload and as many reloads as offloads; at most one lend sent, as many returns
     received as lends sent, as many returns sent as lends received."""
@@ -141,7 +150,7 @@ def _required_collectives(rules: Rules, facts: Facts) -> None:
     for row in np.flatnonzero(rules.kind == COLL).tolist():
         op, rank = rules.ops[row], int(rules.rank[row])
         role, sep, _ = op.tag.partition(":")
-        if not sep or role not in ("params", "grads"):
+        if not sep or role not in ("params", "grads", "replica"):
             continue  # a collective of the user's own: only well-formedness applies
         need = required.get(op.tag)
         facts.flag("tagged", need is not None and op.kind == need[0]
@@ -206,6 +215,14 @@ def _matching(rules: Rules, facts: Facts, _witness) -> None:
     got = rules.p2p[0]
     same = ints(map(operator.eq, pick(got, a), pick(got, partner[a])))
     facts.extend("one", "payload", [same], chan[a], at=lambda j: where[chan[a[j]]])
+    if rules.pipes:  # several pipelines: no activation or gradient leaves its pipeline
+        _, _, kind, name, stage, _ = rules.p2p
+        body = np.array([x == "" for x in name], bool)
+        out = body & (((kind == OUT) & (stage % rules.n == rules.n - 1))
+                      | ((kind == GRAD) & (stage % rules.n == 0)))
+        for j in np.flatnonzero(out).tolist():
+            row = int(rules.comm[j])
+            facts.flag("flow", False, at=("call", int(rules.rank[row]), rules.index_of(row)))
     for (group, _), where in instances(rules).items():
         ref = where[min(where)][1]
         for rank, (index, op) in where.items():
@@ -287,7 +304,7 @@ def moves(rules: Rules, sizes: Sizes) -> tuple:
     """Per step of the plan, the exact ``(allocated, freed)``: a forward (or recompute)
     that stores allocates its activation (``sizes.stored``, default 1), freed by its
     ``B`` or ``W``; an offload frees it from the device and a reload allocates it again
-    (device memory only, §2.9), and so do a send and a receive that lend or return it
+    (device memory only, §2.10), and so do a send and a receive that lend or return it
     (on their own ranks: the holder keeps it on its device); a receive allocates its buffer (``sizes.buffer``, default 0), freed by
     the compute op that consumes what it carried. Allocations count before frees; a free
     releases its key's latest allocation, unless already freed."""

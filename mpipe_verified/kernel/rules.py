@@ -23,7 +23,7 @@ F, B, I, W, R, SEND, RECV, COLL, OFF, REL = range(10)  # a member's kind; F..R c
 (GRAD, HELD, INPUT, KV, KV_GRAD, OFFLOADED, OUT, PARAMS, RELOADED, RETURNED, STORED,
  WDONE, WREADY) = range(13)
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
-# rank moves (§2.9): what a send of a lend/return needs, and what its receive makes
+# rank moves (§2.10): what a send of a lend/return needs, and what its receive makes
 _SENT, _RECEIVED = {"lend": STORED, "return": HELD}, {"lend": HELD, "return": RETURNED}
 MOVED = ("lend", "return")  # the payload kinds of rank moves
 _STEP = {Compute: 0, Overlap: 1, Send: 2, Recv: 3, Group: 4, Collective: 5, Idle: 6, Marker: 6,
@@ -49,8 +49,36 @@ class Rules:
         self.stages, self.cut = len(self.where) - 1, plan.cut.segments
         self.units = [("", s) for s in range(self.stages)] + [(s.name, 0) for s in self.cut]
         self.segs = {s.name: s for s in self.cut}
+        self.pipes = plan.pipelines
+        self.n = self.stages // len(self.pipes) if self.pipes_ok() and self.pipes else self.stages
         self._read(plan)
 
+    def pipes_ok(self) -> bool:
+        """No pipelines, or k >= 1 of them: microbatch tuples that partition ``0..m-1``,
+        k dividing the stage count, and no cut."""
+        p = self.pipes
+        return p == () or (type(p) is tuple and all(type(x) is tuple for x in p)
+                           and all(type(mb) is int for x in p for mb in x)
+                           and sorted(mb for x in p for mb in x) == list(range(self.m))
+                           and self.stages % len(p) == 0 and self.stages >= len(p)
+                           and not self.cut)
+
+    @cached_property
+    def pipe_of(self) -> np.ndarray:
+        """Per microbatch, the pipeline it runs in (only with several pipelines)."""
+        out = np.zeros(self.m, np.int64)
+        for i, mbs in enumerate(self.pipes):
+            out[list(mbs)] = i
+        return out
+
+    def runs(self, s, b) -> np.ndarray:
+        """Per member of stage ``s`` and mb ``b``: is ``b`` a microbatch of the pipeline
+        that body stage ``s`` belongs to (always, with one pipeline)?"""
+        if not self.pipes or not self.pipes_ok():
+            return np.ones(len(s), bool)
+        inside = (b >= 0) & (b < self.m)
+        mb = np.where(inside, b, 0).astype(np.int64)
+        return inside & (self.pipe_of[mb] == (s // self.n))
     def cut_ok(self) -> bool:
         """Distinct, named segments; one forward (and backward) rank per microbatch, each
         an existing rank; the home an existing rank."""
@@ -166,12 +194,15 @@ class Rules:
           trainable and run off home; a sink's forward the body's last output; a
           source's backward the body's first-stage gradient;
         - a send needs what it carries; the all-reduce ``grads:NAME`` of a trainable
-          segment (not in a forward-only plan) needs each local ``W`` (``wdone``);
+          segment (not in a forward-only plan) needs each local ``W`` (``wdone``), and
+          ``replica:J`` each local ``B``/``W`` of every replica of model stage J;
+        - several pipelines: a pipeline's first stage's forward needs nothing and its last
+          stage's backward no gradient;
         - ``F`` makes ``out``, ``stored`` (and ``input``, for a segment's), ``B`` makes
           ``grad`` and ``wdone``, ``I`` ``grad`` and ``wgrad_ready``, ``W`` ``wdone``,
           ``R`` ``stored``; a receive makes what it carries, the broadcast ``params:NAME``
           the parameters;
-        - activation moves (§2.9): ``OFF`` needs ``stored`` and makes ``offloaded``, ``REL``
+        - activation moves (§2.10): ``OFF`` needs ``stored`` and makes ``offloaded``, ``REL``
           needs ``offloaded`` and makes ``reloaded``; a send that lends an activation needs
           it ``stored``, its receive makes it ``held``, a send that returns it needs it
           ``held``, its receive makes it ``returned``; a backward (``B`` or ``I``) of an
@@ -189,11 +220,14 @@ class Rules:
         body = code[""]
         comp, cut, bi, fr = k <= R, seg >= 0, (k == B) | (k == I), (k == F) | (k == R)
         main = comp & ~cut  # the body's work (and work of a segment the cut lacks)
-        need = [(main & (k == F) & (s > 0), OUT, g, s - 1, b),
+        # a pipeline's ends (several pipelines): no data flows into or out of them
+        inner_in, inner_out = ((s % self.n > 0, s % self.n < self.n - 1) if self.pipes
+                               else (s > 0, s < self.stages - 1))
+        need = [(main & (k == F) & inner_in, OUT, g, s - 1, b),
                 *((main & (k == F) & (s == 0), OUT, code[x.name], 0, b)
                   for x in self.cut if x.side == SOURCE),
                 (k == W, WREADY, g, s, b), (k == R, INPUT, g, s, b), (bi, STORED, g, s, b),
-                (main & bi & (s < self.stages - 1), GRAD, g, s + 1, b),
+                (main & bi & inner_out, GRAD, g, s + 1, b),
                 (cut & bi & (self.source[seg] == 1), GRAD, body, 0, b),
                 (cut & (k == F) & (self.sink[seg] == 1), OUT, body, self.stages - 1, b),
                 (cut & fr & (self.trainable[seg] == 1) & (self.rank != self.home[seg]),
@@ -221,6 +255,10 @@ class Rules:
                                enumerate(self.segs[name].backward_rank or ()) if r == rank]
             if op.kind == "broadcast" and role == "params":
                 extra_made.append((row, PARAMS, code[name], 0, 0))
+            if op.kind == "all_reduce" and role == "replica" and name in self.replicas():
+                extra_need += [(row, WDONE, body, st, mb) for st in range(int(name), self.stages,
+                                                                          self.n)
+                               if self.where[st] == rank for mb in self.pipes[st // self.n]]
         parts = [_rows(need, extra_need), _rows(made, extra_made)]
         # one code per (kind, name, stage, mb), equal iff the tuples are (stage -1 too)
         token = np.split(row_keys(*(np.concatenate([x[c] for x in parts]) for c in range(1, 5))),
@@ -265,7 +303,7 @@ class Rules:
         k, seg, s, b = self.kind, self.seg[self.name], self.stage, self.mb
         mb = self.mbix
         body = self.where[np.minimum(s, self.stages).astype(np.int64)]
-        body = np.where((s < self.stages) & (k != R), body, -1)
+        body = np.where((s < self.stages) & (k != R) & self.runs(s, b), body, -1)
         cut = np.where(k == F, self.fwd[seg, mb], self.bwd[seg, mb])
         return np.where(seg < 0, body, np.where((s == 0) & (b < self.m), cut, -1))
 
@@ -301,7 +339,17 @@ class Rules:
             back = set() if self.forward_only else set(seg.backward_rank)
             if back - {seg.home}:
                 out["grads:" + seg.name] = ("all_reduce", None, back | {seg.home})
+        for j, ranks in self.replicas().items():
+            out["replica:" + j] = ("all_reduce", None, ranks)
         return out
+
+    def replicas(self) -> dict:
+        """``str(J) -> ranks`` holding a replica ``i*n + J`` of model stage J (several
+        pipelines, not forward-only), where those ranks are more than one."""
+        if not self.pipes or not self.pipes_ok() or self.forward_only:
+            return {}
+        out = {str(j): set(self.where[j:self.stages:self.n].tolist()) for j in range(self.n)}
+        return {j: r for j, r in out.items() if len(r) > 1}
 
     def index_of(self, row: int) -> int:
         """The position on its rank of the step that holds member ``row``."""

@@ -21,7 +21,7 @@ from .memory import (BIG, UNIT_MEMORY, MemoryModel, column_levels, integral, liv
                      peak_memory, step_effects)
 from .pairing import (CollectivePairing, Endpoint, P2PColumns, P2PPairing, collective_instances,
                       p2p_at, p2p_clean, p2p_columns, pair_collectives, pair_p2p)
-from .rules import (GRADS, PARAMS, TRANSFER_TOKENS, Chain, Token, collective_segment,
+from .rules import (GRADS, PARAMS, REPLICA, TRANSFER_TOKENS, Chain, Token, collective_segment,
                     collective_tag, consumers_of_output, needs, offloads, payload_token,
                     plan_offloads, produces)
 from .run import (COMM_MODELS, EAGER, RENDEZVOUS, STANDARD_DURATIONS, Execution,
@@ -34,7 +34,7 @@ from .work import (MISPLACED, WORK_KINDS, CollectiveIssue, MoveIssue, WorkIssue,
 
 __all__ = [
     # rules
-    "Token", "payload_token", "TRANSFER_TOKENS", "PARAMS", "GRADS", "collective_tag",
+    "Token", "payload_token", "TRANSFER_TOKENS", "PARAMS", "GRADS", "REPLICA", "collective_tag",
     "collective_segment", "needs", "produces", "consumers_of_output", "Chain", "offloads",
     "plan_offloads",
     # table

@@ -166,7 +166,7 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
     that key, if anything). ``stored(stage, segment)`` and ``buffer(payload)`` give the
     sizes. A forward (or recompute) keeps its activation where the chain says so; ``B`` or
     ``W`` frees it; a receive allocates its buffer (none of size 0), which the op
-    consuming its token frees. Device memory only (§2.9): an ``OFFLOAD`` frees the stored
+    consuming its token frees. Device memory only (§2.10): an ``OFFLOAD`` frees the stored
     activation, a ``RELOAD`` allocates it again (what host memory holds: ``host_peaks``);
     a ``SEND`` that lends or returns it frees it, the ``RECV`` allocates it (its stored
     size) on the receiving rank."""
@@ -188,7 +188,7 @@ def step_effects(op: Op, rank: int, chain: Chain, stored: Callable, buffer: Call
         frees.extend(("buffer", t) for t in chain.needs(c, rank) if t[0] in TRANSFER_TOKENS)
     for r in p2p_of(op):
         p = r.payload
-        if p.kind in RANK_MOVES:  # §2.9: a lent activation lives on the holder's device
+        if p.kind in RANK_MOVES:  # §2.10: a lent activation lives on the holder's device
             key = ("stored", p.segment, p.stage, p.mb)
             if isinstance(r, Send):
                 frees.append(key)
@@ -314,7 +314,7 @@ def live_tensors(plan: Plan, rank: int, index: int, model: MemoryModel = UNIT_ME
 
 
 def host_peaks(plan: Plan, model: MemoryModel = UNIT_MEMORY) -> dict[int, float]:
-    """Per rank that offloads anything, the peak of its host memory (§2.9): an
+    """Per rank that offloads anything, the peak of its host memory (§2.10): an
     ``OFFLOAD`` puts its activation's stored size there, the ``RELOAD`` of that activation
     takes it back (host memory has no limit; device memory is what ``peak_memory`` says)."""
     out = {}

@@ -24,7 +24,7 @@ class Token(NamedTuple):
     (the activation kept for backward), ``grad`` (the input gradient a backward produced),
     ``wgrad_ready`` (an ``I`` ran, so ``W`` may run), ``offloaded``/``reloaded`` (an
     ``OFFLOAD``/``RELOAD`` of the stored activation ran), ``held``/``returned`` (a lent
-    activation arrived at its holder / back at its owner; §2.9); in a plan of sequence
+    activation arrived at its holder / back at its owner; §2.10); in a plan of sequence
     chunks also ``kv`` (a chunk's forward ran here: the keys and values later chunks
     attend to) and ``kv_grad`` (a chunk's backward ran here: the gradient of what earlier
     chunks produced), which only ``Chain.produces`` makes. ``needs``/``produces`` return
@@ -48,25 +48,26 @@ def payload_token(p: Payload) -> tuple:
 
 
 TRANSFER_TOKENS = frozenset(_TOKEN_OF_PAYLOAD.values())  # token kinds a transfer carries
-# a rank move (§2.9): what its SEND needs and its RECV leaves, per payload kind
+# a rank move (§2.10): what its SEND needs and its RECV leaves, per payload kind
 _SENT, _RECEIVED = {LEND: "stored", RETURN: "held"}, {LEND: "held", RETURN: "returned"}
 
 
 def sent_token(p: Payload) -> tuple:
-    """What a ``SEND`` of ``p`` needs: what it carries, or for a rank move (§2.9) the
+    """What a ``SEND`` of ``p`` needs: what it carries, or for a rank move (§2.10) the
     stored activation (``lend``) or the activation held for its owner (``return``)."""
     kind = _SENT.get(p.kind)
     return payload_token(p) if kind is None else (kind, p.segment, p.stage, p.mb)
 
 
 def received_token(p: Payload) -> tuple:
-    """What a ``RECV`` of ``p`` leaves: what it carries, or for a rank move (§2.9) the
+    """What a ``RECV`` of ``p`` leaves: what it carries, or for a rank move (§2.10) the
     activation held for its owner (``lend``) or given back to it (``returned``)."""
     kind = _RECEIVED.get(p.kind)
     return payload_token(p) if kind is None else (kind, p.segment, p.stage, p.mb)
 
 
 PARAMS, GRADS = "params", "grads"  # collective tag roles: a segment's parameters, gradients
+REPLICA = "replica"  # the role of ``replica:J``: the summed weight gradients of model stage J
 
 
 def collective_tag(role: str, name: str) -> str:
@@ -141,7 +142,7 @@ def produces(op: Op) -> tuple[tuple, ...]:
 
 
 def offloads(programs) -> frozenset:
-    """``(rank, segment, stage, mb, token)`` of every activation a rank moves away (§2.9):
+    """``(rank, segment, stage, mb, token)`` of every activation a rank moves away (§2.10):
     ``reloaded`` for an ``OFFLOAD``, ``returned`` for a ``SEND`` that lends it; a backward
     of it on that rank needs that token first."""
     found = set()
@@ -199,7 +200,14 @@ class Chain:
     says which collectives the cut needs).
 
     A backward (``B`` or ``I``) of an activation its rank offloaded or lent (``offloaded``)
-    also needs that activation's ``RELOAD`` or return (§2.9).
+    also needs that activation's ``RELOAD`` or return (§2.10).
+
+    Several ``pipelines`` (§2.9): pipeline i runs stages ``[i*n, (i+1)*n)`` for its own
+    microbatches only (other work of those stages is stray); data flows only inside a
+    pipeline (its first stage's forward needs nothing, its last stage's backward only the
+    loss); a model stage J whose replicas ``i*n + J`` sit on several ranks needs the
+    all-reduce ``replica:J`` over those ranks, after every local backward or ``W`` of
+    those replicas.
 
     A ``forward_only`` chain (an evaluation plan, declared) requires no backward and no
     recompute of any unit, stores no activation (nothing will read it back), ships no raw
@@ -214,10 +222,13 @@ class Chain:
     ``produces`` adds the tokens that state it; with S = 1 both are the module's own."""
 
     def __init__(self, placement: Placement, cut: Cut = NO_CUT,
-                 forward_only: bool = False, offloaded: frozenset = frozenset(),
-                 seq_chunks: int = 1) -> None:
+                 forward_only: bool = False, pipelines: tuple = (),
+                 offloaded: frozenset = frozenset(), seq_chunks: int = 1) -> None:
         self.placement = placement
-        self.offloaded = offloaded  # activations moved away: ``offloads`` (§2.9)
+        self.offloaded = offloaded  # activations moved away: ``offloads`` (§2.10)
+        self.pipelines = pipelines
+        self.per_pipeline = placement.num_stages // max(len(pipelines), 1)
+        self._pipe_of_mb = {mb: i for i, p in enumerate(pipelines) for mb in p}
         self.cut = cut
         self.forward_only = forward_only
         self.seq_chunks = seq_chunks
@@ -231,8 +242,35 @@ class Chain:
 
     @classmethod
     def of(cls, plan) -> "Chain":
-        return cls(plan.placement, plan.cut, plan.forward_only, plan_offloads(plan),
-                   plan.seq_chunks)
+        return cls(plan.placement, plan.cut, plan.forward_only, plan.pipelines,
+                   plan_offloads(plan), plan.seq_chunks)
+
+    def runs(self, stage: int, mb: int) -> bool:
+        """Is ``mb`` a microbatch of the pipeline that ``stage`` (of the body) belongs to?"""
+        return not self.pipelines or (self._pipe_of_mb.get(mb, -1)
+                                      == stage // self.per_pipeline)
+
+    def microbatches(self, stage: int, m: int):
+        """The microbatches whose work of body stage ``stage`` is required, in order."""
+        if not self.pipelines:
+            return range(m)
+        return sorted(self.pipelines[stage // self.per_pipeline])
+
+    def crosses(self, p: Payload) -> bool:
+        """Several pipelines: does a transfer of ``p`` leave its pipeline (the activation
+        of a pipeline's last stage, the gradient of its first)? No such data flows."""
+        if not self.pipelines or p.segment or p.kind == INPUT:
+            return False
+        at = p.stage % self.per_pipeline
+        return at == self.per_pipeline - 1 if p.kind == ACT else at == 0
+
+    def replica_ranks(self) -> dict[int, frozenset]:
+        """``J -> ranks`` holding a replica of model stage J, where those are several."""
+        n, where = self.per_pipeline, self.placement.stage_to_rank
+        if not self.pipelines or self.forward_only:
+            return {}
+        ranks = {j: frozenset(where[j::n]) for j in range(n)}
+        return {j: r for j, r in ranks.items() if len(r) > 1}
 
     def segment(self, name: str):
         return self._segments.get(name)
@@ -245,7 +283,8 @@ class Chain:
     def expected_rank(self, c: Compute) -> int | None:
         """The rank that must run ``c`` (None: ``c`` is not part of this chain)."""
         if not c.segment:
-            return self.placement.stage_to_rank[c.stage] if c.stage < self.num_stages else None
+            return (self.placement.stage_to_rank[c.stage] if c.stage < self.num_stages
+                    and self.runs(c.stage, c.mb) else None)
         seg = self._segments.get(c.segment)
         if seg is None or c.stage != 0 or c.mb >= len(seg.forward_rank):
             return None
@@ -270,9 +309,15 @@ class Chain:
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)
+        if kind is Compute and self.pipelines and not op.segment:
+            at = op.stage % self.per_pipeline  # a pipeline's ends: no flow across
+            if op.kind == FORWARD and at == 0:
+                base = ()
+            elif op.kind in (BACKWARD, INPUT_GRAD) and at == self.per_pipeline - 1:
+                base = base[:1]
         if self.offloaded and kind is Compute and op.kind in (BACKWARD, INPUT_GRAD):
             base += tuple((t, op.segment, op.stage, op.mb) for t in ("reloaded", "returned")
-                          if (rank, op.segment, op.stage, op.mb, t) in self.offloaded)  # §2.9
+                          if (rank, op.segment, op.stage, op.mb, t) in self.offloaded)  # §2.10
         if self._chunked and kind is Compute:
             base += self._chunk_needs(op)
         if kind is not Compute or not self.cut.segments:
@@ -317,6 +362,8 @@ class Chain:
 
     def _collective_needs(self, op: Collective, rank: int) -> tuple[tuple, ...]:
         tagged = collective_segment(op)
+        if op.kind == "all_reduce" and tagged is not None and tagged[0] == REPLICA:
+            return self._replica_needs(tagged[1], rank)
         if op.kind != "all_reduce" or tagged is None or tagged[0] != GRADS:
             return ()
         seg = self._segments.get(tagged[1])
@@ -329,6 +376,15 @@ class Chain:
                     self._backward_mbs[(s.name, r)].append(mb)
         return tuple(("wdone", seg.name, 0, mb) for mb in self._backward_mbs.get((seg.name, rank),
                                                                                  ()))
+
+    def _replica_needs(self, name: str, rank: int) -> tuple[tuple, ...]:
+        """Every local weight gradient of the replicas of model stage ``name``."""
+        n = self.per_pipeline
+        if not name.isdigit() or int(name) not in self.replica_ranks():
+            return ()
+        return tuple(("wdone", BODY, s, mb) for s in range(int(name), self.num_stages, n)
+                     if self.placement.stage_to_rank[s] == rank
+                     for mb in self.microbatches(s, 0))
 
     def required_collectives(self) -> dict[str, tuple[str, int | None, frozenset]]:
         """``tag -> (kind, root, ranks that must call it)``: a trainable segment whose
@@ -349,6 +405,8 @@ class Chain:
             if back - {seg.home}:
                 out[collective_tag(GRADS, seg.name)] = ("all_reduce", None,
                                                         frozenset(back | {seg.home}))
+        for j, ranks in self.replica_ranks().items():
+            out[collective_tag(REPLICA, str(j))] = ("all_reduce", None, ranks)
         return out
 
     def destinations(self, c: Compute, here: int) -> tuple[tuple[int, Payload], ...]:
@@ -365,7 +423,10 @@ class Chain:
         seg = self._segments.get(c.segment) if c.segment else None
         out: list[tuple[int, Payload]] = []
         if seg is None:
-            out.extend(consumers_of_output(c, self.placement))
+            at = c.stage % self.per_pipeline
+            if not self.pipelines or (at < self.per_pipeline - 1 if c.kind == FORWARD
+                                      else at > 0):
+                out.extend(consumers_of_output(c, self.placement))
             if c.kind == FORWARD and c.stage == self.num_stages - 1:
                 for sink in self._sinks:
                     out.append((sink.forward_rank[c.mb],

@@ -338,7 +338,8 @@ def schedule_times(programs, placement: Placement,
     finishes when every member has reached its call of the same instance
     (``pairing.collective_instances``). ``chain``: the programs' chain when the caller
     has one (its ``destinations`` are then computed once for both)."""
-    chain = chain or Chain(placement, cut, forward_only, offloads(programs), seq_chunks)
+    chain = chain or Chain(placement, cut, forward_only, offloaded=offloads(programs),
+                           seq_chunks=seq_chunks)
     make = produces if chain.seq_chunks == 1 else chain.produces
     n = placement.num_ranks
     have: list[dict[tuple, float]] = [dict() for _ in range(n)]

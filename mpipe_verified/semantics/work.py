@@ -16,7 +16,7 @@ import attrs
 
 from ..ir import (BACKWARD, BODY, FORWARD, INPUT_GRAD, LEND, RANK_MOVES, RECOMPUTE, WEIGHT_GRAD,
                   Collective, Compute, Offload, Plan, Reload, Send, computes_of, p2p_of)
-from .rules import GRADS, PARAMS, Chain, collective_segment
+from .rules import GRADS, PARAMS, REPLICA, Chain, collective_segment
 from .table import OpTable
 
 
@@ -62,7 +62,8 @@ def work_table(plan: Plan, chain: Chain | None = None) -> WorkTable:
         for index, op in enumerate(program):
             for c in computes_of(op):
                 key = (c.segment, c.stage, c.mb)
-                if (c.segment, c.stage) not in units or c.mb >= m:
+                if (c.segment, c.stage) not in units or c.mb >= m or (
+                        not c.segment and not chain.runs(c.stage, c.mb)):
                     stray.append((c, rank, index))
                     continue
                 row = counts.get(key)
@@ -75,21 +76,27 @@ def work_table(plan: Plan, chain: Chain | None = None) -> WorkTable:
                     row[column[c.kind]] += 1
                 first.setdefault(c, (rank, index))
     work = sum(map(sum, counts.values())) + len(stray)
-    if len(units) * m > work:  # never enumerate microbatches the plan cannot hold
+    if _due_units(chain, m) > work:  # never enumerate microbatches the plan cannot hold
         return WorkTable(counts, first, tuple(stray), misplaced, short=True)
     for seg, stage in chain.units():
-        for mb in range(m):
+        for mb in (chain.microbatches(stage, m) if not seg else range(m)):
             if (seg, stage, mb) not in counts:
                 counts[(seg, stage, mb)] = [0] * (MISPLACED + 1)
     return WorkTable(counts, first, tuple(stray), misplaced)
 
 
+def _due_units(chain: Chain, m: int) -> int:
+    """How many (unit, microbatch) pairs owe work (each pipeline's stages: its own)."""
+    return len(chain.units()) * m // max(len(chain.pipelines), 1)
+
+
 def _first_missing(chain: Chain, table: WorkTable, m: int) -> Compute:
     """A unit with no forward, in time linear in the units present."""
     for seg, stage in chain.units():
-        mb = next(mb for mb in range(m + 1) if (seg, stage, mb) not in table.counts
-                  or table.counts[(seg, stage, mb)][0] == 0)
-        if mb < m:
+        mb = next((mb for mb in (chain.microbatches(stage, m) if not seg else range(m))
+                   if (seg, stage, mb) not in table.counts
+                   or table.counts[(seg, stage, mb)][0] == 0), None)
+        if mb is not None:
             return Compute(FORWARD, stage, mb, seg)
     raise AssertionError("a short table has a missing unit")
 
@@ -114,11 +121,10 @@ def required_work(plan: Plan, table: WorkTable | None = None,
         ops = sum(map(sum, table.counts.values())) + len(table.stray)
         return [WorkIssue(f, "short", None, f"the plan has {ops} compute ops but its {units} "
                                             f"stages and segments times {m} microbatches need "
-                                            f"at least {units * m} forwards; {f} (forward) "
-                                            "never runs")]
-    issues = [WorkIssue(c, "unexpected", (rank, index),
-                        f"{c} is not part of this plan (stages, segments and microbatches "
-                        f"0..{plan.num_microbatches - 1})") for c, rank, index in table.stray]
+                                            f"at least {_due_units(chain, m)} forwards; {f} "
+                                            "(forward) never runs")]
+    issues = [WorkIssue(c, "unexpected", (rank, index), _stray_detail(chain, c, m))
+              for c, rank, index in table.stray]
     for (seg, s, mb), row in sorted(table.counts.items()):
         if limit is not None and len(issues) >= limit:
             break
@@ -126,6 +132,14 @@ def required_work(plan: Plan, table: WorkTable | None = None,
         if not unit_ok(row, need_back, need_r):
             issues.extend(_unit_issues(chain, table, seg, s, mb, row, need_back, need_r))
     return issues[:limit] if limit is not None else issues
+
+
+def _stray_detail(chain: Chain, c: Compute, m: int) -> str:
+    if chain.pipelines and not c.segment and c.stage < chain.num_stages and c.mb < m:
+        return (f"{c} is not part of this plan (microbatch {c.mb} does not run in the "
+                f"pipeline of stage {c.stage})")
+    return (f"{c} is not part of this plan (stages, segments and microbatches "
+            f"0..{m - 1})")
 
 
 def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkIssue]:
@@ -176,6 +190,8 @@ def work_complete(table: OpTable, chain: Chain) -> bool:
     import numpy as np
     plan = table.plan
     s, m = chain.num_stages, plan.num_microbatches
+    if chain.pipelines:
+        return False  # op by op then decides (several pipelines: not the hot path)
     units = set(chain.units())
     kinds = np.full(len(table.classes), -1, dtype=np.int64)  # work kind column, or -1
     stages = np.zeros(len(table.classes), dtype=np.int64)
@@ -238,7 +254,7 @@ def collective_issues(plan: Plan, limit: int | None = None) -> list[CollectiveIs
     for rank, program in enumerate(plan.programs):
         for index, op in enumerate(program):
             tagged = collective_segment(op) if type(op) is Collective else None
-            if tagged is None or tagged[0] not in (PARAMS, GRADS):
+            if tagged is None or tagged[0] not in (PARAMS, GRADS, REPLICA):
                 continue
             calls[(op.tag, rank)].append(index)
             problem = _tagged_problem(op, required.get(op.tag))
@@ -260,6 +276,9 @@ def collective_issues(plan: Plan, limit: int | None = None) -> list[CollectiveIs
 
 def _tagged_problem(op: Collective, need) -> str:
     if need is None:
+        if collective_segment(op)[0] == REPLICA:
+            return "is not required (no model stage of that number has replicas on " \
+                   "several ranks)"
         return "is not required by the cut (no trainable segment of that name moves work " \
                "off its home rank)"
     kind, root, ranks = need
@@ -274,6 +293,9 @@ def _tagged_problem(op: Collective, need) -> str:
 
 def _never_called(tag: str, kind: str, root, rank: int) -> str:
     role, name = tag.split(":", 1)
+    if role == REPLICA:
+        return (f"rank {rank} never all-reduces the weight gradients of the replicas of "
+                f"model stage {name} ({kind} {tag}): every rank that holds one must take part")
     if role == GRADS:
         return (f"rank {rank} never all-reduces the gradients of segment {name!r} ({kind} "
                 f"{tag}): every rank that runs its backward and its home rank must take part")
@@ -284,7 +306,7 @@ def _never_called(tag: str, kind: str, root, rank: int) -> str:
 
 @attrs.frozen
 class MoveIssue:
-    """A completeness finding about the activation moves (§2.9) of ``key`` = ``(rank,
+    """A completeness finding about the activation moves (§2.10) of ``key`` = ``(rank,
     segment, stage, mb)``: at ``where`` (rank, index), or about the key as a whole."""
 
     key: tuple
@@ -293,7 +315,7 @@ class MoveIssue:
 
 
 def move_issues(plan: Plan, limit: int | None = None) -> list[MoveIssue]:
-    """§2.9 completeness of the activation moves: each ``OFFLOAD``/``RELOAD`` and each
+    """§2.10 completeness of the activation moves: each ``OFFLOAD``/``RELOAD`` and each
     lend or return names a unit and microbatch of the plan (and none occurs in a
     forward-only plan); per rank and activation at most one ``OFFLOAD``, exactly as many
     ``RELOAD`` as ``OFFLOAD``, at most one lend sent, as many returns received as lends

@@ -159,7 +159,7 @@ def _report(asked: Asked, decided: dict, clock: float) -> Report:
     if verdict.refusal is not None:
         undecided.append(f"not verified: {verdict.refusal} (internal error)")
     host = host_peaks(plan, _passes_memory(asked)) if plan_offloads(plan) else {}
-    if host:  # what offloads keep in host memory (§2.9: reported, not limited)
+    if host:  # what offloads keep in host memory (§2.10: reported, not limited)
         stats["host_peak_memory"] = figures(host)
     stats["seconds"] = round(time.perf_counter() - clock, 4)
     certificate = None

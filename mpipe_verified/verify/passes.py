@@ -218,11 +218,13 @@ def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None =
     member. The kernel pairs by counting itself: no witness. With the plan's ``table``
     (which has no collectives) a plan whose transfers all pair is read by columns; any
     other is paired op by op, which lists the findings."""
-    if table is not None and p2p_clean(table):
+    if table is not None and not plan.pipelines and p2p_clean(table):
         return Findings(), None
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
     findings = Findings()
+    if plan.pipelines:
+        _cross_pipeline(plan, findings)
     unmatched = _unmatched_by_channel(plan, pairing)
     for s_end, r_end in pairing.mismatched:
         findings.add(lambda: _mismatch(plan, s_end, r_end))
@@ -236,6 +238,19 @@ def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None =
             Violation("matching", problem, ranks, tuple(_op_ref(plan, r, i) for r, i in positions)),
             ("call",) + positions[-1]))
     return findings, None
+
+
+def _cross_pipeline(plan: Plan, findings: Findings) -> None:
+    """Several pipelines: every transfer that leaves its pipeline (``Chain.crosses``)."""
+    chain = Chain.of(plan)
+    for rank, program in enumerate(plan.programs):
+        for index, step in enumerate(program):
+            for op in p2p_of(step):
+                if chain.crosses(op.payload):
+                    findings.add(lambda: Finding(Violation(
+                        "matching", f"rank {rank} position {index}: {op} carries data out of "
+                        f"its pipeline (pipelines {plan.pipelines})", (rank,),
+                        (_op_ref(plan, rank, index),)), ("call", rank, index)))
 
 
 def _mismatch(plan, s_end, r_end) -> Finding:

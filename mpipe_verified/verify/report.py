@@ -343,7 +343,7 @@ def _summary(report: Report, shown: Shown) -> str:
             facts.append(f"peak memory {num(_highest_peak(report))}"
                          + (", per-rank limits" if limits else ""))
         host = stats.get("host_peak_memory")
-        if host:  # offloaded activations (docs/semantics.md §2.9): reported, not limited
+        if host:  # offloaded activations (docs/semantics.md §2.10): reported, not limited
             facts.append(f"host peak {num(max(host.values()))}")
     if shown.seconds is not None:
         facts.append(f"{shown.seconds:.2f} s")
