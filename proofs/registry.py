@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import (families, family_bidirectional, family_dualpipev, family_interleaved,
-               family_interleaved_zb, family_looped_bfs, family_transpose,
+               family_interleaved_zb, family_looped_bfs, family_seq1f1b, family_transpose,
                family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
                sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
@@ -114,6 +114,12 @@ LAWS: tuple[Law, ...] = (
     family_interleaved_zb.interleaved_zb_matching,
     family_interleaved_zb.interleaved_zb_deadlock,
     family_interleaved_zb.interleaved_zb_memory,
+    # seq1f1b (sequence chunks): bounded
+    family_seq1f1b.seq1f1b_completeness,
+    family_seq1f1b.seq1f1b_dependency,
+    family_seq1f1b.seq1f1b_matching,
+    family_seq1f1b.seq1f1b_deadlock,
+    family_seq1f1b.seq1f1b_peak_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).

@@ -2,8 +2,9 @@
 greedy V families ``v-half`` and ``v-min``: the literal term of the order ``v_greedy``
 builds, since their orders follow no count pattern).
 
-Pattern variables: ``p`` ranks, ``r`` rank, ``m`` microbatches, ``v`` chunks, ``g``
-microbatches per round, ``n = m·v`` (see ``pattern``).
+Pattern variables: ``p`` ranks, ``r`` rank, ``m`` microbatches (samples), ``v`` chunks,
+``g`` microbatches per round, ``s`` sequence chunks per sample, ``n = m·v·s`` (see
+``pattern``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,20 @@ ZBV = ("F0^{2*(p-r)-1} (F1 F0)^{r} (F1 I1 W1)^{p-r} (F0 I0 W0 F1 I1 W1)^{max(m, 
 def zbv(pp: int, microbatches: int) -> Weave:
     """ZB-V: V placement (two chunks per rank), zero bubble when F = I = W."""
     return Weave(pp, microbatches, ZBV, chunks=2, placement="v")
+
+
+# Seq1F1B (sail-sg/Seq1F1B, Megatron's schedules.py patched): 1F1B counted in sequence
+# chunks, forwards chunk-ascending and backwards chunk-descending per sample; warmup
+# p - r + s - 2 chunk forwards (1F1B's p - 1 - r plus the rest of the first sample).
+SEQ1F1B = "F^{p-r+s-2} (F B)*"
+
+
+def seq1f1b(pp: int, microbatches: int, seq_chunks: int = 2) -> Weave:
+    """Seq1F1B: each of ``microbatches`` samples cut into ``seq_chunks`` sequence chunks
+    (microbatch ``sample * S + j``), run 1F1B-wise chunk by chunk."""
+    _need(isinstance(seq_chunks, int) and seq_chunks >= 1,
+          f"seq1f1b needs seq_chunks >= 1, got seq_chunks={seq_chunks!r}")
+    return Weave(pp, microbatches, SEQ1F1B, seq_chunks=seq_chunks)
 
 
 # DeepSeek's eight steps; the last rank runs its first main step's F0 and B1 apart, and
@@ -235,6 +250,11 @@ BIDIRECTIONAL: dict[str, Callable[..., Weave]] = {
 LITERAL_FAMILIES = ("v-half", "v-min")
 CHUNKED = ("interleaved-1f1b", "looped-bfs", "interleaved-zb")  # take --chunks (default 2)
 WAVED = ("hanayo",)  # takes --waves (default 2)
+# Families of sequence chunks (a plan's ``seq_chunks`` > 1). Kept apart from ``FAMILIES``,
+# whose plans are plain microbatches that every file format carries: a torch CSV says
+# nothing of chunks, so theirs read back only with ``--seq-chunks S``.
+SEQ_FAMILIES: dict[str, Callable[..., Weave]] = {"seq1f1b": seq1f1b}
+FAMILY_NAMES = (*FAMILIES, *BIDIRECTIONAL, *SEQ_FAMILIES)  # every name ``family`` takes
 # the chunks each other family always uses (read off its term)
 _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
                  if name not in CHUNKED + WAVED} | {name: make(2, 4).chunks
@@ -242,19 +262,26 @@ _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
 
 
 def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
-           forward_only: bool = False, waves: int | None = None) -> Weave | Program | ForwardOnly:
+           forward_only: bool = False, waves: int | None = None,
+           seq_chunks: int | None = None) -> Weave | Program | ForwardOnly:
     """The family term for ``name``; ``chunks`` only for the ``CHUNKED`` families,
-    ``waves`` only for ``hanayo``. With ``forward_only``, its evaluation run:
+    ``waves`` only for ``hanayo``, ``seq_chunks`` only for ``seq1f1b`` (default 2). With ``forward_only``, its evaluation run:
     ``ForwardOnly`` of the term (the same forwards in the same places, no backward)."""
     if forward_only:
-        return ForwardOnly(family(name, pp, microbatches, chunks, waves=waves))
-    if name not in FAMILIES and name not in BIDIRECTIONAL:
+        return ForwardOnly(family(name, pp, microbatches, chunks, waves=waves,
+                                  seq_chunks=seq_chunks))
+    if name not in FAMILY_NAMES:
         raise ParameterError(f"unknown family {name!r}; expected one of "
-                             f"{', '.join([*FAMILIES, *BIDIRECTIONAL])}")
+                             f"{', '.join(FAMILY_NAMES)}")
     _need(isinstance(pp, int) and pp >= 1, f"pp must be an integer >= 1, got {pp!r}")
     _need(isinstance(microbatches, int) and microbatches >= 1,
           f"microbatches must be an integer >= 1, got {microbatches!r}")
     _need(waves is None or name in WAVED, f"{name} takes no --waves (hanayo does)")
+    if name in SEQ_FAMILIES:
+        _need(chunks is None or chunks == 1, f"{name} takes no --chunks (it uses 1)")
+        return SEQ_FAMILIES[name](pp, microbatches, 2 if seq_chunks is None else seq_chunks)
+    _need(seq_chunks is None, f"{name} takes no --seq-chunks (only "
+                              f"{', '.join(SEQ_FAMILIES)} does)")
     if name in CHUNKED:
         return FAMILIES[name](pp, microbatches, 2 if chunks is None else chunks)
     if name in WAVED:
