@@ -87,7 +87,7 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
-    # two pipelines over one model (DualPipe, Chimera): bounded
+    # two pipelines over one model (DualPipe, Chimera): all sizes, by the twin reduction
     family_bidirectional.dualpipe_completeness,
     family_bidirectional.dualpipe_dependency,
     family_bidirectional.dualpipe_matching,
