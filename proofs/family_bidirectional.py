@@ -152,6 +152,16 @@ def tail():
                      (last <= T,))
 
 
+@law("replica_tail", "Two pipelines over one model on p = 2n ranks (DualPipe, Chimera): each "
+     "rank r ends with replica:h then replica:p-1-h (h = min(r, p-1-r)), both over {r, p-1-r}, "
+     "as its mirror does: each all-reduce once per rank of its group, paired in order, and "
+     "completion times after the body's meet the deadlock rule, whatever the body",
+     all_sizes("every even p >= 2, rank and model stage; the tail lower appends after all "
+               "of a rank's work"))
+def replica_tail():
+    yield from tail()
+
+
 def _renamed(prefix: str, obligations):
     return [dataclasses.replace(ob, name=f"{prefix}{ob.name}") for ob in obligations]
 

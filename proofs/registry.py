@@ -98,6 +98,7 @@ LAWS: tuple[Law, ...] = (
     family_bidirectional.chimera_matching,
     family_bidirectional.chimera_deadlock,
     family_bidirectional.chimera_memory,
+    family_bidirectional.replica_tail,
     # looped BFS and interleaved zero bubble: bounded
     family_looped_bfs.looped_bfs_completeness,
     family_looped_bfs.looped_bfs_dependency,

@@ -129,3 +129,14 @@ def test_a_parametric_certificate_of_dualpipe_is_rechecked(tmp_path, capsys):
     capsys.readouterr()
     assert main(["recheck", plan, cert]) == 0
 
+
+
+@pytest.mark.parametrize("name, m, first, middle", [("dualpipe", 2048, 1025, 1025),
+                                                     ("chimera", 4096, 513, 1024)])
+def test_1024_ranks_are_answered_by_the_laws(capsys, name, m, first, middle):
+    assert main(["check", "--family", name, "--pp", "1024", "--microbatches", str(m),
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["proof"]["kind"] == "parametric"
+    assert doc["peak_memory"]["0"] == doc["peak_memory"]["1023"] == first
+    assert doc["peak_memory"]["511"] == middle
