@@ -236,7 +236,8 @@ HOW = {
                "p <= 8, m <= 24, tests/test_proofs_family_models.py)",
 }
 LOWERED = ("; the lowering model of proofs.lowered for the point-to-point body, the "
-           "replica tail after it")
+           "replica tail after it (= lower for even p <= 8, "
+           "tests/test_proofs_bidirectional.py)")
 
 
 def _law(name: str, title: str, prop: str, peak_text: str, allowed: str):

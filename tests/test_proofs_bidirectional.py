@@ -21,8 +21,8 @@ from mpipe_verified.algebra.families import family
 from mpipe_verified.cli import main
 from mpipe_verified.ir import Collective
 from mpipe_verified.lower import lower
-from mpipe_verified.proofs import (core, covering, family_bidirectional, family_chimera,
-                                   family_dualpipev)
+from mpipe_verified.proofs import (core, covering, expanded, family_bidirectional,
+                                   family_chimera, family_dualpipev)
 from mpipe_verified.semantics import peak_memory
 
 FB = family_bidirectional
@@ -61,6 +61,18 @@ def test_the_lowered_plan_ends_with_the_stated_tail_and_reaches_the_stated_peaks
                 assert [(op.tag, op.ranks) for op in tail] == [
                     (f"replica:{j}", (h, p - 1 - h)) for j in (h, p - 1 - h)]
                 assert peaks[r][0] == FB.peak_of(name, p, r), (p, m, r)
+
+
+@pytest.mark.parametrize("name", ["dualpipe", "chimera"])
+def test_lower_is_the_lowering_model_then_the_tail(name):
+    """What ``proofs.lowered`` reasons about (each rank's events in key order, the body's
+    transfers inside their pipeline) and then the replica tail is ``lower``'s plan."""
+    for p in (2, 4, 6, 8):
+        for m in list(SIZES[name](p))[:4]:
+            schedule = family(name, p, m).derive()
+            body, plan = expanded.lowered(schedule), lower(schedule).programs
+            assert all(prog[:len(mine)] == mine and len(prog) == len(mine) + 2
+                       for prog, mine in zip(plan, body)), (p, m)
 
 
 def _status(law_) -> str:
