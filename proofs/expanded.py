@@ -52,11 +52,13 @@ def _order(payload) -> tuple[int, int]:
 
 
 def lowered(schedule: Schedule) -> tuple[tuple, ...]:
-    """The lowering model's programs for ``schedule``, whose timing reaches every op."""
-    timing = schedule_times(schedule.programs, schedule.placement, cut=schedule.cut)
+    """The lowering model's programs for ``schedule``, whose timing reaches every op
+    (with several pipelines, the point-to-point body: the replica tail is left out)."""
+    chain = Chain(schedule.placement, schedule.cut, pipelines=schedule.pipelines)
+    timing = schedule_times(schedule.programs, schedule.placement, cut=schedule.cut,
+                            chain=chain)
     if timing.stuck:
         raise ValueError("the lowering model covers schedules whose timing reaches every op")
-    chain = Chain(schedule.placement, schedule.cut)
     events = []
     for rank, program in enumerate(schedule.programs):
         for index, op in enumerate(program):

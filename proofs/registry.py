@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import (families, family_bidirectional, family_dualpipev, family_interleaved,
-               family_interleaved_zb, family_looped_bfs, family_seq1f1b, family_transpose,
-               family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
-               sequences)
+from . import (families, family_bidirectional, family_bitpipe, family_dualpipev,
+               family_interleaved, family_interleaved_zb, family_looped_bfs, family_seq1f1b,
+               family_transpose, family_transpose_inline, family_zb, family_zbv, lowering,
+               relabel, safety, sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
 
 LAWS: tuple[Law, ...] = (
@@ -87,7 +87,7 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
-    # two pipelines over one model (DualPipe, Chimera, BitPipe): bounded
+    # two pipelines over one model (DualPipe, Chimera): all sizes, by the twin reduction
     family_bidirectional.dualpipe_completeness,
     family_bidirectional.dualpipe_dependency,
     family_bidirectional.dualpipe_matching,
@@ -98,11 +98,13 @@ LAWS: tuple[Law, ...] = (
     family_bidirectional.chimera_matching,
     family_bidirectional.chimera_deadlock,
     family_bidirectional.chimera_memory,
-    family_bidirectional.bitpipe_completeness,
-    family_bidirectional.bitpipe_dependency,
-    family_bidirectional.bitpipe_matching,
-    family_bidirectional.bitpipe_deadlock,
-    family_bidirectional.bitpipe_memory,
+    family_bidirectional.replica_tail,
+    # BitPipe: bounded
+    family_bitpipe.bitpipe_completeness,
+    family_bitpipe.bitpipe_dependency,
+    family_bitpipe.bitpipe_matching,
+    family_bitpipe.bitpipe_deadlock,
+    family_bitpipe.bitpipe_memory,
     # looped BFS and interleaved zero bubble: bounded
     family_looped_bfs.looped_bfs_completeness,
     family_looped_bfs.looped_bfs_dependency,

@@ -1,5 +1,6 @@
 """A family's program as a *word*: phases, each a body of letters repeated ``n`` times,
-read for symbolic ``p``, ``m`` and rank ``r`` (``proofs.family_zbv``, ``proofs.family_zb``).
+read for symbolic ``p``, ``m`` and rank ``r`` (``proofs.family_zbv``, ``proofs.family_zb``,
+``proofs.family_chimera``).
 
 A phase is ``(n, body)``; a letter ``(kind, chunk, base)`` of iteration ``j`` names
 ``kind chunk`` of microbatch ``base + j``; a letter naming a microbatch ``>= m`` pops
@@ -23,9 +24,9 @@ from typing import Callable
 import z3
 
 from .core import Obligation, memo_terms
-from .model import F, I, W
+from .model import B, F, I, W
 
-KINDS = {"F": F, "I": I, "W": W}
+KINDS = {"F": F, "B": B, "I": I, "W": W}
 p, m, r, k, x, j = z3.Ints("p m r k x j")
 
 

@@ -77,7 +77,7 @@ def estimated_ops(family: str, params: Mapping[str, object]) -> int:
     p, m = int(params["pp"]), int(params["microbatches"])
     body = params.get("body", family) if family == TRANSPOSE else family
     chunks = (int(params.get("chunks") or 2) if body == "interleaved-1f1b"
-              else 2 if body in ("zbv", "dualpipev") else 1)
+              else 2 if body in ("zbv", "dualpipev", "dualpipe", "chimera") else 1)
     stages = p * chunks
     ops = 3 * stages * m + 4 * max(stages - 1, 0) * m
     if family == TRANSPOSE:
