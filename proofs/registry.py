@@ -98,7 +98,7 @@ LAWS: tuple[Law, ...] = (
     family_bidirectional.chimera_matching,
     family_bidirectional.chimera_deadlock,
     family_bidirectional.chimera_memory,
-    # looped BFS and interleaved zero bubble: bounded
+    # looped BFS and interleaved zero bubble: all sizes (interleaved ZB's rest bounded)
     family_looped_bfs.looped_bfs_completeness,
     family_looped_bfs.looped_bfs_dependency,
     family_looped_bfs.looped_bfs_matching,
@@ -109,6 +109,7 @@ LAWS: tuple[Law, ...] = (
     family_interleaved_zb.interleaved_zb_matching,
     family_interleaved_zb.interleaved_zb_deadlock,
     family_interleaved_zb.interleaved_zb_memory,
+    family_interleaved_zb.interleaved_zb_outside_region,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).
