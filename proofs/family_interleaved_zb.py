@@ -173,6 +173,10 @@ def _memory(peak=z3.If(g1 + p <= n, g1 + p, n)):
     yield from word().memory(SIGN, peak, "min(G1 + p, n)", reached)
 
 
+# The inputs ``_potential`` checks (``semantics.needs``), as in ``family_looped_bfs``.
+EDGES = {"F": (("F", -1),), "I": (("F", 0), ("I", 1)), "W": (("I", 0),)}
+
+
 def _lex_lt(a, b):
     return z3.Or(a[0] < b[0], z3.And(a[0] == b[0], a[1] < b[1]))
 

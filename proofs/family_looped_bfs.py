@@ -134,6 +134,12 @@ def _completeness():
                          ABSTRACT, example=EXAMPLE)
 
 
+# The inputs ``_potential`` checks (``semantics.needs``): ``kind: ((producer kind, stage
+# offset), ...)``; offset -1 is ``F`` of the stage before (rank ``r-1``, or rank ``p-1``'s
+# previous chunk), +1 the gradient of the stage after (rank ``r+1``, or rank 0's next chunk).
+EDGES = {"F": (("F", -1),), "B": (("F", 0), ("B", 1))}
+
+
 def _lex_lt(a, b):
     return z3.Or(a[0] < b[0], z3.And(a[0] == b[0], a[1] < b[1]))
 

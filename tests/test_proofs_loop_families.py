@@ -24,7 +24,8 @@ from mpipe_verified.proofs import family_interleaved_zb as izb
 from mpipe_verified.proofs import family_looped_bfs as lb
 from mpipe_verified.proofs.core import all_sizes, law
 from mpipe_verified.proofs.covering import needed_laws
-from mpipe_verified.semantics import peak_memory
+from mpipe_verified.ir import Compute
+from mpipe_verified.semantics import needs, peak_memory, produces
 
 
 def _triples(schedule):
@@ -139,3 +140,20 @@ def test_the_bounded_law_checks_every_instance_the_all_sizes_cells_leave():
             params = {"pp": p, "microbatches": m, "chunks": 2}
             assert izb.interleaved_zb_completeness.proves(params) == ("completeness" in covered)
             assert izb.interleaved_zb_dependency.proves(params) == ("dependency" in covered)
+
+
+@pytest.mark.parametrize("module", [lb, izb], ids=["looped-bfs", "interleaved-zb"])
+def test_the_potential_s_edges_are_the_semantics_inputs(module):
+    """Each unit's inputs the potential checks (``EDGES``: the stage before's ``F``, the
+    own ``F``, the stage after's gradient, the own ``I``) are exactly what
+    ``semantics.needs`` asks of it and which unit ``semantics.produces`` it."""
+    kinds = tuple(module.EDGES)
+    for stages in range(1, 10):
+        units = {(kd, s) for kd in kinds for s in range(stages)}
+        for kd, s in units:
+            wanted = set(needs(Compute(kd, s, 0), stages))
+            makers = {(uk, us) for uk, us in units
+                      if wanted & set(produces(Compute(uk, us, 0)))}
+            # the first stage reads no activation, the last (the loss) no gradient
+            stated = {(pk, s + ds) for pk, ds in module.EDGES[kd] if 0 <= s + ds < stages}
+            assert makers == stated, (kd, s, stages)
