@@ -47,7 +47,6 @@ from mpipe_verified.algebra.families import family
 from . import family_interleaved as il
 from . import instances, word as words
 from .core import Obligation, all_sizes, bounded, law
-from .lowered import deadlock_obligations, matching_obligations
 from .word import p, r
 from .word import m as n  # the word's bound is the number of units: n = v m
 
@@ -62,9 +61,7 @@ def peak_of(pp: int, mm: int, v: int, r_: int) -> int:
     return min((v - 1) * il.rounds_group(pp, mm) + pp, v * mm)
 
 
-def peaks(params) -> tuple[int, ...]:
-    pp, mm, v = params["pp"], params["microbatches"], params["chunks"]
-    return tuple(peak_of(pp, mm, v, r_) for r_ in range(pp))
+peaks = il.chunked_peaks(peak_of)
 
 
 def in_region(pp: int, mm: int) -> bool:
@@ -245,17 +242,8 @@ def _cell(prop: str, statement: str, scope: str, cover, obligations, **extra):
 interleaved_zb_completeness = _cell(
     "completeness", "every F(s, x), I(s, x) and W(s, x) exactly once, on the rank owning s "
     "(stage c p + r on rank r), and nothing else", ALL, covers, _completeness)
-interleaved_zb_dependency = _cell(
-    "dependency", "every op's inputs come before it in an acyclic data-flow order, so the "
-    "data-flow timing reaches every op: the schedule runs", FLOW, covers_flow, _flow)
-interleaved_zb_matching = _cell(
-    "matching", "the lowered plan pairs each send with its receive (FIFO per rank pair, "
-    "equal counts and payloads)", FLOW, covers_flow,
-    lambda: [*matching_obligations(), *_flow()])
-interleaved_zb_deadlock = _cell(
-    "deadlock", "the lowered plan runs to completion under rendezvous (completion-time "
-    "witness: each op's place in lowering's event order)", FLOW, covers_flow,
-    lambda: [*deadlock_obligations(), *_flow()])
+interleaved_zb_dependency, interleaved_zb_matching, interleaved_zb_deadlock = il.flow_cells(
+    _cell, FLOW, covers_flow, _flow)
 interleaved_zb_memory = _cell(
     "memory", "the unit-model peak on rank r is exactly min((v-1) g + p, v m), "
     "g = ceil(m / max(1, m // p))", ALL, covers, _memory, peak=peaks)

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import z3
 
-from . import shape
+from . import family_interleaved as il, shape
 from .core import Obligation, all_sizes, law
-from .lowered import deadlock_obligations, matching_obligations
 from .model import B, F
 
 NAME = "looped-bfs"
@@ -43,14 +42,12 @@ def peak_of(pp: int, mm: int, v: int, r: int) -> int:
     return v * mm
 
 
-def peaks(params) -> tuple[int, ...]:
-    pp, mm, v = params["pp"], params["microbatches"], params["chunks"]
-    return tuple(peak_of(pp, mm, v, r_) for r_ in range(pp))
-
-
 def _valid(params) -> bool:
     v = params.get("chunks")
     return isinstance(v, int) and v >= 1
+
+
+peaks = il.chunked_peaks(peak_of)
 
 
 def u_f(c_, x_, m_):
@@ -111,28 +108,13 @@ def _streams():
 
 
 # ---------------------------------------------------------------- the shape, abstractly
+# interleaved 1F1B's shape obligations with ``w = n`` on every rank, under these sizes only
 
-p, n_, r, k, uf, ub, d_ = z3.Ints("p n r k uF uB d")
+p, n_, r, k, uf, ub, d_ = il.p, il.n_, il.r, il.k, il.uf, il.ub, il.d_
 ABSTRACT = (p >= 1, n_ >= 1, 0 <= r, r < p)
 EXAMPLE = ((p, z3.IntVal(2)), (n_, z3.IntVal(4)), (r, z3.IntVal(0)), (k, z3.IntVal(0)),
            (u, z3.IntVal(2)), (uf, z3.IntVal(0)), (ub, z3.IntVal(0)), (d_, z3.IntVal(2)))
-
-
-def _completeness():
-    kind, unit = shape.op(k, n_, n_)
-    at = z3.If(kind == F, shape.pos_f(unit, n_, n_), shape.pos_b(unit, n_, n_))
-    yield Obligation("shape: each position holds a forward or backward number found at "
-                     "that number's position",
-                     z3.Implies(z3.And(0 <= k, k < 2 * n_), z3.And(
-                         z3.Or(kind == F, kind == B), 0 <= unit, unit < n_, at == k)),
-                     ABSTRACT, example=EXAMPLE)
-    for kd, letter, pos in ((F, "F", shape.pos_f), (B, "B", shape.pos_b)):
-        k2, u2 = shape.op(pos(u, n_, n_), n_, n_)
-        yield Obligation(f"shape: {letter} number u sits at its position",
-                         z3.Implies(z3.And(0 <= u, u < n_), z3.And(
-                             0 <= pos(u, n_, n_), pos(u, n_, n_) < 2 * n_, k2 == kd, u2 == u)),
-                         ABSTRACT, example=EXAMPLE)
-
+FRAME = {"w_of_": lambda r_: n_, "hyps": ABSTRACT, "example": EXAMPLE}
 
 # The inputs ``_potential`` checks (``semantics.needs``): ``kind: ((producer kind, stage
 # offset), ...)``; offset -1 is ``F`` of the stage before (rank ``r-1``, or rank ``p-1``'s
@@ -140,50 +122,20 @@ def _completeness():
 EDGES = {"F": (("F", -1),), "B": (("F", 0), ("B", 1))}
 
 
-def _lex_lt(a, b):
-    return z3.Or(a[0] < b[0], z3.And(a[0] == b[0], a[1] < b[1]))
+def _completeness():
+    return il._completeness(**FRAME)
 
 
-def _potential(gap: int = 1):
-    """Every input edge goes up in ``(position, +-r)``; a rank's order goes up in the
-    position. ``d`` stands for the chunk distance ``m >= gap`` (stream facts; a test
-    states ``gap = 0``, which is false, and sees the wrap fail)."""
-    pf = lambda u_, r_: (shape.pos_f(u_, n_, n_), r_)
-    pb = lambda u_, r_: (shape.pos_b(u_, n_, n_), -r_)
-    inside = z3.And(0 <= u, u < n_)
-    wrap = z3.And(gap <= d_, d_ <= u, u < n_)
-    edges = (
-        ("F(s-1, x) on rank r-1 before F(s, x)",
-         z3.Implies(z3.And(1 <= r, inside), _lex_lt(pf(u, r - 1), pf(u, r)))),
-        ("B(s+1, x) on rank r+1 before B(s, x)",
-         z3.Implies(z3.And(r + 1 < p, inside), _lex_lt(pb(u, r + 1), pb(u, r)))),
-        ("the previous chunk's F on rank p-1 before F on rank 0",
-         z3.Implies(wrap, _lex_lt(pf(u - d_, p - 1), pf(u, 0)))),
-        ("the next chunk's B on rank 0 before B on rank p-1",
-         z3.Implies(wrap, _lex_lt(pb(u - d_, 0), pb(u, p - 1)))),
-        ("F(s, x) before B(s, x) on its rank",
-         z3.Implies(z3.And(0 <= uf, uf < n_, 0 <= ub, ub < n_),
-                    shape.pos_f(uf, n_, n_) < shape.pos_b(ub, n_, n_))),
-    )
-    for name, goal in edges:
-        yield Obligation(f"potential: {name}", goal, ABSTRACT, example=EXAMPLE)
+def _potential(w_of_=FRAME["w_of_"]):
+    """Every input edge goes up in ``(position, +-r)``; the wrap needs only ``d = m >= 1``,
+    and any forward comes before any backward on a rank (a test states a shape without
+    warmup, ``w = 0``, and sees that fail)."""
+    return il._potential(wrap=(), near=(), **{**FRAME, "w_of_": w_of_})
 
 
 def _memory(peak=n_):
     """The level's recurrence and its peak ``peak`` (``n``; a test states another)."""
-    level = lambda k_: shape.nf(k_, n_, n_) - shape.nb(k_, n_, n_)
-    kind, _ = shape.op(k, n_, n_)
-    inside = z3.And(0 <= k, k < 2 * n_)
-    yield Obligation("memory: level(0) = 0", level(0) == 0, ABSTRACT, example=EXAMPLE)
-    yield Obligation("memory: level(k+1) = level(k) + (+1 for F, -1 for B)",
-                     z3.Implies(inside, level(k + 1) == level(k) + z3.If(kind == F, 1, -1)),
-                     ABSTRACT, example=EXAMPLE)
-    yield Obligation("memory: every step's peak <= n = v m",
-                     z3.Implies(inside, level(k) + z3.If(kind == F, 1, 0) <= peak),
-                     ABSTRACT, example=EXAMPLE)
-    kw, _ = shape.op(n_ - 1, n_, n_)
-    yield Obligation("memory: that peak is reached (the last forward)",
-                     z3.And(kw == F, level(n_ - 1) + 1 == peak), ABSTRACT, example=EXAMPLE)
+    return il._memory(peak=peak, text="n = v m", **FRAME)
 
 
 def _flow():
@@ -199,25 +151,17 @@ FLOW = all_sizes(f"every p >= 1, m >= 1, v >= 1, rank pair; lexicographic potent
                  f"(m < p included: no closed-form timing needed); {SHAPE}")
 
 
-def _cell(prop: str, statement: str, scope: str, obligations, **extra):
+def _cell(prop: str, statement: str, scope: str, covers, obligations, **extra):
     return law(f"looped_bfs_{prop}", f"looped BFS: {statement}", scope, weight=2,
-               family=NAME, property=prop, covers=_valid, **extra)(obligations)
+               family=NAME, property=prop, covers=covers, **extra)(obligations)
 
 
 looped_bfs_completeness = _cell(
     "completeness", "every F(s, x) and B(s, x) exactly once, on the rank owning s (stage "
-    "c p + r on rank r), and nothing else", ALL,
+    "c p + r on rank r), and nothing else", ALL, _valid,
     lambda: [*_streams(), *_completeness()])
-looped_bfs_dependency = _cell(
-    "dependency", "every op's inputs come before it in an acyclic data-flow order, so the "
-    "data-flow timing reaches every op: the schedule runs", FLOW, _flow)
-looped_bfs_matching = _cell(
-    "matching", "the lowered plan pairs each send with its receive (FIFO per rank pair, "
-    "equal counts and payloads)", FLOW, lambda: [*matching_obligations(), *_flow()])
-looped_bfs_deadlock = _cell(
-    "deadlock", "the lowered plan runs to completion under rendezvous (completion-time "
-    "witness: each op's place in lowering's event order)", FLOW,
-    lambda: [*deadlock_obligations(), *_flow()])
+looped_bfs_dependency, looped_bfs_matching, looped_bfs_deadlock = il.flow_cells(
+    _cell, FLOW, _valid, _flow)
 looped_bfs_memory = _cell(
     "memory", "the unit-model peak on rank r is exactly v m (every forward is stored before "
-    "the first backward)", ALL, lambda: [*_streams(), *_memory()], peak=peaks)
+    "the first backward)", ALL, _valid, lambda: [*_streams(), *_memory()], peak=peaks)
