@@ -226,14 +226,15 @@ def _lex_lt(a, b):
     return z3.Or(a[0] < b[0], z3.And(a[0] == b[0], a[1] < b[1]))
 
 
-WRAP = (d_ <= g, z3.Or(d_ >= p, z3.And(d_ == m, m < p, g1 + m == n_)))
-NEAR = (ub >= uf - dd, 0 <= dd, dd <= g1)
-
-
-def _potential(w_of_=w_of, wrap=WRAP, near=NEAR, hyps=ABSTRACT, example=EXAMPLE):
+def _potential(w_of_=w_of, wrap=None, near=None, hyps=ABSTRACT, example=EXAMPLE):
     """Every input edge goes up in ``(position, +-r)``; a rank's order goes up in the
     position. ``d``, ``D`` stand for a round's size and ``(v-1) d`` (stream facts: what is
-    known of them, ``wrap`` and ``near``)."""
+    known of them, ``wrap`` and ``near``; built here, not at import, so that importing the
+    laws creates no Z3 terms beyond what it did before they were shared)."""
+    if wrap is None:
+        wrap = (d_ <= g, z3.Or(d_ >= p, z3.And(d_ == m, m < p, g1 + m == n_)))
+    if near is None:
+        near = (ub >= uf - dd, 0 <= dd, dd <= g1)
     pf = lambda u_, r_: (shape.pos_f(u_, w_of_(r_), n_), r_)
     pb = lambda u_, r_: (shape.pos_b(u_, w_of_(r_), n_), -r_)
     inside = z3.And(0 <= u, u < n_)

@@ -24,21 +24,26 @@ frees it) peaks at ``min(G1 + p, v m)`` on every rank. Dependency: interleaved 1
 lexicographic potential, ``(position, r)`` for ``F``, ``(position, -r)`` for ``I``, the
 position for ``W``, increases along every input (``F`` from rank ``r-1``, or rank ``p-1``'s
 previous chunk ``d`` numbers earlier; ``I`` from its ``F`` and rank ``r+1``'s ``I``, or rank
-0's next chunk; ``W`` from its ``I``) where every round has ``>= p`` microbatches or
-``m = p - 1`` (one round): the graph is acyclic, lowering's timing reaches every op,
-``proofs.lowered`` gives matching and deadlock. That the word is the package's program is
-checked op for op (tests/test_proofs_family_models.py).
+0's next chunk; ``W`` from its ``I``) where ``m = p - 1`` (one round) or the last round
+has ``h >= p / 2`` microbatches (the full ones have ``g >= p``; a last round shorter than
+``g`` fills the last ``v h`` numbers, stream facts): the graph is acyclic, lowering's
+timing reaches every op, ``proofs.lowered`` gives matching and deadlock. (Interleaved
+1F1B's potential needs ``h >= p``: its steady state alternates two letters, this one
+three.) That the word is the package's program is checked op for op, and that the
+potential fails on the model exactly where ``2 h < p`` (tests/test_proofs_loop_families.py).
 
 **Bounded, the rest** (law ``interleaved_zb_outside_region``): ``m < p - 1`` (the warmup
 forwards run out before the held-back phase ends, on some ranks and not others: a word per
 order in which the streams run dry, not derived), and, for dependency, matching and
-deadlock, ``m >= p`` with a last round shorter than ``p`` (the wrap edge goes down in
+deadlock, ``m >= p`` with a last round of ``h < p / 2`` (the wrap edge goes down in
 position, as for interleaved 1F1B; rank 0 idles there): package-derived and lowered
 instances for ``p <= P_MAX``, ``m <= M_MAX``, chunks 2 and 3, checked by the verification
 kernel's obligations.
 """
 
 from __future__ import annotations
+
+import functools
 
 import z3
 
@@ -51,7 +56,7 @@ from .word import p, r
 from .word import m as n  # the word's bound is the number of units: n = v m
 
 NAME = "interleaved-zb"
-P_MAX, M_MAX, CHUNKS = 6, 16, (2, 3)
+P_MAX, M_MAX, CHUNKS = 8, 16, (2, 3)
 UNITS = [("F", 0), ("I", 0), ("W", 0)]
 SIGN = {"F": 1, "I": 0, "W": -1}  # unit model: F stores 1, its W frees it
 
@@ -69,8 +74,9 @@ def in_region(pp: int, mm: int) -> bool:
 
 
 def flows(pp: int, mm: int) -> bool:
-    """Where the potential argument holds: the region, and every round ``>= p`` or one."""
-    return in_region(pp, mm) and il.regular(pp, mm)
+    """Where the potential argument holds: the region, and one round or a last round of
+    ``h >= p / 2`` (the others have ``g >= p``)."""
+    return in_region(pp, mm) and (mm < pp or 2 * il.last_round(pp, mm) >= pp)
 
 
 def _chunks(params) -> bool:
@@ -88,7 +94,9 @@ def covers_flow(params) -> bool:
 
 # ---------------------------------------------------------------- the word
 
-g1, g, mm, d, dd, u, uf, ub = z3.Ints("G1 g mm d D u uF uB")
+# interleaved 1F1B's symbols (the same Z3 terms; ``mm``, ``e`` and every hypothesis are
+# built when a law is stated): importing this module creates no Z3 term
+g1, g, d, dd, u, uf, ub = il.g1, il.g, il.d_, il.dd, il.u, il.uf, il.ub
 
 
 def phases(p_, n_, r_, g1_=g1):
@@ -101,15 +109,20 @@ def phases(p_, n_, r_, g1_=g1):
             (r_, (("W", 0, n_ - r_),)))
 
 
-# abstract sizes: G1 = (v-1) g >= g >= 1, mm microbatches, n = v mm >= 2 mm units,
-# G1 + p - 1 <= n (the region; stream facts)
-SIZES = (p >= 1, g >= 1, mm >= 1, g1 >= g, n >= 2 * mm, g1 + mm <= n, g1 + p - 1 <= n,
-         0 <= r, r < p)
 TITLE = "interleaved ZB"
 
 
+@functools.cache
+def _sizes() -> tuple:
+    """The abstract sizes: ``G1 = (v-1) g >= g >= 1``, ``mm`` microbatches,
+    ``n = v mm >= 2 mm`` units, ``G1 + p - 1 <= n`` (the region; stream facts)."""
+    mm = z3.Int("mm")
+    return (p >= 1, g >= 1, mm >= 1, g1 >= g, n >= 2 * mm, g1 + mm <= n, g1 + p - 1 <= n,
+            0 <= r, r < p)
+
+
 def word(r_=r, phases_=phases) -> words.Word:
-    return words.Word(phases_, SIZES, TITLE, n, r_)
+    return words.Word(phases_, _sizes(), TITLE, n, r_)
 
 
 def model(pp: int, m_: int, vv: int):
@@ -143,12 +156,20 @@ def _stream_region():
     yield Obligation("stream: m >= p - 1 gives G1 + p - 1 <= v m (the word's region)",
                      z3.Implies(il.m >= il.p - 1, il.G1 + il.p - 1 <= il.N), hyps,
                      example=il.STREAM_EXAMPLE)
-    yield Obligation("stream: in the region, every round has >= p microbatches, or m = p - 1 "
-                     "in one round", z3.Implies(
-                         z3.And(il.m >= il.p - 1, z3.Or(il.m < il.p, il.h >= il.p)),
-                         z3.Or(dq >= il.p, z3.And(dq == il.m, il.m == il.p - 1,
-                                                  il.G1 + il.m == il.N))),
+    yield Obligation("stream: in the region, every round has >= p / 2 microbatches when "
+                     "the last one has, or m = p - 1 in one round", z3.Implies(
+                         z3.And(il.m >= il.p - 1, z3.Or(il.m < il.p, 2 * il.h >= il.p)),
+                         z3.And(dq <= il.m, z3.Or(il.g >= il.p, z3.And(
+                             il.g == il.m, il.m == il.p - 1)), z3.Or(2 * dq >= il.p, z3.And(
+                                 dq == il.m, il.m == il.p - 1, il.G1 + il.m == il.N)))),
                      hyps, example=il.STREAM_EXAMPLE)
+    span = il.v * dq
+    yield Obligation("stream: a round shorter than g is the last: its units' numbers are "
+                     ">= v m - v d, and 2 d <= v d <= G1 + d", z3.And(
+                         z3.Or(dq == il.g, z3.And(il.u_f(q, c, x) >= il.N - span,
+                                                  il.u_b(q, c, x) >= il.N - span)),
+                         2 * dq <= span, span <= il.G1 + dq), hyps,
+                     example=il.STREAM_EXAMPLE)
 
 
 def _completeness(phases_=phases):
@@ -159,8 +180,9 @@ def _completeness(phases_=phases):
     yield from word(r, phases_).completeness(UNITS)
 
 
-def _memory(peak=z3.If(g1 + p <= n, g1 + p, n)):
-    """The level per letter and its peak (a test states a wrong one)."""
+def _memory(peak=None):
+    """The level per letter and its peak ``min(G1 + p, n)`` (a test states a wrong one)."""
+    peak = z3.If(g1 + p <= n, g1 + p, n) if peak is None else peak
     yield from il._stream_obligations(("sizes",))
     yield from _stream_region()
     w = g1 + p - 1 - r
@@ -178,13 +200,21 @@ def _lex_lt(a, b):
     return z3.Or(a[0] < b[0], z3.And(a[0] == b[0], a[1] < b[1]))
 
 
-ROUND = z3.Or(d >= p, z3.And(d == mm, mm == p - 1, g1 + mm == n))
+def rounds_known():
+    """What the stream facts give of a round of size ``d`` (``e`` for ``v d``) at a wrap
+    edge from unit number ``u - d`` to ``u``."""
+    mm, e = z3.Ints("mm e")
+    return z3.And(d <= mm, mm >= p - 1, z3.Or(g >= p, z3.And(g == mm, mm == p - 1)),
+                  z3.Or(2 * d >= p, z3.And(d == mm, mm == p - 1, g1 + mm == n)),
+                  z3.Or(d == g, z3.And(u - d >= n - e, e >= 2 * d, e <= g1 + d)))
 
 
-def _potential(rounds=ROUND):
+def _potential(rounds=None):
     """Every input edge goes up in the potential; each rank's order goes up in the
     position. ``d`` is a round's size, ``D`` stands for ``(v-1) d`` (stream facts);
-    ``rounds`` what is known of ``d`` (a test drops it and sees the wrap fail)."""
+    ``rounds`` what is known of ``d`` (``rounds_known``; a test drops it and sees the
+    wrap fail)."""
+    rounds = rounds_known() if rounds is None else rounds
     here, below, above = word(), word(r - 1), word(r + 1)
     first, last = word(z3.IntVal(0)), word(p - 1)
     inside = z3.And(0 <= u, u < n)
@@ -210,7 +240,7 @@ def _potential(rounds=ROUND):
          z3.Implies(inside, here.position("I", 0, u) < here.position("W", 0, u))),
     )
     for name, goal in edges:
-        yield Obligation(f"potential: {name}", goal, SIZES)
+        yield Obligation(f"potential: {name}", goal, _sizes())
 
 
 def _flow():
@@ -218,20 +248,21 @@ def _flow():
                                        "backward not far before", "sizes"))
     yield from _stream_region()
     for r_ in (r, r - 1, r + 1, z3.IntVal(0), p - 1):
-        yield from words.Word(phases, SIZES + (0 <= r_, r_ < p), TITLE, n, r_).sits(
+        yield from words.Word(phases, _sizes() + (0 <= r_, r_ < p), TITLE, n, r_).sits(
             UNITS, "")
     yield from _potential()
 
 
 WORD = ("the word model (proofs.word) over interleaved 1F1B's stream order, = the "
         "package's programs for p <= 8, p - 1 <= m <= 24, v <= 4 "
-        "(tests/test_proofs_family_models.py)")
+        "(tests/test_proofs_loop_families.py)")
 REST = "the rest is law interleaved_zb_outside_region (bounded)"
 ALL = all_sizes(f"every p >= 1, v >= 2, m >= p - 1, rank and word position; nonlinear "
                 f"stream facts over symbolic p, m, v, g; {WORD}; {REST}")
-FLOW = all_sizes(f"every p >= 1, v >= 2, m >= p - 1 with every round of >= p microbatches "
-                 f"or m = p - 1; lexicographic potential; {WORD}; {REST} (a last round "
-                 f"shorter than p: rank 0 idles at the wrap, no closed-form timing proven)")
+FLOW = all_sizes(f"every p >= 1, v >= 2, m >= p - 1 with m < p or a last round of "
+                 f"h >= p / 2 microbatches; lexicographic potential; {WORD}; {REST} (a last "
+                 f"round of h < p / 2: rank 0 idles at the wrap, no closed-form timing "
+                 f"proven)")
 
 
 def _cell(prop: str, statement: str, scope: str, cover, obligations, **extra):
@@ -263,7 +294,7 @@ def _outside(prop: str):
 @law("interleaved_zb_outside_region",
      "interleaved zero bubble outside the word's region: with m < p - 1, F, I and W once "
      "each per stage and microbatch on the stage's rank and the unit-model peak "
-     "min((v-1) g + p, v m); there and with a last round shorter than p, every input made "
+     "min((v-1) g + p, v m); there and with a last round of h < p / 2, every input made "
      "before its consumer (the package's data-flow timing), the lowered plan matched and "
      "deadlock-free under rendezvous",
      bounded(f"p <= {P_MAX}, m <= {M_MAX}, chunks 2, 3, the instances outside the all-sizes "

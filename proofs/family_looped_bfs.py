@@ -28,6 +28,8 @@ before each next chunk, and the potential needs no closed form of those waits.
 
 from __future__ import annotations
 
+import functools
+
 import z3
 
 from . import family_interleaved as il, shape
@@ -73,15 +75,21 @@ def programs(pp: int, mm: int, vv: int) -> tuple[tuple[tuple[str, int, int], ...
 
 # ---------------------------------------------------------------- the stream order
 
-m, v, c, x, c2, x2, u = z3.Ints("m v c x c2 x2 u")
-N = v * m
-STREAM = (m >= 1, v >= 1)
-UNIT = (0 <= c, c < v, 0 <= x, x < m)
-STREAM_EXAMPLE = ((m, z3.IntVal(3)), (v, z3.IntVal(2)), (c, z3.IntVal(1)), (x, z3.IntVal(2)),
-                  (c2, z3.IntVal(0)), (x2, z3.IntVal(0)), (u, z3.IntVal(4)))
+# interleaved 1F1B's symbols (the same Z3 terms): importing this module creates none; the
+# hypotheses are built when a law is stated (``_stream_frame``, ``_frame``)
+m, v, c, x, c2, x2, u, N = il.m, il.v, il.c, il.x, il.c2, il.x2, il.u, il.N
+
+
+@functools.cache
+def _stream_frame():
+    """``(STREAM, UNIT, example)``: the sizes, a unit ``(c, x)``, a point where they hold."""
+    return ((m >= 1, v >= 1), (0 <= c, c < v, 0 <= x, x < m),
+            ((m, z3.IntVal(3)), (v, z3.IntVal(2)), (c, z3.IntVal(1)), (x, z3.IntVal(2)),
+             (c2, z3.IntVal(0)), (x2, z3.IntVal(0)), (u, z3.IntVal(4))))
 
 
 def _streams():
+    STREAM, UNIT, STREAM_EXAMPLE = _stream_frame()
     yield Obligation("stream: forward and backward numbers lie in [0, v m)",
                      z3.And(0 <= u_f(c, x, m), u_f(c, x, m) < N,
                             0 <= u_b(c, x, m, v), u_b(c, x, m, v) < N),
@@ -111,10 +119,15 @@ def _streams():
 # interleaved 1F1B's shape obligations with ``w = n`` on every rank, under these sizes only
 
 p, n_, r, k, uf, ub, d_ = il.p, il.n_, il.r, il.k, il.uf, il.ub, il.d_
-ABSTRACT = (p >= 1, n_ >= 1, 0 <= r, r < p)
-EXAMPLE = ((p, z3.IntVal(2)), (n_, z3.IntVal(4)), (r, z3.IntVal(0)), (k, z3.IntVal(0)),
-           (u, z3.IntVal(2)), (uf, z3.IntVal(0)), (ub, z3.IntVal(0)), (d_, z3.IntVal(2)))
-FRAME = {"w_of_": lambda r_: n_, "hyps": ABSTRACT, "example": EXAMPLE}
+
+
+@functools.cache
+def _frame() -> dict:
+    """The shape's warmup ``w = n`` on every rank, its sizes and an example point."""
+    return {"w_of_": lambda r_: n_, "hyps": (p >= 1, n_ >= 1, 0 <= r, r < p),
+            "example": ((p, z3.IntVal(2)), (n_, z3.IntVal(4)), (r, z3.IntVal(0)),
+                        (k, z3.IntVal(0)), (u, z3.IntVal(2)), (uf, z3.IntVal(0)),
+                        (ub, z3.IntVal(0)), (d_, z3.IntVal(2)))}
 
 # The inputs ``_potential`` checks (``semantics.needs``): ``kind: ((producer kind, stage
 # offset), ...)``; offset -1 is ``F`` of the stage before (rank ``r-1``, or rank ``p-1``'s
@@ -123,19 +136,20 @@ EDGES = {"F": (("F", -1),), "B": (("F", 0), ("B", 1))}
 
 
 def _completeness():
-    return il._completeness(**FRAME)
+    return il._completeness(**_frame())
 
 
-def _potential(w_of_=FRAME["w_of_"]):
+def _potential(w_of_=None):
     """Every input edge goes up in ``(position, +-r)``; the wrap needs only ``d = m >= 1``,
     and any forward comes before any backward on a rank (a test states a shape without
     warmup, ``w = 0``, and sees that fail)."""
-    return il._potential(wrap=(), near=(), **{**FRAME, "w_of_": w_of_})
+    frame = _frame()
+    return il._potential(wrap=(), near=(), **{**frame, "w_of_": w_of_ or frame["w_of_"]})
 
 
-def _memory(peak=n_):
+def _memory(peak=None):
     """The level's recurrence and its peak ``peak`` (``n``; a test states another)."""
-    return il._memory(peak=peak, text="n = v m", **FRAME)
+    return il._memory(peak=n_ if peak is None else peak, text="n = v m", **_frame())
 
 
 def _flow():

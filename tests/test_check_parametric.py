@@ -81,7 +81,8 @@ def derivations(monkeypatch, build: bool = False) -> list[str]:
                                            ("looped-bfs", 4, 6, 3), ("looped-bfs", 5, 2, 2),
                                            ("looped-bfs", 3, 4, 1),
                                            ("interleaved-zb", 4, 6, 2),
-                                           ("interleaved-zb", 4, 3, 3)])
+                                           ("interleaved-zb", 4, 3, 3),
+                                           ("interleaved-zb", 3, 10, 2)])
 def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m, v):
     code, proof = check(capsys, *family_argv(name, p, m, v), "--laws")
     expanded_code, expanded = check(capsys, *family_argv(name, p, m, v), "--expand")
@@ -128,8 +129,9 @@ def test_cells_without_all_sizes_laws_are_checked_op_by_op(capsys):
 
 
 def test_interleaved_zb_outside_its_all_sizes_cells_is_checked_op_by_op(capsys):
-    # a last round shorter than p (10 = 4 + 4 + 2 on 3 ranks), and m < p - 1: bounded only
-    for p, m in ((3, 10), (6, 3)):
+    # a last round shorter than p / 2 (13 = 4 + 4 + 4 + 1 on 3 ranks), and m < p - 1:
+    # bounded only
+    for p, m in ((3, 13), (6, 3)):
         code, doc = check(capsys, *family_argv("interleaved-zb", p, m, 2), "--laws")
         assert code == 0 and doc["proof"] == {"kind": "instance"}, (p, m)
 
