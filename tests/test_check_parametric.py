@@ -494,3 +494,11 @@ def test_a_forged_transpose_claim_is_refused_before_its_plan_is_derived(tmp_path
     assert main(["recheck", str(plan), str(tmp_path / "n.json")]) == 3
     assert "derive" not in calls and "lower" not in calls, calls
     assert "each parameter must be an integer, a text or null" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["looped-bfs", "interleaved-zb"])
+def test_a_chunked_family_s_size_counts_its_chunks(name):
+    """The road is picked by the plan's size: v chunks on p ranks are p v stages."""
+    chunked = parametric.estimated_ops(name, {"pp": 4, "microbatches": 8, "chunks": 4})
+    assert chunked == parametric.estimated_ops("gpipe", {"pp": 16, "microbatches": 8,
+                                                         "chunks": None})
