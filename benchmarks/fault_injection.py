@@ -8,7 +8,8 @@ occur exactly once, so the benchmark fails loudly when the code moves) outside t
 trusted base. Two groups, each with its own table:
 
 - the semantics, the passes, the hand-over and the lowering's order (``PASS_FAULTS``):
-  the shared semantics (``semantics/``: needs/produces, the cut rules, required
+  the shared semantics (``semantics/``: needs/produces, the cut rules, the sequence-chunk
+  order, required
   collectives, completeness counting, FIFO and collective pairing, execution, memory
   accounting), the fast passes and their hints (``verify/passes.py``), how findings
   and hints reach the kernel (``verify/__init__.py``) and the lowering's transfers
@@ -42,7 +43,8 @@ The *corpus* (``build_corpus``) is written into a temporary directory from a fix
 broken plans, each rejected by the pristine package (asserted: exit 1 from ``check``),
 as plan-json files (transpose plans of every mode, source and sink, bodies 1f1b and
 interleaved-1f1b on 2 and 4 ranks; plans with groups and collectives; plain family
-plans), torch CSVs and specs, spanning all five properties (memory through a
+plans; plans of sequence chunks out of chunk order, read with ``--seq-chunks``), torch
+CSVs and specs, spanning all five properties (memory through a
 ``--memory-limit`` below the plan's peak), plus the collective false accepts of
 ``tests/fixtures/false_accept_*.json``; for the shell (``shell_entries``): compute-only
 files that ``check`` lowers, with a repeated, missing or stuck compute, FSDP markers, or
@@ -159,6 +161,25 @@ PASS_FAULTS = (
           "        if kind is Overlap or kind is Group:\n"
           "            return self.needs(op.ops[0], rank)",
           "an overlap's or group's needs are taken from its first member only"),
+    # ---- the sequence-chunk rules (Chain.needs, Chain.produces, the table's classes)
+    Fault("chunk_forward_needs_nothing", RULES,
+          "if c.kind == FORWARD and j > 0:",
+          "if c.kind == FORWARD and j > 1:",
+          "the forward of a sample's second chunk does not need the first chunk's"),
+    Fault("chunk_backward_needs_nothing", RULES,
+          "if (c.kind == BACKWARD or c.kind == INPUT_GRAD) and j < last:",
+          "if (c.kind == BACKWARD or c.kind == INPUT_GRAD) and j < last - 1:",
+          "the backward of a sample's second-to-last chunk does not need the last chunk's"),
+    Fault("kv_grad_made_by_any_compute", RULES,
+          "            elif c.kind == BACKWARD or c.kind == INPUT_GRAD:\n"
+          '                base += (("kv_grad"',
+          "            if True:\n"
+          '                base += (("kv_grad"',
+          "every compute (a forward too) stands for its chunk's backward"),
+    Fault("chunk_classes_merged", TABLE,
+          "    if chunks == 1 or not len(cls):",
+          "    if True:",
+          "the column form classes a sample's chunks together (first, last and middle)"),
     Fault("body_forward_without_encoder", RULES,
           'return base + tuple(("out", src.name, 0, op.mb) for src in self._sources)',
           "return base",
@@ -634,6 +655,20 @@ SHELL_FAULTS = (
           "checked = spine.check(target, question,",
           "checked = spine.check(spec.schedule, question,",
           "simulate judges a written plan's schedule lowered anew, not the plan as written"),
+    # ---- sequence chunks: the plan judged keeps them, the reader applies --seq-chunks
+    Fault("lowering_drops_seq_chunks", LOWER,
+          "return plan if schedule.seq_chunks == 1 else attrs.evolve(plan, "
+          "seq_chunks=schedule.seq_chunks)",
+          "return plan",
+          "the lowered plan forgets its sequence chunks (judged as plain microbatches)"),
+    Fault("file_ignores_seq_chunks", CLI_TARGETS,
+          "return with_seq_chunks(target, chunks, name), spec, name",
+          "return target, spec, name",
+          "a file is read without the --seq-chunks the user named"),
+    Fault("seq_chunks_ignored_by_the_family", CLI_TARGETS,
+          'waves=getattr(args, "waves", None), seq_chunks=chunks)',
+          'waves=getattr(args, "waves", None))',
+          "--family seq1f1b is built with its default chunks, not the ones named"),
     # ---- the canonical text (ir.py): digests only; check compares none
     Fault("canonical_send_without_peer", IR,
           'add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")',
@@ -829,7 +864,7 @@ def hand_edits() -> list[tuple[str, Plan, tuple[str, ...]]]:
     def add(name, plan, *extra):
         out.append((name, plan, tuple(extra)))
     for edits in (_body_edits, _cut_edits, _collective_edits, _comm_edits, _move_edits,
-                  _pipeline_edits):
+                  _pipeline_edits, _seq_edits):
         edits(add)
     return out
 
@@ -978,6 +1013,26 @@ def _comm_edits(add) -> None:
     g2 = _lowered("gpipe", 2, 2)
     add("extra_send_eager", _program(g2, 0, g2.programs[0] + (g2.programs[0][1],)),
         "--comm-model", "eager")
+
+
+def _chunked(order: str, seq_chunks: int = 2) -> Plan:
+    """One rank, one stage, one sample of two chunks run in ``order`` (``"F1 F0 B1 B0"``)."""
+    ops = tuple(Compute(x[0], 0, int(x[1:])) for x in order.split())
+    return Plan(Placement((0,), 1), 2, (ops,), seq_chunks=seq_chunks)
+
+
+def _seq_edits(add) -> None:
+    """The chunk order: a chunk's forward before its predecessor's, a chunk's backward
+    before its successor's; each otherwise valid (as plain microbatches it verifies)."""
+    chunks = ("--seq-chunks", "2")
+    add("chunk_1_forward_first", _chunked("F1 F0 B1 B0"), *chunks)
+    add("chunk_0_backward_first", _chunked("F0 F1 B0 B1"), *chunks)
+    plain = _lowered("1f1b", 2, 4)  # 1F1B's order: each sample's chunk 0 backward first
+    add("chunks_of_1f1b", attrs.evolve(plain, seq_chunks=2), *chunks)
+    add("chunks_of_1f1b_compute_only", Plan.from_schedule(attrs.evolve(
+        family("1f1b", 2, 4).derive(), seq_chunks=2)), *chunks)
+    seq = _lowered("seq1f1b", 2, 2)
+    add("seq1f1b_backwards_swapped", _move_before(seq, 1, "1B0", "1B1"), *chunks)
 
 
 def _fixture_entries() -> list[Entry]:
@@ -1287,7 +1342,8 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
     planned = hand_edits() + _memory_entries()
     if small:
         keep = ("w_before_its_i", "recvs_swapped_eager", "encoder_b_before_body_b",
-                "collectives_crossed", "zb-h1-p4-below-peak", "last_rank_b_before_f")
+                "collectives_crossed", "zb-h1-p4-below-peak", "last_rank_b_before_f",
+                "chunks_of_1f1b")
         planned = [e for e in planned if e[0] in keep]
     else:
         planned += [(name, plan, ()) for name, plan in random_mutants(per_base=2)]
@@ -1311,6 +1367,10 @@ def build_corpus(directory: str, small: bool = False) -> Corpus:
                ("--bidirectional",), True),
         Entry("valid:family-chimera-p2", ("check", "--family", "chimera", "--pp", "2",
                                           "--microbatches", "2", "--expand")),
+        _write(directory, 908, "valid:seq1f1b-p3", _lowered("seq1f1b", 3, 3),
+               ("--seq-chunks", "2"), True),
+        Entry("valid:family-seq1f1b", ("check", "--family", "seq1f1b", "--pp", "3",
+                                       "--microbatches", "3", "--seq-chunks", "3")),
     ]
     shell = shell_entries(directory)
     if small:

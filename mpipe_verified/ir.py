@@ -484,6 +484,13 @@ def _check_cut(cut: Cut, num_ranks: int, num_microbatches: int) -> None:
                              f"0..{num_ranks - 1}")
 
 
+def _seq_chunks(instance, attribute, value) -> None:
+    ok = type(value) is int and value >= 1 and (value == 1 or not instance.num_microbatches % value)
+    parts = [{mb // value for mb in p} for p in instance.pipelines] if ok and value > 1 else []
+    if not ok or sum(map(len, parts)) != len(set().union(*parts)):  # a sample in 2 pipelines
+        raise ValueError(f"seq_chunks must be an int >= 1 dividing the microbatches, got {value!r}")
+
+
 def _check_pipelines(pipelines, num_stages: int, num_microbatches: int, cut: Cut) -> None:
     """``()`` (one pipeline of every microbatch), or k >= 1 tuples of microbatches that
     partition ``range(num_microbatches)``, with ``num_stages`` a positive multiple of k; no
@@ -520,6 +527,7 @@ class Schedule:
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     pipelines: tuple[tuple[int, ...], ...] = ()
+    seq_chunks: int = attrs.field(default=1, validator=_seq_chunks)
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -552,6 +560,7 @@ class Plan:
     cut: Cut = NO_CUT
     forward_only: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     pipelines: tuple[tuple[int, ...], ...] = ()
+    seq_chunks: int = attrs.field(default=1, validator=_seq_chunks)
 
     def __attrs_post_init__(self) -> None:
         if len(self.programs) != self.placement.num_ranks:
@@ -576,7 +585,7 @@ class Plan:
 
     def canonical_text(self) -> str:
         """The text a digest is taken of: placement, microbatches, the cut's repr, the
-        forward-only declaration, the pipelines (each only when not the default), then one line per rank of its ops (``_canonical``; idle
+        forward-only declaration, pipelines, seq_chunks (each only when not the default), then one line per rank of its ops (``_canonical``; idle
         steps dropped). It says every field of every other op, so two plans that differ
         in anything but idle steps have different texts (``tests/canonical_decoder.py``
         reads plans back from it). A field whose value is not of its declared type raises
@@ -590,12 +599,12 @@ class Plan:
             head += ";forward_only"
         if self.pipelines:
             head += ";pipelines=" + "|".join(",".join(map(_int, p)) for p in self.pipelines)
-        return "\n".join([head, *map(_canonical_row, self.programs)])
+        return "\n".join([head + f";seq_chunks={_int(self.seq_chunks)}" * (self.seq_chunks != 1), *map(_canonical_row, self.programs)])
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> "Plan":
         return cls(schedule.placement, schedule.num_microbatches, schedule.programs,
-                   schedule.cut, schedule.forward_only, schedule.pipelines)
+                   schedule.cut, schedule.forward_only, schedule.pipelines, schedule.seq_chunks)
 
 
 def _canonical_row(program: tuple[Op, ...]) -> str:

@@ -41,16 +41,17 @@ from .semantics import (REPLICA, Chain, offloads, payload_token, schedule_times,
 
 def lower(schedule: Schedule, duration: Callable[[Op], float] = standard_duration) -> Plan:
     """Insert communication, ordered by a run with ``duration``; see the module docstring
-    for the guarantees. The plan keeps the schedule's pipelines."""
+    for the guarantees. The plan keeps the schedule's pipelines and sequence chunks."""
     plan = _lowered(schedule, duration)
-    return attrs.evolve(plan, pipelines=schedule.pipelines) if schedule.pipelines else plan
+    plan = attrs.evolve(plan, pipelines=schedule.pipelines) if schedule.pipelines else plan
+    return plan if schedule.seq_chunks == 1 else attrs.evolve(plan, seq_chunks=schedule.seq_chunks)
 
 
 def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
     placement = schedule.placement
     programs = schedule.programs
     chain = Chain(placement, schedule.cut, schedule.forward_only, schedule.pipelines,
-                  offloads(schedule.programs))
+                  offloads(schedule.programs), schedule.seq_chunks)
     total = sum(duration(op) for prog in programs for op in prog if computes_of(op))
     tiny = 1e-9 * (total if total > 0 else 1.0)  # resolvable at every time of the run
 

@@ -16,10 +16,12 @@ kernel.
   ``Question.of_spec`` forms it for a command; ``Question.answered`` accepts only a
   report whose verdict answers this very question.
 - ``Question.refusal(plan)``: why ``plan`` is not the plan the question is about: a size
-  other than the declared one, or steps other than the input's. For an input without
+  other than the declared one, sequence chunks other than those named, or steps other
+  than the input's. For an input without
   comm ops this is the translation validation of the lowering: on every rank the plan's
   steps, without its sends and receives, are the input's steps, in order (idle steps
-  aside), with the same placement, microbatches, cut and forward-only declaration.
+  aside), with the same placement, microbatches, cut, forward-only declaration and
+  sequence chunks.
 - ``Asked``: the question about one plan, with its exact limits and sizes.
   ``Asked.decide``: one property's answer from the kernel: ``violated`` only when the
   kernel confirms every claimed counterexample, ``proved`` only when it proves the
@@ -60,13 +62,16 @@ class Question:
     a spec's memory numbers as written (``Spec.memory_written``), cost tables (read for
     ``activation``, ``static`` and ``segments`` only), or an object with
     ``stored``/``buffer``/``rng_state``/``static_of`` (a caller's own model). ``declared``: ``(stages, microbatches, ranks)``, None where not declared.
-    ``source``: the input as read, when the plan judged was built from it."""
+    ``source``: the input as read, when the plan judged was built from it.
+    ``seq_chunks``: the sequence chunks per sample the user named (``--seq-chunks``),
+    None where not named."""
 
     comm_model: str = "rendezvous"
     memory_limit: object = None
     memory: object = "unit"
     declared: tuple = (None, None, None)
     source: Plan | Schedule | None = None
+    seq_chunks: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.comm_model not in COMM_MODELS:
@@ -75,20 +80,21 @@ class Question:
 
     @classmethod
     def of_spec(cls, spec, limit=None, comm_model: str = "rendezvous",
-                declared: tuple = (None, None, None), source=None) -> "Question":
+                declared: tuple = (None, None, None), source=None,
+                seq_chunks: int | None = None) -> "Question":
         """The question a command asks of a spec's plan (``spec`` None: a file or
         family without one): the memory ``limit`` of the command line, else the one
         the spec writes; the memory numbers the spec writes (``spec.memory_written``;
         none: the unit model by name), or for a spec that code built (no numbers
         recorded, e.g. another family's, rescaled) its cost tables; the ``declared``
-        sizes; and the ``source`` the plan was built from."""
+        sizes; the ``source`` the plan was built from; the ``seq_chunks`` named."""
         if spec is None:
-            return cls(comm_model, limit, "unit", declared, source)
+            return cls(comm_model, limit, "unit", declared, source, seq_chunks)
         if limit is None:
             limit = spec.memory_limit
         written = getattr(spec, "memory_written", None)
         memory = (written or "unit") if written is not None else (spec.cost or "unit")
-        return cls(comm_model, limit, memory, declared, source)
+        return cls(comm_model, limit, memory, declared, source, seq_chunks)
 
     def answered(self, report, plan: Plan):
         """``report`` if its verdict answers this question about ``plan``
@@ -137,6 +143,8 @@ class Question:
                                 ("ranks", ranks, plan.num_ranks)):
             if want is not None and want != got:
                 return f"{got} {name} judged, {want} declared"
+        if self.seq_chunks is not None and plan.seq_chunks != self.seq_chunks:
+            return f"{plan.seq_chunks} sequence chunks per sample judged, {self.seq_chunks} asked"
         return None if self.source is None else _not_built_from(plan, self.source,
                                                                 self.declared)
 
@@ -160,6 +168,8 @@ def _not_built_from(plan: Plan, source: Plan | Schedule, declared: tuple) -> str
             return f"the {name} count differs from the input's"
     if plan.cut != source.cut or plan.forward_only != source.forward_only:
         return "the cut or the forward-only declaration differs from the input's"
+    if plan.seq_chunks != source.seq_chunks:
+        return "the sequence chunks per sample differ from the input's"
     if plan.pipelines != source.pipelines:
         return "the pipelines differ from the input's"
     if plan.num_ranks < len(source.programs):

@@ -103,6 +103,9 @@ _REQUIRED = object()
 
 
 def _family(name: str) -> Callable[..., Term]:
+    if name in families.SEQ_FAMILIES:
+        return lambda pp, microbatches, seq_chunks=None: families.family(
+            name, pp, microbatches, seq_chunks=seq_chunks)
     if name in families.WAVED:
         return lambda pp, microbatches, waves=None: families.family(name, pp, microbatches,
                                                                      waves=waves)
@@ -125,17 +128,22 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
     "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
                             ("placement", _STR, "looped"), ("group", _INT, None),
                             ("pipelines", _INT, 1), ("order", _STR, "dfs"),
-                            ("backward", _STR, "asc"))),
+                            ("backward", _STR, "asc"), ("seq_chunks", _INT, 1))),
     "program": (_program, (*_PP_M, ("ranks", _STRS, _REQUIRED), ("placement", (_STR, _INTS),
                                                                     "looped"),
                             ("chunks", _INT, 1))),
-    "family": (lambda name, pp, microbatches, chunks=None, waves=None: families.family(
-        name, pp, microbatches, chunks, waves=waves),
-        (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None), ("waves", _INT, None))),
+    "family": (lambda name, pp, microbatches, chunks=None, waves=None, seq_chunks=None:
+               families.family(name, pp, microbatches, chunks, waves=waves,
+                               seq_chunks=seq_chunks),
+               (("name", _STR, _REQUIRED), *_PP_M, ("chunks", _INT, None), ("waves", _INT, None),
+                ("seq_chunks", _INT, None))),
     **{make.__name__:  # one_f_one_b, zb_h1, ...: the family functions' own names
        (_family(name), _PP_M + ((("chunks", _INT, None),) if name in families.CHUNKED else
-                                (("waves", _INT, None),) if name in families.WAVED else ()))
-       for name, make in {**families.FAMILIES, **families.BIDIRECTIONAL}.items()},
+                                (("waves", _INT, None),) if name in families.WAVED else
+                                (("seq_chunks", _INT, None),) if name in families.SEQ_FAMILIES
+                                else ()))
+       for name, make in {**families.FAMILIES, **families.BIDIRECTIONAL,
+                          **families.SEQ_FAMILIES}.items()},
     "seq": (terms.Seq, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "par": (terms.Par, (("a", _TERM, _REQUIRED), ("b", _TERM, _REQUIRED))),
     "restrict": (lambda t, ranks: terms.Restrict(t, tuple(ranks)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import (families, family_bidirectional, family_dualpipev, family_interleaved,
-               family_interleaved_zb, family_looped_bfs, family_transpose,
+               family_interleaved_zb, family_looped_bfs, family_seq1f1b, family_transpose,
                family_transpose_inline, family_zb, family_zbv, lowering, relabel, safety,
                sequences)
 from .core import DEFAULT_BUDGET, Budget, Law, LawResult, run_all
@@ -87,7 +87,7 @@ LAWS: tuple[Law, ...] = (
     family_transpose_inline.transpose_inline_matching,
     family_transpose_inline.transpose_inline_deadlock,
     family_transpose_inline.transpose_inline_memory,
-    # two pipelines over one model (DualPipe, Chimera): bounded
+    # two pipelines over one model (DualPipe, Chimera, BitPipe): bounded
     family_bidirectional.dualpipe_completeness,
     family_bidirectional.dualpipe_dependency,
     family_bidirectional.dualpipe_matching,
@@ -98,6 +98,11 @@ LAWS: tuple[Law, ...] = (
     family_bidirectional.chimera_matching,
     family_bidirectional.chimera_deadlock,
     family_bidirectional.chimera_memory,
+    family_bidirectional.bitpipe_completeness,
+    family_bidirectional.bitpipe_dependency,
+    family_bidirectional.bitpipe_matching,
+    family_bidirectional.bitpipe_deadlock,
+    family_bidirectional.bitpipe_memory,
     # looped BFS and interleaved zero bubble: all sizes (interleaved ZB's rest bounded)
     family_looped_bfs.looped_bfs_completeness,
     family_looped_bfs.looped_bfs_dependency,
@@ -110,6 +115,12 @@ LAWS: tuple[Law, ...] = (
     family_interleaved_zb.interleaved_zb_deadlock,
     family_interleaved_zb.interleaved_zb_memory,
     family_interleaved_zb.interleaved_zb_outside_region,
+    # seq1f1b (sequence chunks): bounded
+    family_seq1f1b.seq1f1b_completeness,
+    family_seq1f1b.seq1f1b_dependency,
+    family_seq1f1b.seq1f1b_matching,
+    family_seq1f1b.seq1f1b_deadlock,
+    family_seq1f1b.seq1f1b_peak_memory,
 )
 
 # Stated on purpose wrongly: each must come out ``failed`` (with Z3's counterexample).

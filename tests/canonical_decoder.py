@@ -7,7 +7,8 @@ Written from the grammar, not from the encoder's code:
 
 - line 1: ``placement=S,S,...;m=M``, then ``;cut=REPR`` (the cut's Python ``repr``), then
   ``;forward_only``, then ``;pipelines=MB,MB|MB,...`` (several pipelines; never with a
-  cut, whose repr ends with ``)``); each further line one rank's ops, separated by ``,``;
+  cut, whose repr ends with ``)``), then ``;seq_chunks=S`` (only when S is not 1); each
+  further line one rank's ops, separated by ``,``;
 - a text (segment, tag, dtype, ``to``) is either plain (``[A-Za-z0-9_.:/+-]*``) or a JSON
   string; a segment prefixes its op as ``SEGMENT:``, the last ``:`` of a plain run;
 - ``[SEG:]S{F,B,I,W,R}MB``; ``[SEG:]S{OFFLOAD,RELOAD}MB`` (activation moves); ``S{UNSHARD,RESHARD,REDUCE_GRAD}[MB]``;
@@ -49,6 +50,9 @@ class DecodeError(ValueError):
 def decode(text: str) -> Plan:
     """The plan whose canonical text is ``text`` (idle steps are not in it)."""
     head, *rows = text.split("\n")
+    chunks = re.search(r";seq_chunks=([0-9]+)$", head)  # a cut's repr ends with ")"
+    seq_chunks = 1 if chunks is None else int(chunks.group(1))
+    head = head if chunks is None else head[:chunks.start()]
     pipes = re.search(r";pipelines=([0-9,|]+)$", head)
     pipelines = () if pipes is None else tuple(
         tuple(int(mb) for mb in p.split(",")) for p in pipes.group(1).split("|"))
@@ -61,7 +65,7 @@ def decode(text: str) -> Plan:
     cut = Cut() if m.group(3) is None else _cut(m.group(3))
     programs = tuple(_Row(row).ops() for row in rows)
     return Plan(Placement(stages, len(rows)), int(m.group(2)), programs, cut, forward_only,
-                pipelines)
+                pipelines, seq_chunks)
 
 
 def _cut(text: str) -> Cut:

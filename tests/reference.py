@@ -253,6 +253,11 @@ def run_plan(plan) -> Result:
 #   while live counts again and is freed once; a step's allocations count before its
 #   frees; the peak (the static part for an empty program) must not exceed the limit (a
 #   number or one per rank). Without sizes: the unit model (every unit 1, nothing else).
+# - sequence chunks (``seq_chunks`` S, a dependency rule): microbatch ``mb`` is chunk
+#   ``mb % S`` of sample ``mb // S``. An F of a chunk that is not its sample's first needs
+#   the F of the same (segment, stage) and ``mb - 1`` to have run earlier on its rank; a B
+#   or I of a chunk that is not its sample's last needs a B or I of ``mb + 1`` to have run
+#   earlier on its rank. Nothing else changes (each chunk stores as a microbatch does).
 #
 # Activation moves (PipeOffload): an offload moves a rank's stored activation of (segment,
 # stage, mb) to host memory, a reload moves it back. Completeness: each move names a unit
@@ -322,8 +327,10 @@ class _Chain:
     """The body's stages plus the cut: who owns each unit of work, and what each step
     needs and makes on its rank. Tokens are ``(kind, segment, stage, mb)``."""
 
-    def __init__(self, stage_to_rank, microbatches, cut, ranks, pipelines=()) -> None:
+    def __init__(self, stage_to_rank, microbatches, cut, ranks, pipelines=(),
+                 seq_chunks=1) -> None:
         self.where, self.m, self.n = list(stage_to_rank), microbatches, ranks
+        self.seq = seq_chunks
         self.last = len(self.where) - 1
         self.pipes = [set(p) for p in pipelines]
         self.width = len(self.where) // len(self.pipes) if self.pipes else len(self.where)
@@ -365,6 +372,16 @@ class _Chain:
         return None if segw.backward is None else segw.backward[mb]
 
     def compute_needs(self, kind, s, mb, seg, rank) -> list:
+        return self._needs(kind, s, mb, seg, rank) + self._chunk_order(kind, s, mb, seg)
+
+    def _chunk_order(self, kind, s, mb, seg) -> list:
+        if kind == "F" and mb % self.seq != 0:
+            return [("ran F", seg, s, mb - 1)]
+        if kind in ("B", "I") and mb % self.seq != self.seq - 1:
+            return [("ran backward", seg, s, mb + 1)]
+        return []
+
+    def _needs(self, kind, s, mb, seg, rank) -> list:
         segw = self.segs.get(seg) if seg else None
         if segw is None:  # the body (a name outside the cut reads as body work)
             first = s % self.width == 0 if self.pipes else s == 0
@@ -421,6 +438,8 @@ class _Chain:
                         "B": [("grad",) + unit, ("wdone",) + unit],
                         "I": [("grad",) + unit, ("I",) + unit],
                         "W": [("wdone",) + unit], "R": [("stored",) + unit]}[kind]
+                out += ([("ran F",) + unit] if kind == "F" else
+                        [("ran backward",) + unit] if kind in ("B", "I") else [])
         elif cell[0] == "P":
             out += [_moved(payload, {"lend": "held", "return": "returned"})
                     for is_send, _, payload in cell[1] if not is_send]
@@ -733,12 +752,13 @@ def _memory(programs, chain: _Chain, memory_limit, res: Judgement, sizes: Sizes)
 
 
 def judge(programs, stage_to_rank, microbatches, memory_limit=None, cut=(),
-          sizes: Sizes = UNIT, pipelines=()) -> Judgement:
+          sizes: Sizes = UNIT, pipelines=(), seq_chunks: int = 1) -> Judgement:
     """All five properties of a plain-data plan (see the comment above); ``cut`` is a
     sequence of ``Segment``, ``sizes`` the memory sizes (default: the unit model),
-    ``pipelines`` the microbatches of each pipeline (``()``: one pipeline)."""
+    ``pipelines`` the microbatches of each pipeline (``()``: one pipeline), ``seq_chunks``
+    the chunks per sample."""
     res = Judgement()
-    chain = _Chain(stage_to_rank, microbatches, cut, len(programs), pipelines)
+    chain = _Chain(stage_to_rank, microbatches, cut, len(programs), pipelines, seq_chunks)
     _completeness(programs, chain, res)
     _dependency(programs, chain, res)
     partner = _p2p_matching(programs, res, chain)
@@ -786,7 +806,7 @@ def segment_of(work) -> Segment:
 
 def judge_plan(plan, memory_limit=None, sizes: Sizes = UNIT) -> Judgement:
     """Adapter for a package ``Plan``: reads ``programs``, ``placement.stage_to_rank``,
-    ``num_microbatches`` and ``cut.segments``, each op through ``cell_of`` and each
+    ``num_microbatches``, ``cut.segments`` and ``seq_chunks``, each op through ``cell_of`` and each
     segment through ``segment_of``. A plan declared forward-only (an evaluation run) is
     refused: this judge states the rules of training plans only."""
     if getattr(plan, "forward_only", False):
@@ -794,4 +814,5 @@ def judge_plan(plan, memory_limit=None, sizes: Sizes = UNIT) -> Judgement:
     return judge([[cell_of(op) for op in prog] for prog in plan.programs],
                  list(plan.placement.stage_to_rank), plan.num_microbatches, memory_limit,
                  [segment_of(w) for w in plan.cut.segments], sizes,
-                 tuple(map(tuple, getattr(plan, "pipelines", ()))))
+                 tuple(map(tuple, getattr(plan, "pipelines", ()))),
+                 getattr(plan, "seq_chunks", 1))

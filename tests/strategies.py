@@ -934,3 +934,65 @@ def classify(status: str, found: set[str], expected: set[str]) -> str:
 def mutants(draw, kinds: Sequence[str] = MUTATIONS, depth: int = 1):
     kind = draw(st.sampled_from(list(kinds)))
     return random_mutant(DrawChooser(draw), kind, depth)
+
+
+# ---------------------------------------------------------------- sequence chunks
+#
+# Plans of sequence chunks (``seq_chunks`` S; microbatch ``sample * S + j``): seq1f1b on
+# 1..MAX_P ranks, 1..3 samples of 2..3 chunks, as it is, with split backwards, or with its
+# ``W``s deferred. Their mutants: any edit of ``MUTATIONS`` that applies (no segment
+# edits: these plans have no cut), or one of ``CHUNK_MUTATIONS``:
+# ``swap_chunks`` exchanges, on one rank, two computes of one kind and stage whose
+# microbatches are neighbouring chunks of one sample; ``read_as_chunks`` reads a valid
+# plan of plain microbatches (a family's) as chunks (its ``seq_chunks`` set to an S that
+# divides its microbatches), so its own order may break the chunk rules.
+
+CHUNK_MUTATIONS = ("swap_chunks", "read_as_chunks")
+
+
+def random_seq_term(ch, p: int | None = None):
+    """A seq1f1b term (see above), possibly split or with deferred ``W``s."""
+    p = ch.int(1, MAX_P) if p is None else p
+    term = family("seq1f1b", p, ch.int(1, 3), seq_chunks=ch.int(2, 3))
+    return ch.pick([term, SplitBW(term), DeferW(SplitBW(term), ch.pick(LAGS))])
+
+
+def _chunk_pairs(plan: Plan) -> list[tuple[int, int, int]]:
+    """``(rank, i, j)``: two computes of one rank, kind and stage, microbatches ``u`` and
+    ``u + 1`` of one sample."""
+    s, out = plan.seq_chunks, []
+    for r, prog in enumerate(plan.programs):
+        at = {(op.kind, op.stage, op.segment, op.mb): i for i, op in enumerate(prog)
+              if isinstance(op, Compute)}
+        out += [(r, i, at[(k, st_, seg, u + 1)]) for (k, st_, seg, u), i in at.items()
+                if u % s < s - 1 and (k, st_, seg, u + 1) in at]
+    return out
+
+
+def random_seq_mutant(ch, kind: str | None = None):
+    """``(base, kind, description, mutant, memory_limit)`` as ``random_mutant``, over the
+    plans of sequence chunks (see above)."""
+    plain = [k for k in MUTATIONS if k not in SEGMENT_MUTATIONS]
+    kind = ch.pick(plain + list(CHUNK_MUTATIONS)) if kind is None else kind
+    if kind == "read_as_chunks":
+        name, p, s = ch.pick(FAMILY_NAMES), ch.int(1, 4), ch.int(2, 3)
+        low = -(-2 * p // s) if name == "dualpipev" else 1  # dualpipev: m >= 2p
+        m = s * ch.int(low, max(low, 4))
+        base = lowered(family(name, p, m, ch.int(2, 3) if name == "interleaved-1f1b" else None))
+        return (base, kind, f"{name} p={p} m={m} read as {s} chunks per sample",
+                attrs.evolve(base, seq_chunks=s), memory_limit_for(base, ch))
+    how = ch.pick(["plain", "plain", "groups"])
+    low = MIN_RANKS.get(kind)
+    p = None if low is None else ch.int(low, MAX_P)
+    while True:
+        base = decorate(lowered(random_seq_term(ch, p)), ch, how)
+        if kind == "swap_chunks" and _chunk_pairs(base) or kind in applicable(base):
+            break
+    if kind == "swap_chunks":
+        r, i, j = ch.pick(_chunk_pairs(base))
+        prog = list(base.programs[r])
+        prog[i], prog[j] = prog[j], prog[i]
+        return (base, kind, f"swap chunks rank {r} #{i} {prog[j]} <-> #{j} {prog[i]}",
+                _replace(base, r, prog), memory_limit_for(base, ch))
+    mutant, description = mutate(base, kind, ch)
+    return base, kind, description, mutant, memory_limit_for(base, ch)

@@ -144,8 +144,9 @@ import pathlib  # noqa: E402
 
 from mpipe_verified.cli import main  # noqa: E402
 
-ORDERS = json.loads((pathlib.Path(__file__).parent / "fixtures" / "reference_orders" /
-                     "bidirectional.json").read_text())
+ORDERS = {name: entry for file in ("bidirectional.json", "bitpipe.json")
+          for name, entry in json.loads((pathlib.Path(__file__).parent / "fixtures" /
+                                         "reference_orders" / file).read_text()).items()}
 CASES = [(name, key) for name in ORDERS for key in ORDERS[name]["orders"]]
 
 
@@ -153,7 +154,8 @@ CASES = [(name, key) for name in ORDERS for key in ORDERS[name]["orders"]]
 def test_the_family_writes_the_reference_order_and_checks_only_as_bidirectional(
         name, size, tmp_path, capsys):
     """``export --compute-only`` of the family equals the reference implementation's
-    order (tests/fixtures/reference_orders/bidirectional.json: source, file, commit),
+    order (tests/fixtures/reference_orders/bidirectional.json, bitpipe.json: source, file,
+    commit),
     cell for cell; that file is VERIFIED with ``--bidirectional``, incomplete without."""
     import csv
     pp, m = (int(part.split("=")[1]) for part in size.split())
@@ -170,7 +172,8 @@ def test_the_family_writes_the_reference_order_and_checks_only_as_bidirectional(
 
 @pytest.mark.parametrize("name, sizes", [
     ("dualpipe", [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 16), (8, 18)]),
-    ("chimera", [(2, 2), (2, 4), (4, 4), (4, 12), (6, 6), (8, 16)])])
+    ("chimera", [(2, 2), (2, 4), (4, 4), (4, 12), (6, 6), (8, 16)]),
+    ("bitpipe", [(2, 2), (2, 4), (4, 4), (4, 12), (6, 6), (6, 12), (8, 8)])])
 def test_the_families_verify_and_the_reference_agrees(name, sizes):
     from mpipe_verified.algebra.families import family
     for pp, m in sizes:
@@ -178,6 +181,22 @@ def test_the_families_verify_and_the_reference_agrees(name, sizes):
         assert verify(plan).verified, (name, pp, m)
         assert judge_plan(plan).ok, (name, pp, m)
 
+
+
+def test_bitpipe_places_its_stages_as_bitpipe_does_and_checks_its_sizes():
+    """BitPipe's layer table (megatron/model/transformer.py, its "V_shaped way", 4 ranks):
+    rank r holds pipeline 0's stages r and 7-r and pipeline 1's 3-r and 4+r, so the
+    mirrored V of ``Weave(placement='v', pipelines=2)`` is its placement; p must be even
+    and m a multiple of p (its own RuntimeError); ``--chunks 2`` is the term's own."""
+    from mpipe_verified.algebra.families import family
+    from mpipe_verified.errors import ParameterError
+    schedule = family("bitpipe", 4, 8).derive()
+    assert schedule.placement.stage_to_rank == (0, 1, 2, 3, 3, 2, 1, 0, 3, 2, 1, 0, 0, 1, 2, 3)
+    assert schedule.pipelines == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert family("bitpipe", 4, 8, chunks=2).derive() == schedule
+    for pp, m, chunks in ((4, 6, None), (3, 3, None), (4, 8, 1)):
+        with pytest.raises(ParameterError, match="bitpipe"):
+            family("bitpipe", pp, m, chunks)
 
 def test_a_plan_of_other_pipelines_is_not_written_as_a_torch_csv(tmp_path, capsys):
     from mpipe_verified.formats.plan_json import write_plan_json

@@ -26,13 +26,13 @@ def examples(fraction: float) -> settings:
 
 @st.composite
 def pipelines_plans(draw) -> Plan:
-    """A lowered plan of two pipelines: DualPipe, Chimera, or a GPipe-like weave (looped
-    or V placement for pipeline 0, pipeline 1 mirrored)."""
-    kind = draw(st.sampled_from(["dualpipe", "chimera", "weave"]))
+    """A lowered plan of two pipelines: DualPipe, Chimera, BitPipe, or a GPipe-like weave
+    (looped or V placement for pipeline 0, pipeline 1 mirrored)."""
+    kind = draw(st.sampled_from(["dualpipe", "chimera", "bitpipe", "weave"]))
     if kind == "dualpipe":
         p = draw(st.sampled_from([2, 4]))
         return lower(family(kind, p, draw(st.sampled_from([2 * p, 2 * p + 2]))).derive())
-    if kind == "chimera":
+    if kind in ("chimera", "bitpipe"):
         p = draw(st.sampled_from([2, 4]))
         return lower(family(kind, p, p * draw(st.integers(1, 2))).derive())
     p = draw(st.integers(1, 3))

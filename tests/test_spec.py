@@ -236,3 +236,13 @@ def test_declared_sizes_in_a_spec_make_left_out_work_a_completeness_violation():
     assert {"3F0", "0F4"} <= missing, missing
     plain = parse_spec("[schedule]\n" + expr, "r.toml")
     assert plain.schedule.num_microbatches == 4
+
+
+@pytest.mark.parametrize("name", list(families.BIDIRECTIONAL))
+def test_a_spec_names_a_family_of_two_pipelines(name):
+    """``family = "dualpipe"`` (and the other two-pipeline families) in a spec builds the
+    same term as ``--family``."""
+    text = f'[schedule]\nfamily = "{name}"\npp = 4\nmicrobatches = 8\n'
+    spec = parse_spec(text, "two.toml")
+    assert spec.term == families.family(name, 4, 8)
+    assert len(spec.schedule.pipelines) == 2

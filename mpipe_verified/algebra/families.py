@@ -2,8 +2,9 @@
 greedy V families ``v-half`` and ``v-min``: the literal term of the order ``v_greedy``
 builds, since their orders follow no count pattern).
 
-Pattern variables: ``p`` ranks, ``r`` rank, ``m`` microbatches, ``v`` chunks, ``g``
-microbatches per round, ``n = m·v`` (see ``pattern``).
+Pattern variables: ``p`` ranks, ``r`` rank, ``m`` microbatches (samples), ``v`` chunks,
+``g`` microbatches per round, ``s`` sequence chunks per sample, ``n = m·v·s`` (see
+``pattern``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,20 @@ def zbv(pp: int, microbatches: int) -> Weave:
     return Weave(pp, microbatches, ZBV, chunks=2, placement="v")
 
 
+# Seq1F1B (sail-sg/Seq1F1B, Megatron's schedules.py patched): 1F1B counted in sequence
+# chunks, forwards chunk-ascending and backwards chunk-descending per sample; warmup
+# p - r + s - 2 chunk forwards (1F1B's p - 1 - r plus the rest of the first sample).
+SEQ1F1B = "F^{p-r+s-2} (F B)*"
+
+
+def seq1f1b(pp: int, microbatches: int, seq_chunks: int = 2) -> Weave:
+    """Seq1F1B: each of ``microbatches`` samples cut into ``seq_chunks`` sequence chunks
+    (microbatch ``sample * S + j``), run 1F1B-wise chunk by chunk."""
+    _need(isinstance(seq_chunks, int) and seq_chunks >= 1,
+          f"seq1f1b needs seq_chunks >= 1, got seq_chunks={seq_chunks!r}")
+    return Weave(pp, microbatches, SEQ1F1B, seq_chunks=seq_chunks)
+
+
 # DeepSeek's eight steps; the last rank runs its first main step's F0 and B1 apart, and
 # the cooldown splits the backward of chunk 0 from the middle pair on (of chunk 1 too on
 # odd ranks).
@@ -130,6 +145,28 @@ def chimera(pp: int, microbatches: int) -> Weave:
     return Weave(pp, microbatches, CHIMERA, pipelines=2)
 
 
+# BitPipe (Wu et al.): two V pipelines in opposite directions, each rank a V stage pair of
+# both. Chunks by depth (``pipeline_streams``): 0 and 3 the rank's own pipeline (the one it
+# enters nearer the start), 1 and 2 the other's; h = min(r, p-1-r). A unit of p/2
+# microbatches per pipeline runs forwards 0^{p/2-h} (1 0)^h (1 2)^{p/2-h} (3 2)^h 3^{p/2-h},
+# backwards the reverse word (3 for 0, 2 for 1); the steady 1F1B rounds and the cooldown
+# are one body (the last round's forwards are exhausted).
+_U = f"p//2-{_H}"
+BITPIPE = (f"F0^{{{_U}}} (F1 F0)^{{{_H}}} (F1 F2)^{{{_U}}} (F3 F2)^{{{_H}}} "
+           f"((F3 B3)^{{{_U}}} (B2 B3)^{{{_H}}} (B2 B1)^{{{_U}}} (B0 B1)^{{{_H}}} B0 "
+           f"(F0 B0)^{{{_U}-1}} F0 (F1 F0)^{{{_H}}} (F1 F2)^{{{_U}}} (F3 F2)^{{{_H}}})*")
+
+
+def bitpipe(pp: int, microbatches: int) -> Weave:
+    """BitPipe: microbatches ``0..m/2-1`` down a V pipeline from rank 0 and ``m/2..m-1``
+    down its mirror from rank ``p-1`` (four stages a rank); 1F1B in units of ``p/2``
+    microbatches each way. p even, m a multiple of p."""
+    _need(pp % 2 == 0 and microbatches % pp == 0,
+          f"bitpipe needs an even pp and microbatches a multiple of pp, got pp={pp}, "
+          f"microbatches={microbatches}")
+    return Weave(pp, microbatches, BITPIPE, chunks=2, placement="v", pipelines=2)
+
+
 @lru_cache(maxsize=64)
 def _v_greedy(kind: str, pp: int, microbatches: int) -> Program:
     orders = v_greedy.orders(kind, pp, microbatches)
@@ -179,8 +216,9 @@ def hanayo(pp: int, microbatches: int, waves: int = 2) -> Weave:
     """Hanayo: ``waves`` waves, each down and back up the ranks (``zigzag`` placement,
     ``2·waves`` chunks; the last stage and the loss on rank 0), run depth first as
     interleaved 1F1B in rounds, every rank warming up with the forwards of a round's
-    first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with: a term
-    from the paper's description, checked valid (not exact)."""
+    first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with (the
+    authors published no code; Colossal-AI has no Hanayo schedule): a term from the
+    paper's description, checked valid (not exact)."""
     _need(isinstance(waves, int) and waves >= 1, f"hanayo needs waves >= 1, got waves={waves!r}")
     return Weave(pp, microbatches, HANAYO, chunks=2 * waves, placement="zigzag",
                  group=_rounds(pp, microbatches))
@@ -205,31 +243,45 @@ FAMILIES: dict[str, Callable[..., Weave | Program]] = {
 BIDIRECTIONAL: dict[str, Callable[..., Weave]] = {
     "dualpipe": dualpipe,
     "chimera": chimera,
+    "bitpipe": bitpipe,
 }
 
 # the families whose term is a literal (no laws; tune's search leaves them out)
 LITERAL_FAMILIES = ("v-half", "v-min")
 CHUNKED = ("interleaved-1f1b", "looped-bfs", "interleaved-zb")  # take --chunks (default 2)
 WAVED = ("hanayo",)  # takes --waves (default 2)
+# Families of sequence chunks (a plan's ``seq_chunks`` > 1). Kept apart from ``FAMILIES``,
+# whose plans are plain microbatches that every file format carries: a torch CSV says
+# nothing of chunks, so theirs read back only with ``--seq-chunks S``.
+SEQ_FAMILIES: dict[str, Callable[..., Weave]] = {"seq1f1b": seq1f1b}
+FAMILY_NAMES = (*FAMILIES, *BIDIRECTIONAL, *SEQ_FAMILIES)  # every name ``family`` takes
 # the chunks each other family always uses (read off its term)
 _FIXED_CHUNKS = {name: make(1, 2).chunks for name, make in FAMILIES.items()
-                 if name not in CHUNKED + WAVED} | {name: 1 for name in BIDIRECTIONAL}
+                 if name not in CHUNKED + WAVED} | {name: make(2, 4).chunks
+                                                  for name, make in BIDIRECTIONAL.items()}
 
 
 def family(name: str, pp: int, microbatches: int, chunks: int | None = None,
-           forward_only: bool = False, waves: int | None = None) -> Weave | Program | ForwardOnly:
+           forward_only: bool = False, waves: int | None = None,
+           seq_chunks: int | None = None) -> Weave | Program | ForwardOnly:
     """The family term for ``name``; ``chunks`` only for the ``CHUNKED`` families,
-    ``waves`` only for ``hanayo``. With ``forward_only``, its evaluation run:
+    ``waves`` only for ``hanayo``, ``seq_chunks`` only for ``seq1f1b`` (default 2). With ``forward_only``, its evaluation run:
     ``ForwardOnly`` of the term (the same forwards in the same places, no backward)."""
     if forward_only:
-        return ForwardOnly(family(name, pp, microbatches, chunks, waves=waves))
-    if name not in FAMILIES and name not in BIDIRECTIONAL:
+        return ForwardOnly(family(name, pp, microbatches, chunks, waves=waves,
+                                  seq_chunks=seq_chunks))
+    if name not in FAMILY_NAMES:
         raise ParameterError(f"unknown family {name!r}; expected one of "
-                             f"{', '.join([*FAMILIES, *BIDIRECTIONAL])}")
+                             f"{', '.join(FAMILY_NAMES)}")
     _need(isinstance(pp, int) and pp >= 1, f"pp must be an integer >= 1, got {pp!r}")
     _need(isinstance(microbatches, int) and microbatches >= 1,
           f"microbatches must be an integer >= 1, got {microbatches!r}")
     _need(waves is None or name in WAVED, f"{name} takes no --waves (hanayo does)")
+    if name in SEQ_FAMILIES:
+        _need(chunks is None or chunks == 1, f"{name} takes no --chunks (it uses 1)")
+        return SEQ_FAMILIES[name](pp, microbatches, 2 if seq_chunks is None else seq_chunks)
+    _need(seq_chunks is None, f"{name} takes no --seq-chunks (only "
+                              f"{', '.join(SEQ_FAMILIES)} does)")
     if name in CHUNKED:
         return FAMILIES[name](pp, microbatches, 2 if chunks is None else chunks)
     if name in WAVED:

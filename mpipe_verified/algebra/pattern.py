@@ -10,7 +10,7 @@ Grammar (whitespace separates items)::
     pattern := item*
     item    := atom ('^' count | '*')?
     atom    := LETTER | '(' pattern ')' | '<' LETTER LETTER+ '>'
-    count   := INT | '{' arithmetic over p r m v g n, min(), max() '}'
+    count   := INT | '{' arithmetic over p r m v g n s, min(), max() '}'
     LETTER  := F | B | I | W, optionally followed by a local chunk index (F0, I1, W0)
 
 Letters: ``F`` pops the next forward; ``B`` the next backward as a full backward; ``I`` the
@@ -19,8 +19,9 @@ weight-gradient op. With a chunk index the letter is restricted to that local ch
 ``<F0 B1>`` runs the popped ops in one overlapped step. ``x^k`` repeats ``x`` k times
 (negative counts are 0); ``x*`` repeats ``x`` while it still pops something. A letter whose
 stream is exhausted pops nothing, so one pattern serves every microbatch count.
-Variables: ``p`` ranks, ``r`` this rank, ``m`` microbatches, ``v`` chunks per rank, ``g``
-microbatches per round, ``n = m * v`` (ops per stream on this rank).
+Variables: ``p`` ranks, ``r`` this rank, ``m`` microbatches (samples), ``v`` chunks per
+rank, ``g`` microbatches per round, ``s`` sequence chunks per sample (1 unless the weave
+cuts samples), ``n = m * v * s`` (ops per stream on this rank).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def _letter(value: str) -> Letter:
 
 _ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv,
             ast.USub, ast.Constant, ast.Name, ast.Load, ast.Call)
-VARIABLES = ("p", "r", "m", "v", "g", "n")
+VARIABLES = ("p", "r", "m", "v", "g", "n", "s")
 
 
 def check_count(source: str, context: str, column: int | None = None,

@@ -9,6 +9,8 @@ Operators and their meaning on per-rank sequences:
   backwards (``pattern`` module); ``placement`` is a named style or any stage-to-rank map,
   ``order`` and ``backward`` set the streams' order (``Weave``). With ``pipelines=K`` the
   model runs in K pipelines over the ranks (``pipeline_streams``).
+  With ``seq_chunks`` S each of the ``m`` samples is S microbatches (its sequence chunks,
+  ``sample * S + j``), forwarded in chunk order and backwarded in reverse.
 - ``Seq(a, b)``: per-rank concatenation ``a_r ++ b_r``; ``b``'s microbatches are renumbered
   after ``a``'s. Precondition: equal placements.
 - ``Par(a, b)``: per-rank union where at most one side has work on each rank.
@@ -139,6 +141,21 @@ def _descending(streams: RankStreams, chunks: int, m: int, group: int) -> RankSt
     return RankStreams(streams.forwards, out)
 
 
+def _chunk_streams(placement: Placement, rank: int, m: int, group: int,
+                   seq_chunks: int) -> RankStreams:
+    """``_rank_streams`` of ``m`` samples, each sample's place taken by its
+    ``seq_chunks`` S sequence chunks (microbatch ``sample * S + j``): forwards
+    chunk-ascending, backwards chunk-descending."""
+    stages = placement.stages_of(rank)
+    rounds = [range(k, min(m, k + group)) for k in range(0, m, group)]
+    up, down = range(seq_chunks), range(seq_chunks - 1, -1, -1)
+    fwd = [(c, s, mb * seq_chunks + j) for mbs in rounds for c, s in enumerate(stages)
+           for mb in mbs for j in up]
+    bwd = [(c, s, mb * seq_chunks + j) for mbs in rounds
+           for c, s in reversed(list(enumerate(stages))) for mb in mbs for j in down]
+    return RankStreams(fwd, bwd)
+
+
 @attrs.frozen
 class Weave:
     """``placement``: see ``make_placement``. ``order``: ``dfs`` (rounds of ``group``
@@ -155,9 +172,10 @@ class Weave:
     pipelines: int = 1  # K pipelines over the ranks, m / K microbatches each
     order: str = "dfs"
     backward: str = "asc"
+    seq_chunks: int = 1  # sequence chunks per sample (microbatches then count samples)
 
     def __attrs_post_init__(self) -> None:
-        for name in ("ranks", "microbatches", "chunks"):
+        for name in ("ranks", "microbatches", "chunks", "seq_chunks"):
             if getattr(self, name) < 1:
                 raise ParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group is not None and self.group < 1:
@@ -170,6 +188,10 @@ class Weave:
             raise ParameterError(f"backward must be one of {BACKWARDS}, got {self.backward!r}")
         parse_pattern(self.pattern)
         make_placement(self.placement, self.ranks, self.chunks)
+        if self.seq_chunks != 1 and (self.pipelines, self.order, self.backward) != (1, "dfs",
+                                                                                    "asc"):
+            raise ParameterError("seq_chunks goes with one pipeline, order 'dfs' and backward "
+                                 "'asc'")
         k = self.pipelines
         if type(k) is not int or k < 1 or self.microbatches % k:
             raise ParameterError(f"pipelines must be an integer >= 1 dividing microbatches "
@@ -177,24 +199,26 @@ class Weave:
 
     def derive(self) -> Schedule:
         p, m, v, k = self.ranks, self.microbatches, self.chunks, self.pipelines
+        sc = self.seq_chunks
         g = m if self.order == "bfs" else self.group or p
         node = parse_pattern(self.pattern)
         if k == 1:
             placement = make_placement(self.placement, p, v)
-            streams = lambda r: _rank_streams(placement, r, m, g)  # noqa: E731
+            streams = ((lambda r: _rank_streams(placement, r, m, g)) if sc == 1  # noqa: E731
+                       else (lambda r: _chunk_streams(placement, r, m, g, sc)))
         else:
             placement = pipeline_placement(self.placement, p, v, k)
             streams = lambda r: pipeline_streams(placement, r, m, k, g)  # noqa: E731
         programs = []
         for r in range(p):
-            env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v}
+            env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v * sc, "s": sc}
             mine = streams(r)
             if self.backward == "desc":
                 mine = _descending(mine, len(placement.stages_of(r)), m // k, g)
             programs.append(tuple(weave_rank(node, mine, env)))
         pipelines = () if k == 1 else tuple(tuple(range(i * m // k, (i + 1) * m // k))
                                             for i in range(k))
-        return Schedule(placement, m, tuple(programs), pipelines=pipelines)
+        return Schedule(placement, m * sc, tuple(programs), pipelines=pipelines, seq_chunks=sc)
 
     def __str__(self) -> str:
         extra = "" if self.chunks == 1 else f", chunks={self.chunks}"
@@ -203,6 +227,7 @@ class Weave:
         extra += "" if self.pipelines == 1 else f", pipelines={self.pipelines}"
         extra += "" if self.order == "dfs" else f", order={self.order!r}"
         extra += "" if self.backward == "asc" else f", backward={self.backward!r}"
+        extra += "" if self.seq_chunks == 1 else f", seq_chunks={self.seq_chunks}"
         return f"weave(pp={self.ranks}, microbatches={self.microbatches}, pattern={self.pattern!r}{extra})"
 
 
@@ -238,7 +263,8 @@ class Seq:
         pipelines = tuple(x + tuple(mb + shift for mb in y)  # pipeline i runs both parts
                           for x, y in zip(a.pipelines, b.pipelines))
         return Schedule(a.placement, a.num_microbatches + b.num_microbatches, programs,
-                        forward_only=a.forward_only, pipelines=pipelines)
+                        forward_only=a.forward_only, pipelines=pipelines,
+                        seq_chunks=a.seq_chunks)
 
     def __str__(self) -> str:
         return f"seq({self.first}, {self.second})"
@@ -261,7 +287,8 @@ class Par:
         if a.pipelines != b.pipelines:
             raise ParameterError("par needs both terms over the same pipelines")
         return Schedule(a.placement, a.num_microbatches, programs, forward_only=a.forward_only,
-                        pipelines=a.pipelines)
+                        pipelines=a.pipelines,
+                        seq_chunks=a.seq_chunks)
 
     def __str__(self) -> str:
         return f"par({self.left}, {self.right})"
@@ -272,6 +299,9 @@ def _same_kind(a: Schedule, b: Schedule, name: str) -> None:
         raise ParameterError(f"{name} needs two training terms or two forward-only terms")
     if len(a.pipelines) != len(b.pipelines):
         raise ParameterError(f"{name} needs both terms in as many pipelines")
+    if a.seq_chunks != b.seq_chunks:
+        raise ParameterError(f"{name} needs terms with equal seq_chunks, got {a.seq_chunks} "
+                             f"and {b.seq_chunks}")
 
 
 @attrs.frozen

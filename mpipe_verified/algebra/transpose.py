@@ -122,6 +122,8 @@ class Transpose:
 
     def derive(self) -> Schedule:
         body, home = self._body()
+        if body.seq_chunks != 1:
+            raise ParameterError("transpose takes a body without sequence chunks")
         cost = self.estimate_cost()
         timing = schedule_times(body.programs, body.placement, cost.duration, cut=body.cut)
         schedule = self._weave(body, timing, cost, home, self.ownership)
@@ -259,6 +261,8 @@ def transpose_family(pp: int, microbatches: int, chunks: int | None = None,
     segment transposed. ``mode`` defaults to ``recompute`` for a source and ``owner`` for
     a sink; ``costs`` is one number (every microbatch) or one per microbatch."""
     from .families import family
+    if body == "seq1f1b":  # a segment's work is per sample; chunks of one are not cut
+        raise ParameterError("transpose takes a body without sequence chunks, not seq1f1b")
     term = family(body, pp, microbatches, chunks)
     if mode is None:
         mode = "recompute" if side == SOURCE else "owner"

@@ -14,8 +14,9 @@ from ..formats.torch_csv import parse_torch_csv
 from ..ir import Plan, Schedule
 from ..question import Question
 from ..semantics import COMM_MODELS, RENDEZVOUS
-from .targets import (FORMATS, UsageError, as_read, format_of, is_plan_json, memory_limit,
-                      sniff, add_solver_rlimit, add_bidirectional, two_chain_target)
+from .targets import (FORMATS, UsageError, add_seq_chunks, as_read, format_of, is_plan_json,
+                      memory_limit, sniff, add_solver_rlimit, add_bidirectional,
+                      two_chain_target, with_seq_chunks)
 
 
 def add_laws(sub: argparse._SubParsersAction) -> None:
@@ -126,6 +127,7 @@ def add_recheck(sub: argparse._SubParsersAction) -> None:
                         "model's")
     add_solver_rlimit(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_seq_chunks(p)
     p.set_defaults(run=run_recheck)
 
 
@@ -138,7 +140,8 @@ def run_recheck(args: argparse.Namespace) -> int:
     untrusted), which the kernel then rechecks the same way."""
     from .. import kernel
     from ..formats.plan_json import load_json
-    plan = _plan_as_written(args.plan, args.format, args)
+    plan = with_seq_chunks(_plan_as_written(args.plan, args.format, args), args.seq_chunks,
+                           args.plan)
     data = load_json(read_text(args.certificate, "a certificate (JSON)"), args.certificate,
                      CERTIFICATE)
     if not isinstance(data, dict):

@@ -1,6 +1,7 @@
 """The command line's shared ground: the target selection every command takes
-(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]`` and the transpose
-options), reading it (``load_target``: a spec or family derived, a file read), the model
+(``SPEC|FILE | --family NAME --pp P --microbatches M [--chunks V | --waves W]
+[--seq-chunks S]`` and the transpose options), reading it (``load_target``: a spec or
+family derived, a file read), the model
 it is timed and judged with (``model_of``), and the one-line usage errors
 (``UsageError``, ``fail``)."""
 
@@ -12,7 +13,9 @@ import re
 import sys
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from ..algebra.families import BIDIRECTIONAL, FAMILIES, family
+import attrs
+
+from ..algebra.families import FAMILIES, FAMILY_NAMES, family
 from ..algebra.terms import Offloaded
 from ..algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from ..errors import ParameterError
@@ -58,14 +61,15 @@ def add_target_arguments(p: argparse.ArgumentParser, many: bool = False) -> None
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how to read SPEC|FILE (auto: by extension, else by content)")
     g = p.add_argument_group("a standard family instead of a file")
-    g.add_argument("--family", choices=[*FAMILIES, *BIDIRECTIONAL, TRANSPOSE], metavar="NAME",
-                   help=f"one of {', '.join([*FAMILIES, *BIDIRECTIONAL, TRANSPOSE])}")
+    g.add_argument("--family", choices=[*FAMILY_NAMES, TRANSPOSE], metavar="NAME",
+                   help=f"one of {', '.join([*FAMILY_NAMES, TRANSPOSE])}")
     g.add_argument("--pp", type=int, metavar="P", help="pipeline ranks")
     g.add_argument("--microbatches", type=int, metavar="M",
                    help="microbatches (check with a file: the count it must cover)")
     g.add_argument("--chunks", type=int, metavar="V",
                    help="stages per rank (interleaved-1f1b, looped-bfs, interleaved-zb)")
     g.add_argument("--waves", type=int, metavar="W", help="waves down and up the ranks (hanayo)")
+    add_seq_chunks(p)
     g.add_argument("--offload", type=offload_option, metavar="GAP[,PREFETCH]",
                    help="offload each activation whose backward is at least GAP+1 steps "
                         "after its forward to host memory, reloaded PREFETCH steps before "
@@ -85,6 +89,36 @@ def offload_option(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected GAP[,PREFETCH] (integers, GAP >= 1, "
                                          f"PREFETCH >= 0), got {text!r}")
     return values[0], values[1] if len(values) == 2 else 1
+
+
+def add_seq_chunks(p: argparse.ArgumentParser) -> None:
+    """``--seq-chunks S``: seq1f1b's chunks per sample, or a file's (``with_seq_chunks``)."""
+    p.add_argument("--seq-chunks", type=int, metavar="S",
+                   help="sequence chunks per sample: seq1f1b's (default 2), or a torch CSV's "
+                        "or plan-json file's (microbatch mb*S+j is chunk j of sample mb)")
+
+
+def with_seq_chunks(target: Schedule | Plan, chunks: int | None, name: str
+                    ) -> Schedule | Plan:
+    """A file's plan read with ``--seq-chunks S`` (None: as written): microbatch
+    ``mb * S + j`` is chunk ``j`` of sample ``mb``. S must divide the file's microbatches
+    (and be the file's own, where it states one: plan-json's ``seq_chunks``)."""
+    if chunks is None:
+        return target
+    check_seq_chunks(chunks)
+    if target.seq_chunks not in (1, chunks):
+        raise UsageError(f"{name}: the file says seq_chunks={target.seq_chunks}, "
+                         f"--seq-chunks {chunks}")
+    if target.num_microbatches % chunks:
+        raise UsageError(f"{name}: --seq-chunks {chunks} does not divide the "
+                         f"{target.num_microbatches} microbatches of the file (microbatch "
+                         "mb*S+j is chunk j of sample mb)")
+    return attrs.evolve(target, seq_chunks=chunks)
+
+
+def check_seq_chunks(chunks: int | None) -> None:
+    if chunks is not None and chunks < 1:
+        raise UsageError(f"--seq-chunks must be an integer >= 1, got {chunks}")
 
 
 def add_bidirectional(p: argparse.ArgumentParser) -> None:
@@ -186,10 +220,15 @@ def encoder_costs(text: str, microbatches: int) -> tuple[float, ...]:
 def family_term(args: argparse.Namespace):
     """The term of ``--family NAME --pp P --microbatches M [--chunks V | --waves W]`` (and the
     transpose options); raises ``ParameterError`` or ``UsageError``."""
+    chunks = getattr(args, "seq_chunks", None)
+    check_seq_chunks(chunks)
     if args.family != TRANSPOSE:
         term = family(args.family, args.pp, args.microbatches, args.chunks,
-                      waves=getattr(args, "waves", None))
+                      waves=getattr(args, "waves", None), seq_chunks=chunks)
     else:
+        if chunks is not None:
+            raise UsageError("--seq-chunks goes with --family seq1f1b or a file, not with "
+                             "--family transpose")
         costs = () if args.encoder_cost is None else encoder_costs(args.encoder_cost,
                                                                     args.microbatches)
         term = transpose_family(args.pp, args.microbatches, args.chunks,
@@ -289,12 +328,12 @@ def declared_target(args: argparse.Namespace, target: Schedule | Plan, name: str
                      ) -> Schedule | Plan:
     """``target`` with the sizes ``--stages``/``--microbatches``/``--ranks`` declare
     (``check`` only: ``args.declare``)."""
-    if not getattr(args, "declare", False):
-        return target
+    if not getattr(args, "declare", False) or getattr(args, "family", None) is not None:
+        return target  # a family's sizes are its parameters (M samples: M*S microbatches)
     from ..declared import declare
     try:
         return declare(target, args.stages, args.microbatches, args.ranks)
-    except ParameterError as e:
+    except (ParameterError, ValueError) as e:
         raise UsageError(f"{name}: {e}") from None
 
 
@@ -304,7 +343,9 @@ def declared_sizes(args: argparse.Namespace, spec: Spec | None) -> tuple:
     given = ((args.stages, args.microbatches, args.ranks) if getattr(args, "declare", False)
              else (None, None, None))
     if getattr(args, "family", None) is not None:  # --pp P --microbatches M: the sizes asked
-        given = (given[0], args.microbatches, args.pp)
+        chunks = spec.schedule.seq_chunks if spec is not None else 1  # M samples of S chunks
+        given = (given[0], None if args.microbatches is None else args.microbatches * chunks,
+                 args.pp)
     own = spec.declared if spec is not None else (None, None, None)
     return tuple(g if g is not None else o for g, o in zip(given, own))
 
@@ -327,6 +368,16 @@ def read_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
         except ParameterError as e:
             raise UsageError(f"{name}: {e}") from None
         return spec.schedule, spec, name
+    target, spec, name = _read_file(args)
+    chunks = getattr(args, "seq_chunks", None)
+    if spec is not None and chunks is not None:
+        raise UsageError(f"{name}: --seq-chunks goes with --family or a torch CSV or "
+                         "plan-json file; a spec sets [schedule] seq_chunks")
+    return with_seq_chunks(target, chunks, name), spec, name
+
+
+def _read_file(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:
+    """The target file as read (a spec derived)."""
     path = args.target
     fmt = format_of(path, args.format)
     if getattr(args, "bidirectional", False) and fmt not in (None, "torch-csv"):
@@ -356,7 +407,7 @@ def as_read(plan: Plan | Schedule) -> Plan | Schedule:
     if isinstance(plan, Schedule) or plan.has_comms():
         return plan
     return Schedule(plan.placement, plan.num_microbatches, plan.programs, plan.cut,
-                    plan.forward_only, plan.pipelines)
+                    plan.forward_only, plan.pipelines, plan.seq_chunks)
 
 
 def compute_only(target: Schedule | Plan) -> Schedule:
@@ -367,5 +418,5 @@ def compute_only(target: Schedule | Plan) -> Schedule:
     programs = tuple(tuple(op for op in prog if not isinstance(op, (Send, Recv, Group)))
                      for prog in target.programs)
     return Schedule(target.placement, target.num_microbatches, programs, target.cut,
-                    target.forward_only, target.pipelines)
+                    target.forward_only, target.pipelines, target.seq_chunks)
 

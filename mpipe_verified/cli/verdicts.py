@@ -88,7 +88,8 @@ def run_export(args: argparse.Namespace) -> int:
         text, newline = _export_text(args, target, plan, name)
         question = Question.of_spec(spec, getattr(args, "memory_limit", None), RENDEZVOUS,
                                     declared_sizes(args, spec),
-                                    spec.own_schedule if spec is not None else target)
+                                    spec.own_schedule if spec is not None else target,
+                                    args.seq_chunks)
         report = _export_verdict(plan, question, None if laws is None else laws.result())
     if not report.verified:
         what = f"{name}: {report.status.upper()} ({', '.join(unproved(report))})"
@@ -350,7 +351,7 @@ def _check_one(args: argparse.Namespace, progress: Progress
     limit = model.limit
     question = Question.of_spec(spec, args.memory_limit, args.comm_model,
                                 declared_sizes(args, spec),
-                            read if spec is None else spec.own_schedule)
+                                read if spec is None else spec.own_schedule, args.seq_chunks)
     if not as_written:
         progress.phase(f"{name}: lowering")
     quick = _parametric_spec(args, spec, target, name, limit, progress, started)

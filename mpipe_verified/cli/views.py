@@ -16,7 +16,8 @@ from ..formats.output import write_output
 from ..ir import Plan, Schedule
 from ..semantics import COMM_MODELS, RENDEZVOUS
 from ..show import render_grid
-from .targets import (FORMATS, UsageError, add_bidirectional, add_target_arguments,
+from .targets import (FORMATS, UsageError, add_bidirectional, add_seq_chunks,
+                      add_target_arguments,
                       compute_only, load_target, memory_limit, model_of)
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def add_diff(sub: argparse._SubParsersAction) -> None:
                    help="per-rank memory limit for both sides (else each spec's own)")
     p.add_argument("--json", action="store_true", help="print one JSON object (README, "
                                                        "section diff)")
+    add_seq_chunks(p)
     p.set_defaults(run=run_diff)
 
 
@@ -110,7 +112,7 @@ def run_diff(args: argparse.Namespace) -> int:
     for path in (args.old, args.new):
         target, spec, name = load_target(argparse.Namespace(
             target=path, format=args.format, family=None, pp=None, microbatches=None,
-            chunks=None, bidirectional=args.bidirectional))
+            chunks=None, bidirectional=args.bidirectional, seq_chunks=args.seq_chunks))
         model = model_of(spec, args.memory_limit)
         sides.append(Side(name, target, model.duration, model.memory, model.limit, model.comm,
                           spec))

@@ -98,6 +98,10 @@ class PipelineExecutor:
                  ignore_index: int | None = None, loss_weight: Callable | None = None) -> None:
         # Refuse before anything else: no process group, no traffic.
         check_certificate(plan, certificate, RENDEZVOUS)
+        if plan.seq_chunks != 1:
+            raise PipelineError(f"the plan cuts each sample into {plan.seq_chunks} sequence "
+                                "chunks; the executor runs whole samples (it builds no "
+                                "attention across chunks)")
         self.plan, self.certificate = plan, certificate
         self.chain = Chain.of(plan)
         self._pp_group, self._dp_group = topology.groups_of(group, mesh, pp_dim, dp_group,

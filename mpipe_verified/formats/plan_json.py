@@ -11,6 +11,7 @@ One JSON object::
       "num_microbatches": 2,
       "forward_only": true,                 # only in an evaluation plan (no backward)
       "pipelines": [[0, 1], [2, 3]],        # only with several pipelines over one model
+      "seq_chunks": 2,                      # only when samples are cut into chunks
       "cut": [
         {"name": "vision", "side": "source", "forward_rank": [0, 1],
          "backward_rank": [0, 1], "recompute": false, "home": 0, "broadcast": true,
@@ -29,7 +30,9 @@ One JSON object::
 ``forward_only`` (optional, default false) declares an evaluation plan: no backward
 work is required of it, and none may occur. ``pipelines`` (optional, default one
 pipeline) lists each pipeline's microbatches: lists that partition ``0..m-1``, as many
-as divide the stages (docs/semantics.md §2.9). ``programs`` holds one list per rank, in
+as divide the stages (docs/semantics.md §2.9). ``seq_chunks`` (optional, default 1) cuts
+each sample along its sequence into that many chunks, microbatch ``sample * S + j``
+being chunk ``j``; it must divide ``num_microbatches``. ``programs`` holds one list per rank, in
 run order; each op is one object whose ``op`` key names its kind:
 
 - ``compute``: ``kind`` (``F``/``B``/``I``/``W``/``R``), ``stage``, ``mb``, ``segment``;
@@ -93,7 +96,7 @@ MAX_DIM = (1 << 63) - 1  # a tensor dimension: torch's int64
 EXPECTED = "expected a plan-json file"
 _TOP = ("format", "version", "type", "num_ranks", "stage_to_rank", "num_microbatches",
         "cut", "programs")
-_OPTIONAL_TOP = ("forward_only", "pipelines")
+_OPTIONAL_TOP = ("forward_only", "pipelines", "seq_chunks")
 _SEGMENT = ("name", "side", "forward_rank", "backward_rank", "recompute", "home",
             "broadcast", "all_reduce")
 
@@ -111,6 +114,8 @@ def format_plan_json(plan: Plan | Schedule) -> str:
         head["forward_only"] = True
     if plan.pipelines:
         head["pipelines"] = [list(p) for p in plan.pipelines]
+    if plan.seq_chunks != 1:
+        head["seq_chunks"] = plan.seq_chunks
     cut = _rows([_dump(_segment_obj(s)) for s in plan.cut.segments], "  ")
     programs = _rows([_rows([_dump(_op_obj(op)) for op in program], "    ")
                       for program in plan.programs], "  ")
@@ -317,9 +322,13 @@ class _Reader:
                                 enumerate(_array(row, ("pipelines", i))))
                           for i, row in enumerate(_array(obj.get("pipelines", []),
                                                          ("pipelines",))))
+        chunks = _index(obj.get("seq_chunks", 1), ("seq_chunks",), low=1)
+        if m % chunks:
+            raise _Bad(("seq_chunks",), f"seq_chunks={chunks} does not divide the {m} "
+                                        "microbatches (num_microbatches)")
         try:
             return (Schedule if self.schedule else Plan)(placement, m, programs, cut,
-                                                         forward_only, pipelines)
+                                                         forward_only, pipelines, chunks)
         except ValueError as e:
             if not pipelines:
                 raise

@@ -3,11 +3,12 @@
 A spec has one required table and optional ones::
 
     [schedule]
-    family = "zb-h1"          # one of algebra.families.FAMILIES, or "transpose"
+    family = "zb-h1"          # one of algebra.families.FAMILY_NAMES, or "transpose"
     pp = 4
     microbatches = 8
     # chunks = 2              # interleaved-1f1b, looped-bfs, interleaved-zb (transpose: body)
     # waves = 2               # hanayo only
+    # seq_chunks = 2          # seq1f1b only: sequence chunks per sample
     # or, instead of family/pp/chunks:
     # expression = "defer_w(split_bw(one_f_one_b(pp=4, microbatches=8)), lag='r')"
     # stages = 4              # optional declared sizes (declared.declare): work the
@@ -85,7 +86,8 @@ from ..spec import Spec, Term, default_cost, describe, parse_expression
 from . import files
 
 TABLES: dict[str, tuple[str, ...]] = {
-    "schedule": ("family", "pp", "microbatches", "chunks", "waves", "expression", "stages",
+    "schedule": ("family", "pp", "microbatches", "chunks", "waves", "seq_chunks",
+                 "expression", "stages",
                  "ranks"),
     "cost": ("F", "B", "I", "W", "activation", "R", "segments"),
     "memory": ("limit", "static"),
@@ -95,7 +97,7 @@ TABLES: dict[str, tuple[str, ...]] = {
 }
 SEGMENT_KEYS = ("F", "B", "R", "activation", "output", "input", "static", "replica")
 BODY_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
-FAMILY_NAMES = (*families.FAMILIES, TRANSPOSE)
+FAMILY_NAMES = (*families.FAMILY_NAMES, TRANSPOSE)
 _TOML_POS = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
 
 
@@ -207,7 +209,8 @@ class _Builder:
         asked = dict(sizes)
         if "family" in schedule_table:  # pp and microbatches are sizes the file asks for
             asked.setdefault("ranks", schedule_table.get("pp"))
-            asked.setdefault("microbatches", schedule_table.get("microbatches"))
+            m = schedule_table.get("microbatches")  # samples, of S sequence chunks each
+            asked.setdefault("microbatches", None if m is None else m * derived.seq_chunks)
         return Spec(term, schedule, cost, limit, self.file,
                     tuple(asked.get(k) for k in ("stages", "microbatches", "ranks")), derived,
                     self.memory_numbers(data, schedule))
@@ -238,8 +241,8 @@ class _Builder:
 
     def term(self, table: dict, data: dict | None = None) -> Term:
         if "expression" in table:
-            if "family" in table or any(k in table for k in ("pp", "chunks")):
-                other = next(k for k in ("family", "pp", "chunks") if k in table)
+            if "family" in table or any(k in table for k in ("pp", "chunks", "seq_chunks")):
+                other = next(k for k in ("family", "pp", "chunks", "seq_chunks") if k in table)
                 raise self.error(f"give either expression or family/pp/chunks, not both "
                                  f"({other!r} is set too)", "schedule", other)
             expr = table["expression"]
@@ -262,9 +265,9 @@ class _Builder:
             raise self.error(f"unknown family {name!r}; expected one of "
                              f"{', '.join(FAMILY_NAMES)}", "schedule", "family")
         args = {}
-        for key in ("pp", "microbatches", "chunks", "waves"):
+        for key in ("pp", "microbatches", "chunks", "waves", "seq_chunks"):
             if key not in table:
-                if key not in ("chunks", "waves"):
+                if key not in ("chunks", "waves", "seq_chunks"):
                     raise self.error(f"schedule.{key} is required with family (an integer "
                                      ">= 1)", "schedule")
                 continue
@@ -278,7 +281,7 @@ class _Builder:
         try:
             return families.family(name, **args)
         except ParameterError as e:
-            key = next((k for k in ("chunks", "waves", "microbatches", "pp")
+            key = next((k for k in ("seq_chunks", "chunks", "waves", "microbatches", "pp")
                         if k in str(e) and k in table),
                        "family")
             raise self.error(str(e), "schedule", key) from None

@@ -20,8 +20,8 @@ from .columns import as_column, dense, ints, pick, row_keys
 
 F, B, I, W, R, SEND, RECV, COLL, OFF, REL = range(10)  # a member's kind; F..R compute
 # token kinds, numbered in the order of their names (so codes sort as the names do)
-(GRAD, HELD, INPUT, OFFLOADED, OUT, PARAMS, RELOADED, RETURNED, STORED, WDONE,
- WREADY) = range(11)
+(GRAD, HELD, INPUT, KV, KV_GRAD, OFFLOADED, OUT, PARAMS, RELOADED, RETURNED, STORED,
+ WDONE, WREADY) = range(13)
 _CARRIED = {"act": OUT, "grad": GRAD, "input": INPUT}  # what a payload carries
 # rank moves (§2.10): what a send of a lend/return needs, and what its receive makes
 _SENT, _RECEIVED = {"lend": STORED, "return": HELD}, {"lend": HELD, "return": RETURNED}
@@ -44,6 +44,7 @@ class Rules:
 
     def __init__(self, plan: Plan) -> None:
         self.p, self.m, self.forward_only = plan.num_ranks, plan.num_microbatches, plan.forward_only
+        self.seq = plan.seq_chunks
         self.where = np.array(plan.placement.stage_to_rank + (0,), np.int64)
         self.stages, self.cut = len(self.where) - 1, plan.cut.segments
         self.units = [("", s) for s in range(self.stages)] + [(s.name, 0) for s in self.cut]
@@ -206,7 +207,11 @@ class Rules:
           it ``stored``, its receive makes it ``held``, a send that returns it needs it
           ``held``, its receive makes it ``returned``; a backward (``B`` or ``I``) of an
           activation its rank offloads (lends) anywhere in its program also needs it
-          ``reloaded`` (``returned``)."""
+          ``reloaded`` (``returned``);
+        - with sequence chunks (``seq`` S > 1; ``mb = sample * S + j``): a forward with
+          ``j > 0`` needs ``kv`` of ``(stage, mb - 1)``, which only a forward makes; a
+          backward (``B`` or ``I``) with ``j < S - 1`` needs ``kv_grad`` of ``(stage,
+          mb + 1)``, which only a backward makes."""
         k, seg, c = self.kind, self.seg[self.name], self.comm
         g, s, b, names = self.flow
         code = {x: j for j, x in enumerate(names)}
@@ -235,6 +240,11 @@ class Rules:
                 ((k == B) | (k == W), WDONE, g, s, b), (k == I, WREADY, g, s, b),
                 (k == R, STORED, g, s, b), (k == RECV, tok, g, s, b),
                 (k == OFF, OFFLOADED, g, s, b), (k == REL, RELOADED, g, s, b)]
+        if self.seq > 1:  # the chunk order (docstring)
+            j = b % self.seq
+            need += [((k == F) & (j > 0), KV, g, s, b - 1),
+                     (bi & (j < self.seq - 1), KV_GRAD, g, s, b + 1)]
+            made += [(k == F, KV, g, s, b), (bi, KV_GRAD, g, s, b)]
         extra_need, extra_made = [], []
         for row in np.flatnonzero(k == COLL).tolist():
             op, rank = self.ops[row], int(self.rank[row])

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from ..ir import (ACT, BACKWARD, BODY, FORWARD, GRAD, INPUT, INPUT_GRAD, LEND, NO_CUT, RECOMPUTE,
                   RETURN, SINK, SOURCE, WEIGHT_GRAD, Collective, Compute, Cut, Group, Offload, Op,
-                  Overlap, Payload, Placement, Recv, Reload, Send, known_op_cells, p2p_of)
+                  Overlap, Payload, Placement, Recv, Reload, Send, computes_of, known_op_cells,
+                  p2p_of)
 
 
 class Token(NamedTuple):
@@ -23,10 +24,13 @@ class Token(NamedTuple):
     (the activation kept for backward), ``grad`` (the input gradient a backward produced),
     ``wgrad_ready`` (an ``I`` ran, so ``W`` may run), ``offloaded``/``reloaded`` (an
     ``OFFLOAD``/``RELOAD`` of the stored activation ran), ``held``/``returned`` (a lent
-    activation arrived at its holder / back at its owner; §2.10). ``needs``/``produces``
-    return plain ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same
-    fields (they run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it
-    by name."""
+    activation arrived at its holder / back at its owner; §2.10); in a plan of sequence
+    chunks also ``kv`` (a chunk's forward ran here: the keys and values later chunks
+    attend to) and ``kv_grad`` (a chunk's backward ran here: the gradient of what earlier
+    chunks produced), which only ``Chain.produces`` makes. ``needs``/``produces`` return
+    plain ``(kind, segment, stage, mb)`` tuples, equal to the ``Token`` of the same fields
+    (they run once per op on 10^5-op plans); wrap one in ``Token(*t)`` to read it by
+    name."""
 
     kind: str
     segment: str
@@ -208,11 +212,18 @@ class Chain:
     A ``forward_only`` chain (an evaluation plan, declared) requires no backward and no
     recompute of any unit, stores no activation (nothing will read it back), ships no raw
     input and needs no gradient all-reduce; a segment run off its home still needs its
-    parameters broadcast."""
+    parameters broadcast.
+
+    Sequence chunks (``seq_chunks`` S > 1, docs/semantics.md §2.5): microbatch ``u`` is
+    chunk ``u % S`` of its sample. A forward of a chunk other than the first needs the
+    ``kv`` of the previous chunk ``(stage, u - 1)`` on its rank (that chunk's forward ran
+    there); a backward (``B`` or ``I``) of a chunk other than the last needs the
+    ``kv_grad`` of the next chunk ``(stage, u + 1)`` (that chunk's backward ran there).
+    ``produces`` adds the tokens that state it; with S = 1 both are the module's own."""
 
     def __init__(self, placement: Placement, cut: Cut = NO_CUT,
                  forward_only: bool = False, pipelines: tuple = (),
-                 offloaded: frozenset = frozenset()) -> None:
+                 offloaded: frozenset = frozenset(), seq_chunks: int = 1) -> None:
         self.placement = placement
         self.offloaded = offloaded  # activations moved away: ``offloads`` (§2.10)
         self.pipelines = pipelines
@@ -220,6 +231,8 @@ class Chain:
         self._pipe_of_mb = {mb: i for i, p in enumerate(pipelines) for mb in p}
         self.cut = cut
         self.forward_only = forward_only
+        self.seq_chunks = seq_chunks
+        self._chunked = seq_chunks > 1
         self.num_stages = placement.num_stages
         self._segments = {seg.name: seg for seg in cut.segments}
         self._sources = tuple(seg for seg in cut.segments if seg.side == SOURCE)
@@ -230,8 +243,7 @@ class Chain:
     @classmethod
     def of(cls, plan) -> "Chain":
         return cls(plan.placement, plan.cut, plan.forward_only, plan.pipelines,
-                   plan_offloads(plan))
-        return cls(plan.placement, plan.cut, plan.forward_only, plan.pipelines)
+                   plan_offloads(plan), plan.seq_chunks)
 
     def runs(self, stage: int, mb: int) -> bool:
         """Is ``mb`` a microbatch of the pipeline that ``stage`` (of the body) belongs to?"""
@@ -306,6 +318,8 @@ class Chain:
         if self.offloaded and kind is Compute and op.kind in (BACKWARD, INPUT_GRAD):
             base += tuple((t, op.segment, op.stage, op.mb) for t in ("reloaded", "returned")
                           if (rank, op.segment, op.stage, op.mb, t) in self.offloaded)  # §2.10
+        if self._chunked and kind is Compute:
+            base += self._chunk_needs(op)
         if kind is not Compute or not self.cut.segments:
             return base
         seg = self._segments.get(op.segment)
@@ -323,6 +337,28 @@ class Chain:
             stored = ("stored", seg.name, 0, op.mb)
             return (stored, ("grad", BODY, 0, op.mb)) if seg.side == SOURCE else (stored,)
         return extra + base
+
+    def _chunk_needs(self, c: Compute) -> tuple[tuple, ...]:
+        """The sequence-chunk rule (see the class docstring) for one compute op."""
+        j, last = c.mb % self.seq_chunks, self.seq_chunks - 1
+        if c.kind == FORWARD and j > 0:
+            return (("kv", c.segment, c.stage, c.mb - 1),)
+        if (c.kind == BACKWARD or c.kind == INPUT_GRAD) and j < last:
+            return (("kv_grad", c.segment, c.stage, c.mb + 1),)
+        return ()
+
+    def produces(self, op: Op) -> tuple[tuple, ...]:
+        """``produces(op)``, plus in a plan of sequence chunks each forward's ``kv`` and
+        each backward's (``B`` or ``I``) ``kv_grad``."""
+        base = produces(op)
+        if self.seq_chunks == 1:
+            return base
+        for c in computes_of(op):
+            if c.kind == FORWARD:
+                base += (("kv", c.segment, c.stage, c.mb),)
+            elif c.kind == BACKWARD or c.kind == INPUT_GRAD:
+                base += (("kv_grad", c.segment, c.stage, c.mb),)
+        return base
 
     def _collective_needs(self, op: Collective, rank: int) -> tuple[tuple, ...]:
         tagged = collective_segment(op)

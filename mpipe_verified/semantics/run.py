@@ -330,14 +330,17 @@ class ScheduleTiming:
 def schedule_times(programs, placement: Placement,
                    duration: Callable[[Op], float] = standard_duration,
                    delay: float = 0.0, cut: Cut = NO_CUT,
-                   forward_only: bool = False, chain: "Chain | None" = None) -> ScheduleTiming:
+                   forward_only: bool = False, chain: "Chain | None" = None,
+                   seq_chunks: int = 1) -> ScheduleTiming:
     """Data-flow timing of compute-only programs (§2.5 inputs across the chain, implicit
     transfers). Linear time: each rank advances until an input is missing, then waits.
     Collectives in a compute-only schedule are timed as zero-cost barriers: a call
     finishes when every member has reached its call of the same instance
     (``pairing.collective_instances``). ``chain``: the programs' chain when the caller
     has one (its ``destinations`` are then computed once for both)."""
-    chain = chain or Chain(placement, cut, forward_only, offloaded=offloads(programs))
+    chain = chain or Chain(placement, cut, forward_only, offloaded=offloads(programs),
+                           seq_chunks=seq_chunks)
+    make = produces if chain.seq_chunks == 1 else chain.produces
     n = placement.num_ranks
     have: list[dict[tuple, float]] = [dict() for _ in range(n)]
     start: list[list[float]] = [[] for _ in range(n)]
@@ -368,7 +371,7 @@ def schedule_times(programs, placement: Placement,
             free = t0 + duration(op)
             starts.append(t0)
             finishes.append(free)
-            for token in produces(op):
+            for token in make(op):
                 here.setdefault(token, free)
             for c in computes_of(op):
                 for there, payload in chain.destinations(c, rank):

@@ -26,7 +26,8 @@ class OpTable:
     ``produces`` or ``step_effects`` as evaluated on each class's ops, shifted by each
     op's microbatch. Only plans whose rules are the same for every microbatch of a class
     get a table (``op_table``): no cut, and only compute, send, receive, idle and marker
-    steps."""
+    steps; with sequence chunks a class also keeps to one place in the sample (first
+    chunk, last chunk or neither)."""
 
     plan: Plan
     rank: object  # numpy int64 arrays, one entry per op
@@ -93,7 +94,7 @@ def op_table(plan: Plan) -> OpTable | None:
         return None
     cells = known_op_cells(plan)
     if cells is not None:
-        return _table_of(plan, *_classes_of_cells(plan, *cells))
+        return _table_of(plan, *_by_chunk(plan, *_classes_of_cells(plan, *cells)))
     keys: dict[tuple, int] = {}
     cls: list[int] = []
     mbs: list[int] = []
@@ -117,7 +118,24 @@ def op_table(plan: Plan) -> OpTable | None:
             else:
                 return None
             add_cls(number(key, len(keys)))
-    return _table_of(plan, np.array(cls, dtype=np.int64), np.array(mbs, dtype=np.int64))
+    return _table_of(plan, *_by_chunk(plan, np.array(cls, dtype=np.int64),
+                                      np.array(mbs, dtype=np.int64)))
+
+
+def _by_chunk(plan: Plan, cls, mb) -> tuple:
+    """``(cls, mb)`` with each class split by where its microbatch sits in its sample
+    (first chunk, last chunk, or neither) when the plan has sequence chunks, since the
+    chunk rule (``Chain.needs``) differs there; renumbered in order of first appearance."""
+    import numpy as np
+    chunks = plan.seq_chunks
+    if chunks == 1 or not len(cls):
+        return cls, mb
+    j = mb % chunks
+    key = cls * 3 + (j == 0) + 2 * (j == chunks - 1)
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    renumber = np.empty(len(first), np.int64)
+    renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return renumber[which.reshape(-1)], mb
 
 
 def _classes_of_cells(plan: Plan, kind, stage, mb) -> tuple:

@@ -101,6 +101,7 @@ def dependency(plan: Plan, table: OpTable | None = None
         return Findings(), hint
     findings = Findings()
     producers = []
+    make = produces if plan.seq_chunks == 1 else chain.produces
     for rank, program in enumerate(plan.programs):
         have: dict = {}
         given: list[int] = []
@@ -114,7 +115,7 @@ def dependency(plan: Plan, table: OpTable | None = None
                         missing.append((index, token))
                     else:
                         findings.unlisted += 1
-            for token in produces(op):
+            for token in make(op):
                 if token not in have:
                     have[token] = index
         producers.append(tuple(given))
@@ -130,7 +131,7 @@ def _producers(table: OpTable, chain: Chain) -> tuple | None:
     (``produces``), found by sorting; None when an input is missing or comes too late
     (or the table cannot state the rules)."""
     needed = table.rule_columns(lambda rank, op: sorted(chain.needs(op, rank)))
-    made = table.rule_columns(lambda rank, op: produces(op))
+    made = table.rule_columns(lambda rank, op: chain.produces(op))
     if needed is None or made is None:
         return None
     n_row, n_tok, n_shift, n_names = needed
@@ -167,6 +168,8 @@ def _producers(table: OpTable, chain: Chain) -> tuple | None:
 
 
 def _missing_input(plan, rank, index, token, produced_at) -> Finding:
+    if token.kind in ("kv", "kv_grad"):
+        return _chunk_order(plan, rank, index, token, produced_at)
     what = {"out": "activation", "stored": "stored forward", "grad": "gradient",
             "wgrad_ready": "input-gradient step", "input": "shipped input",
             "params": "broadcast parameters", "wdone": "weight gradient",
@@ -183,6 +186,24 @@ def _missing_input(plan, rank, index, token, produced_at) -> Finding:
     else:
         message = f"rank {rank} position {index}: {op} needs the {name}, which arrives only " \
                   f"later, at position {produced_at} ({plan.programs[rank][produced_at]})"
+    return Finding(Violation("dependency", message, (rank,), (_op_ref(plan, rank, index),)),
+                   ("input", rank, index))
+
+
+def _chunk_order(plan, rank, index, token, produced_at) -> Finding:
+    """A chunk whose forward runs before its previous chunk's forward (``kv``), or whose
+    backward runs before its next chunk's backward (``kv_grad``), on its rank."""
+    op, chunks = plan.programs[rank][index], plan.seq_chunks
+    sample, j = divmod(token.mb, chunks)
+    seg = f"{token.segment}:" if token.segment else ""
+    which = "forward" if token.kind == "kv" else "backward"
+    mine = j + 1 if token.kind == "kv" else j - 1
+    where = ("which never runs on rank {rank}" if produced_at is None else
+             f"which runs only later, at position {produced_at} "
+             f"({plan.programs[rank][produced_at]})").format(rank=rank)
+    message = (f"rank {rank} position {index}: {op} (chunk {mine} of sample {sample}) runs "
+               f"before the {which} of chunk {j} of stage {seg}{token.stage} (microbatch "
+               f"{token.mb}), {where}")
     return Finding(Violation("dependency", message, (rank,), (_op_ref(plan, rank, index),)),
                    ("input", rank, index))
 
