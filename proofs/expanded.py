@@ -21,7 +21,7 @@ from typing import Callable
 from mpipe_verified.ir import GRAD, Idle, Recv, Schedule, Send, computes_of
 from mpipe_verified.semantics import Chain, schedule_times
 
-from . import families, family_interleaved
+from . import families, family_interleaved, family_looped_bfs
 from .model import F
 
 Programs = tuple[tuple[tuple[str, int, int], ...], ...]
@@ -44,6 +44,7 @@ SCHEDULES: dict[str, Callable[..., Programs]] = {
     "gpipe": _closed(families.gpipe_op),
     "1f1b": _closed(families.one_f_one_b_op),
     "interleaved-1f1b": family_interleaved.programs,
+    "looped-bfs": family_looped_bfs.programs,
 }
 
 

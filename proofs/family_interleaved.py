@@ -68,9 +68,15 @@ def peak_of(pp: int, mm: int, v: int, r: int) -> int:
     return min((v - 1) * rounds_group(pp, mm) + 2 * (pp - 1 - r) + 1, mm * v)
 
 
-def peaks(params) -> tuple[int, ...]:
-    pp, mm, v = params["pp"], params["microbatches"], params["chunks"]
-    return tuple(peak_of(pp, mm, v, r) for r in range(pp))
+def chunked_peaks(peak_of_):
+    """The command line's per-rank peaks of a chunked family's instance."""
+    def peaks_(params) -> tuple[int, ...]:
+        pp, mm, v = params["pp"], params["microbatches"], params["chunks"]
+        return tuple(peak_of_(pp, mm, v, r_) for r_ in range(pp))
+    return peaks_
+
+
+peaks = chunked_peaks(peak_of)
 
 
 def _valid(params) -> bool:
@@ -197,35 +203,42 @@ def w_of(r_):
     return shape.mn(warmup(r_), n_)
 
 
-def _completeness():
-    w = w_of(r)
+def _completeness(w_of_=w_of, hyps=ABSTRACT, example=EXAMPLE):
+    """The shape is a bijection between positions and units (``w_of_``: the rank's
+    warmup; ``family_looped_bfs`` states ``w = n`` under its own ``hyps``)."""
+    w = w_of_(r)
     kind, unit = shape.op(k, w, n_)
     at = z3.If(kind == F, shape.pos_f(unit, w, n_), shape.pos_b(unit, w, n_))
     yield Obligation("shape: each position holds a forward or backward number found at "
                      "that number's position",
                      z3.Implies(z3.And(0 <= k, k < 2 * n_), z3.And(
                          z3.Or(kind == F, kind == B), 0 <= unit, unit < n_, at == k)),
-                     ABSTRACT, example=EXAMPLE)
+                     hyps, example=example)
     for kd, letter, pos in ((F, "F", shape.pos_f), (B, "B", shape.pos_b)):
         k2, u2 = shape.op(pos(u, w, n_), w, n_)
         yield Obligation(f"shape: {letter} number u sits at its position",
                          z3.Implies(z3.And(0 <= u, u < n_), z3.And(
                              0 <= pos(u, w, n_), pos(u, w, n_) < 2 * n_, k2 == kd, u2 == u)),
-                         ABSTRACT, example=EXAMPLE)
+                         hyps, example=example)
 
 
 def _lex_lt(a, b):
     return z3.Or(a[0] < b[0], z3.And(a[0] == b[0], a[1] < b[1]))
 
 
-def _potential():
+def _potential(w_of_=w_of, wrap=None, near=None, hyps=ABSTRACT, example=EXAMPLE):
     """Every input edge goes up in ``(position, +-r)``; a rank's order goes up in the
-    position. ``d``, ``D`` stand for a round's size and ``(v-1) d`` (stream facts)."""
-    pf = lambda u_, r_: (shape.pos_f(u_, w_of(r_), n_), r_)
-    pb = lambda u_, r_: (shape.pos_b(u_, w_of(r_), n_), -r_)
+    position. ``d``, ``D`` stand for a round's size and ``(v-1) d`` (stream facts: what is
+    known of them, ``wrap`` and ``near``; built here, not at import, so that importing the
+    laws creates no Z3 terms beyond what it did before they were shared)."""
+    if wrap is None:
+        wrap = (d_ <= g, z3.Or(d_ >= p, z3.And(d_ == m, m < p, g1 + m == n_)))
+    if near is None:
+        near = (ub >= uf - dd, 0 <= dd, dd <= g1)
+    pf = lambda u_, r_: (shape.pos_f(u_, w_of_(r_), n_), r_)
+    pb = lambda u_, r_: (shape.pos_b(u_, w_of_(r_), n_), -r_)
     inside = z3.And(0 <= u, u < n_)
-    wrap = z3.And(1 <= d_, d_ <= u, u < n_, d_ <= g,
-                  z3.Or(d_ >= p, z3.And(d_ == m, m < p, g1 + m == n_)))
+    wrap = z3.And(1 <= d_, d_ <= u, u < n_, *wrap)
     edges = (
         ("F(s-1, x) on rank r-1 before F(s, x)",
          z3.Implies(z3.And(1 <= r, inside), _lex_lt(pf(u, r - 1), pf(u, r)))),
@@ -236,32 +249,34 @@ def _potential():
         ("the next chunk's B on rank 0 before B on rank p-1",
          z3.Implies(wrap, _lex_lt(pb(u - d_, 0), pb(u, p - 1)))),
         ("F(s, x) before B(s, x) on its rank",
-         z3.Implies(z3.And(0 <= uf, uf < n_, 0 <= ub, ub < n_, ub >= uf - dd, 0 <= dd,
-                           dd <= g1),
-                    shape.pos_f(uf, w_of(r), n_) < shape.pos_b(ub, w_of(r), n_))),
+         z3.Implies(z3.And(0 <= uf, uf < n_, 0 <= ub, ub < n_, *near),
+                    shape.pos_f(uf, w_of_(r), n_) < shape.pos_b(ub, w_of_(r), n_))),
     )
     for name, goal in edges:
-        yield Obligation(f"potential: {name}", goal, ABSTRACT, example=EXAMPLE)
+        yield Obligation(f"potential: {name}", goal, hyps, example=example)
 
 
-def _memory():
-    w = w_of(r)
+def _memory(w_of_=w_of, peak=None, text="min((v-1) g + 2 (p-1-r) + 1, v m)", hyps=ABSTRACT,
+            example=EXAMPLE):
+    """The level's recurrence, and its peak ``peak`` (the warmup plus one, at most ``n``)
+    is never passed and reached."""
+    w = w_of_(r)
     level = lambda k_: shape.nf(k_, w, n_) - shape.nb(k_, w, n_)
     kind, _ = shape.op(k, w, n_)
     inside = z3.And(0 <= k, k < 2 * n_)
-    peak = shape.peak(warmup(r), n_)
-    yield Obligation("memory: level(0) = 0", level(0) == 0, ABSTRACT, example=EXAMPLE)
+    peak = shape.peak(warmup(r), n_) if peak is None else peak
+    yield Obligation("memory: level(0) = 0", level(0) == 0, hyps, example=example)
     yield Obligation("memory: level(k+1) = level(k) + (+1 for F, -1 for B)",
                      z3.Implies(inside, level(k + 1) == level(k) + z3.If(kind == F, 1, -1)),
-                     ABSTRACT, example=EXAMPLE)
-    yield Obligation("memory: every step's peak <= min((v-1) g + 2 (p-1-r) + 1, v m)",
+                     hyps, example=example)
+    yield Obligation(f"memory: every step's peak <= {text}",
                      z3.Implies(inside, level(k) + z3.If(kind == F, 1, 0) <= peak),
-                     ABSTRACT, example=EXAMPLE)
+                     hyps, example=example)
     witness = shape.mn(w, n_ - 1)
     kw, _ = shape.op(witness, w, n_)
     yield Obligation("memory: that peak is reached",
                      z3.And(0 <= witness, witness < 2 * n_, kw == F, level(witness) + 1 == peak),
-                     ABSTRACT, example=EXAMPLE)
+                     hyps, example=example)
 
 
 def _flow():
@@ -291,22 +306,29 @@ interleaved_completeness = _cell(
     "c p + r on rank r), and nothing else", ALL, _valid,
     lambda: [*_stream_obligations(("round size", "in range", "sizes")), *_injective(),
              *_completeness()])
-interleaved_dependency = _cell(
-    "dependency", "every op's inputs come before it in an acyclic data-flow order, so the "
-    "data-flow timing reaches every op: the schedule runs", FLOW, covers_regular, _flow)
 interleaved_memory = _cell(
     "memory", "the unit-model peak on rank r is exactly min((v-1) g + 2 (p-1-r) + 1, v m), "
     "g = ceil(m / max(1, m // p))", ALL, _valid,
     lambda: [*_stream_obligations(("sizes",)), *_memory()], peak=peaks)
-interleaved_matching = _cell(
-    "matching", "the lowered plan pairs each send with its receive (FIFO per rank pair, "
-    "equal counts and payloads)", FLOW, covers_regular,
-    lambda: [*matching_obligations(), *_flow()])
-interleaved_deadlock = _cell(
-    "deadlock", "the lowered plan runs to completion under rendezvous (completion-time "
-    "witness: each op's place in lowering's event order)", FLOW, covers_regular,
-    lambda: [*deadlock_obligations(), *_flow()])
 
+
+def flow_cells(cell, scope: str, covers, flow) -> tuple:
+    """The dependency, matching and deadlock cells of one data-flow witness ``flow``
+    (``cell(prop, statement, scope, covers, obligations)``)."""
+    return (
+        cell("dependency", "every op's inputs come before it in an acyclic data-flow order, "
+             "so the data-flow timing reaches every op: the schedule runs", scope, covers,
+             flow),
+        cell("matching", "the lowered plan pairs each send with its receive (FIFO per rank "
+             "pair, equal counts and payloads)", scope, covers,
+             lambda: [*matching_obligations(), *flow()]),
+        cell("deadlock", "the lowered plan runs to completion under rendezvous "
+             "(completion-time witness: each op's place in lowering's event order)", scope,
+             covers, lambda: [*deadlock_obligations(), *flow()]))
+
+
+interleaved_dependency, interleaved_matching, interleaved_deadlock = flow_cells(
+    _cell, FLOW, covers_regular, _flow)
 
 @law("interleaved_1f1b_short_last_round",
      "interleaved 1F1B with m >= p and a last round shorter than p: every op's inputs "

@@ -105,7 +105,7 @@ LAWS: tuple[Law, ...] = (
     family_bitpipe.bitpipe_matching,
     family_bitpipe.bitpipe_deadlock,
     family_bitpipe.bitpipe_memory,
-    # looped BFS and interleaved zero bubble: bounded
+    # looped BFS and interleaved zero bubble: all sizes (interleaved ZB's rest bounded)
     family_looped_bfs.looped_bfs_completeness,
     family_looped_bfs.looped_bfs_dependency,
     family_looped_bfs.looped_bfs_matching,
@@ -116,6 +116,7 @@ LAWS: tuple[Law, ...] = (
     family_interleaved_zb.interleaved_zb_matching,
     family_interleaved_zb.interleaved_zb_deadlock,
     family_interleaved_zb.interleaved_zb_memory,
+    family_interleaved_zb.interleaved_zb_outside_region,
     # seq1f1b (sequence chunks): bounded
     family_seq1f1b.seq1f1b_completeness,
     family_seq1f1b.seq1f1b_dependency,

@@ -77,7 +77,12 @@ def derivations(monkeypatch, build: bool = False) -> list[str]:
                                            ("interleaved-1f1b", 4, 6, 3),
                                            ("zbv", 3, 7, None), ("zbv", 4, 3, None),
                                            ("dualpipev", 3, 7, None),
-                                           ("zb-h1", 4, 6, None), ("zb-h2", 3, 5, None)])
+                                           ("zb-h1", 4, 6, None), ("zb-h2", 3, 5, None),
+                                           ("looped-bfs", 4, 6, 3), ("looped-bfs", 5, 2, 2),
+                                           ("looped-bfs", 3, 4, 1),
+                                           ("interleaved-zb", 4, 6, 2),
+                                           ("interleaved-zb", 4, 3, 3),
+                                           ("interleaved-zb", 3, 10, 2)])
 def test_the_laws_answer_as_the_op_by_op_check_does(capsys, name, p, m, v):
     code, proof = check(capsys, *family_argv(name, p, m, v), "--laws")
     expanded_code, expanded = check(capsys, *family_argv(name, p, m, v), "--expand")
@@ -123,11 +128,31 @@ def test_cells_without_all_sizes_laws_are_checked_op_by_op(capsys):
     assert code == 0 and doc["proof"] == {"kind": "instance"}
 
 
+def test_interleaved_zb_outside_its_all_sizes_cells_is_checked_op_by_op(capsys):
+    # a last round shorter than p / 2 (13 = 4 + 4 + 4 + 1 on 3 ranks), and m < p - 1:
+    # bounded only
+    for p, m in ((3, 13), (6, 3)):
+        code, doc = check(capsys, *family_argv("interleaved-zb", p, m, 2), "--laws")
+        assert code == 0 and doc["proof"] == {"kind": "instance"}, (p, m)
+
+
+def test_a_memory_limit_below_the_looped_bfs_peak_is_checked_op_by_op(capsys):
+    code, doc = check(capsys, *family_argv("looped-bfs", 4, 8, 2), "--memory-limit", "16",
+                      "--laws")
+    assert code == 0 and doc["proof"]["kind"] == "parametric"
+    code, doc = check(capsys, *family_argv("looped-bfs", 4, 8, 2), "--memory-limit", "15",
+                      "--laws")
+    assert code == 1 and doc["proof"] == {"kind": "instance"}
+    assert {v["property"] for v in doc["violations"]} == {"memory"}  # on every rank
+    assert sorted(r for v in doc["violations"] for r in v["ranks"]) == [0, 1, 2, 3]
+
+
 # 4 rounds of 1024: rank r's warmup is g + 2 (p - 1 - r), its peak one more; ZBV holds
 # both chunks' warmup, 2p, on every rank once m >= 2p; DualPipeV one more
 @pytest.mark.parametrize("name, m, v, first, last", [
     ("interleaved-1f1b", 4096, 2, 1024 + 2 * 1023 + 1, 1024 + 1),
-    ("zbv", 4096, None, 2048, 2048), ("dualpipev", 2048, None, 2049, 2049)])
+    ("zbv", 4096, None, 2048, 2048), ("dualpipev", 2048, None, 2049, 2049),
+    ("looped-bfs", 4096, 2, 8192, 8192), ("interleaved-zb", 4096, 2, 2048, 2048)])
 def test_1024_ranks_are_answered_by_the_family_s_laws(name, m, v, first, last):
     proc = subprocess.run([str(SCRIPT), "check", *family_argv(name, 1024, m, v), "--json"],
                           capture_output=True, text=True, timeout=120)
@@ -469,3 +494,11 @@ def test_a_forged_transpose_claim_is_refused_before_its_plan_is_derived(tmp_path
     assert main(["recheck", str(plan), str(tmp_path / "n.json")]) == 3
     assert "derive" not in calls and "lower" not in calls, calls
     assert "each parameter must be an integer, a text or null" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["looped-bfs", "interleaved-zb"])
+def test_a_chunked_family_s_size_counts_its_chunks(name):
+    """The road is picked by the plan's size: v chunks on p ranks are p v stages."""
+    chunked = parametric.estimated_ops(name, {"pp": 4, "microbatches": 8, "chunks": 4})
+    assert chunked == parametric.estimated_ops("gpipe", {"pp": 16, "microbatches": 8,
+                                                         "chunks": None})

@@ -2,7 +2,7 @@
 closed form (``proofs.expanded.SCHEDULES``) expands to exactly the programs ``derive``
 gives, and the lowering model (``proofs.lowered``, expanded by ``proofs.expanded.lowered``)
 to exactly the plan ``lower`` gives, op for op, for every p <= 8, m <= 24 (DualPipeV: m >=
-2p) and, for interleaved 1F1B, chunks 2 to 4. (ZBV's and DualPipeV's own models are
+2p) and, for interleaved 1F1B, looped BFS and interleaved zero bubble, chunks 2 to 4. (ZBV's and DualPipeV's own models are
 compared with ``derive`` in tests/test_proofs_family_models.py.)"""
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ from mpipe_verified.lower import lower
 from mpipe_verified.proofs import expanded
 
 P_MAX, M_MAX, CHUNKS = 8, 24, (2, 3, 4)
-PROVEN_HERE = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev")
+PROVEN_HERE = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev",
+               "looped-bfs", "interleaved-zb")
+CHUNKED = ("interleaved-1f1b", "looped-bfs", "interleaved-zb")
 
 
 def _instances(name):
     for p in range(1, P_MAX + 1):
         for m in range(2 * p if name == "dualpipev" else 1, M_MAX + 1):
-            for v in (CHUNKS if name == "interleaved-1f1b" else (None,)):
+            for v in (CHUNKS if name in CHUNKED else (None,)):
                 yield p, m, v
 
 
@@ -52,5 +54,7 @@ def test_every_family_proven_here_is_modelled():
     assert set(expanded.SCHEDULES) <= set(FAMILIES)
     # bounded: the laws are about the package's own derived instances; ZBV and DualPipeV:
     # their models are programs of ops (V placement, overlapped steps), compared with
-    # derive in tests/test_proofs_family_models.py
-    assert set(PROVEN_HERE) - set(expanded.SCHEDULES) == {"zb-h1", "zb-h2", "zbv", "dualpipev"}
+    # derive in tests/test_proofs_family_models.py, and so are the words of ZB-H1, ZB-H2
+    # and interleaved zero bubble
+    assert set(PROVEN_HERE) - set(expanded.SCHEDULES) == {"zb-h1", "zb-h2", "zbv", "dualpipev",
+                                                          "interleaved-zb"}

@@ -73,10 +73,11 @@ def estimated_ops(family: str, params: Mapping[str, object]) -> int:
     parameters alone): a forward and a backward (or ``I`` and ``W``) per stage and
     microbatch, four transfers per stage boundary and microbatch, and for ``transpose``
     the segment's work and transfers per microbatch and its collectives."""
+    from ..algebra.families import CHUNKED
     from ..algebra.transpose import TRANSPOSE
     p, m = int(params["pp"]), int(params["microbatches"])
     body = params.get("body", family) if family == TRANSPOSE else family
-    chunks = (int(params.get("chunks") or 2) if body == "interleaved-1f1b"
+    chunks = (int(params.get("chunks") or 2) if body in CHUNKED
               else 2 if body in ("zbv", "dualpipev", "dualpipe", "chimera") else 1)
     stages = p * chunks
     ops = 3 * stages * m + 4 * max(stages - 1, 0) * m
