@@ -76,13 +76,11 @@ def test_lower_is_the_lowering_model_then_the_tail(name):
 
 
 def _status(law_) -> str:
-    return core.check(law_).status
-
-
-@pytest.mark.parametrize("name", ["dualpipe", "chimera"])
-def test_the_laws_are_proved(name):
-    for prop in FB.PROPERTIES:
-        assert _status(getattr(FB, f"{name}_{prop}")) == core.PROVED, (name, prop)
+    """The law's verdict, checked in a forked process. That every shipped law is proved
+    is tests/test_proofs.py's check, in a fresh ``mpipe-verify laws`` process: Z3's step
+    counts depend on the terms a process made before, so this suite's process is no place
+    to expect ``proved`` within the budget."""
+    return core.run_all([law_], jobs=1)[0].status
 
 
 def test_a_wrong_peak_fails(monkeypatch):
