@@ -34,7 +34,7 @@ their varying sizes are not modelled symbolically here. Those instances are cove
 ``p <= 8, m <= 16``, chunks 2 and 3, by the bounded law
 ``interleaved_1f1b_short_last_round`` (package-derived and lowered instances checked by
 the verification kernel's obligations, ``proofs.instances``), and swept to ``p <= 8,
-m <= 8p`` plus selected larger sizes by tests/test_rounds_sweep.py.
+m <= 5p`` plus selected larger sizes by tests/test_rounds_sweep.py.
 """
 
 from __future__ import annotations
