@@ -216,7 +216,8 @@ class Weave:
         node = parse_pattern(self.pattern)
         if k == 1:
             placement = make_placement(self.placement, p, v)
-            streams = ((lambda r: _rank_streams(placement, r, m, g, self.even)) if sc == 1  # noqa: E731
+            even = {"even": True} if self.even else {}
+            streams = ((lambda r: _rank_streams(placement, r, m, g, **even)) if sc == 1  # noqa: E731
                        else (lambda r: _chunk_streams(placement, r, m, g, sc)))
         else:
             placement = pipeline_placement(self.placement, p, v, k)
