@@ -51,13 +51,13 @@ def ops_of(name: str, pp: int, m: int, args) -> int:
 
 
 def sized(name: str, args) -> tuple[int, int]:
-    """``(microbatches, ops)``: the multiple of ``pp`` microbatches whose plan is nearest
-    ``args.ops`` (ops grow linearly in microbatches: measured at two counts, then solved;
-    whole rounds, as Megatron's interleaved schedule requires)."""
+    """``(microbatches, ops)``: the microbatch count whose plan is nearest ``args.ops``
+    (ops grow linearly in microbatches: measured at two counts, then solved; any count
+    works, the round families evening out a short last round)."""
     low = 2 * args.pp
     a, b = ops_of(name, args.pp, low, args), ops_of(name, args.pp, 2 * low, args)
     per = max((b - a) / low, 1e-9)
-    m = max(low, args.pp * round((low + (args.ops - a) / per) / args.pp))
+    m = max(low, round(low + (args.ops - a) / per))
     return m, ops_of(name, args.pp, m, args)
 
 

@@ -25,12 +25,16 @@ increases along every input of every op (``F(s-1, x)``, ``B(s+1, x)`` and the ow
 along each rank's order, so the data-flow graph is acyclic: the timing reaches every op
 (dependency), and ``proofs.lowered`` gives matching and deadlock of the lowered plan.
 
-**Where it stops.** The wrap edge ``F(p-1, uF - d) -> F(0, uF)`` goes down in position
-when the last round is shorter than ``p`` (``m >= p``, ``h < p``): rank 0 must idle there,
-and no closed-form timing with those idle steps is proven. Those instances are covered
-for ``p <= 8, m <= 16``, chunks 2 and 3, by the bounded law
+**Where it stops.** Where the last round would be shorter than ``p`` (``m >= p``,
+``h < p``) the wrap edge ``F(p-1, uF - d) -> F(0, uF)`` would go down in position, and
+for ``g + h <= 2p - 3`` rank 0's wrap forward and rank ``p-1``'s backward of the round
+before wait on each other (``p = 6, m = 37``: a deadlock). The family evens such rounds
+out (the same ``R`` rounds, sizes ``ceil(m/R)`` then ``floor(m/R)``, all ``>= p``);
+their varying sizes are not modelled symbolically here. Those instances are covered for
+``p <= 8, m <= 16``, chunks 2 and 3, by the bounded law
 ``interleaved_1f1b_short_last_round`` (package-derived and lowered instances checked by
-the verification kernel's obligations, ``proofs.instances``).
+the verification kernel's obligations, ``proofs.instances``), and swept to ``p <= 8,
+m <= 5p`` plus selected larger sizes by tests/test_rounds_sweep.py.
 """
 
 from __future__ import annotations
@@ -125,17 +129,29 @@ def u_b(q_, c_, x_, g_=g, v_=v, rr=R, h_=h):
     return q_ * g_ * v_ + (v_ - 1 - c_) * d_of(q_, g_, rr, h_) + (x_ - q_ * g_)
 
 
-def programs(pp: int, mm: int, vv: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
-    """The model's programs, expanded: per rank, ``(kind, stage, mb)`` in order."""
+def round_sizes(pp: int, mm: int) -> list[int]:
+    """The rounds' sizes: ``g, ..., g, h``; where ``h < p <= m`` (short), the same
+    ``R`` rounds evened out, ``ceil(m / R)`` first, then ``floor(m / R)``."""
     gg = rounds_group(pp, mm)
     rr = -(-mm // gg)
-    hh = mm - (rr - 1) * gg
-    units = {}
-    for xx in range(mm):
-        qq = xx // gg
-        for cc in range(vv):
-            units[(F, u_f(qq, cc, xx, gg, vv, rr, hh))] = (cc, xx)
-            units[(B, u_b(qq, cc, xx, gg, vv, rr, hh))] = (cc, xx)
+    if regular(pp, mm):
+        return [gg] * (rr - 1) + [last_round(pp, mm)]
+    return [mm // rr + (qq < mm % rr) for qq in range(rr)]
+
+
+def programs(pp: int, mm: int, vv: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """The model's programs, expanded: per rank, ``(kind, stage, mb)`` in order. A
+    round of size ``d`` starting at microbatch ``a`` holds forward ``a v + c d + j`` and
+    backward ``a v + (v-1-c) d + j`` of its microbatch ``a + j`` (``u_f``, ``u_b`` for
+    the regular rounds)."""
+    gg = rounds_group(pp, mm)
+    units, start = {}, 0
+    for dd in round_sizes(pp, mm):
+        for jj in range(dd):
+            for cc in range(vv):
+                units[(F, start * vv + cc * dd + jj)] = (cc, start + jj)
+                units[(B, start * vv + (vv - 1 - cc) * dd + jj)] = (cc, start + jj)
+        start += dd
     out = []
     for r_ in range(pp):
         w = min((vv - 1) * gg + 2 * (pp - 1 - r_), mm * vv)
@@ -289,11 +305,15 @@ SHAPE = ("the pattern's closed form (proofs.shape) over the package's stream ord
          "derive for p <= 8, m <= 24, v <= 4 (tests/test_proofs_expanded.py)")
 ALL = all_sizes(f"every p >= 1, m >= 1, v >= 2, rank and position; nonlinear stream facts "
                 f"over symbolic p, m, v, g; {SHAPE}")
+REGULAR = all_sizes(f"every p, v >= 2 and m < p or with a last round of >= p microbatches "
+                    f"(every m a multiple of max(1, m // p) among them); nonlinear stream "
+                    f"facts over symbolic p, m, v, g; {SHAPE}; the rest (evened rounds) is "
+                    f"law interleaved_1f1b_short_last_round (bounded)")
 FLOW = all_sizes(f"every p, v >= 2 and m < p or with a last round of >= p microbatches "
                  f"(every m a multiple of max(1, m // p) among them); lexicographic "
                  f"potential; {SHAPE}; the rest is law interleaved_1f1b_short_last_round "
-                 f"(bounded: rank 0 idles for the short last round's wrap and no "
-                 f"closed-form timing with those idle steps is proven)")
+                 f"(bounded: where the last round would be shorter than p the family "
+                 f"evens the rounds out, whose varying sizes no closed form here models)")
 
 
 def _cell(prop: str, statement: str, scope: str, covers, obligations, weight=3, **extra):
@@ -303,7 +323,7 @@ def _cell(prop: str, statement: str, scope: str, covers, obligations, weight=3, 
 
 interleaved_completeness = _cell(
     "completeness", "every F(s, x) and B(s, x) exactly once, on the rank owning s (stage "
-    "c p + r on rank r), and nothing else", ALL, _valid,
+    "c p + r on rank r), and nothing else", REGULAR, covers_regular,
     lambda: [*_stream_obligations(("round size", "in range", "sizes")), *_injective(),
              *_completeness()])
 interleaved_memory = _cell(
@@ -331,9 +351,11 @@ interleaved_dependency, interleaved_matching, interleaved_deadlock = flow_cells(
     _cell, FLOW, covers_regular, _flow)
 
 @law("interleaved_1f1b_short_last_round",
-     "interleaved 1F1B with m >= p and a last round shorter than p: every op's inputs "
-     "are made before it (the package's data-flow timing), and its lowered plan matches "
-     "and runs to completion under rendezvous",
+     "interleaved 1F1B with m >= p where ceil-sized rounds would leave a last round "
+     "shorter than p (the family evens the rounds out instead, all >= p): every op and "
+     "nothing else exactly once, every op's inputs are made before it (the package's "
+     "data-flow timing), and its lowered plan matches and runs to completion under "
+     "rendezvous",
      bounded(f"p <= {P_MAX}, m <= {M_MAX}, chunks 2, 3, the instances with m >= p and a "
              f"last round shorter than p; package-derived and lowered, each checked by the "
              f"verification kernel's obligations"), weight=4)
@@ -341,6 +363,6 @@ def interleaved_short_last_round():
     def short(pp):
         return [family(NAME, pp, mm, v).derive() for mm in range(1, M_MAX + 1)
                 for v in CHUNKS if not regular(pp, mm)]
-    for prop in ("dependency", "matching", "deadlock"):
+    for prop in ("completeness", "dependency", "matching", "deadlock"):
         yield from instances.obligations("interleaved 1F1B, short last round", short,
                                          P_MAX, prop)

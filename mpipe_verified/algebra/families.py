@@ -46,12 +46,24 @@ def _rounds(pp: int, microbatches: int) -> int:
     return -(-microbatches // rounds)
 
 
+def _short_last(pp: int, microbatches: int) -> bool:
+    """Whether ``_rounds``' last round would be shorter than ``p`` (with ``m >= p``): such
+    a round's wrap from rank ``p-1`` back to rank 0 comes later than the steady state's
+    backwards of the round before allow, a cycle (``m = 37, p = 6``: rounds 7,...,7,2).
+    The families even such rounds out instead (``Weave(even=True)``: the same number of
+    rounds, sizes ``g`` and ``g-1``, all ``>= p``); whole rounds are unchanged."""
+    g = _rounds(pp, microbatches)
+    return microbatches >= pp and microbatches - (-(-microbatches // g) - 1) * g < pp
+
+
 def interleaved_1f1b(pp: int, microbatches: int, chunks: int = 2) -> Weave:
     """Interleaved (looped, depth-first) 1F1B over ``chunks`` stages per rank, in rounds
-    of ``_rounds(p, m)`` microbatches."""
+    of ``_rounds(p, m)`` microbatches, evened out where the last would be shorter than
+    ``p`` (``_short_last``)."""
     _need(isinstance(chunks, int) and chunks >= 2,
           f"interleaved-1f1b needs chunks >= 2, got chunks={chunks!r}")
-    return Weave(pp, microbatches, INTERLEAVED_1F1B, chunks=chunks, group=_rounds(pp, microbatches))
+    return Weave(pp, microbatches, INTERLEAVED_1F1B, chunks=chunks, group=_rounds(pp, microbatches),
+                 even=_short_last(pp, microbatches))
 
 
 def zb_h1(pp: int, microbatches: int) -> Weave:
@@ -203,10 +215,12 @@ INTERLEAVED_ZB = "F^{(v-1)*g + p-1-r} (F I)^{r} (F I W)* W*"
 def interleaved_zb(pp: int, microbatches: int, chunks: int = 2) -> Weave:
     """Interleaved zero bubble (torch's ``ScheduleInterleavedZeroBubble``): interleaved
     1F1B's rounds with split backwards, one warmup forward per downstream rank, and
-    rank ``r`` holding back its first ``r`` weight gradients (ZB-H1's lever)."""
+    rank ``r`` holding back its first ``r`` weight gradients (ZB-H1's lever); rounds
+    evened out as interleaved 1F1B's."""
     _need(isinstance(chunks, int) and chunks >= 2,
           f"interleaved-zb needs chunks >= 2, got chunks={chunks!r}")
-    return Weave(pp, microbatches, INTERLEAVED_ZB, chunks=chunks, group=_rounds(pp, microbatches))
+    return Weave(pp, microbatches, INTERLEAVED_ZB, chunks=chunks, group=_rounds(pp, microbatches),
+                 even=_short_last(pp, microbatches))
 
 
 HANAYO = "F^{(v-1)*g + p-1} (F B)*"
@@ -215,13 +229,13 @@ HANAYO = "F^{(v-1)*g + p-1} (F B)*"
 def hanayo(pp: int, microbatches: int, waves: int = 2) -> Weave:
     """Hanayo: ``waves`` waves, each down and back up the ranks (``zigzag`` placement,
     ``2·waves`` chunks; the last stage and the loss on rank 0), run depth first as
-    interleaved 1F1B in rounds, every rank warming up with the forwards of a round's
+    interleaved 1F1B in rounds (evened out as its), every rank warming up with the forwards of a round's
     first ``2W-1`` chunks and ``p-1`` more. No public generator to compare with (the
     authors published no code; Colossal-AI has no Hanayo schedule): a term from the
     paper's description, checked valid (not exact)."""
     _need(isinstance(waves, int) and waves >= 1, f"hanayo needs waves >= 1, got waves={waves!r}")
     return Weave(pp, microbatches, HANAYO, chunks=2 * waves, placement="zigzag",
-                 group=_rounds(pp, microbatches))
+                 group=_rounds(pp, microbatches), even=_short_last(pp, microbatches))
 
 
 FAMILIES: dict[str, Callable[..., Weave | Program]] = {

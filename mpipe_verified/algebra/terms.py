@@ -95,15 +95,23 @@ def stage_map(text: str, ranks: int, chunks: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _rounds(m: int, group: int) -> list[range]:
-    return [range(k, min(m, k + group)) for k in range(0, m, group)]
+def _rounds(m: int, group: int, even: bool = False) -> list[range]:
+    """Rounds of ``group`` consecutive microbatches, the last possibly shorter; ``even``:
+    as many rounds, ``R = ceil(m / group)``, evened out (``ceil(m / R)`` first, then
+    ``floor(m / R)``)."""
+    if not even:
+        return [range(k, min(m, k + group)) for k in range(0, m, group)]
+    count = -(-m // group)
+    sizes = [m // count + (q < m % count) for q in range(count)]
+    return [range(sum(sizes[:q]), sum(sizes[:q + 1])) for q in range(count)]
 
 
-def _rank_streams(placement: Placement, rank: int, m: int, group: int) -> RankStreams:
+def _rank_streams(placement: Placement, rank: int, m: int, group: int,
+                  even: bool = False) -> RankStreams:
     """Forwards in (round, chunk ascending, mb) order; backwards in (round, chunk
-    descending, mb) order; a round is ``group`` consecutive microbatches."""
+    descending, mb) order; rounds as ``_rounds``."""
     stages = placement.stages_of(rank)
-    rounds = _rounds(m, group)
+    rounds = _rounds(m, group, even)
     fwd = [(c, s, mb) for mbs in rounds for c, s in enumerate(stages) for mb in mbs]
     bwd = [(c, s, mb) for mbs in rounds for c, s in reversed(list(enumerate(stages))) for mb in mbs]
     return RankStreams(fwd, bwd)
@@ -131,11 +139,12 @@ def pipeline_streams(placement: Placement, rank: int, m: int, k: int,
     return RankStreams(fwd, bwd)
 
 
-def _descending(streams: RankStreams, chunks: int, m: int, group: int) -> RankStreams:
+def _descending(streams: RankStreams, chunks: int, m: int, group: int,
+                even: bool = False) -> RankStreams:
     """``streams`` with each (round, chunk) block of the backward stream reversed (by
     position, so it commutes with relabelling the microbatches)."""
     bwd, out = list(streams.backwards), []
-    for mbs in _rounds(m, group):
+    for mbs in _rounds(m, group, even):
         for _ in range(chunks):
             out += bwd[len(out):len(out) + len(mbs)][::-1]
     return RankStreams(streams.forwards, out)
@@ -173,6 +182,7 @@ class Weave:
     order: str = "dfs"
     backward: str = "asc"
     seq_chunks: int = 1  # sequence chunks per sample (microbatches then count samples)
+    even: bool = False  # rounds evened out (``_rounds``); one pipeline, no seq_chunks
 
     def __attrs_post_init__(self) -> None:
         for name in ("ranks", "microbatches", "chunks", "seq_chunks"):
@@ -192,6 +202,8 @@ class Weave:
                                                                                     "asc"):
             raise ParameterError("seq_chunks goes with one pipeline, order 'dfs' and backward "
                                  "'asc'")
+        if self.even and (self.pipelines, self.seq_chunks) != (1, 1):
+            raise ParameterError("even rounds go with one pipeline and seq_chunks=1")
         k = self.pipelines
         if type(k) is not int or k < 1 or self.microbatches % k:
             raise ParameterError(f"pipelines must be an integer >= 1 dividing microbatches "
@@ -204,7 +216,8 @@ class Weave:
         node = parse_pattern(self.pattern)
         if k == 1:
             placement = make_placement(self.placement, p, v)
-            streams = ((lambda r: _rank_streams(placement, r, m, g)) if sc == 1  # noqa: E731
+            even = {"even": True} if self.even else {}
+            streams = ((lambda r: _rank_streams(placement, r, m, g, **even)) if sc == 1  # noqa: E731
                        else (lambda r: _chunk_streams(placement, r, m, g, sc)))
         else:
             placement = pipeline_placement(self.placement, p, v, k)
@@ -214,7 +227,7 @@ class Weave:
             env = {"p": p, "r": r, "m": m, "v": v, "g": g, "n": m * v * sc, "s": sc}
             mine = streams(r)
             if self.backward == "desc":
-                mine = _descending(mine, len(placement.stages_of(r)), m // k, g)
+                mine = _descending(mine, len(placement.stages_of(r)), m // k, g, self.even)
             programs.append(tuple(weave_rank(node, mine, env)))
         pipelines = () if k == 1 else tuple(tuple(range(i * m // k, (i + 1) * m // k))
                                             for i in range(k))
@@ -228,6 +241,7 @@ class Weave:
         extra += "" if self.order == "dfs" else f", order={self.order!r}"
         extra += "" if self.backward == "asc" else f", backward={self.backward!r}"
         extra += "" if self.seq_chunks == 1 else f", seq_chunks={self.seq_chunks}"
+        extra += ", even=True" if self.even else ""
         return f"weave(pp={self.ranks}, microbatches={self.microbatches}, pattern={self.pattern!r}{extra})"
 
 
