@@ -1,8 +1,10 @@
 """The looped families in rounds (interleaved-1f1b, interleaved-zb, hanayo) derive a
-valid plan for every size they accept: rounds whose last one would be shorter than ``p``
-are evened out (``families._short_last``); a short last round deadlocked (``p = 6,
-m = 37``: rank 0's wrap forward and rank 5's backward of the round before waited on each
-other). Whole rounds keep their plans (tests/test_torch_csv_orders.py pins them)."""
+valid plan for every size they accept. In interleaved-1f1b (and hanayo, which follows it)
+rounds whose last one would be shorter than ``p`` are evened out (``families._short_last``);
+a short last round deadlocked (``p = 6, m = 37``: rank 0's wrap forward and rank 5's
+backward of the round before waited on each other). interleaved-zb keeps its short last
+round, which never deadlocks. Whole rounds keep their plans (tests/test_torch_csv_orders.py
+pins them)."""
 
 import pytest
 
@@ -27,8 +29,9 @@ def test_every_accepted_size_verifies(name):
 
 
 @pytest.mark.parametrize("p,m,v", LARGER)
-def test_short_last_rounds_that_deadlocked_verify(p, m, v):
-    assert _verified("interleaved-1f1b", p, m, v)
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "interleaved-zb"])
+def test_short_last_rounds_that_deadlocked_verify(name, p, m, v):
+    assert _verified(name, p, m, v)
 
 
 def test_whole_rounds_are_unchanged_and_short_ones_are_evened():
@@ -36,3 +39,4 @@ def test_whole_rounds_are_unchanged_and_short_ones_are_evened():
                    if m % (m // p) == 0)
     assert _short_last(6, 37) and str(family("interleaved-1f1b", 6, 37)).endswith("even=True)")
     assert "even" not in str(family("interleaved-1f1b", 6, 36))
+    assert "even" not in str(family("interleaved-zb", 6, 37))

@@ -215,12 +215,13 @@ INTERLEAVED_ZB = "F^{(v-1)*g + p-1-r} (F I)^{r} (F I W)* W*"
 def interleaved_zb(pp: int, microbatches: int, chunks: int = 2) -> Weave:
     """Interleaved zero bubble (torch's ``ScheduleInterleavedZeroBubble``): interleaved
     1F1B's rounds with split backwards, one warmup forward per downstream rank, and
-    rank ``r`` holding back its first ``r`` weight gradients (ZB-H1's lever); rounds
-    evened out as interleaved 1F1B's."""
+    rank ``r`` holding back its first ``r`` weight gradients (ZB-H1's lever). Its rounds
+    are ``_rounds``' as they come, a short last one included: it never closes interleaved
+    1F1B's cycle (three letters a steady step; checked by tests/test_rounds_sweep.py), and
+    its laws (proofs/family_interleaved_zb.py) model those rounds."""
     _need(isinstance(chunks, int) and chunks >= 2,
           f"interleaved-zb needs chunks >= 2, got chunks={chunks!r}")
-    return Weave(pp, microbatches, INTERLEAVED_ZB, chunks=chunks, group=_rounds(pp, microbatches),
-                 even=_short_last(pp, microbatches))
+    return Weave(pp, microbatches, INTERLEAVED_ZB, chunks=chunks, group=_rounds(pp, microbatches))
 
 
 HANAYO = "F^{(v-1)*g + p-1} (F B)*"
