@@ -485,10 +485,10 @@ def _check_cut(cut: Cut, num_ranks: int, num_microbatches: int) -> None:
 
 
 def _seq_chunks(instance, attribute, value) -> None:
-    ok = type(value) is int and value >= 1 and (value == 1 or not instance.num_microbatches % value)
+    ok = type(value) is int and value >= 1 and (value == 1 or not (instance.num_microbatches % value or instance.forward_only))
     parts = [{mb // value for mb in p} for p in instance.pipelines] if ok and value > 1 else []
     if not ok or sum(map(len, parts)) != len(set().union(*parts)):  # a sample in 2 pipelines
-        raise ValueError(f"seq_chunks must be an int >= 1 dividing the microbatches, got {value!r}")
+        raise ValueError(f"seq_chunks must be an int >= 1 dividing the microbatches, a sample in one pipeline, not forward-only, got {value!r}")
 
 
 def _check_pipelines(pipelines, num_stages: int, num_microbatches: int, cut: Cut) -> None:

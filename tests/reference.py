@@ -534,7 +534,9 @@ def _completeness(programs, chain: _Chain, res: Judgement) -> None:
                        payload[3]) for is_send, _, payload in cell[1]
                       if payload[0] in ("lend", "return")] if cell[0] == "P" else [])
             for move, s, mb, seg in named:
-                if (seg, s) not in units or mb >= chain.m:
+                if (seg, s) not in units or mb >= chain.m or chain.seq > 1:
+                    # a plan of sequence chunks moves nothing (a chunk's activation holds
+                    # the keys and values later chunks read)
                     res.incomplete.append(f"rank {r} #{i}: {move} of {seg}{s} mb {mb}")
                 else:
                     moves.setdefault((r, seg, s, mb), []).append(move)

@@ -368,3 +368,31 @@ def test_activation_moves_are_refused_with_their_rank(capsys, tmp_path):
     code, _, err = run(capsys, "import", str(source), "-o", str(tmp_path / "o.toml"))
     assert code == 2 and f"{source}: $.programs[0]: cannot import" in err
     assert "OFFLOAD" in err and not (tmp_path / "o.toml").exists()
+
+
+@pytest.mark.parametrize("name, options, field", [
+    ("seq1f1b", ["--seq-chunks", "2"], "seq_chunks"),
+    ("dualpipe", [], "pipelines")])
+def test_a_plan_a_literal_cannot_hold_is_refused_not_flattened(tmp_path, capsys, name,
+                                                               options, field):
+    """Sequence chunks or several pipelines: importing them as a literal term of plain
+    microbatches would drop a rule (a VIOLATED plan would come back VERIFIED), so the
+    field is named and nothing is written."""
+    source, out = tmp_path / "plan.json", tmp_path / "out.toml"
+    code, _, _ = run(capsys, "export", "--family", name, "--pp", "2", "--microbatches", "4",
+                     *options, "--to", "plan-json", "--compute-only", "-o", str(source))
+    assert code == 0
+    code, _, err = run(capsys, "import", str(source), "-o", str(out))
+    assert code == 2 and f"$.{field}: cannot import" in err and not out.exists()
+
+
+def test_seq_chunks_that_split_a_sample_across_pipelines_are_bad_input(tmp_path, capsys):
+    source = tmp_path / "dp.csv"
+    code, _, _ = run(capsys, "export", "--family", "dualpipe", "--pp", "2", "--microbatches",
+                     "6", "--to", "torch-csv", "--compute-only", "-o", str(source))
+    assert code == 0
+    code, _, err = run(capsys, "check", str(source), "--bidirectional", "--seq-chunks", "2")
+    assert code == 2 and "a sample in one pipeline" in err
+    code, _, err = run(capsys, "check", "--family", "seq1f1b", "--pp", "2", "--microbatches",
+                       "2", "--seq-chunks", str(10**14))
+    assert code == 2 and "--seq-chunks must be an integer from 1 to 1,000,000" in err

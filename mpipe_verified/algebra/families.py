@@ -94,11 +94,14 @@ def zbv(pp: int, microbatches: int) -> Weave:
 SEQ1F1B = "F^{p-r+s-2} (F B)*"
 
 
+MAX_SEQ_CHUNKS = 1_000_000  # as plan-json reads at most
+
+
 def seq1f1b(pp: int, microbatches: int, seq_chunks: int = 2) -> Weave:
     """Seq1F1B: each of ``microbatches`` samples cut into ``seq_chunks`` sequence chunks
     (microbatch ``sample * S + j``), run 1F1B-wise chunk by chunk."""
-    _need(isinstance(seq_chunks, int) and seq_chunks >= 1,
-          f"seq1f1b needs seq_chunks >= 1, got seq_chunks={seq_chunks!r}")
+    _need(isinstance(seq_chunks, int) and 1 <= seq_chunks <= MAX_SEQ_CHUNKS,
+          f"seq1f1b needs 1 <= seq_chunks <= {MAX_SEQ_CHUNKS:,}, got seq_chunks={seq_chunks!r}")
     return Weave(pp, microbatches, SEQ1F1B, seq_chunks=seq_chunks)
 
 

@@ -152,6 +152,9 @@ def literal(schedule: Schedule) -> Program:
     if schedule.cut.segments:
         raise ParameterError("a schedule with a cut (segments besides the body) has no "
                              "literal term")
+    if schedule.seq_chunks != 1 or schedule.pipelines:
+        raise ParameterError("a schedule of sequence chunks or of several pipelines has no "
+                             "literal term")
     placement, p = schedule.placement, schedule.num_ranks
     style, chunks = _style(placement)
     words = tuple(word_of(_work(prog, r), placement, r, schedule.num_microbatches)

@@ -444,6 +444,10 @@ class ForwardOnly:
         if s.forward_only:
             raise ParameterError("forward_only applies to a training term (this one is "
                                  "forward-only already)")
+        if s.seq_chunks > 1:
+            raise ParameterError("forward_only of sequence chunks is not supported: a chunk "
+                                 "keeps the keys and values later chunks read, which an "
+                                 "evaluation run's memory rule does not count")
         programs = tuple(tuple(x for op in prog if (x := _forwards_of(op)) is not None)
                          for prog in s.programs)
         return attrs.evolve(s, programs=programs, forward_only=True)
@@ -486,6 +490,9 @@ class Offloaded:
 
     def derive(self) -> Schedule:
         s = self.term.derive()
+        if s.seq_chunks > 1:
+            raise ParameterError("offload of sequence chunks is not supported: a chunk's "
+                                 "activation holds the keys and values later chunks read")
         return attrs.evolve(s, programs=tuple(offload_program(prog, self.gap, self.prefetch)
                                               for prog in s.programs))
 

@@ -61,6 +61,11 @@ def imported_term(schedule, path: str, is_json: bool = False):
     """The literal term of ``schedule`` (``ForwardOnly`` of it for a declared evaluation
     run); for what a literal cannot hold, ``InputError`` naming ``path`` and where: the
     rank's row of a CSV, ``$.programs[R]`` or ``$.cut`` of plan-json."""
+    for field, what in (("seq_chunks", "sequence chunks"), ("pipelines", "several pipelines")):
+        if getattr(schedule, field) not in (1, ()):
+            where = f"$.{field}: " if is_json else ""
+            raise InputError(f"{where}cannot import {what}: a literal term holds one pipeline "
+                             "of whole microbatches", path, 1 if not is_json else None)
     try:
         term = literal(schedule)
     except ParameterError as e:

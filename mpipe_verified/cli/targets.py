@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import attrs
 
-from ..algebra.families import FAMILIES, FAMILY_NAMES, family
+from ..algebra.families import FAMILIES, FAMILY_NAMES, MAX_SEQ_CHUNKS, family
 from ..algebra.terms import Offloaded
 from ..algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
 from ..errors import ParameterError
@@ -113,12 +113,16 @@ def with_seq_chunks(target: Schedule | Plan, chunks: int | None, name: str
         raise UsageError(f"{name}: --seq-chunks {chunks} does not divide the "
                          f"{target.num_microbatches} microbatches of the file (microbatch "
                          "mb*S+j is chunk j of sample mb)")
-    return attrs.evolve(target, seq_chunks=chunks)
+    try:
+        return attrs.evolve(target, seq_chunks=chunks)
+    except ValueError as e:  # a sample split across the file's pipelines
+        raise UsageError(f"{name}: --seq-chunks {chunks}: {e}") from None
 
 
 def check_seq_chunks(chunks: int | None) -> None:
-    if chunks is not None and chunks < 1:
-        raise UsageError(f"--seq-chunks must be an integer >= 1, got {chunks}")
+    if chunks is not None and not 1 <= chunks <= MAX_SEQ_CHUNKS:
+        raise UsageError(f"--seq-chunks must be an integer from 1 to {MAX_SEQ_CHUNKS:,}, "
+                         f"got {chunks}")
 
 
 def add_bidirectional(p: argparse.ArgumentParser) -> None:

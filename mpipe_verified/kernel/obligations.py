@@ -77,8 +77,11 @@ def _completeness(rules: Rules, facts: Facts, _witness) -> None:
     ok = rules.cut_ok()
     facts.flag("cut", ok, at=("cut",))
     if rules.pipes:
-        ok = rules.pipes_ok()
-        facts.flag("pipelines", ok, at=("pipelines",))
+        ok = ok and rules.pipes_ok()
+        facts.flag("pipelines", rules.pipes_ok(), at=("pipelines",))
+    if rules.seq != 1:
+        ok = ok and rules.seq_ok()
+        facts.flag("seq_chunks", rules.seq_ok(), at=("seq_chunks",))
     if not ok:
         return
     m, units, ns = rules.m, rules.units, rules.stages
@@ -119,7 +122,7 @@ def _completeness(rules: Rules, facts: Facts, _witness) -> None:
 
 def _moves(rules: Rules, facts: Facts) -> None:
     """Activation moves (§2.10): each names an activation of the plan (a unit and a
-    microbatch below ``m``; none in a forward-only plan); per rank and activation at most
+    microbatch below ``m``; none in a forward-only plan or one of sequence chunks); per rank and activation at most
     one offload and as many reloads as offloads; at most one lend sent, as many returns
     received as lends sent, as many returns sent as lends received."""
     g, s, b, names = rules.flow
@@ -134,8 +137,8 @@ def _moves(rules: Rules, facts: Facts) -> None:
         column = ({OFF: 0, REL: 1}[kind] if kind in (OFF, REL) else
                   (2 if lend[row] else 5) if kind == SEND else (4 if lend[row] else 3))
         count[key][column] += 1
-        facts.flag("move", key[1:3] in units and key[3] < rules.m and not rules.forward_only,
-                   at=("move", *key))
+        facts.flag("move", key[1:3] in units and key[3] < rules.m and not rules.forward_only
+                   and rules.seq == 1, at=("move", *key))
     for key, (off, rel, lent, back, held, gave) in count.items():
         facts.add("le", "offloads", off, 1, at=("move", *key))
         facts.add("eq", "reloads", rel, off, at=("move", *key))

@@ -53,6 +53,15 @@ class Rules:
         self.n = self.stages // len(self.pipes) if self.pipes_ok() and self.pipes else self.stages
         self._read(plan)
 
+    def seq_ok(self) -> bool:
+        """Sequence chunks: an int ``S >= 1`` dividing ``m``, each sample's chunks in one
+        pipeline, and not declared forward-only (a chunk keeps what later chunks read)."""
+        s = self.seq
+        return type(s) is int and s >= 1 and self.m % s == 0 and (s == 1 or (
+            not self.forward_only and all(
+                not {mb // s for mb in a} & {mb // s for mb in b}
+                for i, a in enumerate(self.pipes) for b in self.pipes[i + 1:])))
+
     def pipes_ok(self) -> bool:
         """No pipelines, or k >= 1 of them: microbatch tuples that partition ``0..m-1``,
         k dividing the stage count, and no cut."""

@@ -309,34 +309,38 @@ class Chain:
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)
-        if kind is Compute and self.pipelines and not op.segment:
+        if kind is not Compute:
+            return base
+        if self.pipelines and not op.segment:
             at = op.stage % self.per_pipeline  # a pipeline's ends: no flow across
             if op.kind == FORWARD and at == 0:
                 base = ()
             elif op.kind in (BACKWARD, INPUT_GRAD) and at == self.per_pipeline - 1:
                 base = base[:1]
-        if self.offloaded and kind is Compute and op.kind in (BACKWARD, INPUT_GRAD):
-            base += tuple((t, op.segment, op.stage, op.mb) for t in ("reloaded", "returned")
-                          if (rank, op.segment, op.stage, op.mb, t) in self.offloaded)  # §2.10
-        if self._chunked and kind is Compute:
-            base += self._chunk_needs(op)
-        if kind is not Compute or not self.cut.segments:
-            return base
+        added: tuple = ()  # a moved activation back (§2.10), earlier chunks' keys (§2.5)
+        if self.offloaded and op.kind in (BACKWARD, INPUT_GRAD):
+            added = tuple((t, op.segment, op.stage, op.mb) for t in ("reloaded", "returned")
+                          if (rank, op.segment, op.stage, op.mb, t) in self.offloaded)
+        if self._chunked:
+            added += self._chunk_needs(op)
+        if not self.cut.segments:
+            return base + added
         seg = self._segments.get(op.segment)
         if seg is None:  # a body op
             if op.kind == FORWARD and op.stage == 0:
-                return base + tuple(("out", src.name, 0, op.mb) for src in self._sources)
-            return base
+                base += tuple(("out", src.name, 0, op.mb) for src in self._sources)
+            return base + added
         extra: tuple = ()
         if op.kind in (FORWARD, RECOMPUTE) and seg.trainable and rank != seg.home:
             extra = (("params", seg.name, 0, 0),)
         if op.kind == FORWARD:
             body_out = ("out", BODY, self.num_stages - 1, op.mb)
-            return extra + ((body_out,) if seg.side == SINK else ())
+            return extra + ((body_out,) if seg.side == SINK else ()) + added
         if op.kind in (BACKWARD, INPUT_GRAD):
             stored = ("stored", seg.name, 0, op.mb)
-            return (stored, ("grad", BODY, 0, op.mb)) if seg.side == SOURCE else (stored,)
-        return extra + base
+            return ((stored, ("grad", BODY, 0, op.mb)) if seg.side == SOURCE
+                    else (stored,)) + added
+        return extra + base + added
 
     def _chunk_needs(self, c: Compute) -> tuple[tuple, ...]:
         """The sequence-chunk rule (see the class docstring) for one compute op."""

@@ -328,9 +328,12 @@ def move_issues(plan: Plan, limit: int | None = None) -> list[MoveIssue]:
         for index, op in enumerate(program):
             for what, move in _moves_of(op):
                 key = (rank, move.segment, move.stage, move.mb)
-                if (move.segment, move.stage) not in units or move.mb >= m or plan.forward_only:
+                if ((move.segment, move.stage) not in units or move.mb >= m or plan.forward_only
+                        or plan.seq_chunks > 1):
                     why = ("the plan is declared forward-only (nothing is stored)"
-                           if plan.forward_only else "it is not an activation of this plan")
+                           if plan.forward_only else "a chunk's activation holds the keys and "
+                           "values later chunks read: a plan of sequence chunks moves none"
+                           if plan.seq_chunks > 1 else "it is not an activation of this plan")
                     issues.append(MoveIssue(key, (rank, index), f"{op} on rank {rank}: {why}"))
                     continue
                 counts.setdefault(key, [0] * 6)[what] += 1
