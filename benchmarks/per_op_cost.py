@@ -28,6 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from mpipe_verified.errors import ParameterError  # noqa: E402
 from mpipe_verified.algebra.families import family  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
 
@@ -58,7 +59,12 @@ def sized(name: str, args) -> tuple[int, int]:
     a, b = ops_of(name, args.pp, low, args), ops_of(name, args.pp, 2 * low, args)
     per = max((b - a) / low, 1e-9)
     m = max(low, round(low + (args.ops - a) / per))
-    return m, ops_of(name, args.pp, m, args)
+    for m in range(m, m + 2 * args.pp):  # the next count the family takes (dualpipe: even)
+        try:
+            return m, ops_of(name, args.pp, m, args)
+        except ParameterError:
+            continue
+    raise SystemExit(f"{name}: no microbatch count from {m - 2 * args.pp + 1} to {m} builds")
 
 
 def time_check(name: str, m: int, args) -> float:
