@@ -51,8 +51,8 @@ def test_check_refuses_a_chunk_before_its_predecessor(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--seq-chunks", "3"], "--seq-chunks 3 does not divide the 4 microbatches"),
-    (["--seq-chunks", "0"], "--seq-chunks must be an integer >= 1, got 0"),
-    (["--seq-chunks", "-2"], "--seq-chunks must be an integer >= 1, got -2")])
+    (["--seq-chunks", "0"], "--seq-chunks must be an integer from 1 to 1,000,000, got 0"),
+    (["--seq-chunks", "-2"], "--seq-chunks must be an integer from 1 to 1,000,000, got -2")])
 def test_a_bad_chunk_count_is_bad_input(args, message, tmp_path, capsys):
     csv = tmp_path / "o.csv"
     csv.write_text("0F0,0F1,0F2,0F3,0B1,0B0,0B3,0B2\n")
