@@ -36,7 +36,6 @@ import z3
 
 from . import family_interleaved as il, shape
 from .core import Obligation, all_sizes, law
-from .lowered import deadlock_obligations, matching_obligations
 from .model import F
 
 NAME = "seq1f1b"
@@ -205,28 +204,23 @@ FLOW = all_sizes(f"every p >= 1, m >= 1 samples, S >= 1 chunks, rank pair; lexic
                  f"potential over every input, the chunk rules included; {SHAPE}")
 
 
-def _cell(name: str, prop: str, statement: str, scope: str, obligations, **extra):
-    return law(f"seq1f1b_{name}", f"seq1f1b: {statement}", scope, weight=2, family=NAME,
-               property=prop, covers=_valid, **extra)(obligations)
+def _cell(prop: str, statement: str, scope: str, covers, obligations, **extra):
+    """A seq1f1b law for ``prop`` (``peak_memory`` for the memory property); the
+    dependency law says which inputs the chunk rules add."""
+    if prop == "dependency":
+        statement += (" (the chunk rules included: each chunk's forward after the previous "
+                      "chunk's on its rank and stage, each chunk's backward after the next "
+                      "chunk's)")
+    return law(f"seq1f1b_{prop}", f"seq1f1b: {statement}", scope, weight=2, family=NAME,
+               property="memory" if prop == "peak_memory" else prop, covers=covers,
+               **extra)(obligations)
 
 
 seq1f1b_completeness = _cell(
-    "completeness", "completeness", "every stage's F and B of every chunk of every sample "
-    "exactly once, on the stage's rank, and nothing else", ALL,
-    lambda: [*_streams(), *_completeness()])
-seq1f1b_dependency = _cell(
-    "dependency", "dependency", "every op's inputs come before it in an acyclic data-flow "
-    "order (each chunk's forward after the previous chunk's on its rank and stage, each "
-    "chunk's backward after the next chunk's), so the data-flow timing reaches every op: "
-    "the schedule runs", FLOW, _flow)
-seq1f1b_matching = _cell(
-    "matching", "matching", "the lowered plan pairs each send with its receive (FIFO per "
-    "rank pair, equal counts and payloads)", FLOW,
-    lambda: [*matching_obligations(), *_flow()])
-seq1f1b_deadlock = _cell(
-    "deadlock", "deadlock", "the lowered plan runs to completion under rendezvous "
-    "(completion-time witness: each op's place in lowering's event order)", FLOW,
-    lambda: [*deadlock_obligations(), *_flow()])
+    "completeness", "every stage's F and B of every chunk of every sample exactly once, on "
+    "the stage's rank, and nothing else", ALL, _valid, lambda: [*_streams(), *_completeness()])
+seq1f1b_dependency, seq1f1b_matching, seq1f1b_deadlock = il.flow_cells(_cell, FLOW, _valid,
+                                                                       _flow)
 seq1f1b_peak_memory = _cell(
-    "peak_memory", "memory", "the unit-model peak on rank r is exactly min(p - r + S - 1, "
-    "m S)", ALL, lambda: [*_streams(), *_memory()], peak=peaks)
+    "peak_memory", "the unit-model peak on rank r is exactly min(p - r + S - 1, "
+    "m S)", ALL, _valid, lambda: [*_streams(), *_memory()], peak=peaks)

@@ -19,11 +19,11 @@ import pytest
 from mpipe_verified.algebra.families import family
 from mpipe_verified.ir import Compute, Placement
 from mpipe_verified.lower import lower
-from mpipe_verified.proofs import core, expanded
+from mpipe_verified.proofs import expanded
 from mpipe_verified.proofs import family_seq1f1b as sq
-from mpipe_verified.proofs.core import all_sizes, law
 from mpipe_verified.proofs.covering import needed_laws
 from mpipe_verified.semantics import Chain, peak_memory
+from test_proofs_loop_families import _fails, _triples
 
 P_MAX, M_MAX, S_MAX = 8, 8, 4
 
@@ -33,16 +33,6 @@ def _instances():
         for m in range(1, M_MAX + 1):
             for s in range(1, S_MAX + 1):
                 yield p, m, s
-
-
-def _triples(schedule):
-    return tuple(tuple((op.kind, op.stage, op.mb) for op in prog) for prog in schedule.programs)
-
-
-def _fails(obligations) -> bool:
-    wrong = law("deliberately_wrong", "a deliberately wrong statement", all_sizes("test"))(
-        lambda: list(obligations))
-    return core.run_all([wrong], jobs=1)[0].status == core.FAILED
 
 
 def test_the_model_is_the_package_s_schedule_and_lowering():
