@@ -59,6 +59,15 @@ def test_the_laws_answer_as_the_op_by_op_check_does(capsys, p, m, s):
     assert proof["peak_memory"] == expanded["peak_memory"]  # the formula = the verifier's
 
 
+def test_the_summary_counts_the_plans_microbatches_as_the_op_by_op_check_does(capsys):
+    """The verdict line names m S microbatches on both roads (not m samples)."""
+    lines = []
+    for road in ("--laws", "--expand"):
+        assert main(["check", *argv(3, 2, 3), road]) == 0
+        lines.append(capsys.readouterr().out.splitlines()[0])
+    assert all("(3 ranks, 6 microbatches, " in line for line in lines), lines
+
+
 def test_1024_ranks_are_answered_by_the_laws():
     proc = subprocess.run([str(SCRIPT), "check", *argv(1024, 4096, 2), "--json"],
                           capture_output=True, text=True, timeout=120)
