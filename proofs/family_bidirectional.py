@@ -10,15 +10,28 @@ sit on virtual rank ``h = min(r, p-1-r)``, one as chunk 0, one as chunk 1, so ra
 runs virtual rank ``h``'s word (its chunks' local microbatches ``0..m/2-1`` being its
 pipelines' ``i m/2 + x``), and so does its mirror ``p-1-r``, for the other pipeline
 (``twin``; = the package's programs for even ``p <= 8``, ``m <= 24``,
-tests/test_proofs_family_models.py). Every input of the two pipelines (model stage
+tests/test_proofs_bidirectional.py). Every input of the two pipelines (model stage
 ``d-1`` to ``d`` of one microbatch, forward or gradient) is an input of the V: chunk 0
 of ``h-1`` to chunk 0 of ``h``, chunk 1 of ``h+1`` to chunk 1 of ``h``, or the turn,
 chunk 0 to chunk 1 of virtual rank ``n-1``, which here joins the two middle ranks (a
-transfer, where DualPipeV turns on one rank). A clock that depends only on the virtual
-rank, step and unit therefore ranks the two pipelines' data-flow graph as it ranks the
-V's: DualPipe's word is DualPipeV's on ``n`` ranks with ``m/2`` microbatches (its laws
-are DualPipeV's obligations, which hold for every ``p, m >= 2p``, so at ``n, m/2``),
-Chimera's is ``proofs.family_chimera``'s.
+transfer, where DualPipeV turns on one rank).
+
+**The substitution** (``at_real_ranks``, ``stage_map``). The V's obligations are proven
+again as statements about real rank ``R``: ``sigma`` maps the V's size symbols
+(DualPipeV's ``p, m, r``; Chimera's word's ``n, h``) to ``n``, ``m/2`` and
+``HV = h(R) = min(R, p-1-R)``, in every goal, hypothesis and lemma. The V's size
+hypotheses (``p >= 1, m >= 2p, 0 <= r < p``) become lemmas that a first obligation
+proves from the real sizes (``p = 2n >= 2``, ``m/2 >= 2n``, ``0 <= R < p``). Rank ``R``'s
+chunk ``c``, the V's stage ``stage(n, HV, c)``, is model stage ``D`` of pipeline ``I``
+(0 iff ``D < n`` and ``R < n`` agree), owned by ``R``, at virtual rank ``hv(D) = HV``,
+chunk ``cv(D) = c``, and every stage ``R`` owns is one of them; for DualPipe every real
+input, forward or gradient, is a row of DualPipeV's own input table
+(``family_dualpipev._edges``) at the consumer's virtual rank, the producer at the row's
+virtual rank and chunk. So the V's clock read at ``h(R)`` is a timing of the real ranks
+(each real input's producer is where the V's row puts it) and the V's level bounds the
+real rank's memory: DualPipe's laws are DualPipeV's obligations at ``n, m/2, h(R)``,
+Chimera's ``proofs.family_chimera``'s at ``n, h(R)``, each proven by Z3 as such. What
+rests on tests is the model (``twin`` of the V word is the package's programs).
 
 **The replica tail.** Model stage ``J``'s replicas sit on ranks ``J`` and ``p-1-J``
 (distinct, ``p`` even), so each rank ``r`` ends with ``replica:h`` then ``replica:p-1-h``,
@@ -182,14 +195,15 @@ def at_real_ranks(title: str, obligations, sigma: tuple, v_sizes: tuple, real_si
                                   lemmas=tuple(sub(lm) for lm in ob.lemmas) + tuple(sized))
 
 
-def stage_map(title: str, stage_of, edges=()):
+def stage_map(title: str, stage_of, edges=None):
     """The substitution's stages: rank ``R``'s chunk ``c`` (virtual stage
     ``stage_of(N, HV, c)``) is model stage ``D`` of pipeline ``I`` (0 iff ``D < n`` and
     ``R < n`` agree, as ``twin`` maps it), owned by ``R``, at virtual rank ``hv(D) = HV``
-    and chunk ``cv(D) = c``; every model stage ``R`` owns is one of its chunks. ``edges``
-    (the V's inputs as ``(name, condition on its r, consumer chunk, (rank offset, chunk))``
-    over ``(p, r)``, forward ones first): every real input is one of them at the
-    consumer's virtual rank."""
+    and chunk ``cv(D) = c``; every model stage ``R`` owns is one of its chunks. ``edges``,
+    the V's input table ``(r, p, forward, gradient)`` (rows ``(name, condition on r,
+    consumer chunk, (producer's rank offset, chunk))``): every real input, forward
+    (stage ``d-1`` to ``d``) or gradient (``d`` to ``d-1``), is a row at the consumer's
+    virtual rank."""
     s = symbols()
     N, R, D, I, HV = s.N, s.R, s.D, s.I, s.HV
     sized = s.sizes + (HV == s.h,)
@@ -208,18 +222,21 @@ def stage_map(title: str, stage_of, edges=()):
                                        owner(I, D) == R),
                                 z3.Or(*[z3.And(D == stage_of(N, HV, c), I == pipe(D))
                                         for c in (0, 1)])), sized)
-    if not edges:
+    if edges is None:
         return
-    r_v, p_v, forward, grad = edges
-    for label, (made, needs) in (("forward", (D - 1, D)), ("gradient", (D, D - 1))):
-        table = forward if label == "forward" else grad
-        yield Obligation(
-            f"{title}each {label} input, model stage {'d-1 to d' if label == 'forward' else 'd to d-1'} "
-            f"of one pipeline, is an input of the V's table at the consumer's virtual rank",
-            z3.Or(*[z3.And(z3.substitute(cond, (r_v, hv(needs)), (p_v, N)) if not
-                           isinstance(cond, bool) else z3.BoolVal(cond),
-                           cv(needs) == c, hv(made) == hv(needs) + dr, cv(made) == pc)
-                    for _, cond, c, (dr, pc) in table]), (N >= 1, 1 <= D, D < 2 * N))
+    r_v, p_v, forward, gradient = edges
+
+    def at(cond, rank):
+        return z3.BoolVal(cond) if isinstance(cond, bool) else z3.substitute(
+            cond, (r_v, rank), (p_v, N))
+    for label, rows, made, needs in (("forward", forward, D - 1, D),
+                                     ("gradient", gradient, D, D - 1)):
+        yield Obligation(f"{title}each {label} input between model stages of one pipeline "
+                         f"is a row of the V's input table at the consumer's virtual rank",
+                         z3.Or(*[z3.And(at(cond, hv(needs)), cv(needs) == c,
+                                        hv(made) == hv(needs) + dr, cv(made) == pc)
+                                 for _, cond, c, (dr, pc) in rows]),
+                         (N >= 1, 1 <= D, D < 2 * N))
 
 
 def tail():
@@ -280,10 +297,14 @@ def _dualpipe(prop: str) -> list:
             "memory": lambda: dualpipev.dualpipev_peak_memory.obligations()}
     body = word[prop]() if prop in word else list(dualpipev.flow())
     s = symbols()
-    sigma = ((dualpipev.p, s.N), (dualpipev.m, s.M2), (dualpipev.r, s.HV))
     real_sizes = s.sizes + (s.M2 >= 2 * s.N, s.HV == s.h)
     return [*stage_map(V_DUALPIPE, v_stage, _dualpipev_edges()),
-            *at_real_ranks(V_DUALPIPE, body, sigma, dualpipev.SIZES, real_sizes)]
+            *at_real_ranks(V_DUALPIPE, body, dualpipe_sigma(s), dualpipev.SIZES, real_sizes)]
+
+
+def dualpipe_sigma(s: Symbols) -> tuple:
+    """DualPipeV's ``p``, ``m``, ``r`` to ``n``, ``m/2`` and rank ``R``'s virtual rank."""
+    return (dualpipev.p, s.N), (dualpipev.m, s.M2), (dualpipev.r, s.HV)
 
 
 def _chimera(prop: str) -> list:
@@ -343,11 +364,15 @@ STATEMENTS = {
 }
 HOW = {
     "dualpipe": "DualPipeV's model, clock and level on n = p/2 virtual ranks, m/2 "
-                "microbatches a chunk (= the package's programs through twin for even "
-                "p <= 8, m <= 24, tests/test_proofs_family_models.py)",
-    "chimera": "Chimera's unit word on n = p/2 virtual ranks, its clock u (6n-2) + d + 2x "
-               "(F) or 4n-1-d+2x (B) (= the package's programs through twin for even "
-               "p <= 8, m <= 24, tests/test_proofs_family_models.py)",
+                "microbatches a chunk, substituted onto real rank r (p, m, r to n, m/2, "
+                "min(r, p-1-r)) with its stages, pipelines and input table (= the "
+                "package's programs through twin for even p <= 8, m <= 24, "
+                "tests/test_proofs_bidirectional.py)",
+    "chimera": "Chimera's unit word on n = p/2 virtual ranks, the units chained as its "
+               "generator chains them, its clock 4n u + d + 2x (F) or 4n u + 4n-1-d+2x "
+               "(B), substituted onto real rank r (n, h to p/2, min(r, p-1-r)) with its "
+               "stages and pipelines (= the package's programs through twin for even "
+               "p <= 8, m <= 24, tests/test_proofs_bidirectional.py)",
 }
 LOWERED = ("; the lowering model of proofs.lowered for the point-to-point body, the "
            "replica tail after it (= lower for even p <= 8, "
