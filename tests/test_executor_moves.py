@@ -184,3 +184,31 @@ def test_example_offloads_zb_h1_and_checks_grads():
     found = re.findall(r"^\[rank0\]:grads match a single-process run: max abs diff (\S+)$",
                        done.stdout, re.M)
     assert len(found) == 1 and float(found[0]) <= 1e-5, done.stdout
+
+
+def test_a_move_of_a_segment_activation_is_refused_at_construction():
+    import attrs
+    import train_tiny_mllm as tiny
+    from mpipe_verified.executor import PipelineError, PipelineExecutor
+    from mpipe_verified.ir import Compute, Offload, Reload
+    plan, encoder, stages, _ = tiny.prepare("1f1b", 2, 4, 8)
+    program = list(plan.programs[0])
+    program.insert(program.index(Compute("F", 0, 0, "vision")) + 1, Offload(0, 0, "vision"))
+    program.insert(program.index(Compute("B", 0, 0, "vision")), Reload(0, 0, "vision"))
+    plan = attrs.evolve(plan, programs=(tuple(program), *plan.programs[1:]))
+    report = verify(plan)
+    assert report.verified
+    with pytest.raises(PipelineError, match="moves body activations only"):
+        PipelineExecutor(plan, report.certificate, stages=stages,
+                         segments={"vision": encoder}, loss_fn=tiny.loss_fn, rank=0)
+
+
+def test_a_rank_move_for_another_activation_is_refused_by_its_header():
+    from mpipe_verified.executor import PayloadMismatchError
+    from mpipe_verified.ir import LEND, RETURN, Payload
+    mover = moves.Mover(1, torch.device("cpu"))
+    head = mover._header(Payload(LEND, 0, 1), 64)
+    assert mover._check(head, Payload(LEND, 0, 1), 0, "1RECV_LEND1", "header") == 64
+    for other in (Payload(LEND, 0, 0), Payload(RETURN, 0, 1)):
+        with pytest.raises(PayloadMismatchError, match="received lend of stage 0 mb 1"):
+            mover._check(head, other, 0, "1RECV_LEND0", "header")

@@ -310,13 +310,15 @@ def _needed(needs: tuple, kind: str, store: Mapping):
 
 
 def _own_outputs(out, leaves, args, kwargs, capture) -> list:
-    """The tensors of a moved activation's graph output that hold memory of its own: not
-    an input's (the batch, a value the forward was given) nor a parameter's or buffer's."""
+    """The tensors of a moved activation's graph output that hold memory of its own: made
+    by the graph (a ``grad_fn``), and not an input's (the batch, a value the forward was
+    given) nor a parameter's or buffer's."""
     given = {id(x) for x in leaves}
     external = capture.static | {
         t.untyped_storage().data_ptr() for t in moves.tensors_of((args, kwargs))
         if id(t) not in given}
-    return [t for t in moves.tensors_of(out) if t.untyped_storage().data_ptr() not in external]
+    return [t for t in moves.tensors_of(out)
+            if t.grad_fn is not None and t.untyped_storage().data_ptr() not in external]
 
 
 def _recording(p: Pass, module: nn.Module, mb: int):
