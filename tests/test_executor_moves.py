@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import os
 import re
-import subprocess
 import sys
 import warnings
 import weakref
@@ -34,13 +33,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 import test_executor as base  # noqa: E402
+import test_executor_example as example  # noqa: E402
 import test_executor_worker as worker  # noqa: E402
 from mpipe_verified.executor import moves  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
-
-ROOT = os.path.join(HERE, "..")
-MPIPE_RUN = os.path.join(os.path.dirname(sys.executable), "mpipe-run")
 
 
 def cases(world: int) -> list[dict]:
@@ -175,15 +172,7 @@ def test_an_offloaded_activation_frees_its_device_tensors_and_backward_is_bitwis
 
 
 def test_example_offloads_zb_h1_and_checks_grads():
-    done = subprocess.run(
-        [MPIPE_RUN, "--nproc", "2", "--backend", "gloo",
-         os.path.join(ROOT, "examples", "train_tiny_mllm.py"), "--schedule", "zb-h1",
-         "--offload", "1", "--steps", "1", "--check-grads"],
-        capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    found = re.findall(r"^\[rank0\]:grads match a single-process run: max abs diff (\S+)$",
-                       done.stdout, re.M)
-    assert len(found) == 1 and float(found[0]) <= 1e-5, done.stdout
+    example.example_grads_match(2, ["--schedule", "zb-h1", "--offload", "1", "--steps", "1"])
 
 
 def test_a_move_of_a_segment_activation_is_refused_at_construction():
