@@ -170,9 +170,9 @@ class StageCompute:
                 kwargs = dict(data.kwargs)
             shipped = [comm.ShippedInput(raw, comm.rng_state(p.device))
                        for t in raw_token if t in step.keep]  # before the forward draws
-            with _recording(p, module, mb), (capture.hooks() if capture is not None
-                                             else contextlib.nullcontext()):
-                y = module(*args, **kwargs)
+            with capture.hooks() if capture is not None else contextlib.nullcontext():
+                with _recording(p, module, mb):
+                    y = module(*args, **kwargs)
                 self.setup.check(c, module, y)  # a graph no backward here can run: refused
                 out = y
                 if sink or (not seg and s == self.last_stage):
