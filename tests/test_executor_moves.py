@@ -201,3 +201,14 @@ def test_a_rank_move_for_another_activation_is_refused_by_its_header():
     for other in (Payload(LEND, 0, 0), Payload(RETURN, 0, 1)):
         with pytest.raises(PayloadMismatchError, match="received lend of stage 0 mb 1"):
             mover._check(head, other, 0, "1RECV_LEND0", "header")
+
+
+def test_a_move_between_i_and_w_is_refused():
+    from mpipe_verified.executor import PipelineError
+    from mpipe_verified.ir import Compute, Offload, Reload
+    program = (Compute("F", 0, 0), Compute("I", 0, 0), Offload(0, 0), Compute("W", 0, 0),
+               Reload(0, 0))
+    with pytest.raises(PipelineError, match="between its I and its W"):
+        moves.check_plan(program, 0, {("", 0, 0)})
+    moves.check_plan((Compute("F", 0, 0), Offload(0, 0), Reload(0, 0), Compute("I", 0, 0),
+                      Compute("W", 0, 0)), 0, {("", 0, 0)})

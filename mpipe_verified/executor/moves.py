@@ -38,7 +38,8 @@ int64 words: a magic, the kind, stage, microbatch, a hash of the segment and the
 count), then the bytes followed by the same header as a trailer. The receiver checks the
 header against the plan's payload before posting the bytes (it learns their size there),
 then the trailer: a mismatch is a ``PayloadMismatchError`` naming both. A rank move is
-posted alone (a ``Group`` holding one is refused by ``check_plan``) and waited for at once.
+posted alone (a ``Group`` holding one is refused by ``check_plan``, as is a move between
+a split backward's ``I`` and ``W``) and waited for at once.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from typing import Mapping
 
 import torch
 
-from ..ir import LEND, RANK_MOVES, Group
+from ..ir import (INPUT_GRAD, LEND, RANK_MOVES, WEIGHT_GRAD, Group, Offload, Send,
+                  computes_of, p2p_of)
 from . import comm
 from .errors import PayloadMismatchError, PeerError, PipelineError
 
@@ -60,16 +62,28 @@ _KIND = {"lend": 1, "return": 2}
 
 def check_plan(program, rank: int, moved) -> None:
     """Refuse what this executor does not move: a cut segment's activation, a rank move
-    posted in a ``Group``."""
+    posted in a ``Group``, a move between a split backward's ``I`` and ``W`` (what ``I``
+    kept for ``W`` is not part of the moved activation)."""
     for seg, stage, mb in moved:
         if seg:
             raise PipelineError(f"rank {rank}: the plan moves the stored activation of "
                                 f"{seg}:{stage} mb {mb}; the executor moves body activations "
                                 "only (docs/executor.md, \"Activation moves\")")
+    split = set()  # (segment, stage, mb) after its I, before its W
     for index, op in enumerate(program):
         if type(op) is Group and any(c.payload.kind in RANK_MOVES for c in op.ops):
             raise PipelineError(f"rank {rank}: {op} at position {index}: a lend or return "
                                 "inside a group; the executor posts rank moves alone")
+        for c in computes_of(op):
+            if c.kind in (INPUT_GRAD, WEIGHT_GRAD):
+                (split.add if c.kind == INPUT_GRAD else split.discard)((c.segment, c.stage, c.mb))
+        away = [(op.segment, op.stage, op.mb)] if type(op) is Offload else [
+            (c.payload.segment, c.payload.stage, c.payload.mb) for c in p2p_of(op)
+            if type(c) is Send and c.payload.kind == LEND]
+        if any(key in split for key in away):
+            raise PipelineError(f"rank {rank}: {op} at position {index} moves an activation "
+                                "between its I and its W; the executor moves an activation "
+                                "between its forward and its first backward only")
 
 
 def moved_here(offloaded, rank: int) -> frozenset:
