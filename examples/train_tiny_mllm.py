@@ -51,6 +51,8 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
+from mpipe_verified.algebra.terms import Offloaded  # noqa: E402
+from mpipe_verified.cli.targets import offload_option  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
                                      PipelineExecutor, infer_payload_shapes, init_distributed,
                                      pipeline_mesh, split_sequential, with_payload_shapes)
@@ -195,10 +197,12 @@ def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: 
 
 
 def build_term(schedule: str, pp: int, microbatches: int, mode: str = "recompute",
-               ownership: str = "full", body: str = "1f1b", audio_mode: str | None = None):
+               ownership: str = "full", body: str = "1f1b", audio_mode: str | None = None,
+               offload: tuple[int, int] | None = None):
     """Every family keeps the encoder inline on the first stage (a cut segment on rank
     0); ``transpose`` moves it into the bubbles of the ``body`` family. ``audio_mode``
-    (None: no audio) cuts the audio encoder the same way, after the vision one."""
+    (None: no audio) cuts the audio encoder the same way, after the vision one.
+    ``offload``: ``(gap, prefetch)`` of the ``offload`` modifier, applied last."""
     term = family(body if schedule == "transpose" else schedule, pp, microbatches)
     for name, how in (("vision", mode), ("audio", audio_mode)):
         if how is None:
@@ -208,7 +212,7 @@ def build_term(schedule: str, pp: int, microbatches: int, mode: str = "recompute
         else:
             term = Transpose(term, segment=name, ownership="inline",
                              mode="frozen" if how == "frozen" else "recompute")
-    return term
+    return term if offload is None else Offloaded(term, *offload)
 
 
 def prepare(schedule: str, pp: int, microbatches: int, rows: int, mode: str = "recompute",
@@ -241,10 +245,10 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
                      mode: str = "recompute", ownership: str = "full", body: str = "1f1b",
                      layers: int = 6, dim: int = 32, seed: int = 0,
                      audio_mode: str | None = None, batchnorm: bool = False,
-                     bf16: bool = False):
+                     bf16: bool = False, offload: tuple[int, int] | None = None):
     """``prepare`` with the audio encoder too when ``audio_mode`` is given: returns
     ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order."""
-    term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode)
+    term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode, offload)
     plan = lower(term.derive())
     num_stages = plan.placement.num_stages
     encoders, full = build_models(num_stages, mode, layers, dim, seed, audio_mode,
@@ -349,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="clip the global gradient norm to C every step")
     ap.add_argument("--bf16", action="store_true", help="every module under bf16 autocast")
     ap.add_argument("--timeout", type=float, default=None, help="seconds (MPIPE_TIMEOUT)")
+    ap.add_argument("--offload", type=offload_option, default=None, metavar="GAP[,PREFETCH]",
+                    help="offload(TERM, gap, prefetch): each body activation whose backward "
+                         "is at least GAP+1 steps later goes to host memory after its "
+                         "forward and comes back PREFETCH steps before that backward")
     args = ap.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -368,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         plan, encoders, stages, full = prepare_encoders(args.schedule, pp, m, rows // args.dp,
                                                         args.mode, args.ownership, args.body,
                                                         args.layers, args.dim, args.seed,
-                                                        audio_mode, args.batchnorm, args.bf16)
+                                                        audio_mode, args.batchnorm, args.bf16,
+                                                        args.offload)
     except ValueError as err:
         print(f"rank {rank}: cannot build the plan: {err}", file=sys.stderr)
         return 2

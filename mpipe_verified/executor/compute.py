@@ -34,7 +34,7 @@ from torch import nn
 from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE,
                   WEIGHT_GRAD, Compute, Recv, Send, p2p_of)
 from ..semantics import Chain, produces
-from . import buffers, comm, loss, split_backward, tree
+from . import buffers, comm, loss, moves, split_backward, tree
 from .batch import Batch
 from .errors import PipelineError
 from .stage_setup import StageSetup
@@ -58,6 +58,7 @@ class Saved:
     params: tuple
     parts: tuple = ()
     per_source: bool = False
+    moves: object = None  # a ``moves.Activation`` when the plan moves this activation
 
 
 class PerSource(dict):
@@ -95,8 +96,11 @@ class StageCompute:
     def __init__(self, rank: int, chain: Chain, program, stages: Mapping[int, nn.Module],
                  segments: Mapping[str, nn.Module], params: Mapping[int, tuple],
                  setup: StageSetup, loss_fn: Callable,
-                 segment_loss_fns: Mapping[str, Callable]) -> None:
+                 segment_loss_fns: Mapping[str, Callable],
+                 mover: moves.Mover | None = None) -> None:
         self.rank, self.chain = rank, chain
+        self.mover = mover  # activation moves (docs/semantics.md §2.10)
+        self.moved = moves.moved_here(chain.offloaded, rank)
         self.last_stage = chain.num_stages - 1
         self.at_cut = any(x.side == SOURCE for x in chain.cut.segments)
         self.stages, self.segments, self.params = stages, segments, params
@@ -121,6 +125,8 @@ class StageCompute:
             split_backward.backward_weight(_needed(needs, "wgrad_ready", store))
             return {produces(c)[0]: True}
         saved, g = _needed(needs, "stored", store), _needed(needs, "grad", store)
+        if saved.moves is not None:
+            saved.moves.ready()  # a reload still copying (CUDA): wait for it
         if c.kind == BACKWARD:
             return self._backward(c, saved, self._part(g, c))
         if c.kind == INPUT_GRAD:
@@ -138,6 +144,9 @@ class StageCompute:
         out_token, stored, *raw_token = produces(c)  # raw input: a cut segment's forward
         graph = stored in step.holds
         module = self.module(c)
+        capture = (moves.Capture((module,)) if graph and (seg, s, mb) in self.moved
+                   else None)  # the plan moves this activation: its saved tensors
+
         sink = bool(seg) and self.chain.segment(seg).side == SINK
         leaves, parts, args, kwargs, raw = [], [], [], {}, None
         with torch.set_grad_enabled(graph):
@@ -147,7 +156,8 @@ class StageCompute:
                 # a sink is detached: nothing flows back into the body
                 wanted = (graph and not sink
                           and self.chain.expected_backward(t[1], t[3])[0])
-                x, grad_leaves, paths = self._input(t, c, store[t], wanted)
+                x, grad_leaves, paths = self._input(t, c, store[t], wanted,
+                                                    capture is not None)
                 leaves.extend(grad_leaves)
                 parts.append((t[1], len(grad_leaves), paths))
                 args.append(x)
@@ -160,17 +170,20 @@ class StageCompute:
                 kwargs = dict(data.kwargs)
             shipped = [comm.ShippedInput(raw, comm.rng_state(p.device))
                        for t in raw_token if t in step.keep]  # before the forward draws
-            with _recording(p, module, mb):
-                y = module(*args, **kwargs)
-            self.setup.check(c, module, y)  # a graph no backward here can run: refused
-            out = y
-            if sink or (not seg and s == self.last_stage):
-                out = self._loss_of(c, y, data, p)
-        produced = {out_token: y.detach() if type(y) is torch.Tensor
-                    else tree.detach(y, keep_flag=True)}
+            with capture.hooks() if capture is not None else contextlib.nullcontext():
+                with _recording(p, module, mb):
+                    y = module(*args, **kwargs)
+                self.setup.check(c, module, y)  # a graph no backward here can run: refused
+                out = y
+                if sink or (not seg and s == self.last_stage):
+                    out = self._loss_of(c, y, data, p)
+        value = (y.detach() if type(y) is torch.Tensor else tree.detach(y, keep_flag=True))
+        produced = {out_token: value if capture is None else moves.private(value)}
         if graph:
+            moved = None if capture is None else self.mover.activation(
+                capture, leaves, _own_outputs(out, leaves, args, kwargs, capture))
             produced[stored] = Saved(tuple(leaves), out, self.params[id(module)],
-                                     tuple(parts), not seg and s == 0 and self.at_cut)
+                                     tuple(parts), not seg and s == 0 and self.at_cut, moved)
         for t, value in zip(raw_token, shipped):
             produced[t] = value
         return produced
@@ -203,17 +216,18 @@ class StageCompute:
         p.loss = share if p.loss is None else p.loss + share
         return root
 
-    def _input(self, t: tuple, c: Compute, x, wanted: bool) -> tuple:
+    def _input(self, t: tuple, c: Compute, x, wanted: bool, own: bool = False) -> tuple:
         """``(value for the forward, its tensors that take a gradient, their paths)``; the
         paths are None for one float tensor (it always takes one when ``wanted``). A
         structure's float leaves take one if the plan ships it back (a received value) or
-        they required one where they were produced (a value from this rank)."""
+        they required one where they were produced (a value from this rank). ``own``: the
+        leaves are copies (a moved activation owns their memory: ``moves``)."""
         if type(x) is torch.Tensor:
             if not tree.is_float(x):
                 return x, [], ()
             if not wanted:
                 return x, [], None
-            x = x.detach().requires_grad_(True)
+            x = (x.detach().clone() if own else x.detach()).requires_grad_(True)
             return x, [x], None
         if not wanted:
             paths = frozenset()
@@ -229,6 +243,7 @@ class StageCompute:
             if v is not None:
                 v = v.detach()
                 if p in paths and tree.is_float(v):
+                    v = v.clone() if own else v
                     v.requires_grad_(True)
                     grads.append((p, v))
             items.append((p, v))
@@ -292,6 +307,18 @@ def _needed(needs: tuple, kind: str, store: Mapping):
         if t[0] == kind:
             return store[t]
     return None
+
+
+def _own_outputs(out, leaves, args, kwargs, capture) -> list:
+    """The tensors of a moved activation's graph output that hold memory of its own: made
+    by the graph (a ``grad_fn``), and not an input's (the batch, a value the forward was
+    given) nor a parameter's or buffer's."""
+    given = {id(x) for x in leaves}
+    external = capture.static | {
+        t.untyped_storage().data_ptr() for t in moves.tensors_of((args, kwargs))
+        if id(t) not in given}
+    return [t for t in moves.tensors_of(out)
+            if t.grad_fn is not None and t.untyped_storage().data_ptr() not in external]
 
 
 def _recording(p: Pass, module: nn.Module, mb: int):

@@ -14,8 +14,6 @@ silently wrong.
   without gradients (docs/executor.md, "FSDP2").
 - A sink segment recomputed off its forward's rank (a plan-json file can say so; the
   algebra never derives it): only a source's raw input is shipped for a recompute.
-- A plan that moves activations (``OFFLOAD``/``RELOAD``, lends: docs/semantics.md §2.10):
-  verified, but not run here.
 
 And what one rank is given (``local_stages``, ``local_segments``, ``sink_losses``): a
 module for every stage and segment its program runs, a loss for every sink it trains;
@@ -31,7 +29,6 @@ from typing import Callable, Mapping
 from torch import nn
 
 from ..ir import SINK, Plan
-from ..semantics import plan_offloads
 from .errors import PipelineError
 from .topology import segments_touched
 
@@ -39,10 +36,6 @@ from .topology import segments_touched
 def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
     """Raise ``PipelineError`` (naming the segment, or the parameter and both places) for
     any of the models above."""
-    if plan_offloads(plan):
-        raise PipelineError("the plan moves activations (OFFLOAD/RELOAD, or lends them to "
-                            "another rank: docs/semantics.md §2.10); the verifier checks such "
-                            "plans but this executor does not run them")
     if plan.pipelines:
         raise PipelineError("the plan runs several pipelines over one model (DualPipe, "
                             "Chimera): the executor does not run them yet (it would need "

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..ir import ACT, GRAD, INPUT, Leaf, Payload, Plan, map_payloads
+from ..ir import ACT, GRAD, INPUT, RANK_MOVES, Leaf, Payload, Plan, map_payloads
 from . import tree
 from .batch import Batch, to_device
 from .comm import dtype_name
@@ -381,6 +381,8 @@ def _infer(stages, batch, m, segments, meta) -> Callable[[Payload], tuple]:
             return pick((p.segment, p.stage - 1, p.mb), "grad", p)
         if p.kind == INPUT:
             return raw[(p.segment, p.mb)]
+        if p.kind in RANK_MOVES:  # a stored activation: its layout travels with it (moves)
+            return None
         raise ValueError(f"unknown payload kind {p.kind!r}")
 
     return fn

@@ -35,7 +35,7 @@ from ..ir import SOURCE, Plan
 from ..semantics import RENDEZVOUS, Chain
 from ..verify.report import Certificate
 from . import (batch_fit, buffers, clipping, comm, handshake, loss, model_checks, packed,
-               partition, reductions, topology, transport)
+               moves, partition, reductions, topology, transport)
 from .batch import Batch
 from .compute import Pass, StageCompute
 from .errors import BatchError, PeerError, PipelineError, check_certificate
@@ -131,10 +131,14 @@ class PipelineExecutor:
                        for m in (*self.stages.values(), *self.segments.values())}
         setup = StageSetup(self.rank, self.program)  # before any forward compiles
         packed.check_program(self.program, self.rank)
+        moves.check_plan(self.program, self.rank, moves.moved_here(self.chain.offloaded,
+                                                                   self.rank))
+        self._mover = moves.Mover(self.rank, self.device)
         self._interpreter = Interpreter(
             self.rank, compile_steps(self.program, self.rank, self.chain),
             StageCompute(self.rank, self.chain, self.program, self.stages, self.segments,
-                         self._params, setup, loss_fn, self.segment_loss_fns))
+                         self._params, setup, loss_fn, self.segment_loss_fns, self._mover),
+            self._mover)
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
         self.steps = 0  # optimizer steps taken by step() (state_dict keeps it)
         self._connected = self._failed = False
@@ -165,6 +169,18 @@ class PipelineExecutor:
     def stored_peak(self) -> int:
         """The most stored activations held at once in the last run (``interpreter``)."""
         return self._interpreter.stored_peak
+
+    @property
+    def host_peak(self) -> int:
+        """The most stored activations held in host memory at once in the last run
+        (offloaded, docs/semantics.md §2.10): the verifier's host peak."""
+        return self._interpreter.host_peak
+
+    @property
+    def moves_log(self) -> list:
+        """Per activation move of the last run, ``(op, census)``: the bytes the moved
+        activation then had on the device, in host memory, and shared (``moves``)."""
+        return list(self._mover.log)
 
     def parameters(self) -> list[nn.Parameter]:
         """Trainable parameters this rank updates: its stages', plus each cut segment's on
@@ -197,6 +213,7 @@ class PipelineExecutor:
         check_certificate(self.plan, self.certificate, RENDEZVOUS)
         _, _, device = comm.init_distributed(self.startup_s)
         self.device = self.device or device
+        self._mover.use(self.device)
         self.topology = topo = topology.resolve(self.plan.num_ranks, self._pp_group,
                                                 self._dp_group)
         if topo.plan_rank != self.rank:
