@@ -117,8 +117,8 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
     term), ``changes`` (e.g. ``ownership``, ``mode``) applied to a transpose: the cost
     model is re-cut to ``body``'s stage count (see the module docstring). One model for
     ``--compare`` and ``tune``."""
-    schedule = spec.schedule
-    stages, own = model_stages(body.derive()), model_stages(schedule)
+    schedule, derived = spec.schedule, body.derive()
+    stages, own = model_stages(derived), model_stages(schedule)
     ratio = own / stages
     term = spec.term
     if isinstance(term, Transpose):
@@ -127,9 +127,15 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
     else:
         term = body
     cost = spec.cost
-    if cost is None and (stages != own or isinstance(term, Transpose)):
+    if cost is None and (stages != own or isinstance(term, Transpose)
+                         or derived.seq_chunks > 1 or derived.pipelines):
         cost = CostModel()  # the standard costs written out, so they can be re-cut
-    cost = cost.rescaled(own, stages) if cost else None
+    if cost:
+        recut = cost.rescaled(own, stages)
+        cost = cost.moved(schedule.placement, len(schedule.pipelines) or 1,
+                          derived.placement, len(derived.pipelines) or 1, recut.weights)
+        cost = attrs.evolve(recut, static=cost.static).chunked(derived.seq_chunks).tiled(
+            len(derived.pipelines))
     return Spec(term, term.derive(), cost, spec.memory_limit, name)
 
 
