@@ -95,10 +95,34 @@ def chunks_of(term) -> int | None:
     return schedule.placement.num_stages // schedule.num_ranks
 
 
+def samples(schedule: Schedule) -> int:
+    """The samples of a step: its microbatches, or with sequence chunks their samples
+    (what every family compared or tuned runs, whatever its chunks)."""
+    return schedule.num_microbatches // schedule.seq_chunks
+
+
+def not_comparable(spec: Spec, name: str) -> str | None:
+    """Why the family ``name`` cannot run ``spec``'s model (a family of several
+    pipelines or of sequence chunks: it needs an even pp, a multiple of microbatches, or
+    a model without a cut segment), or None. The classic families answer with a usage
+    error instead, as they always have."""
+    if name not in families.BIDIRECTIONAL and name not in families.SEQ_FAMILIES:
+        return None
+    if isinstance(spec.term, Transpose):
+        what = ("several pipelines" if name in families.BIDIRECTIONAL
+                else "sequence chunks (the encoder runs once per sample)")
+        return f"the cut segment {spec.term.segment!r} (a transpose) does not run over {what}"
+    try:
+        baseline_spec(spec, name)
+    except ParameterError as e:
+        return str(e)
+    return None
+
+
 def baseline_spec(spec: Spec, name: str) -> Spec:
     """``name`` on ``spec``'s model with the segment inline (see the module docstring)."""
     schedule = spec.schedule
-    p, m = schedule.num_ranks, schedule.num_microbatches
+    p, m = schedule.num_ranks, samples(schedule)
     chunks = None
     if name == "interleaved-1f1b":
         own = chunks_of(spec.term)
@@ -155,6 +179,10 @@ def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
         doc["inline_segment"] = (spec.term.segment if isinstance(spec.term, Transpose)
                                  else None)
     for family in compare:
+        skip = not_comparable(spec, family)
+        if skip is not None:
+            doc["compare"][family] = {"skipped": skip}
+            continue
         try:
             base = baseline_spec(spec, family)
         except ParameterError as e:
@@ -238,6 +266,9 @@ def render_simulation(doc: dict) -> str:
         lines.append(f"  {'family':<18} {'makespan':>10}  {'bubble':>7}  {'peak memory':>11}  "
                      f"{'fits limit':>10}  {'than this spec':>15}")
         for fam, e in doc["compare"].items():
+            if "skipped" in e:
+                lines.append(f"  {fam:<18} skipped: {e['skipped']}")
+                continue
             peak = max(e["peak_memory"].values(), default=0.0)
             fits = {None: "-", True: "yes", False: "NO"}[e["within_limit"]]
             lines.append(f"  {fam:<18} {_num(e['makespan']):>10}  {e['bubble_fraction']:>7.1%}  "
@@ -245,7 +276,18 @@ def render_simulation(doc: dict) -> str:
                          f"{faster(e['makespan'], doc['makespan']):>15}")
         lines.append(f"  (than this spec: each family's makespan against this spec's "
                      f"{_num(doc['makespan'])})")
+        lines.append("  ranked by makespan: " + ranking(doc))
     return "\n".join(lines) + "\n"
+
+
+def ranking(doc: dict) -> str:
+    """The spec and the families compared, fastest first, those over the limit marked."""
+    rows = [("this spec", doc["makespan"], True)] + [
+        (fam, e["makespan"], e["within_limit"] is not False)
+        for fam, e in doc["compare"].items() if "skipped" not in e]
+    rows.sort(key=lambda r: r[1])
+    return ", ".join(f"{name} {_num(ms)}" + ("" if fits else " (over the limit)")
+                     for name, ms, fits in rows)
 
 
 def faster(makespan: float | None, than: float | None) -> str:

@@ -61,15 +61,15 @@ import attrs
 from .algebra import families, placement, terms
 from .algebra.transpose import GIVEN, OWNERSHIPS, SOURCE, Transpose
 from . import check as spine
-from .comparison import faster, on_body, time_spec
+from .comparison import faster, on_body, samples, time_spec
 from .errors import ParameterError
 from .figures import figure
 from .ir import WEIGHT_GRAD, Plan, Schedule, computes_of
 from .question import Question
 from .sim import DeadlinePassed, SimulationError, check_deadline, now
 from .spec import Spec
-from .tune_dimensions import (Skipped, bidirectional, extra_size, offloaded, samples,
-                              sequence_chunks, why)
+from .tune_dimensions import (Skipped, bidirectional, extra_size, offloaded, sequence_chunks,
+                              why)
 
 CHUNKS = (2, 3, 4)
 LAGS = ("1", "2", "r")

@@ -25,17 +25,12 @@ from typing import Callable, Iterable, Iterator
 import attrs
 
 from .algebra import families, terms
+from .comparison import samples
 from .errors import ParameterError
 from .spec import Spec
 
 SEQ_CHUNKS = (2, 4)
 BIDIRECTIONAL = ("dualpipe", "chimera")
-
-
-def samples(schedule) -> int:
-    """The samples of a step: its microbatches, or with sequence chunks their samples
-    (what every candidate runs, whatever its chunks)."""
-    return schedule.num_microbatches // schedule.seq_chunks
 
 
 @attrs.frozen
