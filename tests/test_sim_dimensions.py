@@ -6,6 +6,7 @@ reason; ``tune`` on examples/long_sequence.toml."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -132,3 +133,13 @@ def test_tune_picks_sequence_chunks_or_offload_on_the_long_sequence_example(caps
     assert doc["baseline"] is None  # no plain family fits
     code, out, _ = run(capsys, "check", str(best))
     assert code == 0 and "VERIFIED" in out
+
+
+def test_the_schedules_doc_holds_what_its_command_prints():
+    """docs/schedules.md's table is ``python benchmarks/schedules.py``'s output."""
+    path = EXAMPLES.parent / "benchmarks" / "schedules.py"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+        "schedules_table", path))
+    module.__loader__.exec_module(module)
+    doc = (EXAMPLES.parent / "docs" / "schedules.md").read_text()
+    assert module.table() in doc
