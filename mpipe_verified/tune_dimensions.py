@@ -135,6 +135,7 @@ def why(best: dict | None, tried: list[dict], limit, skipped: Iterable[Skipped])
     """Why ``best`` won (the ``tune`` document's entries): the limit it fits, the faster
     candidates that do not, the classic families over the limit, and what was not tried."""
     out: list[str] = []
+    named = set()  # the candidate already said to be faster but over the limit
     if best is not None:
         fits = ("no memory limit is given" if limit is None else
                 f"fits the limit of {limit_text(limit)} (peak {best['peak_memory']:.6g})")
@@ -142,10 +143,12 @@ def why(best: dict | None, tried: list[dict], limit, skipped: Iterable[Skipped])
         faster = [t for t in tried if not t["fits"] and t["makespan"] < best["makespan"]]
         if faster:
             t = min(faster, key=lambda t: t["makespan"])
+            named.add(t["schedule"])
             out.append(f"{t['schedule']} is faster ({t['makespan']:.6g} against "
                        f"{best['makespan']:.6g}) but peaks at {t['peak_memory']:.6g} > "
                        f"{limit_text(limit)}")
-    over = sorted((t for t in tried if t.get("classic") and not t["fits"]),
+    over = sorted((t for t in tried if t.get("classic") and not t["fits"]
+                   and t["schedule"] not in named),
                   key=lambda t: t["makespan"])
     for t in over[:3]:
         out.append(f"{t['schedule']} peaks at {t['peak_memory']:.6g} > {limit_text(limit)}")

@@ -133,6 +133,9 @@ def test_tune_picks_sequence_chunks_or_offload_on_the_long_sequence_example(caps
     assert doc["baseline"] is None  # no plain family fits
     code, out, _ = run(capsys, "check", str(best))
     assert code == 0 and "VERIFIED" in out
+    text = run(capsys, "tune", str(LONG))[1]  # docs/tune.md shows these lines
+    shown = text.split("\n", 1)[1].split("Pareto front")[0]
+    assert shown in (EXAMPLES.parent / "docs" / "tune.md").read_text()
 
 
 def test_the_schedules_doc_holds_what_its_command_prints():

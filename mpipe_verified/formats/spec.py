@@ -30,6 +30,8 @@ A spec has one required table and optional ones::
     I = 1.0
     W = 1.0
     activation = 1.0          # stored per F: a number, or a list with one entry per stage
+    attention = 0.0           # the share of causal attention in F/B/I/R (sequence chunks:
+                              # a later chunk costs more; docs/schedules.md)
 
     [cost.segments.vision]    # optional, one per cut segment (cost.SegmentCost)
     F = 1.2                   # forward: a number or one per microbatch (or [transpose] costs)
@@ -49,10 +51,16 @@ A spec has one required table and optional ones::
     segment_input_bytes = 8.4e6
     parameter_bytes = 6e8     # a segment's parameters (broadcast) and gradients (all-reduce)
     collective_latency = 0.05
+    stage_parameter_bytes = 0 # one model stage's gradients (a replica:J all-reduce)
+    stored_bytes = 0          # one stored activation (offload/reload, lend/return)
+    host_bandwidth = 5e7      # the host link (offload/reload), bytes per time unit; inf
+    host_latency = 0          # ... by default, and its latency per move
 
     [memory]                  # optional
     limit = 8                 # peak bound: a number, or a list with one entry per rank
     static = 0                # fixed memory per rank: a number, or one per rank
+    weights = 0               # one model stage's parameter state per copy (or one per
+                              # model stage): static memory on every rank holding a copy
 
 An ``expression`` is read by ``spec.parse_expression`` (the algebra's expression
 language), with its errors placed where the expression starts in the file.
