@@ -155,6 +155,7 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
                          or derived.seq_chunks > 1 or derived.pipelines):
         cost = CostModel()  # the standard costs written out, so they can be re-cut
     if cost:
+        cost = cost.untiled(len(schedule.pipelines))
         recut = cost.rescaled(own, stages)
         cost = cost.moved(schedule.placement, len(schedule.pipelines) or 1,
                           derived.placement, len(derived.pipelines) or 1, recut.weights)

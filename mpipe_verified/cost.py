@@ -353,6 +353,16 @@ class CostModel:
                        for r, (b, a) in enumerate(zip(before, after)))
         return attrs.evolve(self, weights=weights, static=static)
 
+    def untiled(self, pipelines: int) -> "CostModel":
+        """Per-stage lists of a schedule of ``pipelines`` pipelines (one entry per stage,
+        replicas included) as lists per model stage: the first pipeline's entries."""
+        if pipelines <= 1:
+            return self
+        kw = {k: getattr(self, k)[:len(getattr(self, k)) // pipelines]
+              for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, "activation")
+              if isinstance(getattr(self, k), tuple)}
+        return attrs.evolve(self, **kw)
+
     def tiled(self, pipelines: int) -> "CostModel":
         """Per-stage lists repeated for each of ``pipelines`` pipelines (stage ``i*n + J``
         is a replica of model stage J)."""
