@@ -73,11 +73,12 @@ def test_a_lent_activation_travels_as_its_stored_bytes():
 
 
 @pytest.mark.parametrize("prefetch,stored,makespan", [
-    (1, 0.0, 33.0), (1, 0.5, 33.0), (1, 2.0, 38.0), (0, 0.5, 38.0)])
+    (1, 0.0, 33.0), (1, 1.0, 33.0), (1, 2.0, 38.0), (0, 0.5, 35.5), (0, 1.0, 39.0)])
 def test_a_reload_overlaps_compute_unless_it_comes_too_late(prefetch, stored, makespan):
-    """1F1B on 4 ranks (33 time units): a copy stream hides a reload posted a step
-    ahead (prefetch 1) while it takes no longer than that step; posted just before its
-    backward (prefetch 0), or longer, it stalls the backward."""
+    """1F1B on 4 ranks (33 time units; a step takes 1 or 2): the host-to-device stream
+    hides a reload posted a step ahead (prefetch 1) while it takes no longer than that
+    step; posted just before its backward (prefetch 0), or longer, it stalls the
+    backward."""
     term = terms.Offloaded(families.one_f_one_b(4, 8), 2, prefetch)
     cost = CostModel(comm=CommModel(stored_bytes=stored, host_bandwidth=1.0))
     run = time_spec(Spec(term, term.derive(), cost), check=False).run

@@ -161,10 +161,11 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
     size; an op's start is its post.
 
     ``copy_time`` (the simulator's, None: moves are instant): each ``OFFLOAD``/``RELOAD``
-    also runs on its rank's copy stream, in program order, from its post for
-    ``copy_time(op)``, overlapping compute; the first backward (``B`` or ``I``) of a
-    reloaded activation after its ``RELOAD`` waits for that copy to finish (a reload
-    posted too late stalls it). The copy streams are extra ranks of ``run_steps``.
+    also runs on a copy stream of its rank (offloads on one, device to host; reloads on
+    another, host to device, each after its activation's offload), in program order, from
+    its post for ``copy_time(op)``, overlapping compute; the first backward (``B`` or
+    ``I``) of a reloaded activation after its ``RELOAD`` waits for that copy to finish (a
+    reload posted too late stalls it). The copy streams are extra ranks of ``run_steps``.
     """
     p2p = p2p or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
@@ -222,35 +223,61 @@ def _op_steps(plan, bounds, eager, duration, comm_time, p2p, collectives) -> tup
 
 def _copy_streams(plan: Plan, bounds: list[int], wait: list, cost: list,
                   copy_time: Callable[[Op], float]) -> list[int]:
-    """``bounds`` with one copy-stream rank per rank that moves activations appended to
-    ``wait``/``cost`` (see ``execute``): per move a copy step, waiting for the move's
-    post, then a done step (posted when the copy finishes), which the first backward of a
-    reloaded activation waits for."""
+    """``bounds`` with the copy streams of each rank that moves activations appended as
+    ranks to ``wait``/``cost`` (see ``execute``): offloads on one (device to host),
+    reloads on another (host to device). Per move a copy step, waiting for the move's
+    post, then a done step, posted when the copy finishes; a reload first waits for its
+    activation's offload to be done, and the first backward of a reloaded activation
+    after its ``RELOAD`` waits for the reload's done step."""
     out = list(bounds)
     for rank, program in enumerate(plan.programs):
-        due: dict[tuple, int] = {}  # (segment, stage, mb) -> its reload's done step
-        first = len(wait)
-        for index, op in enumerate(program):
-            kind = type(op)
-            if kind is Offload or kind is Reload:
+        moves = [(index, op) for index, op in enumerate(program)
+                 if type(op) is Offload or type(op) is Reload]
+        if not moves:
+            continue
+        offloaded: dict[tuple, int] = {}  # (segment, stage, mb) -> its offload's done step
+        reloaded: dict[int, tuple] = {}  # a reload's position -> (key, its done step)
+        for stream in (Offload, Reload):
+            first = len(wait)
+            for index, op in moves:
+                if type(op) is not stream:
+                    continue
+                key = (op.segment, op.stage, op.mb)
+                if stream is Reload and key in offloaded:
+                    wait.append(offloaded[key])  # the copy back after the copy out
+                    cost.append(0.0)
                 wait.append(bounds[rank] + index)
                 cost.append(copy_time(op))
                 wait.append(FREE)
                 cost.append(0.0)
-                if kind is Reload:
-                    due[(op.segment, op.stage, op.mb)] = len(wait) - 1
-                continue
-            if not due or wait[bounds[rank] + index] != FREE:
-                continue
-            for c in computes_of(op):
-                done = due.pop((c.segment, c.stage, c.mb), None) if c.kind in (
-                    BACKWARD, INPUT_GRAD) else None
-                if done is not None:
-                    wait[bounds[rank] + index] = done
-                    break
-        if len(wait) > first:
-            out.append(len(wait))
+                if stream is Offload:
+                    offloaded[key] = len(wait) - 1
+                else:
+                    reloaded[index] = (key, len(wait) - 1)
+            if len(wait) > first:
+                out.append(len(wait))
+        _wait_for_reloads(program, bounds[rank], wait, reloaded)
     return out
+
+
+def _wait_for_reloads(program, base: int, wait: list, reloaded: dict) -> None:
+    """The first backward (``B`` or ``I``) of each reloaded activation after its
+    ``RELOAD`` waits for that reload's done step (``reloaded``: by the reload's
+    position)."""
+    due: dict[tuple, int] = {}
+    for index, op in enumerate(program):
+        if index in reloaded:
+            key, done = reloaded[index]
+            due[key] = done
+            continue
+        if not due or wait[base + index] != FREE:
+            continue
+        for c in computes_of(op):
+            if c.kind in (BACKWARD, INPUT_GRAD):
+                done = due.pop((c.segment, c.stage, c.mb), None)
+                if done is not None:
+                    wait[base + index] = done
+                    break
 
 
 def _group_waits(rank, index, op, eager, partner, bounds) -> list[int]:
