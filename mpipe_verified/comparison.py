@@ -20,7 +20,13 @@ same model and times it the same way:
   and ``W`` 1, activation 1 per stage of the spec's cut), so a comparison never sets a
   model against a larger one;
 - each baseline's peak memory is compared with the same limit (``within_limit``) and its
-  plan is verified too (``status``).
+  plan is verified too (``status``);
+- a family of several pipelines or of sequence chunks that cannot run the model (an odd
+  pp, microbatches not a multiple, a cut segment) is skipped with its reason
+  (``not_comparable``; the document's entry is ``{"skipped": REASON}``); the chunked
+  family runs the spec's samples, each cut into its chunks, with a chunk's share of the
+  costs (``cost.CostModel.chunked``), and a family of several pipelines moves the weight
+  copies with its stages (``CostModel.moved``).
 
 The document (``--json``) holds ``makespan``, ``bubble_fraction``, ``peak_memory`` (per rank;
 ``host_peak_memory`` too where activations are offloaded),

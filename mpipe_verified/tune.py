@@ -13,7 +13,11 @@ cut segment (its name, side and whether it is trainable). ``tune`` searches the
   of ``LAGS``; a body without split backward is split first, ``split_bw``);
 - for a transpose spec, every mode the model permits (a trainable source: ``recompute``
   and ``owner``; a trainable sink: ``owner``; a frozen or parameter-free segment keeps
-  its mode) and every ownership (``inline`` is the encoder on its home rank).
+  its mode) and every ownership (``inline`` is the encoder on its home rank);
+- for a spec without a cut, the newer dimensions where the model makes them worth a try
+  (``tune_dimensions``: dualpipe and chimera, seq1f1b, offload), each as one candidate;
+  what is not tried is reported with its reason, and ``document``'s ``why`` says why
+  the best won.
 
 Every candidate is the spec's model on that schedule (``comparison.on_body``: the costs
 re-cut to the candidate's stage count, as ``simulate --compare`` does), lowered and timed
