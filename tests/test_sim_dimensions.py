@@ -17,7 +17,9 @@ from mpipe_verified.cli import main
 from mpipe_verified.comparison import on_body, time_spec
 from mpipe_verified.cost import CommModel, CostModel
 from mpipe_verified.formats.spec import load_spec, parse_spec
-from mpipe_verified.ir import LEND, RETURN, Collective, Compute, Payload
+from mpipe_verified.ir import (LEND, RETURN, Collective, Compute, Payload, Placement, Plan, Recv,
+                               Send)
+from mpipe_verified.sim import simulate
 from mpipe_verified.spec import Spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -67,9 +69,18 @@ def test_a_replica_all_reduce_moves_its_stage_gradients_over_a_ring():
 
 
 def test_a_lent_activation_travels_as_its_stored_bytes():
+    """BPipe-style: rank 0 lends microbatch 0's activation to rank 1 and takes it back
+    before its backward; each way takes ``stored_bytes / bandwidth`` (3), so the return
+    comes at 7 instead of 4 and the step ends at 9 instead of 6."""
     comm = CommModel(bandwidth=2.0, activation_bytes=1.0, stored_bytes=6.0)
     for kind in (LEND, RETURN):
         assert comm.comm_cost().transfer(Payload(kind, 1, 0)) == 3.0
+    f0, f1, b0, b1 = (Compute(k, 0, mb) for k, mb in (("F", 0), ("F", 1), ("B", 0), ("B", 1)))
+    lend, back = Payload(LEND, 0, 0), Payload(RETURN, 0, 0)
+    plan = Plan(Placement((0,), 2), 2, ((f0, Send(1, lend), f1, b1, Recv(1, back), b0),
+                                        (Recv(0, lend), Send(0, back))))
+    assert [simulate(plan, comm=c.comm_cost()).makespan for c in (CommModel(), comm)] == [
+        6.0, 9.0]
 
 
 @pytest.mark.parametrize("prefetch,stored,makespan", [
