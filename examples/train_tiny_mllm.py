@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 4 examples/train_tiny_mllm.py --schedule zb-h1 --steps 20
     mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule transpose --mode owner --audio
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule zb-h1 --dp 2 --check-grads
+    mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule seq1f1b --seq-chunks 2 --check-grads
 
 The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
 decoder LM (token + position embedding plus the image embedding, attention-free residual
@@ -33,6 +34,10 @@ as one process would keep them); ``--clip C`` clips the global gradient norm to 
 ``--batchnorm`` or ``--bf16`` the single-process run of ``--check-grads`` takes the
 microbatches one after another, as the pipeline does (batch statistics and bf16 rounding
 are per microbatch).
+
+``--schedule seq1f1b`` (sequence chunks) trains another model: the tiny causal-attention
+GPT of ``tiny_gpt.py``, whose stages take and extend a KV cache, each sample cut into
+``--seq-chunks`` chunks along its sequence (``--microbatches`` counts samples there).
 """
 
 from __future__ import annotations
@@ -51,13 +56,14 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
+from mpipe_verified.algebra.families import SEQ_FAMILIES  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
                                      PipelineExecutor, infer_payload_shapes, init_distributed,
                                      pipeline_mesh, split_sequential, with_payload_shapes)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
-SCHEDULES = (*FAMILIES, "transpose")
+SCHEDULES = (*FAMILIES, "transpose", *SEQ_FAMILIES)
 MODES = ("recompute", "owner", "frozen")
 IMAGE = (3, 4, 4)
 SOUND = (4, 8)
@@ -317,7 +323,11 @@ def check_grads(executor: PipelineExecutor, encoders: dict[str, nn.Module], full
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                    help="seq1f1b trains the tiny causal-attention GPT of tiny_gpt.py "
+                         "instead (sequence chunks: see --seq-chunks)")
+    ap.add_argument("--seq-chunks", type=int, default=2, metavar="S",
+                    help="seq1f1b: sequence chunks per sample (default 2)")
     ap.add_argument("--mode", choices=MODES, default="recompute",
                     help="transpose: how the encoder trains (frozen also applies to families)")
     ap.add_argument("--ownership", choices=("inline", "full", "min", "cost"), default="full",
@@ -357,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {rank}: --dp {args.dp} does not divide the world of {world} processes",
               file=sys.stderr)
         return 2
+    if args.schedule in SEQ_FAMILIES:  # sequence chunks: the tiny GPT (tiny_gpt.py)
+        import tiny_gpt
+        return tiny_gpt.train(args, world, rank, check_grads)
     pp = world // args.dp
     m = args.microbatches or 2 * pp
     rows = args.batch_size or 4 * m * args.dp
