@@ -24,14 +24,11 @@ import math
 import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from mpipe_verified.algebra import family
-from mpipe_verified.executor import (Batch, CertificateError, PipelineError, PipelineExecutor,
-                                     infer_payload_shapes, init_distributed, pipeline_mesh,
-                                     with_payload_shapes)
+from mpipe_verified.executor import Batch, infer_payload_shapes, with_payload_shapes
 from mpipe_verified.lower import lower
 from mpipe_verified.verify import verify
 
@@ -146,9 +143,9 @@ def reference_grads(num_stages: int, batch: Batch, seed: int = 0,
     return {n: p.grad for n, p in named}
 
 
-def train(args, world: int, rank: int, check_grads) -> int:
-    """``train_tiny_mllm.py --schedule seq1f1b``: build, verify and train the tiny GPT
-    (``check_grads(executor, encoders, body, want)`` from the example)."""
+def train(args, world: int, rank: int, run) -> int:
+    """``train_tiny_mllm.py --schedule seq1f1b``: build and verify the tiny GPT's plan,
+    then train it with the example's ``run`` (its ``train``); the exit code."""
     for flag in ("audio", "batchnorm", "bf16"):
         if getattr(args, flag):
             print(f"rank {rank}: --{flag} does not apply to {args.schedule} (the tiny GPT "
@@ -170,35 +167,7 @@ def train(args, world: int, rank: int, check_grads) -> int:
     want = (reference_grads(plan.placement.num_stages,
                             make_batch(0, rows, seed=args.seed, pad=args.pad), args.seed,
                             args.clip) if args.check_grads else None)
-    try:
-        groups = {}
-        if args.dp > 1:
-            init_distributed()
-            groups = {"mesh": pipeline_mesh(pp), "pp_dim": "pp", "dp_dim": "dp"}
-        executor = PipelineExecutor(plan, report.certificate, stages=stages, loss_fn=loss_fn,
-                                    ignore_index=IGNORE, timeout=args.timeout,
-                                    optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr),
-                                    **groups)
-        if rank == 0:
-            print(f"{args.schedule}: {world} ranks ({pp} pipeline x {args.dp} data-parallel), "
-                  f"tiny GPT, {plan.placement.num_stages} stages, {samples} samples of "
-                  f"{args.seq_chunks} sequence chunks, {plan.num_ops} ops; plan verified "
-                  f"({report.certificate.digest[:12]})", flush=True)
-        for step in range(args.steps):
-            loss = executor.step(make_batch(step, rows, seed=args.seed, pad=args.pad),
-                                 max_grad_norm=args.clip)
-            if rank == 0:
-                print(f"step {step} loss {loss:.4f}", flush=True)
-            if step == 0 and want is not None and not check_grads(
-                    executor, {}, nn.ModuleList(stages), want):
-                return 1
-        executor.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except CertificateError as err:
-        print(f"rank {rank}: refused: {err}", file=sys.stderr, flush=True)
-        return 2
-    except PipelineError as err:
-        print(f"rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return run(args, world, rank, plan, report.certificate, stages, {}, nn.ModuleList(stages),
+               want, lambda step: make_batch(step, rows, seed=args.seed, pad=args.pad),
+               f"tiny GPT, {plan.placement.num_stages} stages, {samples} samples of "
+               f"{args.seq_chunks} sequence chunks")

@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.schedule in SEQ_FAMILIES:  # sequence chunks: the tiny GPT (tiny_gpt.py)
         import tiny_gpt
-        return tiny_gpt.train(args, world, rank, check_grads)
+        return tiny_gpt.train(args, world, rank, train)
     pp = world // args.dp
     m = args.microbatches or 2 * pp
     rows = args.batch_size or 4 * m * args.dp
@@ -395,22 +395,33 @@ def main(argv: list[str] | None = None) -> int:
     want = (reference_grads(plan.placement.num_stages, rows, args.mode, args.layers,
                             args.dim, args.seed, audio_mode, args.batchnorm, args.bf16,
                             args.pad, args.clip, m * args.dp) if args.check_grads else None)
+    return train(args, world, rank, plan, report.certificate, stages, encoders, full, want,
+                 lambda step: make_batch(step, rows, seed=args.seed, audio=args.audio,
+                                         pad=args.pad),
+                 f"{plan.placement.num_stages} stages, {m} microbatches")
+
+
+def train(args, world: int, rank: int, plan, certificate, stages, encoders, full, want,
+          batch_at, described: str) -> int:
+    """Run ``plan`` for ``args.steps`` steps on ``batch_at(step)`` (Adam, ``args.clip``),
+    comparing the gradients after the first with ``want`` (if given); the exit code.
+    ``described``: the model's part of rank 0's first line."""
+    pp = world // args.dp
     try:
         groups = {}
         if args.dp > 1:
             init_distributed()  # the mesh needs the process group first
             groups = {"mesh": pipeline_mesh(pp), "pp_dim": "pp", "dp_dim": "dp"}
         executor = PipelineExecutor(
-            plan, report.certificate, stages=stages, segments=encoders,
+            plan, certificate, stages=stages, segments=encoders,
             loss_fn=loss_fn, ignore_index=IGNORE, timeout=args.timeout,
             optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr), **groups)
         if rank == 0:
             print(f"{args.schedule}: {world} ranks ({pp} pipeline x {args.dp} data-parallel), "
-                  f"{plan.placement.num_stages} stages, {m} microbatches, {plan.num_ops} ops; "
-                  f"plan verified ({report.certificate.digest[:12]})", flush=True)
+                  f"{described}, {plan.num_ops} ops; "
+                  f"plan verified ({certificate.digest[:12]})", flush=True)
         for step in range(args.steps):
-            loss = executor.step(make_batch(step, rows, seed=args.seed, audio=args.audio,
-                                            pad=args.pad), max_grad_norm=args.clip)
+            loss = executor.step(batch_at(step), max_grad_norm=args.clip)
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
             if step == 0 and want is not None and not check_grads(executor, encoders, full, want):

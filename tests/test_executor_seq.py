@@ -161,6 +161,19 @@ def test_a_batch_is_cut_into_samples_then_chunks_along_the_sequence():
         chunks.split(Batch(body=tokens, segments={"vision": tokens}), 2, 2)
 
 
+def test_a_plan_of_chunks_that_also_cuts_segments_is_refused():
+    """The algebra never derives one (transpose refuses a chunked body); a file could."""
+    import attrs
+    from mpipe_verified.algebra import Transpose, family
+    from mpipe_verified.lower import lower
+    plan = lower(Transpose(family("1f1b", 2, 4), segment="vision", ownership="inline",
+                           mode="recompute").derive())
+    with pytest.raises(PipelineError, match="also cuts segments .* sequence chunks of the "
+                                            "body only"):
+        chunks.check_plan(attrs.evolve(plan, seq_chunks=2))
+    chunks.check_plan(plan)
+
+
 def test_infer_payload_shapes_refuses_a_stage_without_a_cache():
     stages = tiny_gpt.build_stages(2)
     batch = tiny_gpt.make_batch(0, 4, 8)

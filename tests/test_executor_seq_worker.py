@@ -3,7 +3,7 @@
 
     python tests/test_executor_seq_worker.py OUT CASES.json [--final no-cache]
 
-Env init. For each case ``{"name", "chunks", "samples", "length", "pad", "split"}`` it
+Env init; the loop of ``test_executor_worker.main`` with this file's cases. For each case ``{"name", "chunks", "samples", "length", "pad", "split"}`` it
 builds the tiny GPT's seq1f1b plan (``split``: its backward split into ``I`` and ``W``),
 verifies it, runs one SGD step (lr ``LR``) and saves the loss, the per-chunk losses, the
 local gradients and parameters after the step (named ``body.S.NAME``), and the measured
@@ -15,7 +15,6 @@ wait timeout, or rank 1's closed connection) and exit 1.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -25,14 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 import tiny_gpt  # noqa: E402
 from mpipe_verified.algebra import SplitBW, family  # noqa: E402
 from mpipe_verified.executor import (PipelineError, PipelineExecutor,  # noqa: E402
                                      infer_payload_shapes, with_payload_shapes)
-from mpipe_verified.executor.comm import init_distributed  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
@@ -99,27 +96,11 @@ def no_cache(rank: int, world: int, out_dir: str) -> None:
     raise SystemExit(f"rank {rank}: the no-cache scenario did not fail")
 
 
-def main() -> None:
-    out_dir, cases_file = sys.argv[1], sys.argv[2]
-    final_name = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--final" else None
-    torch.set_num_threads(1)
-    rank, world, _ = init_distributed()
-    with open(cases_file) as f:
-        cases = json.load(f)
-    try:
-        for case in cases:
-            run_case(case, rank, world, out_dir)
-        with open(os.path.join(out_dir, f"done.{rank}"), "w") as f:
-            f.write("ok")
-        if final_name == "no-cache":
-            no_cache(rank, world, out_dir)
-    except PipelineError as err:
-        sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
-        sys.stderr.flush()
-        os._exit(1)
-    dist.barrier()
-    dist.destroy_process_group()
+def final(name: str, rank: int, world: int, out_dir: str) -> None:
+    if name == "no-cache":
+        no_cache(rank, world, out_dir)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the executor tests' worker loop, with these cases
+    import test_executor_worker
+    test_executor_worker.main(run_case, final)
