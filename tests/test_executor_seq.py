@@ -4,8 +4,8 @@ with real gloo processes on CPU.
 One launch per world size (2 and 4 ranks) runs the tiny causal-attention GPT of
 ``examples/tiny_gpt.py`` under seq1f1b with S = 2 and S = 4 sequence chunks (S = 4 cuts a
 sequence of 10 into chunks of 3, 3, 2 and 2: a mean of chunk means would differ), on 2
-ranks also S = 3 over padded targets (``ignore_index``), and S = 2 with the backward split
-into ``I`` and ``W`` (``SplitBW``). Each case's loss, per-chunk losses, every gradient and every parameter after one
+ranks also S = 3 over padded targets (``ignore_index``) with the backward split into ``I``
+and ``W`` (``SplitBW``). Each case's loss, per-chunk losses, every gradient and every parameter after one
 SGD step must equal one process running the plain model over whole samples (causal
 attention over the full sequence; float32, atol 1e-5), and each rank's measured peak of
 stored activations the verifier's. The 2-rank launch ends with a last stage that returns
@@ -50,14 +50,12 @@ MPIPE_RUN = os.path.join(os.path.dirname(sys.executable), "mpipe-run")
 
 
 def cases(world: int) -> list[dict]:
-    """S = 2 and 4 on every world; padding and the split backward on 2 ranks (CI time)."""
+    """S = 2 and 4 on every world; padding with the split backward on 2 ranks (CI time)."""
     out = [{"name": "seq1f1b-2", "chunks": 2, "samples": world, "length": 8},
            {"name": "seq1f1b-4", "chunks": 4, "samples": world, "length": 10}]
     if world == 2:
-        out += [{"name": "seq1f1b-3-pad", "chunks": 3, "samples": world, "length": 10,
-                 "pad": True},
-                {"name": "seq1f1b-2-split", "chunks": 2, "samples": world, "length": 8,
-                 "split": True}]
+        out.append({"name": "seq1f1b-3-pad-split", "chunks": 3, "samples": world,
+                    "length": 10, "pad": True, "split": True})
     return out
 
 
