@@ -339,8 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--audio-mode", choices=MODES, default=None,
                     help="--audio: how the audio encoder trains (default: --mode)")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--microbatches", type=int, default=None, help="default: 2 x ranks")
-    ap.add_argument("--batch-size", type=int, default=None, help="default: 4 x microbatches")
+    ap.add_argument("--microbatches", type=int, default=None,
+                    help="default: 2 x ranks (seq1f1b: samples, default: ranks)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="default: 4 x microbatches (seq1f1b: 2 x samples)")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
