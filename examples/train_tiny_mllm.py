@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 4 examples/train_tiny_mllm.py --schedule zb-h1 --steps 20
     mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule transpose --mode owner --audio
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule zb-h1 --dp 2 --check-grads
+    mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule seq1f1b --seq-chunks 2 --check-grads
 
 The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
 decoder LM (token + position embedding plus the image embedding, attention-free residual
@@ -33,6 +34,10 @@ as one process would keep them); ``--clip C`` clips the global gradient norm to 
 ``--batchnorm`` or ``--bf16`` the single-process run of ``--check-grads`` takes the
 microbatches one after another, as the pipeline does (batch statistics and bf16 rounding
 are per microbatch).
+
+``--schedule seq1f1b`` (sequence chunks) trains another model: the tiny causal-attention
+GPT of ``tiny_gpt.py``, whose stages take and extend a KV cache, each sample cut into
+``--seq-chunks`` chunks along its sequence (``--microbatches`` counts samples there).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
+from mpipe_verified.algebra.families import SEQ_FAMILIES  # noqa: E402
 from mpipe_verified.algebra.terms import Offloaded  # noqa: E402
 from mpipe_verified.cli.targets import offload_option  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
@@ -59,7 +65,7 @@ from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # 
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
-SCHEDULES = (*FAMILIES, "transpose")
+SCHEDULES = (*FAMILIES, "transpose", *SEQ_FAMILIES)
 MODES = ("recompute", "owner", "frozen")
 IMAGE = (3, 4, 4)
 SOUND = (4, 8)
@@ -321,7 +327,11 @@ def check_grads(executor: PipelineExecutor, encoders: dict[str, nn.Module], full
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                    help="seq1f1b trains the tiny causal-attention GPT of tiny_gpt.py "
+                         "instead (sequence chunks: see --seq-chunks)")
+    ap.add_argument("--seq-chunks", type=int, default=2, metavar="S",
+                    help="seq1f1b: sequence chunks per sample (default 2)")
     ap.add_argument("--mode", choices=MODES, default="recompute",
                     help="transpose: how the encoder trains (frozen also applies to families)")
     ap.add_argument("--ownership", choices=("inline", "full", "min", "cost"), default="full",
@@ -333,8 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--audio-mode", choices=MODES, default=None,
                     help="--audio: how the audio encoder trains (default: --mode)")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--microbatches", type=int, default=None, help="default: 2 x ranks")
-    ap.add_argument("--batch-size", type=int, default=None, help="default: 4 x microbatches")
+    ap.add_argument("--microbatches", type=int, default=None,
+                    help="default: 2 x ranks (seq1f1b: samples, default: ranks)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="default: 4 x microbatches (seq1f1b: 2 x samples)")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -365,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {rank}: --dp {args.dp} does not divide the world of {world} processes",
               file=sys.stderr)
         return 2
+    if args.schedule in SEQ_FAMILIES:  # sequence chunks: the tiny GPT (tiny_gpt.py)
+        import tiny_gpt
+        return tiny_gpt.train(args, world, rank, train)
     pp = world // args.dp
     m = args.microbatches or 2 * pp
     rows = args.batch_size or 4 * m * args.dp
@@ -391,22 +406,33 @@ def main(argv: list[str] | None = None) -> int:
     want = (reference_grads(plan.placement.num_stages, rows, args.mode, args.layers,
                             args.dim, args.seed, audio_mode, args.batchnorm, args.bf16,
                             args.pad, args.clip, m * args.dp) if args.check_grads else None)
+    return train(args, world, rank, plan, report.certificate, stages, encoders, full, want,
+                 lambda step: make_batch(step, rows, seed=args.seed, audio=args.audio,
+                                         pad=args.pad),
+                 f"{plan.placement.num_stages} stages, {m} microbatches")
+
+
+def train(args, world: int, rank: int, plan, certificate, stages, encoders, full, want,
+          batch_at, described: str) -> int:
+    """Run ``plan`` for ``args.steps`` steps on ``batch_at(step)`` (Adam, ``args.clip``),
+    comparing the gradients after the first with ``want`` (if given); the exit code.
+    ``described``: the model's part of rank 0's first line."""
+    pp = world // args.dp
     try:
         groups = {}
         if args.dp > 1:
             init_distributed()  # the mesh needs the process group first
             groups = {"mesh": pipeline_mesh(pp), "pp_dim": "pp", "dp_dim": "dp"}
         executor = PipelineExecutor(
-            plan, report.certificate, stages=stages, segments=encoders,
+            plan, certificate, stages=stages, segments=encoders,
             loss_fn=loss_fn, ignore_index=IGNORE, timeout=args.timeout,
             optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr), **groups)
         if rank == 0:
             print(f"{args.schedule}: {world} ranks ({pp} pipeline x {args.dp} data-parallel), "
-                  f"{plan.placement.num_stages} stages, {m} microbatches, {plan.num_ops} ops; "
-                  f"plan verified ({report.certificate.digest[:12]})", flush=True)
+                  f"{described}, {plan.num_ops} ops; "
+                  f"plan verified ({certificate.digest[:12]})", flush=True)
         for step in range(args.steps):
-            loss = executor.step(make_batch(step, rows, seed=args.seed, audio=args.audio,
-                                            pad=args.pad), max_grad_norm=args.clip)
+            loss = executor.step(batch_at(step), max_grad_norm=args.clip)
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
             if step == 0 and want is not None and not check_grads(executor, encoders, full, want):

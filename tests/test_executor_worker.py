@@ -335,7 +335,9 @@ def final(name: str, rank: int, world: int, out_dir: str) -> None:
     raise SystemExit(f"rank {rank}: the send-mismatch scenario did not fail")
 
 
-def main() -> None:
+def main(run_one=run_case, last=final) -> None:
+    """Every case with ``run_one(case, rank, world, out)``, then ``last(name, rank, world,
+    out)`` for ``--final NAME`` (other workers pass their own: test_executor_seq_worker)."""
     out_dir, cases_file = sys.argv[1], sys.argv[2]
     final_name = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--final" else None
     torch.set_num_threads(1)
@@ -344,11 +346,11 @@ def main() -> None:
         cases = json.load(f)
     try:
         for case in cases:
-            run_case(case, rank, world, out_dir)
+            run_one(case, rank, world, out_dir)
         with open(os.path.join(out_dir, f"done.{rank}"), "w") as f:
             f.write("ok")
         if final_name:
-            final(final_name, rank, world, out_dir)
+            last(final_name, rank, world, out_dir)
     except PipelineError as err:
         sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
         sys.stderr.flush()

@@ -34,8 +34,8 @@ from torch import nn
 from ..ir import SOURCE, Plan
 from ..semantics import RENDEZVOUS, Chain
 from ..verify.report import Certificate
-from . import (batch_fit, buffers, clipping, comm, handshake, loss, model_checks, packed,
-               moves, partition, reductions, topology, transport)
+from . import (batch_fit, buffers, chunks, clipping, comm, handshake, loss, model_checks,
+               moves, packed, partition, reductions, topology, transport)
 from .batch import Batch
 from .compute import Pass, StageCompute
 from .errors import BatchError, PeerError, PipelineError, check_certificate
@@ -98,10 +98,7 @@ class PipelineExecutor:
                  ignore_index: int | None = None, loss_weight: Callable | None = None) -> None:
         # Refuse before anything else: no process group, no traffic.
         check_certificate(plan, certificate, RENDEZVOUS)
-        if plan.seq_chunks != 1:
-            raise PipelineError(f"the plan cuts each sample into {plan.seq_chunks} sequence "
-                                "chunks; the executor runs whole samples (it builds no "
-                                "attention across chunks)")
+        chunks.check_plan(plan)  # sequence chunks: the stages' cache contract (chunks)
         self.plan, self.certificate = plan, certificate
         self.chain = Chain.of(plan)
         self._pp_group, self._dp_group = topology.groups_of(group, mesh, pp_dim, dp_group,
@@ -417,7 +414,7 @@ class PipelineExecutor:
             raise BatchError(f"rank {self.rank}: step/run/eval take a Batch, got "
                              f"{type(batch).__name__}")
         try:
-            batch.split(self.plan.num_microbatches)
+            self._microbatches(batch)
         except BatchError as err:
             raise BatchError(f"rank {self.rank}: the batch: {err}") from None
 
@@ -430,8 +427,11 @@ class PipelineExecutor:
         if key == self._fitting:
             return
         sources = [s.name for s in self.plan.cut.segments if s.side == SOURCE]
+        stage0 = self.stages.get(0)
+        if stage0 is not None and self.plan.seq_chunks > 1:
+            stage0 = chunks.OutputOnly(stage0)
         detail = batch_fit.first_mismatch(
-            mbs, self._first_sends, self.stages.get(0),
+            mbs, self._first_sends, stage0,
             {n: m for n, m in self.segments.items() if n in sources}, sources,
             self.messages.check_outgoing)
         flags = torch.zeros(len(self.topology.pp_ranks), device=self.device)
@@ -448,6 +448,12 @@ class PipelineExecutor:
                              f"rank(s) {refusing} refused it before any communication (their "
                              "message says why)")
         self._fitting = key
+
+    def _microbatches(self, batch: Batch) -> list:
+        """``batch`` cut into the plan's microbatches (with sequence chunks: samples, each
+        cut along its sequence, ``chunks.split``)."""
+        m, s = self.plan.num_microbatches, self.plan.seq_chunks
+        return batch.split(m) if s == 1 else chunks.split(batch, m, s)
 
     def _labelled_modules(self):
         yield from ((f"stage {s}", m) for s, m in self.stages.items())
@@ -480,15 +486,18 @@ class PipelineExecutor:
             blocks = [batch] if replicas == 1 else batch.split(replicas)  # row blocks
             if evaluating:  # eval: this replica's outputs and loss, over its rows
                 blocks, mine = [blocks[mine]], 0
-            every = [block.split(m) for block in blocks]
+            every = [self._microbatches(block) for block in blocks]
         except BatchError as err:  # every rank holds the same batch: all refuse alike
             raise BatchError(f"rank {self.rank}: the batch over {replicas} replicas of "
                              f"{m} microbatches: {err}") from None
         mbs = [mb.to(self.device) for mb in every[mine]]
         self._check_fit(batch, mbs)
+        by = self.loss_weight  # sequence chunks: by tokens unless told otherwise (chunks)
+        if by is None and self.ignore_index is None and self.plan.seq_chunks > 1:
+            by = chunks.tokens
         try:
             weights = loss.microbatch_weights(every, mine, self.loss_reduction,
-                                              self.ignore_index, self.loss_weight)
+                                              self.ignore_index, by)
         except PipelineError as err:  # the same on every rank: all refuse alike
             raise BatchError(f"rank {self.rank}: {err}") from None
         except Exception as err:  # the user's loss_weight
