@@ -158,31 +158,34 @@ class CollectivePairing:
     problems: tuple[tuple[tuple[tuple[int, int], ...], str], ...]
 
 
-def pair_collectives(plan: Plan) -> CollectivePairing:
-    """The collective instances of ``plan`` (``collective_instances``)."""
-    return collective_instances(plan.programs, plan.num_ranks)
+def pair_collectives(plan: Plan, calls=None) -> CollectivePairing:
+    """The collective instances of ``plan`` (``collective_instances``; ``calls``: its
+    collective steps, when the caller has them)."""
+    return collective_instances(plan.programs, plan.num_ranks, calls)
 
 
-def collective_instances(programs, num_ranks: int) -> CollectivePairing:
+def collective_instances(programs, num_ranks: int, calls=None) -> CollectivePairing:
     """The one statement of how collective calls line up (``CollectivePairing``), over
-    per-rank programs (a plan's, or a compute-only schedule's)."""
+    per-rank programs (a plan's, or a compute-only schedule's). ``calls``: their
+    collective steps as ``(rank, index, op)``, rank-major in program order, when the
+    caller has them (``OpTable.calls``; default: found in ``programs``)."""
     instance_of: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
     members: dict[tuple[tuple[int, ...], int], dict[int, int]] = defaultdict(dict)
     count: dict[tuple[tuple[int, ...], int], int] = defaultdict(int)
     problems: list[tuple[tuple[int, int], str]] = []
-    for rank, program in enumerate(programs):
-        for index, op in enumerate(program):
-            if not isinstance(op, Collective):
-                continue
-            group = tuple(sorted(set(op.ranks)))
-            malformed = _malformed(op, rank, index, num_ranks)
-            if malformed:
-                problems.append((((rank, index),), malformed))
-            k = count[(group, rank)]
-            count[(group, rank)] += 1
-            members[(group, k)][rank] = index
-            if rank in group:
-                instance_of[(rank, index)] = (group, k)
+    if calls is None:
+        calls = ((rank, index, op) for rank, program in enumerate(programs)
+                 for index, op in enumerate(program) if isinstance(op, Collective))
+    for rank, index, op in calls:
+        group = tuple(sorted(set(op.ranks)))
+        malformed = _malformed(op, rank, index, num_ranks)
+        if malformed:
+            problems.append((((rank, index),), malformed))
+        k = count[(group, rank)]
+        count[(group, rank)] += 1
+        members[(group, k)][rank] = index
+        if rank in group:
+            instance_of[(rank, index)] = (group, k)
     for (group, k), where in members.items():
         ops = {r: programs[r][i] for r, i in where.items()}
         first_rank = min(ops)
