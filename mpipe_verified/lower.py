@@ -98,12 +98,16 @@ def _append_replica_sums(out: list[list[Op]], chain: Chain) -> None:
     sit on several ranks ends its program with the all-reduce ``replica:J`` (after all its
     work), in ascending J on every rank (one agreed order: no collective waits on
     another). A call the schedule already makes is kept, not repeated."""
+    made: dict[int, set] = {}  # per rank, the tags of the collectives it calls already
     for tag, (kind, _, ranks) in sorted(chain.required_collectives().items(),
                                         key=lambda item: _replica_order(item[0])):
         if not tag.startswith(REPLICA + ":"):
             continue
         for rank in sorted(ranks):
-            if not any(type(op) is Collective and op.tag == tag for op in out[rank]):
+            if rank not in made:
+                made[rank] = ({op.tag for op in out[rank] if type(op) is Collective}
+                              if Collective in set(map(type, out[rank])) else set())
+            if tag not in made[rank]:
                 out[rank].append(Collective(kind, tuple(sorted(ranks)), tag))
 
 

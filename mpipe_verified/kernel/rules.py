@@ -108,10 +108,15 @@ class Rules:
         many = np.flatnonzero((step == 1) | (step == 4))
         if len(many):  # an overlapped step or a group: a row per member
             size = np.ones(len(steps), np.int64)
-            size[many] = [len(steps[k].ops) for k in many.tolist()]
-            ops = list(chain.from_iterable(op.ops if t in (1, 4) else (op,) for op, t in
-                                           zip(steps, step.tolist())))
-            pos, step = np.repeat(pos, size), _types(ops)
+            inner = [steps[k].ops for k in many.tolist()]
+            size[many] = list(map(len, inner))
+            cuts = [0, *(many + 1).tolist()]  # the steps between, then each one's members
+            ops = list(chain.from_iterable(chain.from_iterable(
+                (steps[a:b - 1], members) for a, b, members in zip(cuts, cuts[1:], inner))))
+            ops += steps[cuts[-1]:]
+            member = np.repeat(np.isin(np.arange(len(steps)), many), size)
+            pos, step = np.repeat(pos, size), np.repeat(step, size)
+            step[member] = _types(pick(ops, np.flatnonzero(member)))
         keep = np.flatnonzero(step != 6)  # idle steps and markers hold nothing
         if len(keep) < len(ops):
             ops, pos, step = pick(ops, keep), pos[keep], step[keep]

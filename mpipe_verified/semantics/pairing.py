@@ -143,6 +143,17 @@ def fifo_pairs(channel, send) -> tuple:
     return ends[0][order[0][meets]], ends[1][order[1][start[1][sent[meets]] + nth[meets]]]
 
 
+def _positions(program, kind: type) -> list[int]:
+    """The positions of the steps of type ``kind`` in ``program`` (found by
+    ``list.index``, which compares types by identity)."""
+    types, out = list(map(type, program)), []
+    try:
+        while True:
+            out.append(types.index(kind, out[-1] + 1 if out else 0))
+    except ValueError:  # no more of them
+        return out
+
+
 @attrs.frozen
 class CollectivePairing:
     """Instance k of a rank set is the k-th call over that set (the distinct ranks a call
@@ -174,8 +185,8 @@ def collective_instances(programs, num_ranks: int, calls=None) -> CollectivePair
     count: dict[tuple[tuple[int, ...], int], int] = defaultdict(int)
     problems: list[tuple[tuple[int, int], str]] = []
     if calls is None:
-        calls = ((rank, index, op) for rank, program in enumerate(programs)
-                 for index, op in enumerate(program) if isinstance(op, Collective))
+        calls = [(rank, index, program[index]) for rank, program in enumerate(programs)
+                 for index in _positions(program, Collective)]
     for rank, index, op in calls:
         group = tuple(sorted(set(op.ranks)))
         malformed = _malformed(op, rank, index, num_ranks)

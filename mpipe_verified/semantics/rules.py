@@ -131,7 +131,7 @@ def produces(op: Op) -> tuple[tuple, ...]:
     if kind is Recv:
         return (received_token(op.payload),)
     if kind is Overlap or kind is Group:
-        return tuple(t for c in op.ops for t in produces(c))
+        return sum([produces(c) for c in op.ops], ())
     if kind is Offload or kind is Reload:
         return (("offloaded" if kind is Offload else "reloaded", op.segment, op.stage, op.mb),)
     if kind is Collective and op.kind == "broadcast":
@@ -305,7 +305,7 @@ class Chain:
         """``needs`` extended across the cut (see the class docstring)."""
         kind = type(op)
         if kind is Overlap or kind is Group:
-            return tuple(t for c in op.ops for t in self.needs(c, rank))
+            return sum([self.needs(c, rank) for c in op.ops], ())
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)

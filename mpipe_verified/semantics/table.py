@@ -132,11 +132,9 @@ def op_table(plan: Plan, overlapped: bool = False) -> OpTable | None:
             elif kind is Idle or kind is Marker:
                 key = (rank, kind)
                 add_mb(0)
-            elif kind is Overlap and overlaps:
-                first = op.ops[0].mb if op.ops else 0
-                key = (rank, kind) + tuple((c.kind, c.stage, c.segment, c.mb - first)
-                                           for c in op.ops)
-                add_mb(first)
+            elif kind is Overlap and overlaps:  # each op's fields, its mb as a shift
+                key = _overlap_key(rank, op.ops)
+                add_mb(op.ops[0].mb if op.ops else 0)
             elif kind is Collective:
                 key = (rank, kind, op.kind, op.tag, op.root, tuple(op.ranks))
                 add_mb(0)
@@ -145,6 +143,18 @@ def op_table(plan: Plan, overlapped: bool = False) -> OpTable | None:
             add_cls(number(key, len(keys)))
     return _table_of(plan, *_by_chunk(plan, np.array(cls, dtype=np.int64),
                                       np.array(mbs, dtype=np.int64)))
+
+
+def _overlap_key(rank: int, ops: tuple) -> tuple:
+    """The class key of an overlapped step of ``ops``: each op's kind, stage, segment and
+    microbatch less the first op's, flat (the common pair spelled out)."""
+    if len(ops) == 2:
+        a, b = ops
+        return (rank, Overlap, a.kind, a.stage, a.segment, 0, b.kind, b.stage, b.segment,
+                b.mb - a.mb)
+    first = ops[0].mb if ops else 0
+    return (rank, Overlap, *[x for c in ops for x in (c.kind, c.stage, c.segment,
+                                                       c.mb - first)])
 
 
 def _by_chunk(plan: Plan, cls, mb) -> tuple:
