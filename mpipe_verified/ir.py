@@ -79,7 +79,7 @@ class Overlap:
 
 
 def _members_are(ops, kinds: tuple, what: str) -> None:
-    if type(ops) is not tuple or not all(type(op) in kinds for op in ops):
+    if type(ops) is not tuple or not all(map(kinds.__contains__, map(type, ops))):
         raise ValueError(f"{what}, got {ops!r}")
 
 
@@ -608,10 +608,8 @@ class Plan:
 
 
 def _canonical_row(program: tuple[Op, ...]) -> str:
-    """``",".join(_canonical(op) for op in program if type(op) is not Idle)``: the body's
-    compute ops and the sends and receives of a plain activation or gradient (no segment,
-    shape, dtype, leaves or ``to_segment``), nearly every op of a plan, are spelled here
-    in one frame; every other op by ``_canonical``."""
+    """``",".join(_canonical(op) for op in program if type(op) is not Idle)``, the body's
+    computes (alone or overlapped) and plain activation and gradient transfers in one frame."""
     out: list[str] = []
     add = out.append
     for op in program:
@@ -627,6 +625,8 @@ def _canonical_row(program: tuple[Op, ...]) -> str:
                 add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")
             else:
                 add(f"{p.consumer_stage}RECV_{p.letter}{p.mb}<{op.src}>")
+        elif kind is Overlap and all(c.segment == "" for c in op.ops):  # as _canonical does
+            add("(" + ";".join([f"{c.stage}{c.kind}{c.mb}" for c in op.ops]) + ")OVERLAP_F_B")
         elif kind is not Idle:
             add(_canonical(op))
     return ",".join(out)
