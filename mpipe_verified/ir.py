@@ -609,7 +609,7 @@ class Plan:
 
 def _canonical_row(program: tuple[Op, ...]) -> str:
     """``",".join(_canonical(op) for op in program if type(op) is not Idle)``, the body's
-    computes (alone or overlapped) and plain activation and gradient transfers in one frame."""
+    computes (alone or an overlapped pair) and plain act/grad transfers in one frame."""
     out: list[str] = []
     add = out.append
     for op in program:
@@ -622,11 +622,11 @@ def _canonical_row(program: tuple[Op, ...]) -> str:
                     or p.dtype is not None or p.to_segment is not None or p.kind == INPUT):
                 add(_canonical(op))
             elif kind is Send:  # as _canonical writes them
-                add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")
+                add(f"{p.stage}SEND_{_LETTERS[p.kind]}{p.mb}<{op.dst}>")
             else:
-                add(f"{p.consumer_stage}RECV_{p.letter}{p.mb}<{op.src}>")
-        elif kind is Overlap and all(c.segment == "" for c in op.ops):  # as _canonical does
-            add("(" + ";".join([f"{c.stage}{c.kind}{c.mb}" for c in op.ops]) + ")OVERLAP_F_B")
+                add(f"{p.consumer_stage}RECV_{_LETTERS[p.kind]}{p.mb}<{op.src}>")
+        elif kind is Overlap and len(o := op.ops) == 2 and o[0].segment == o[1].segment == "":
+            add(f"({o[0].stage}{o[0].kind}{o[0].mb};{o[1].stage}{o[1].kind}{o[1].mb})OVERLAP_F_B")
         elif kind is not Idle:
             add(_canonical(op))
     return ",".join(out)
