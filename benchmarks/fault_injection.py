@@ -157,7 +157,10 @@ PASS_FAULTS = (
           "a send does not need the value it sends"),
     Fault("group_needs_first_member", RULES,
           "        if kind is Overlap or kind is Group:\n"
-          "            return tuple(t for c in op.ops for t in self.needs(c, rank))",
+          "            ops = op.ops\n"
+          "            if len(ops) == 2:  # the common overlapped pair\n"
+          "                return self.needs(ops[0], rank) + self.needs(ops[1], rank)\n"
+          "            return sum([self.needs(c, rank) for c in ops], ())",
           "        if kind is Overlap or kind is Group:\n"
           "            return self.needs(op.ops[0], rank)",
           "an overlap's or group's needs are taken from its first member only"),
@@ -297,8 +300,8 @@ PASS_FAULTS = (
           "a group or collective completes at its own post time, not its partners'"),
     # ---- the column forms (comm_ticks, p2p_columns, work_complete; plans with a table)
     Fault("column_send_buffered", RUN,
-          "    if comm_model == EAGER:\n        wait = np.where(pairs.send, FREE, wait)",
-          "    if True:\n        wait = np.where(pairs.send, FREE, wait)",
+          "    if comm_model == EAGER:\n        wait[place[:k]] = np.where(pairs.send, FREE,",
+          "    if True:\n        wait[place[:k]] = np.where(pairs.send, FREE,",
           "the column run lets a send complete without its receive under rendezvous"),
     Fault("column_channel_reversed", PAIRING,
           "channel_keys(table.rank[rows], peers[cls], send)",
@@ -371,8 +374,8 @@ PASS_FAULTS = (
           "the memory pass is not given the memory limit"),
     # ---- lowering (spec and family inputs)
     Fault("lower_transfers_after_computes", LOWER,
-          "key = (finishes[index], 0, _send_first(payload)",
-          "key = (finishes[index], 2, _send_first(payload)",
+          "moved.append(((finishes[index], 0, _send_first(payload)",
+          "moved.append(((finishes[index], 2, _send_first(payload)",
           "lowering places a transfer after the computes that start when it is produced"),
     Fault("lower_first_destination_only", LOWER,
           "enumerate(chain.destinations(c, rank)):",
@@ -671,8 +674,8 @@ SHELL_FAULTS = (
           "--family seq1f1b is built with its default chunks, not the ones named"),
     # ---- the canonical text (ir.py): digests only; check compares none
     Fault("canonical_send_without_peer", IR,
-          'add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")',
-          'add(f"{p.stage}SEND_{p.letter}{p.mb}")',
+          'add(f"{p.stage}SEND_{_LETTERS[p.kind]}{p.mb}<{op.dst}>")',
+          'add(f"{p.stage}SEND_{_LETTERS[p.kind]}{p.mb}")',
           "the canonical text (the digest) leaves out a plain send's peer"),
     Fault("canonical_group_without_peers", IR,
           'return "[" + ";".join(map(_canonical, op.ops)) + "]GROUP"',

@@ -79,7 +79,7 @@ class Overlap:
 
 
 def _members_are(ops, kinds: tuple, what: str) -> None:
-    if type(ops) is not tuple or not all(type(op) in kinds for op in ops):
+    if type(ops) is not tuple or not all(map(kinds.__contains__, map(type, ops))):
         raise ValueError(f"{what}, got {ops!r}")
 
 
@@ -608,10 +608,8 @@ class Plan:
 
 
 def _canonical_row(program: tuple[Op, ...]) -> str:
-    """``",".join(_canonical(op) for op in program if type(op) is not Idle)``: the body's
-    compute ops and the sends and receives of a plain activation or gradient (no segment,
-    shape, dtype, leaves or ``to_segment``), nearly every op of a plan, are spelled here
-    in one frame; every other op by ``_canonical``."""
+    """``",".join(_canonical(op) for op in program if type(op) is not Idle)``, the body's
+    computes (alone or an overlapped pair) and plain act/grad transfers in one frame."""
     out: list[str] = []
     add = out.append
     for op in program:
@@ -624,9 +622,11 @@ def _canonical_row(program: tuple[Op, ...]) -> str:
                     or p.dtype is not None or p.to_segment is not None or p.kind == INPUT):
                 add(_canonical(op))
             elif kind is Send:  # as _canonical writes them
-                add(f"{p.stage}SEND_{p.letter}{p.mb}<{op.dst}>")
+                add(f"{p.stage}SEND_{_LETTERS[p.kind]}{p.mb}<{op.dst}>")
             else:
-                add(f"{p.consumer_stage}RECV_{p.letter}{p.mb}<{op.src}>")
+                add(f"{p.consumer_stage}RECV_{_LETTERS[p.kind]}{p.mb}<{op.src}>")
+        elif kind is Overlap and len(o := op.ops) == 2 and o[0].segment == o[1].segment == "":
+            add(f"({o[0].stage}{o[0].kind}{o[0].mb};{o[1].stage}{o[1].kind}{o[1].mb})OVERLAP_F_B")
         elif kind is not Idle:
             add(_canonical(op))
     return ",".join(out)

@@ -34,7 +34,7 @@ from typing import Callable
 
 import attrs
 
-from .ir import Collective, Idle, Op, Plan, Recv, Schedule, Send, computes_of
+from .ir import Collective, Idle, Op, Plan, Recv, Schedule, Send, build_many, computes_of
 from .semantics import (REPLICA, Chain, offloads, payload_token, schedule_times,
                         standard_duration)
 
@@ -60,6 +60,7 @@ def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
         return d if d >= tiny or not computes_of(op) else tiny
     timing = schedule_times(programs, placement, at_least_tiny, chain=chain)
     events: list[list[tuple]] = [[] for _ in programs]  # per rank: (time, ..., op)
+    moved: list[tuple] = []  # per transfer: its key, and where its payload goes
     for rank, program in enumerate(programs):
         starts, finishes, mine = timing.start[rank], timing.finish[rank], events[rank].append
         for index in range(len(starts)):
@@ -69,9 +70,9 @@ def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
             mine((starts[index], 1, _NO_TIE, rank, index, 0, op))
             for c in computes_of(op):
                 for member, (there, payload) in enumerate(chain.destinations(c, rank)):
-                    key = (finishes[index], 0, _send_first(payload), rank, index, member)
-                    mine(key + (Send(there, payload),))
-                    events[there].append(key + (Recv(rank, payload),))
+                    moved.append(((finishes[index], 0, _send_first(payload), rank, index,
+                                   member), there, payload))
+    _add_transfers(events, moved)
     out: list[list[Op]] = []
     for mine in events:  # each rank's projection of the one sorted event list
         mine.sort()  # (kind, producer rank, index, member) tell any two apart: no op compared
@@ -81,6 +82,18 @@ def _lowered(schedule: Schedule, duration: Callable[[Op], float]) -> Plan:
     _append_replica_sums(out, chain)
     return Plan(placement, schedule.num_microbatches, tuple(map(tuple, out)), schedule.cut,
                 schedule.forward_only)
+
+
+def _add_transfers(events: list[list[tuple]], moved: list[tuple]) -> None:
+    """Each transfer's two events: its ``SEND`` on the producer's rank, its ``RECV`` on
+    ``there``, both under its key. The ops are built in bulk (``ir.build_many``): the
+    ranks are the placement's and the payloads the chain's, already checked."""
+    keys, there, payloads = zip(*moved) if moved else ((), (), ())
+    sends = build_many(Send, len(moved), {"dst": there, "payload": payloads})
+    recvs = build_many(Recv, len(moved), {"src": [k[3] for k in keys], "payload": payloads})
+    for key, to, send, recv in zip(keys, there, sends, recvs):
+        events[key[3]].append(key + (send,))
+        events[to].append(key + (recv,))
 
 
 def with_replica_sums(plan: Plan) -> Plan:
@@ -98,12 +111,16 @@ def _append_replica_sums(out: list[list[Op]], chain: Chain) -> None:
     sit on several ranks ends its program with the all-reduce ``replica:J`` (after all its
     work), in ascending J on every rank (one agreed order: no collective waits on
     another). A call the schedule already makes is kept, not repeated."""
+    made: dict[int, set] = {}  # per rank, the tags of the collectives it calls already
     for tag, (kind, _, ranks) in sorted(chain.required_collectives().items(),
                                         key=lambda item: _replica_order(item[0])):
         if not tag.startswith(REPLICA + ":"):
             continue
         for rank in sorted(ranks):
-            if not any(type(op) is Collective and op.tag == tag for op in out[rank]):
+            if rank not in made:
+                made[rank] = ({op.tag for op in out[rank] if type(op) is Collective}
+                              if Collective in set(map(type, out[rank])) else set())
+            if tag not in made[rank]:
                 out[rank].append(Collective(kind, tuple(sorted(ranks)), tag))
 
 

@@ -27,6 +27,7 @@ cuts samples), ``n = m * v * s`` (ops per stream on this rank).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import deque
 from typing import Mapping, Union
@@ -177,10 +178,16 @@ def check_count(source: str, context: str, column: int | None = None,
                                  f"+ - * //, min, max and the variables {', '.join(variables)}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str):
+    """A checked count expression compiled once (a weave evaluates each many times)."""
+    return compile(ast.parse(source, mode="eval"), "<count>", "eval")
+
+
 def evaluate_count(source: str, env: Mapping[str, int]) -> int:
     """Evaluate a checked count expression; negative results count as 0."""
     try:
-        value = eval(compile(ast.parse(source, mode="eval"), "<count>", "eval"),  # noqa: S307
+        value = eval(_compiled(source),  # noqa: S307
                      {"__builtins__": {}, "min": min, "max": max}, dict(env))
     except ZeroDivisionError:
         raise ParameterError(f"count {{{source}}} divides by zero for "
@@ -189,6 +196,9 @@ def evaluate_count(source: str, env: Mapping[str, int]) -> int:
 
 
 # ---------------------------------------------------------------- interpretation
+
+
+_NONE: deque = deque()  # a chunk without units (never added to)
 
 
 class RankStreams:
@@ -236,7 +246,7 @@ class RankStreams:
             self._next[kind] = i
             unit = order[i] if i < len(order) else None
         else:
-            queue = self._by_chunk[kind].get(chunk, deque())
+            queue = self._by_chunk[kind].get(chunk, _NONE)
             while queue and (kind, queue[0]) in self._used:
                 queue.popleft()
             unit = queue[0] if queue else None

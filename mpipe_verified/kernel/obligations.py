@@ -23,7 +23,6 @@ template (``smt.TEMPLATES``), kept by class in ``Facts``:
 
 from __future__ import annotations
 
-import operator
 from collections import defaultdict
 from itertools import chain
 
@@ -216,7 +215,7 @@ def _matching(rules: Rules, facts: Facts, _witness) -> None:
         facts.add("eq", "count", sends[c], recvs[c], at=at)
     a = np.flatnonzero(send & (partner >= 0))
     got = rules.p2p[0]
-    same = ints(map(operator.eq, pick(got, a), pick(got, partner[a])))
+    same = ints(map(_same, pick(got, a), pick(got, partner[a])))
     facts.extend("one", "payload", [same], chan[a], at=lambda j: where[chan[a[j]]])
     if rules.pipes:  # several pipelines: no activation or gradient leaves its pipeline
         _, _, kind, name, stage, _ = rules.p2p
@@ -236,6 +235,11 @@ def _matching(rules: Rules, facts: Facts, _witness) -> None:
                        and (op.kind, op.tag, op.root) == (ref.kind, ref.tag, ref.root), at=at)
         facts.add("eq", "callers", sum(r in where for r in group), len(group),
                   at=("call", min(where), where[min(where)][0]))
+
+
+def _same(x, y) -> bool:
+    """Equal payloads (one object is equal to itself: a lowered plan's two ends share it)."""
+    return x is y or x == y
 
 
 def _deadlock(rules: Rules, facts: Facts, witness: Witness, eager: bool) -> None:

@@ -64,7 +64,11 @@ class Rules:
 
     def pipes_ok(self) -> bool:
         """No pipelines, or k >= 1 of them: microbatch tuples that partition ``0..m-1``,
-        k dividing the stage count, and no cut."""
+        k dividing the stage count, and no cut (read once: ``_pipes_ok``)."""
+        return self._pipes_ok
+
+    @cached_property
+    def _pipes_ok(self) -> bool:
         p = self.pipes
         return p == () or (type(p) is tuple and all(type(x) is tuple for x in p)
                            and all(type(mb) is int for x in p for mb in x)
@@ -108,10 +112,15 @@ class Rules:
         many = np.flatnonzero((step == 1) | (step == 4))
         if len(many):  # an overlapped step or a group: a row per member
             size = np.ones(len(steps), np.int64)
-            size[many] = [len(steps[k].ops) for k in many.tolist()]
-            ops = list(chain.from_iterable(op.ops if t in (1, 4) else (op,) for op, t in
-                                           zip(steps, step.tolist())))
-            pos, step = np.repeat(pos, size), _types(ops)
+            inner = [steps[k].ops for k in many.tolist()]
+            size[many] = list(map(len, inner))
+            cuts = [0, *(many + 1).tolist()]  # the steps between, then each one's members
+            ops = list(chain.from_iterable(chain.from_iterable(
+                (steps[a:b - 1], members) for a, b, members in zip(cuts, cuts[1:], inner))))
+            ops += steps[cuts[-1]:]
+            member = np.repeat(np.isin(np.arange(len(steps)), many), size)
+            pos, step = np.repeat(pos, size), np.repeat(step, size)
+            step[member] = _types(pick(ops, np.flatnonzero(member)))
         keep = np.flatnonzero(step != 6)  # idle steps and markers hold nothing
         if len(keep) < len(ops):
             ops, pos, step = pick(ops, keep), pos[keep], step[keep]
@@ -254,7 +263,7 @@ class Rules:
             need += [((k == F) & (j > 0), KV, g, s, b - 1),
                      (bi & (j < self.seq - 1), KV_GRAD, g, s, b + 1)]
             made += [(k == F, KV, g, s, b), (bi, KV_GRAD, g, s, b)]
-        extra_need, extra_made = [], []
+        extra_need, extra_made, replicas = [], [], self.replicas()
         for row in np.flatnonzero(k == COLL).tolist():
             op, rank = self.ops[row], int(self.rank[row])
             role, _, name = op.tag.partition(":")
@@ -264,7 +273,7 @@ class Rules:
                                enumerate(self.segs[name].backward_rank or ()) if r == rank]
             if op.kind == "broadcast" and role == "params":
                 extra_made.append((row, PARAMS, code[name], 0, 0))
-            if op.kind == "all_reduce" and role == "replica" and name in self.replicas():
+            if op.kind == "all_reduce" and role == "replica" and name in replicas:
                 extra_need += [(row, WDONE, body, st, mb) for st in range(int(name), self.stages,
                                                                           self.n)
                                if self.where[st] == rank for mb in self.pipes[st // self.n]]

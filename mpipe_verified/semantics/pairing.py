@@ -143,6 +143,17 @@ def fifo_pairs(channel, send) -> tuple:
     return ends[0][order[0][meets]], ends[1][order[1][start[1][sent[meets]] + nth[meets]]]
 
 
+def _positions(program, kind: type) -> list[int]:
+    """The positions of the steps of type ``kind`` in ``program`` (found by
+    ``list.index``, which compares types by identity)."""
+    types, out = list(map(type, program)), []
+    try:
+        while True:
+            out.append(types.index(kind, out[-1] + 1 if out else 0))
+    except ValueError:  # no more of them
+        return out
+
+
 @attrs.frozen
 class CollectivePairing:
     """Instance k of a rank set is the k-th call over that set (the distinct ranks a call
@@ -158,31 +169,34 @@ class CollectivePairing:
     problems: tuple[tuple[tuple[tuple[int, int], ...], str], ...]
 
 
-def pair_collectives(plan: Plan) -> CollectivePairing:
-    """The collective instances of ``plan`` (``collective_instances``)."""
-    return collective_instances(plan.programs, plan.num_ranks)
+def pair_collectives(plan: Plan, calls=None) -> CollectivePairing:
+    """The collective instances of ``plan`` (``collective_instances``; ``calls``: its
+    collective steps, when the caller has them)."""
+    return collective_instances(plan.programs, plan.num_ranks, calls)
 
 
-def collective_instances(programs, num_ranks: int) -> CollectivePairing:
+def collective_instances(programs, num_ranks: int, calls=None) -> CollectivePairing:
     """The one statement of how collective calls line up (``CollectivePairing``), over
-    per-rank programs (a plan's, or a compute-only schedule's)."""
+    per-rank programs (a plan's, or a compute-only schedule's). ``calls``: their
+    collective steps as ``(rank, index, op)``, rank-major in program order, when the
+    caller has them (``OpTable.calls``; default: found in ``programs``)."""
     instance_of: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
     members: dict[tuple[tuple[int, ...], int], dict[int, int]] = defaultdict(dict)
     count: dict[tuple[tuple[int, ...], int], int] = defaultdict(int)
     problems: list[tuple[tuple[int, int], str]] = []
-    for rank, program in enumerate(programs):
-        for index, op in enumerate(program):
-            if not isinstance(op, Collective):
-                continue
-            group = tuple(sorted(set(op.ranks)))
-            malformed = _malformed(op, rank, index, num_ranks)
-            if malformed:
-                problems.append((((rank, index),), malformed))
-            k = count[(group, rank)]
-            count[(group, rank)] += 1
-            members[(group, k)][rank] = index
-            if rank in group:
-                instance_of[(rank, index)] = (group, k)
+    if calls is None:
+        calls = [(rank, index, program[index]) for rank, program in enumerate(programs)
+                 for index in _positions(program, Collective)]
+    for rank, index, op in calls:
+        group = tuple(sorted(set(op.ranks)))
+        malformed = _malformed(op, rank, index, num_ranks)
+        if malformed:
+            problems.append((((rank, index),), malformed))
+        k = count[(group, rank)]
+        count[(group, rank)] += 1
+        members[(group, k)][rank] = index
+        if rank in group:
+            instance_of[(rank, index)] = (group, k)
     for (group, k), where in members.items():
         ops = {r: programs[r][i] for r, i in where.items()}
         first_rank = min(ops)

@@ -131,7 +131,9 @@ def produces(op: Op) -> tuple[tuple, ...]:
     if kind is Recv:
         return (received_token(op.payload),)
     if kind is Overlap or kind is Group:
-        return tuple(t for c in op.ops for t in produces(c))
+        ops = op.ops
+        return (produces(ops[0]) + produces(ops[1]) if len(ops) == 2
+                else sum([produces(c) for c in ops], ()))
     if kind is Offload or kind is Reload:
         return (("offloaded" if kind is Offload else "reloaded", op.segment, op.stage, op.mb),)
     if kind is Collective and op.kind == "broadcast":
@@ -305,7 +307,10 @@ class Chain:
         """``needs`` extended across the cut (see the class docstring)."""
         kind = type(op)
         if kind is Overlap or kind is Group:
-            return tuple(t for c in op.ops for t in self.needs(c, rank))
+            ops = op.ops
+            if len(ops) == 2:  # the common overlapped pair
+                return self.needs(ops[0], rank) + self.needs(ops[1], rank)
+            return sum([self.needs(c, rank) for c in ops], ())
         if kind is Collective:
             return self._collective_needs(op, rank)
         base = needs(op, self.num_stages)

@@ -351,24 +351,55 @@ def wait_cycle(execution: Execution) -> list[Wait]:
 
 
 def comm_ticks(table: OpTable, comm_model: str = RENDEZVOUS,
-               pairs: P2PColumns | None = None) -> tuple | None:
+               pairs: P2PColumns | None = None, calls: bool = False) -> tuple | None:
     """``execute(plan, comm_model, duration=0, comm_time=1)`` on the table's plan, by
-    columns: per rank, the finish time of each comm step, or None when the run gets stuck
-    (``execute`` then says where). Compute, idle and marker steps take no time, so
-    ``run_steps`` is handed the comm steps alone (``p2p_columns``' rows, rank-major),
-    each waiting for its partner (an eager send for nothing, an end without a partner
-    forever) and costing a tick."""
+    columns: per rank, the finish time of each transfer (with ``calls``, of each comm
+    step: collectives too), or None when the run gets stuck (``execute`` then says
+    where). Compute, idle and marker steps take no time, so ``run_steps`` is handed the
+    comm steps alone (``p2p_columns``' rows and the collective calls, rank-major), each
+    waiting for its partner (an eager send for nothing, an end without a partner
+    forever) or for every member's call of its instance (``pair_collectives``), and
+    costing a tick."""
     import numpy as np
     pairs = pairs or p2p_columns(table)
     n = table.plan.num_ranks
-    bounds = np.searchsorted(table.rank[pairs.rows], np.arange(n + 1)).tolist()
-    wait = pairs.partner  # the end each end waits for (-1: none, NEVER)
+    coll, found = table.call_rows(), table.calls()
+    rows = np.concatenate([pairs.rows, coll])
+    order = np.argsort(rows, kind="stable")  # rank-major, in program order
+    place = np.empty(len(rows), dtype=np.int64)
+    place[order] = np.arange(len(rows), dtype=np.int64)
+    k = len(pairs.rows)
+    wait = np.full(len(rows), SEVERAL, dtype=np.int64)
+    wait[place[:k]] = np.where(pairs.partner >= 0, place[np.maximum(pairs.partner, 0)], NEVER)
     if comm_model == EAGER:
-        wait = np.where(pairs.send, FREE, wait)
-    _, finish, at, _ = run_steps(bounds, wait.tolist(), [1] * len(pairs.rows))
+        wait[place[:k]] = np.where(pairs.send, FREE, wait[place[:k]])
+    several = _call_steps(table, found, place[k:].tolist())
+    bounds = np.searchsorted(table.rank[rows[order]], np.arange(n + 1)).tolist()
+    _, finish, at, _ = run_steps(bounds, wait.tolist(), [1] * len(rows), 0, several)
     if at != bounds[1:]:
         return None
+    if not calls and len(coll):  # the transfers' times alone
+        finish = np.array(finish)[np.sort(place[:k])].tolist()
+        bounds = np.searchsorted(table.rank[pairs.rows], np.arange(n + 1)).tolist()
     return tuple(tuple(finish[bounds[r]:bounds[r + 1]]) for r in range(n))
+
+
+def _call_steps(table: OpTable, found: list, steps: list[int]) -> dict:
+    """``run_steps``' ``several`` for the collective calls ``found`` (``OpTable.calls``),
+    at ``steps``: each waits for every member's call of its instance, in member order
+    (``NEVER`` when the caller is no member or a member never calls), as ``_call_waits``
+    says."""
+    if not found:
+        return {}
+    instances = pair_collectives(table.plan, found)
+    step_of = {(r, i): x for (r, i, _), x in zip(found, steps)}
+    out = {}
+    for (r, i, _), x in zip(found, steps):
+        key = instances.instance_of.get((r, i))
+        where = instances.members[key] if key is not None else {}
+        out[x] = [step_of[(m, where[m])] if m in where else NEVER
+                  for m in key[0]] if key is not None else [NEVER]
+    return out
 
 
 # ---------------------------------------------------------------- compute-only timing

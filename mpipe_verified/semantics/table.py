@@ -11,7 +11,8 @@ from typing import Callable
 
 import attrs
 
-from ..ir import RANK_MOVES, Compute, Idle, Marker, Op, Plan, Recv, Send, known_op_cells
+from ..ir import (RANK_MOVES, Collective, Compute, Idle, Marker, Op, Overlap, Plan, Recv, Send,
+                  known_op_cells)
 
 
 @attrs.frozen(eq=False)
@@ -25,9 +26,12 @@ class OpTable:
     The rules are not restated here: ``rule_columns`` applies ``Chain.needs``,
     ``produces`` or ``step_effects`` as evaluated on each class's ops, shifted by each
     op's microbatch. Only plans whose rules are the same for every microbatch of a class
-    get a table (``op_table``): no cut, and only compute, send, receive, idle and marker
-    steps; with sequence chunks a class also keeps to one place in the sample (first
-    chunk, last chunk or neither)."""
+    get a table (``op_table``): no cut, and only compute, overlapped, send, receive,
+    collective, idle and marker steps; with sequence chunks a class also keeps to one
+    place in the sample (first chunk, last chunk or neither), and no step overlaps. An
+    overlapped step's microbatch is its first op's, and its class fixes how far each of
+    its ops' microbatches lies from that one; a collective's is 0, its class the whole
+    call."""
 
     plan: Plan
     rank: object  # numpy int64 arrays, one entry per op
@@ -51,18 +55,26 @@ class OpTable:
                 return None
             per_class.append(rel)
         n = np.array([len(r) for r in per_class], dtype=np.int64)
-        width = max(1, int(n.max(initial=0)))
-        tid = np.zeros((len(per_class), width), dtype=np.int64)
-        off = np.zeros((len(per_class), width), dtype=np.int64)
-        for c, rel in enumerate(per_class):
-            for k, (t, d) in enumerate(rel):
-                tid[c, k], off[c, k] = t, d
+        flat = np.array([t for rel in per_class for t in rel], dtype=np.int64).reshape(-1, 2)
         per_op = n[self.cls]
         row = np.repeat(np.arange(len(self.cls), dtype=np.int64), per_op)
         slot = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(per_op) - per_op,
                                                                per_op)
-        c = self.cls[row]
-        return row, tid[c, slot], off[c, slot], tuple(tokens)
+        at = (np.cumsum(n) - n)[self.cls[row]] + slot  # the class's token in ``flat``
+        return row, flat[at, 0], flat[at, 1], tuple(tokens)
+
+    def call_rows(self):
+        """The rows of the collective steps (numpy, rank-major in program order)."""
+        import numpy as np
+        coll = np.array([type(op) is Collective for _, op, _ in self.classes] + [False], bool)
+        return np.flatnonzero(coll[self.cls])
+
+    def calls(self) -> list:
+        """``(rank, index, op)`` of every collective step, rank-major in program order."""
+        rows = self.call_rows()
+        programs = self.plan.programs
+        return [(r, i, programs[r][i]) for r, i in zip(self.rank[rows].tolist(),
+                                                        self.index[rows].tolist())]
 
 
 def _mb_of(op: Op) -> int:
@@ -70,6 +82,8 @@ def _mb_of(op: Op) -> int:
     kind = type(op)
     if kind is Compute:
         return op.mb
+    if kind is Overlap:
+        return op.ops[0].mb if op.ops else 0
     return op.payload.mb if kind is Send or kind is Recv else 0
 
 
@@ -84,11 +98,12 @@ def _relative(tokens, mb: int, ids: dict) -> tuple:
     return tuple(out)
 
 
-def op_table(plan: Plan) -> OpTable | None:
-    """The plan's ``OpTable``, or None for a plan with a cut, groups, overlaps,
-    collectives or activation moves (their rules depend on more than an op's class). A plan that a bulk
-    reader built is classed by what it recorded (``ir.known_op_cells``), any other op by
-    op."""
+def op_table(plan: Plan, overlapped: bool = False) -> OpTable | None:
+    """The plan's ``OpTable``, or None for a plan with a cut, groups or activation moves
+    (their rules depend on more than an op's class), or with overlapped steps unless
+    ``overlapped`` (the verifier's passes read them; no bulk reader records them) and
+    never in a plan of sequence chunks. A plan that a bulk reader built is classed by
+    what it recorded (``ir.known_op_cells``), any other op by op."""
     import numpy as np
     if plan.cut.segments:
         return None
@@ -99,6 +114,8 @@ def op_table(plan: Plan) -> OpTable | None:
     cls: list[int] = []
     mbs: list[int] = []
     add_cls, add_mb, number = cls.append, mbs.append, keys.setdefault
+    # an overlap's ops may sit at different places in their samples: not by class
+    overlaps = overlapped and plan.seq_chunks == 1
     for rank, program in enumerate(plan.programs):
         for op in program:
             kind = type(op)
@@ -115,11 +132,29 @@ def op_table(plan: Plan) -> OpTable | None:
             elif kind is Idle or kind is Marker:
                 key = (rank, kind)
                 add_mb(0)
+            elif kind is Overlap and overlaps:  # each op's fields, its mb as a shift
+                key = _overlap_key(rank, op.ops)
+                add_mb(op.ops[0].mb if op.ops else 0)
+            elif kind is Collective:
+                key = (rank, kind, op.kind, op.tag, op.root, tuple(op.ranks))
+                add_mb(0)
             else:
                 return None
             add_cls(number(key, len(keys)))
     return _table_of(plan, *_by_chunk(plan, np.array(cls, dtype=np.int64),
                                       np.array(mbs, dtype=np.int64)))
+
+
+def _overlap_key(rank: int, ops: tuple) -> tuple:
+    """The class key of an overlapped step of ``ops``: each op's kind, stage, segment and
+    microbatch less the first op's, flat (the common pair spelled out)."""
+    if len(ops) == 2:
+        a, b = ops
+        return (rank, Overlap, a.kind, a.stage, a.segment, 0, b.kind, b.stage, b.segment,
+                b.mb - a.mb)
+    first = ops[0].mb if ops else 0
+    return (rank, Overlap, *[x for c in ops for x in (c.kind, c.stage, c.segment,
+                                                       c.mb - first)])
 
 
 def _by_chunk(plan: Plan, cls, mb) -> tuple:

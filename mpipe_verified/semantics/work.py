@@ -185,37 +185,49 @@ def _unit_issues(chain, table, seg, s, mb, row, need_back, need_r) -> list[WorkI
 def work_complete(table: OpTable, chain: Chain) -> bool:
     """``required_work`` and ``collective_issues`` find nothing, read by columns: every
     unit's work counted as ``work_table`` counts it and judged by ``unit_ok`` (once per
-    distinct count row). False when anything is missing, repeated, misplaced or stray, or
-    the cut requires a collective (a table's plan has none): op by op then says what."""
+    distinct count row), and the collectives a table's plan calls
+    (``OpTable.calls``) judged as ``collective_issues`` judges them. False when anything
+    is missing, repeated, misplaced or stray: op by op then says what."""
     import numpy as np
     plan = table.plan
     s, m = chain.num_stages, plan.num_microbatches
-    if chain.pipelines:
-        return False  # op by op then decides (several pipelines: not the hot path)
     units = set(chain.units())
-    kinds = np.full(len(table.classes), -1, dtype=np.int64)  # work kind column, or -1
-    stages = np.zeros(len(table.classes), dtype=np.int64)
+    where = chain.placement.stage_to_rank
+    items = ([], [], [], [])  # per compute of a class: class, work kind, stage, mb shift
     for c, (rank, op, _) in enumerate(table.classes):
-        for one in computes_of(op):  # a table's compute steps are single ops
-            if (one.segment, one.stage) not in units or \
-                    chain.expected_rank(one) != rank:
+        ops = computes_of(op)  # a class's computes: its first op's, each at a fixed shift
+        for one in ops:
+            if (one.segment, one.stage) not in units or where[one.stage] != rank:
                 return False  # stray or misplaced: op by op says which
-            kinds[c], stages[c] = WORK_KINDS.index(one.kind), one.stage
-    if chain.required_collectives():
+            for out, x in zip(items, (c, WORK_KINDS.index(one.kind), one.stage,
+                                      one.mb - ops[0].mb)):
+                out.append(x)
+    if collective_issues(plan, 1, table.calls()):
         return False
-    work = kinds[table.cls] >= 0
-    mb, kind, stage = table.mb[work], kinds[table.cls][work], stages[table.cls][work]
-    if s * m > len(mb) or (len(mb) and int(mb.max()) >= m):
+    cls, kind, stage, shift = (np.array(x, dtype=np.int64) for x in items)
+    per = np.bincount(cls, minlength=len(table.classes))[table.cls]  # computes per op
+    rows = np.repeat(np.arange(len(table.cls), dtype=np.int64), per)
+    at = np.searchsorted(cls, table.cls[rows]) + (  # each op's computes, in class order
+        np.arange(len(rows), dtype=np.int64) - np.repeat(np.cumsum(per) - per, per))
+    mb, kind, stage = table.mb[rows] + shift[at], kind[at], stage[at]
+    due = sum(len(chain.microbatches(x, m)) for x in range(s)) if chain.pipelines else s * m
+    if due > len(mb) or (len(mb) and int(mb.max()) >= m):
         return False  # a unit without work (never enumerated: m may be huge), or stray
+    if chain.pipelines:  # a stage's work of another pipeline's microbatch is stray
+        pipe = np.zeros(m, dtype=np.int64)
+        for i, mbs in enumerate(chain.pipelines):
+            pipe[list(mbs)] = i
+        if not np.array_equal(pipe[mb], stage // chain.per_pipeline):
+            return False
     width = len(WORK_KINDS)
     present, at = np.unique(stage * m + mb, return_inverse=True)
-    if len(present) != s * m:
+    if len(present) != due:
         return False
-    rows = np.zeros((s * m, width), dtype=np.int64)
+    rows = np.zeros((len(present), width), dtype=np.int64)
     np.add.at(rows, (at.reshape(-1), kind), 1)
-    due = np.array([chain.expected_backward(BODY, mb) for mb in range(m)],
-                   dtype=np.int64).reshape(m, 2)
-    cases = np.concatenate([rows, np.tile(due, (s, 1))], axis=1)
+    needed = np.array([chain.expected_backward(BODY, x) for x in range(m)],
+                      dtype=np.int64).reshape(m, 2)[present % m]
+    cases = np.concatenate([rows, needed], axis=1)
     return all(unit_ok(row[:width] + [0], bool(row[width]), bool(row[width + 1]))
                for row in _distinct_rows(cases))
 
@@ -243,24 +255,29 @@ class CollectiveIssue:
     detail: str
 
 
-def collective_issues(plan: Plan, limit: int | None = None) -> list[CollectiveIssue]:
+def collective_issues(plan: Plan, limit: int | None = None,
+                      steps=None) -> list[CollectiveIssue]:
     """The collectives of ``Chain.required_collectives``: every call tagged
     ``params:NAME``/``grads:NAME`` is one the cut requires, of its kind and root, over
     members that include every rank that must call it; each such rank calls it exactly
-    once, any other member at most once. At most ``limit`` issues."""
+    once, any other member at most once. At most ``limit`` issues. ``steps``: the
+    plan's ``(rank, index, op)`` to read, when the caller knows which are collectives
+    (default: every step)."""
     required = Chain.of(plan).required_collectives()
     calls: dict[tuple[str, int], list[int]] = defaultdict(list)
     issues = []
-    for rank, program in enumerate(plan.programs):
-        for index, op in enumerate(program):
-            tagged = collective_segment(op) if type(op) is Collective else None
-            if tagged is None or tagged[0] not in (PARAMS, GRADS, REPLICA):
-                continue
-            calls[(op.tag, rank)].append(index)
-            problem = _tagged_problem(op, required.get(op.tag))
-            if problem:
-                issues.append(CollectiveIssue(op.tag, rank, (rank, index),
-                                              f"rank {rank} position {index}: {op} {problem}"))
+    if steps is None:
+        steps = ((rank, index, op) for rank, program in enumerate(plan.programs)
+                 for index, op in enumerate(program))
+    for rank, index, op in steps:
+        tagged = collective_segment(op) if type(op) is Collective else None
+        if tagged is None or tagged[0] not in (PARAMS, GRADS, REPLICA):
+            continue
+        calls[(op.tag, rank)].append(index)
+        problem = _tagged_problem(op, required.get(op.tag))
+        if problem:
+            issues.append(CollectiveIssue(op.tag, rank, (rank, index),
+                                          f"rank {rank} position {index}: {op} {problem}"))
     for tag, (kind, root, ranks) in sorted(required.items()):
         for rank in range(plan.num_ranks):
             where = calls[(tag, rank)]

@@ -44,7 +44,7 @@ def verify(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
     asked = _asked(plan, question, memory_limit, comm_model, memory_model)
     clock = time.perf_counter()
     with collector_paused():
-        table = op_table(plan)
+        table = op_table(plan, overlapped=True)
         local = _local_properties(asked, table, rlimit)
         comm = _comm_properties(asked, table, rlimit)
         return _report(asked, _merged(local, comm), clock)
@@ -124,7 +124,7 @@ def verify_split(plan: Plan, memory_limit=None, comm_model: str = RENDEZVOUS,
     asked = _asked(plan, question, memory_limit, comm_model, memory_model)
     clock = time.perf_counter()
     with collector_paused():  # built once, inherited by the child:
-        table = op_table(plan)
+        table = op_table(plan, overlapped=True)
         kernel.read(plan)  # after the fork, each touch of an op object copies its page
     with collector_paused(), forked(_comm_properties, asked, table, rlimit) as comm:
         local = _local_properties(asked, table, rlimit)
@@ -196,7 +196,8 @@ def _witness(hints: dict) -> kernel.Witness:
 
 def _local_properties(asked: Asked, table, rlimit) -> dict:
     """Completeness, memory and, for a plan with a ``table``, matching (the half that
-    needs no pairing, run or producers). ``table``: ``semantics.op_table(plan)``."""
+    needs no pairing, run or producers). ``table``: ``semantics.op_table(plan,
+    overlapped=True)``."""
     plan, judge = asked.plan, _Judge(asked, rlimit)
     out = {"completeness": judge("completeness", lambda: passes.completeness(plan,
                                                                                  table))}
@@ -208,7 +209,9 @@ def _local_properties(asked: Asked, table, rlimit) -> dict:
         return findings, hint
     out["memory"] = judge("memory", memory)
     if table is not None:  # its transfers pair by columns: no pairing to share
-        out["matching"] = judge("matching", lambda: passes.matching(plan, table=table))
+        calls = len(table.call_rows())  # its collectives, if any, paired as with no table
+        out["matching"] = judge("matching", lambda: passes.matching(
+            plan, collectives=pair_collectives(plan) if calls else None, table=table))
     return {**out, "peaks": mem["peaks"], "highest": mem["highest"], "hints": judge.hints}
 
 

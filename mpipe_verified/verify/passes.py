@@ -18,7 +18,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from ..ir import COMM_STEP, Plan, Send, p2p_of
+from ..ir import COMM_STEP, Plan, Recv, Send, p2p_of
 from ..semantics import (UNIT_MEMORY, Chain, MemoryModel, OpTable, Token, collective_issues,
                          column_levels, comm_ticks, execute, live_tensors, memory_levels,
                          memory_moves, move_issues, p2p_clean, pair_collectives, pair_p2p,
@@ -215,10 +215,11 @@ def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None =
              ) -> tuple[list[Finding], None]:
     """FIFO pairing per ordered rank pair: equal counts and equal payloads; collectives
     well formed and called in the same order with the same kind, tag and root by every
-    member. The kernel pairs by counting itself: no witness. With the plan's ``table``
-    (which has no collectives) a plan whose transfers all pair is read by columns; any
-    other is paired op by op, which lists the findings."""
-    if table is not None and not plan.pipelines and p2p_clean(table):
+    member. The kernel pairs by counting itself: no witness. With the plan's ``table`` a
+    plan whose transfers all pair, stay in their pipelines and whose collective calls
+    line up is read by columns; any other is paired op by op, which lists the
+    findings."""
+    if table is not None and _clean(plan, table, collectives):
         return Findings(), None
     pairing = pairing or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
@@ -238,6 +239,18 @@ def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None =
             Violation("matching", problem, ranks, tuple(_op_ref(plan, r, i) for r, i in positions)),
             ("call",) + positions[-1]))
     return findings, None
+
+
+def _clean(plan: Plan, table: OpTable, collectives=None) -> bool:
+    """Nothing for ``matching`` to find, read by columns: every transfer pairs
+    (``p2p_clean``), none leaves its pipeline (what a transfer carries is its class's),
+    and the collective calls line up (``collectives``, the plan's ``pair_collectives``;
+    default: paired over ``OpTable.calls``)."""
+    chain = Chain.of(plan)
+    collectives = collectives or pair_collectives(plan, table.calls())
+    return (p2p_clean(table) and not any(type(op) in (Send, Recv) and chain.crosses(op.payload)
+                                         for _, op, _ in table.classes)
+            and not collectives.problems)
 
 
 def _cross_pipeline(plan: Plan, findings: Findings) -> None:
@@ -306,7 +319,7 @@ def deadlock(plan: Plan, comm_model: str, pairing=None, collectives=None,
     that have no partner, are the counterexample. With the plan's ``table`` a run that
     completes is timed by columns (``semantics.comm_ticks``); any other runs op by op,
     which names the findings."""
-    ticks = None if table is None else comm_ticks(table, comm_model)
+    ticks = None if table is None else comm_ticks(table, comm_model, calls=True)
     if ticks is not None:
         return [], ticks
     pairing = pairing or pair_p2p(plan)
