@@ -662,7 +662,7 @@ SHELL_FAULTS = (
           "return plan",
           "the lowered plan forgets its sequence chunks (judged as plain microbatches)"),
     Fault("file_ignores_seq_chunks", CLI_TARGETS,
-          "return with_seq_chunks(target, chunks, name), spec, name",
+          "return with_seq_chunks(target, chunks, name, args.format), spec, name",
           "return target, spec, name",
           "a file is read without the --seq-chunks the user named"),
     Fault("seq_chunks_ignored_by_the_family", CLI_TARGETS,
