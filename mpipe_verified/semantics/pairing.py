@@ -293,7 +293,7 @@ def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
     rank, tok, mb = table.rank[got], token[table.cls[got]], table.mb[got]
     width = int(mb.max(initial=0)) + 1
     if (int(rank.max(initial=0)) + 1) * len(tokens) * width < 2**62:
-        key = (rank * len(tokens) + tok) * width + mb  # one int per (rank, token, mb)
-        return len(np.unique(key)) == len(key)
+        key = np.sort((rank * len(tokens) + tok) * width + mb)  # one int per (rank, token, mb)
+        return not (key[1:] == key[:-1]).any()
     return np.unique(np.stack([rank, tok, mb]), axis=1).shape[1] == len(got)
 
