@@ -147,8 +147,10 @@ def test_a_stage_map_naming_a_missing_rank_is_bad_input(tmp_path, capsys):
     def edit(doc):
         doc["stage_to_rank"][1] = 5
     path = write_json(tmp_path, lowered("1f1b", 2, 2), edit)
-    assert bad(capsys, "check", path) == (f"{path}: $.stage_to_rank[1]: expected a rank in "
-                                          "0..1, got 5")
+    for command in ("check", "import", "show", "diff"):
+        extra = (path,) if command == "diff" else ()
+        assert bad(capsys, command, path, *extra) == (
+            f"{path}: $.stage_to_rank[1]: expected a rank in 0..1, got 5")
 
 
 def test_declared_microbatches_and_seq_chunks_that_do_not_fit_a_plan_json_file(tmp_path,

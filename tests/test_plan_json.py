@@ -79,7 +79,7 @@ def widened(plan: Plan) -> Plan:
     segments = {s.name for s in plan.cut.segments}
     big = 1 << 62  # every rank, stage and microbatch: only a segment's stage is checked
     everything = ranges.Ranges(big, big, big, 1, frozenset(segments))
-    programs = tuple(tuple(op for op in prog if ranges._op_beyond(op, everything) is None)
+    programs = tuple(tuple(op for op in prog if ranges.op_beyond(op, everything) is None)
                      for prog in plan.programs)
     top = {"rank": plan.num_ranks - 1, "stage": plan.placement.num_stages - 1,
            "mb": plan.num_microbatches - 1}

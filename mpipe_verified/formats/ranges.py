@@ -110,19 +110,19 @@ def beyond(plan: Plan | Schedule, ranges: Ranges | None = None) -> Named | None:
                 if (op.dst if kind is Send else op.src) < ranks and p.mb < m \
                         and p.stage < stages and not p.segment:
                     continue
-            found = _op_beyond(op, ranges)
+            found = op_beyond(op, ranges)
             if found is not None:
                 field, why = found
                 return Named(rank, index, field, _shown(op, field), why)
     return None
 
 
-def _op_beyond(op: Op, ranges: Ranges) -> tuple[tuple, str] | None:
+def op_beyond(op: Op, ranges: Ranges) -> tuple[tuple, str] | None:
     """``(field, why)`` for the first value of ``op`` outside ``ranges``, or None."""
     kind = type(op)
     if kind is Overlap or kind is Group:
         for k, member in enumerate(op.ops):
-            found = _op_beyond(member, ranges)
+            found = op_beyond(member, ranges)
             if found is not None:
                 return ("ops", k, *found[0]), found[1]
         return None
