@@ -103,6 +103,7 @@ from mpipe_verified.algebra.families import family  # noqa: E402
 from mpipe_verified.algebra.terms import ForwardOnly, Offloaded, Weave  # noqa: E402
 from mpipe_verified.algebra.transpose import transpose_family  # noqa: E402
 from mpipe_verified.formats.plan_json import read_plan_json, write_plan_json  # noqa: E402
+from mpipe_verified.formats.ranges import beyond  # noqa: E402
 from mpipe_verified.formats.torch_csv import format_torch_csv, write_torch_csv  # noqa: E402
 from mpipe_verified.ir import (LEND, RETURN, Collective, Compute, Group,  # noqa: E402
                                Marker, Offload, Overlap, Payload, Placement, Plan, Recv,
@@ -383,10 +384,19 @@ PASS_FAULTS = (
           "lowering serves only the first destination of each op"),
     # ---- the column forms' inputs (payload comparison, frees, the op classes)
     Fault("column_payloads_unchecked", PAIRING,
-          "    return bool(np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])\n"
-          "                and np.array_equal(table.mb[s_rows], table.mb[r_rows]))",
-          "    return True",
+          "    if not (np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])\n"
+          "            and np.array_equal(table.mb[s_rows], table.mb[r_rows])):\n"
+          "        return False\n",
+          "",
           "the column pairing calls every paired transfer's payloads equal"),
+    Fault("received_twice_ignored", PAIRING,
+          "            if key in seen:\n                out.append(end)",
+          "            if key in seen and False:\n                out.append(end)",
+          "a rank's second receive of a token it received before is not reported"),
+    Fault("column_received_twice_ignored", PAIRING,
+          "        return not (key[1:] == key[:-1]).any()",
+          "        return True",
+          "the column pairing calls a token received twice on a rank clean"),
     Fault("column_free_of_any_key", MEMORY,
           "lifetimes(free, (table.rank[rows], name, mb), (rows, free))",
           "lifetimes(free, (table.rank[rows], mb), (rows, free))",
@@ -665,7 +675,7 @@ SHELL_FAULTS = (
           "return plan",
           "the lowered plan forgets its sequence chunks (judged as plain microbatches)"),
     Fault("file_ignores_seq_chunks", CLI_TARGETS,
-          "return with_seq_chunks(target, chunks, name), spec, name",
+          "return with_seq_chunks(target, chunks, name, args.format), spec, name",
           "return target, spec, name",
           "a file is read without the --seq-chunks the user named"),
     Fault("seq_chunks_ignored_by_the_family", CLI_TARGETS,
@@ -898,7 +908,8 @@ def _move_edits(add) -> None:
     off = _offloaded("1f1b", 2, 4)
     add("reload_after_backward", _move_before(off, 0, "0B0", "0RELOAD0"))
     add("reload_dropped", _drop(off, 0, "0RELOAD1"))
-    add("offload_dropped", _drop(off, 0, "0OFFLOAD2"))
+    add("offload_repeated", _insert_after(off, 0, "0OFFLOAD2", Offload(0, 2)))  # dropped,
+    # its reload would be a reload of nothing: bad input (exit 2), not judged
     add("reload_before_offload", _move_before(off, 0, "0RELOAD0", "0OFFLOAD0"))
     peak = max(x for x, _ in peak_memory(off).values())
     add("offloaded-1f1b-p2-below-peak", off, "--memory-limit", f"{peak - 1:g}")
@@ -932,8 +943,8 @@ def _body_edits(add) -> None:
     add("recvs_swapped_eager", swapped, "--comm-model", "eager")
     mixed = _insert_after(_lowered("zb-h1", 2, 2), 0, "0W0", Compute("B", 0, 0))
     add("b_and_i_w_both", mixed)
-    add("stray_microbatch", _insert_after(_lowered("1f1b", 2, 2), 0, "0B1",
-                                          Compute("F", 0, 2)))
+    add("stray_segment", _insert_after(_lowered("1f1b", 2, 2), 0, "0B1",  # a microbatch
+                                       Compute("F", 0, 1, "audio")))  # beyond is bad input
     add("duplicate_forward", _insert_after(_lowered("1f1b", 2, 2), 0, "0B1",
                                            Compute("F", 0, 1)))
 
@@ -1013,6 +1024,9 @@ def _comm_edits(add) -> None:
         first_sends = _program(first_sends, r, prog)
     add("group_sends_facing", first_sends)
     add("unmatched_recv", _drop(_lowered("1f1b", 3, 3), 0, "0SEND_F2"))
+    g1 = _lowered("gpipe", 2, 1)  # rank 1 receives its activation twice (sent twice)
+    add("received_twice", _insert_after(_insert_after(g1, 0, "0SEND_F0", g1.programs[0][1]),
+                                        1, "1RECV_F0", g1.programs[1][0]))
     g2 = _lowered("gpipe", 2, 2)
     add("extra_send_eager", _program(g2, 0, g2.programs[0] + (g2.programs[0][1],)),
         "--comm-model", "eager")
@@ -1080,7 +1094,8 @@ def random_mutants(per_base: int) -> list[tuple[str, Plan]]:
         while kept < per_base and tries < 20 * per_base:
             tries += 1
             mutant, edit = S.mutate(base, ch.pick(kinds), ch)
-            if verify(mutant).status == "violated":
+            if verify(mutant).status == "violated" and beyond(mutant) is None:  # a file
+                # naming a microbatch beyond its plan is bad input (exit 2), not judged
                 out.append((f"{base_name}: {edit}", mutant))
                 kept += 1
     return out

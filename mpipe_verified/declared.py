@@ -8,7 +8,7 @@ states the sizes through the schedule or plan itself, so the verifier's ordinary
 ``completeness`` property reports the missing work by name:
 
 - ``microbatches``: ``num_microbatches = M``; every stage owes the work of microbatches
-  ``0..M-1``, and an op of a microbatch ``>= M`` is not part of the plan;
+  ``0..M-1``;
 - ``ranks``: ``R`` programs; a rank the file has no row for runs nothing (an empty
   program);
 - ``stages``: a placement of ``S`` stages; each stage the file mentions stays on the
@@ -16,8 +16,9 @@ states the sizes through the schedule or plan itself, so the verifier's ordinary
   rank ``s % R`` (``R``: the declared or the file's rank count).
 
 Invariants: the programs are unchanged (same ops, same order), so every position in a
-report is still the file's; a declared count below what the input holds (fewer stages
-or ranks than it uses), or above ``MAX_SIZE``, is a ``ParameterError``, not a guess.
+report is still the file's; a declared count below what the input holds (fewer stages,
+microbatches or ranks than it has), or above ``MAX_SIZE``, is a ``ParameterError``, not a
+guess (a file's reader names the first op beyond it first: ``formats.ranges``).
 
 Ranks that run nothing: every rank costs the verifier time and memory (its program, its
 memory levels, its peak, its row in every report), and a rank without an op pays for
@@ -94,6 +95,9 @@ def declare(target: Schedule | Plan, stages: int | None = None,
         raise ParameterError(f"it holds stages 0..{have.num_stages - 1}, more than the "
                              f"{num_stages} declared")
     m = target.num_microbatches if microbatches is None else microbatches
+    if m < target.num_microbatches:
+        raise ParameterError(f"it holds microbatches 0..{target.num_microbatches - 1}, more "
+                             f"than the {m} declared")
     if target.cut.segments and m != target.num_microbatches:
         raise ParameterError(f"{m} microbatches declared for a plan of "
                              f"{target.num_microbatches} with a cut: each segment names its "

@@ -237,7 +237,8 @@ def run_plan(plan) -> Result:
 #   matching property's business, so the two never double-count one edit;
 # - matching: the k-th send src->dst pairs with the k-th receive at dst from src (group
 #   members in their listed order); all payload fields must agree and no endpoint may be
-#   left over. Each collective call is well formed (members distinct existing ranks
+#   left over; no rank receives one activation, gradient or input (kind, segment, stage,
+#   mb) twice (a lend's or return's receive aside). Each collective call is well formed (members distinct existing ranks
 #   including the caller; a broadcast or gather names a root among them, an all-reduce
 #   none). The k-th collective a rank calls over a rank set is that set's instance k;
 #   every member must call it with the same kind, tag and root;
@@ -586,7 +587,7 @@ def _dependency(programs, chain: _Chain, res: Judgement) -> None:
 
 def _p2p_matching(programs, res: Judgement, chain: _Chain) -> dict:
     """FIFO per ordered pair; returns each endpoint's partner ``(rank, index, member)``."""
-    sends, recvs = {}, {}
+    sends, recvs, received = {}, {}, set()
     for r, prog in enumerate(programs):
         for i, cell in enumerate(prog):
             if cell[0] == "P":
@@ -597,6 +598,10 @@ def _p2p_matching(programs, res: Judgement, chain: _Chain) -> dict:
                         sends.setdefault((r, peer), []).append((r, i, k, payload))
                     else:
                         recvs.setdefault((peer, r), []).append((r, i, k, payload))
+                    if not is_send and payload[0] not in ("lend", "return"):
+                        if (r, _token(payload)) in received:
+                            res.matching.append(f"rank {r} op {i}: {payload} received again")
+                        received.add((r, _token(payload)))
     partner = {}
     for channel in set(sends) | set(recvs):
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])

@@ -402,9 +402,10 @@ def test_declared_sizes_turn_dropped_work_into_completeness_violations(capsys, t
         assert missing <= named, named
     code, doc = check_json(capsys, str(no_mb), "--microbatches", "7")
     assert code == 0  # the file is complete for the 7 microbatches it holds
-    code, doc = check_json(capsys, str(no_mb), "--microbatches", "6")
-    assert code == 1 and any("is not part of this plan" in v["message"]
-                             for v in doc["violations"])
+    code, out, err = check(capsys, str(no_mb), "--microbatches", "6")
+    assert (code, out) == (2, "")  # microbatch 6 is beyond the 6 declared: bad input at its cell
+    assert err == (f"mpipe-verify: error: {no_mb}:1:10: 0F6: expected a microbatch in 0..5, "
+                   "got 6: it holds microbatches 0..6, more than the 6 declared\n")
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -1,7 +1,8 @@
 """Activation moves in the formats and on the command line: plan-json carries them; a
 torch CSV holds them only as this package's extension (``export --csv-moves``), else
-export refuses the plan (exit 2); bad moves are the verifier's to report (exit 1, with
-the position), and the host memory they use is reported beside the device peak."""
+export refuses the plan (exit 2); a move of nothing or of a stage the plan lacks is bad
+input (exit 2), other bad moves are the verifier's to report (exit 1, with the position),
+and the host memory they use is reported beside the device peak."""
 
 from __future__ import annotations
 
@@ -36,17 +37,25 @@ def test_export_to_torch_csv_refuses_moves_unless_asked(tmp_path, capsys):
         raise AssertionError("a plan with moves has no torch CSV form")
 
 
-def test_bad_moves_are_violations_with_their_position_and_host_memory_is_reported(
+def test_bad_moves_are_bad_input_or_violations_with_their_position_and_host_memory_is_reported(
         tmp_path, capsys):
+    """A reload of nothing and a move of a stage no row places are bad input at their
+    cell (exit 2, nothing on stdout); a reload before its offload is a violation there."""
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0F1,0B0,0RELOAD1,0B1\n")  # a reload of nothing
-    assert main(["check", str(bad)]) == 1
-    err = capsys.readouterr().out
-    assert f"{bad}:1:4: completeness" in err and f"{bad}:1:4: dependency" in err
+    assert main(["check", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"mpipe-verify: error: {bad}:1:4: 0RELOAD1: a reload "
+                                        "of nothing")
     stray = tmp_path / "stray.csv"
     stray.write_text("0F0,0B0,0F1,0B1,3OFFLOAD1,3RELOAD1\n")  # a stage the plan lacks
-    assert main(["check", str(stray)]) == 1
-    assert "3OFFLOAD1 on rank 0: it is not an activation of this plan" in capsys.readouterr().out
+    assert main(["check", str(stray)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"{stray}:1:5: 3OFFLOAD1: expected a stage in 0..0, got 3" in err
+    early = tmp_path / "early.csv"
+    early.write_text("0F0,0RELOAD0,0F1,0B1,0OFFLOAD0,0B0\n")  # the reload comes first
+    assert main(["check", str(early)]) == 1
+    assert f"{early}:1:2: dependency" in capsys.readouterr().out
     good = tmp_path / "good.json"
     good.write_text(format_plan_json(OFFLOADED))
     assert main(["check", str(good), "--memory-limit", "1", "--json"]) == 0

@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
+import re
 import tracemalloc
 
+import attrs
 import pytest
 from hypothesis import given, settings
 
@@ -18,11 +20,11 @@ from mpipe_verified.algebra.families import FAMILIES, family
 from mpipe_verified.algebra.transpose import MODES, OWNERSHIPS, transpose_family
 from mpipe_verified.cli import main
 from mpipe_verified.errors import InputError
-from mpipe_verified.formats import plan_json
+from mpipe_verified.formats import plan_json, ranges
 from mpipe_verified.formats.plan_json import (format_plan_json, parse_plan_json,
                                               read_plan_json, write_plan_json)
-from mpipe_verified.ir import (SINK, SOURCE, Collective, Compute, Cut, Placement, Plan, Schedule,
-                               SegmentWork)
+from mpipe_verified.ir import (SINK, SOURCE, Collective, Compute, Cut, Group, Marker, Overlap,
+                               Placement, Plan, Recv, Schedule, SegmentWork, Send)
 from mpipe_verified.lower import lower
 from plan_edits import FIXTURE_DIR, fixture
 from strategies import any_plans
@@ -70,11 +72,65 @@ def test_every_transpose_variant_round_trips(side, mode, ownership):
     round_trips(schedule)
 
 
+def widened(plan: Plan) -> Plan:
+    """``plan`` declaring every rank, body stage and microbatch its ops name (more ranks,
+    stages placed on rank 0, segments' per-microbatch ranks 0), without the ops that name
+    a stage other than 0 of one of its segments (one stage each)."""
+    segments = {s.name for s in plan.cut.segments}
+    big = 1 << 62  # every rank, stage and microbatch: only a segment's stage is checked
+    everything = ranges.Ranges(big, big, big, 1, frozenset(segments))
+    programs = tuple(tuple(op for op in prog if ranges.op_beyond(op, everything) is None)
+                     for prog in plan.programs)
+    top = {"rank": plan.num_ranks - 1, "stage": plan.placement.num_stages - 1,
+           "mb": plan.num_microbatches - 1}
+    for prog in programs:
+        for op in prog:
+            for what, value in _named(op):
+                top[what] = max(top[what], value)
+    ranks, stages, m = top["rank"] + 1, top["stage"] + 1, top["mb"] + 1
+    grow = m - plan.num_microbatches
+    cut = Cut(tuple(attrs.evolve(s, forward_rank=s.forward_rank + (0,) * grow,
+                                 backward_rank=None if s.backward_rank is None
+                                 else s.backward_rank + (0,) * grow)
+                    for s in plan.cut.segments))
+    placement = Placement(plan.placement.stage_to_rank
+                          + (0,) * (stages - plan.placement.num_stages), ranks)
+    return attrs.evolve(plan, placement=placement, num_microbatches=m, cut=cut,
+                        programs=programs + ((),) * (ranks - plan.num_ranks))
+
+
+def _named(op) -> list:
+    """``(rank|stage|mb, value)`` for each rank, body stage and microbatch ``op`` names."""
+    if isinstance(op, (Overlap, Group)):
+        return [x for member in op.ops for x in _named(member)]
+    if isinstance(op, (Send, Recv)):
+        p = op.payload
+        return [("rank", op.peer), ("mb", p.mb)] + ([] if p.segment else [("stage", p.stage)])
+    if isinstance(op, Collective):
+        return [("rank", r) for r in op.ranks]
+    if isinstance(op, (Compute, Marker)):
+        body = not getattr(op, "segment", "")
+        return ([("stage", op.stage)] if body else []) + (
+            [] if op.mb is None else [("mb", op.mb)])
+    return []
+
+
 @settings(max_examples=200, deadline=None)
 @given(any_plans())
 def test_any_plan_round_trips_exactly(plan):
     """Every field of every op kind, defaults and non-defaults (``shape`` ``()`` vs
-    ``None``, ``to_segment`` ``""`` vs ``None``, any Unicode name), comes back."""
+    ``None``, ``to_segment`` ``""`` vs ``None``, any Unicode name), comes back, once the
+    plan declares every rank, stage and microbatch its ops name; as drawn, a plan whose
+    op names one it lacks is refused at that op's field (``formats.ranges``)."""
+    found = ranges.beyond(plan)
+    if found is not None:
+        where = plan_json._where(("programs", found.rank, found.index, *found.field))
+        with pytest.raises(InputError, match=re.escape(f"{where}: {found.op}: ")):
+            parse_plan_json(format_plan_json(plan), "x.json")
+    else:
+        round_trips(plan)
+    plan = widened(plan)
+    assert ranges.beyond(plan) is None
     text = round_trips(plan)
     assert text.isascii() and text.endswith("}\n")
     assert sum(line.startswith('      {"op": ') for line in text.splitlines()) == plan.num_ops
@@ -406,16 +462,21 @@ def test_reading_memory_grows_linearly_with_the_file():
 
 
 def test_root_outside_the_plan_and_odd_members_are_read_not_rejected():
-    """What the IR can hold (a root outside the members, a member outside the plan,
-    duplicate members, a peer outside the plan) is the verifier's to judge."""
+    """What the plan's ranks allow (a root outside the members, even outside the plan;
+    duplicate members) is the verifier's to judge; a member or a peer outside the plan's
+    ranks is bad input at its path."""
     doc = _base()
-    doc["programs"][0][0].update(root=7, members=[1, 1, 9])
-    doc["programs"][0][4]["dst"] = 5
+    doc["programs"][0][0].update(root=7, members=[1, 1, 0])
     plan = parse_plan_json(json.dumps(doc), "odd.json")
-    assert plan.programs[0][0] == Collective("broadcast", (1, 1, 9), "params:vision", 7)
-    assert plan.programs[0][4].dst == 5
+    assert plan.programs[0][0] == Collective("broadcast", (1, 1, 0), "params:vision", 7)
     copy.deepcopy(plan)  # still an ordinary, hashable IR value
     hash(plan.programs[0][0])
+    for path, edit in (("$.programs[0][0].members[2]", {"members": [1, 1, 9]}),
+                       ("$.programs[0][4].dst", {"dst": 5})):
+        doc = _base()
+        doc["programs"][0][0 if "members" in edit else 4].update(edit)
+        with pytest.raises(InputError, match=re.escape(path) + r": .*expected a rank in 0\.\.1"):
+            parse_plan_json(json.dumps(doc), "odd.json")
 
 
 def test_sarif_locates_a_plan_json_op_by_rank_and_position_not_a_csv_cell(tmp_path, capsys):

@@ -320,13 +320,18 @@ def _same_kind(a: Schedule, b: Schedule, name: str) -> None:
 
 @attrs.frozen
 class Restrict:
-    """Keep only the programs of ``ranks`` (the others become empty)."""
+    """Keep only the programs of ``ranks`` (the others become empty); each a rank of the
+    term."""
 
     term: object
     ranks: tuple[int, ...]
 
     def derive(self) -> Schedule:
         s = self.term.derive()
+        outside = [r for r in self.ranks if not 0 <= r < s.num_ranks]
+        if outside:
+            raise ParameterError(f"restrict names rank {outside[0]}, outside the term's "
+                                 f"ranks 0..{s.num_ranks - 1}")
         keep = set(self.ranks)
         programs = tuple(prog if r in keep else () for r, prog in enumerate(s.programs))
         return attrs.evolve(s, programs=programs)

@@ -141,7 +141,7 @@ def run_recheck(args: argparse.Namespace) -> int:
     from .. import kernel
     from ..formats.plan_json import load_json
     plan = with_seq_chunks(_plan_as_written(args.plan, args.format, args), args.seq_chunks,
-                           args.plan)
+                           args.plan, args.format)
     data = load_json(read_text(args.certificate, "a certificate (JSON)"), args.certificate,
                      CERTIFICATE)
     if not isinstance(data, dict):

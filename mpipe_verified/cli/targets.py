@@ -18,7 +18,7 @@ import attrs
 from ..algebra.families import FAMILIES, FAMILY_NAMES, MAX_SEQ_CHUNKS, family
 from ..algebra.terms import Offloaded
 from ..algebra.transpose import MODES, OWNERSHIPS, SIDES, SOURCE, TRANSPOSE, transpose_family
-from ..errors import ParameterError
+from ..errors import InputError, ParameterError
 from ..formats.files import read_text
 from ..formats.torch_csv import parse_torch_csv
 from ..ir import Group, Op, Plan, Recv, Schedule, Send
@@ -98,21 +98,28 @@ def add_seq_chunks(p: argparse.ArgumentParser) -> None:
                         "or plan-json file's (microbatch mb*S+j is chunk j of sample mb)")
 
 
-def with_seq_chunks(target: Schedule | Plan, chunks: int | None, name: str
-                    ) -> Schedule | Plan:
+def with_seq_chunks(target: Schedule | Plan, chunks: int | None, name: str,
+                    fmt: str = "auto") -> Schedule | Plan:
     """A file's plan read with ``--seq-chunks S`` (None: as written): microbatch
     ``mb * S + j`` is chunk ``j`` of sample ``mb``. S must divide the file's microbatches
-    (and be the file's own, where it states one: plan-json's ``seq_chunks``)."""
+    (and be the file's own, where it states one: plan-json's ``seq_chunks``); else bad
+    input at the file's microbatch count (plan-json) or its last microbatch's first op."""
     if chunks is None:
         return target
     check_seq_chunks(chunks)
     if target.seq_chunks not in (1, chunks):
         raise UsageError(f"{name}: the file says seq_chunks={target.seq_chunks}, "
                          f"--seq-chunks {chunks}")
-    if target.num_microbatches % chunks:
-        raise UsageError(f"{name}: --seq-chunks {chunks} does not divide the "
-                         f"{target.num_microbatches} microbatches of the file (microbatch "
-                         "mb*S+j is chunk j of sample mb)")
+    m = target.num_microbatches
+    if m % chunks:
+        why = (f"--seq-chunks {chunks} does not divide the {m} microbatches of the file "
+               "(microbatch mb*S+j is chunk j of sample mb)")
+        if is_plan_json(name, fmt):
+            raise InputError(f"$.num_microbatches: {why}", name)
+        last = m - 1
+        raise located(target, name, fmt, mb=last, why=(
+            f"microbatch {last} is chunk {last % chunks} of sample {last // chunks}, which "
+            f"is incomplete: {why}"))
     try:
         return attrs.evolve(target, seq_chunks=chunks)
     except ValueError as e:  # a sample split across the file's pipelines
@@ -142,7 +149,12 @@ def two_chain_target(args: argparse.Namespace, plan: Plan, name: str) -> Plan:
     try:
         plan = as_two_chains(plan)
     except ValueError as e:
-        raise UsageError(f"{name}: --bidirectional: {e}") from None
+        s, m = plan.placement.num_stages, plan.num_microbatches
+        if not m or not (m % 2 or s % 2):
+            raise UsageError(f"{name}: --bidirectional: {e}") from None
+        stage, mb = (None, m - 1) if m % 2 else (s - 1, None)
+        raise located(plan, name, "torch-csv", stage=stage, mb=mb,
+                      why=f"--bidirectional: {e}") from None
     return with_replica_sums(plan) if plan.has_comms() else plan
 
 
@@ -334,11 +346,38 @@ def declared_target(args: argparse.Namespace, target: Schedule | Plan, name: str
     (``check`` only: ``args.declare``)."""
     if not getattr(args, "declare", False) or getattr(args, "family", None) is not None:
         return target  # a family's sizes are its parameters (M samples: M*S microbatches)
-    from ..declared import declare
+    from ..declared import MAX_SIZE, SIZES, declare
     try:
         return declare(target, args.stages, args.microbatches, args.ranks)
     except (ParameterError, ValueError) as e:
+        from ..formats.ranges import Ranges, beyond
+        given = {k: v for k, v in zip(SIZES, (args.stages, args.microbatches, args.ranks))
+                 if v is not None and 1 <= v <= MAX_SIZE}
+        found = beyond(target, Ranges.of(target)._replace(**given)) if given else None
+        if found is not None:  # the first op beyond a declared size, at its place
+            raise named(found._replace(why=f"{found.why}: {e}"), name, args.format) from None
         raise UsageError(f"{name}: {e}") from None
+
+
+def named(found, name: str, fmt: str) -> InputError:
+    """The bad-input error of ``found`` (``formats.ranges.Named``) at its place in the
+    file ``name``: a JSON path for plan-json, else a CSV row and cell."""
+    if is_plan_json(name, fmt):
+        from ..formats.plan_json import named_error
+        return named_error(found, name)
+    from ..formats.torch_csv import named_error
+    return named_error(found, name)
+
+
+def located(target: Schedule | Plan, name: str, fmt: str, why: str, stage: int | None = None,
+            mb: int | None = None) -> InputError:
+    """Bad input ``why`` at the first op of ``target`` naming body ``stage`` or microbatch
+    ``mb`` (its largest: where a count that does not fit shows), else at the file."""
+    from ..formats.ranges import first_naming
+    found = first_naming(target, stage, mb)
+    if found is None:
+        return InputError(why, name)
+    return named(found._replace(why=why), name, fmt)
 
 
 def declared_sizes(args: argparse.Namespace, spec: Spec | None) -> tuple:
@@ -377,7 +416,7 @@ def read_target(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None,
     if spec is not None and chunks is not None:
         raise UsageError(f"{name}: --seq-chunks goes with --family or a torch CSV or "
                          "plan-json file; a spec sets [schedule] seq_chunks")
-    return with_seq_chunks(target, chunks, name), spec, name
+    return with_seq_chunks(target, chunks, name, args.format), spec, name
 
 
 def _read_file(args: argparse.Namespace) -> tuple[Schedule | Plan, Spec | None, str]:

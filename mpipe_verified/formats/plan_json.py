@@ -67,10 +67,14 @@ plan with a cut has a body (``stage_to_rank`` not empty: the segments feed it or
 by it); at most ``MAX_IDLE_RANKS`` programs hold no op but idle steps and at most
 ``MAX_IDLE_STAGES`` stages are computed by no op (``declared``: no rank or stage costs
 what no op pays for); ``stage_to_rank`` holds at most ``MAX_INDEX + 1`` entries, each in
-``0..num_ranks-1``; a schedule holds no ``send``/``recv``/``group``. What a
-well-formed plan may still get wrong (a peer or member outside the plan, a root outside
-the members, a stage outside the placement) is the verifier's to report. Reading takes time and memory linear in
-the file's size (at most ``MAX_BYTES``); no index value sizes anything.
+``0..num_ranks-1``; a schedule holds no ``send``/``recv``/``group``. Every op names
+only what the plan declares (``ranges``: a peer or member in ``0..num_ranks-1``, a
+stage of ``stage_to_rank`` or of its segment, a microbatch below ``num_microbatches``)
+and moves something (no reload of an activation its rank never offloads, no return of
+one it never lent or held). What a well-formed plan may still get wrong (a root outside
+the members, an op on the wrong rank, a reload before its offload) is the verifier's to
+report. Reading takes time and memory linear in the file's size (at most
+``MAX_BYTES``); no index value sizes anything.
 """
 
 from __future__ import annotations
@@ -83,11 +87,12 @@ from ..declared import (IDLE_RANKS, IDLE_STAGES, MAX_IDLE_RANKS, MAX_IDLE_STAGES
                         idle_rank_beyond, idle_stage_beyond)
 from ..errors import InputError
 from ..ir import (COLLECTIVE_KINDS, COMPUTE_KINDS, MARKER_ACTIONS, PAYLOAD_KINDS,
-                  SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Offload,
+                  RANK_MOVES, SINK, SOURCE, Collective, Compute, Cut, Group, Idle, Leaf, Marker, Offload,
                   Op, Overlap, Payload, Placement, Plan, Recv, Reload, Schedule, SegmentWork,
                   Send, path_steps)
 from .output import write_output
 from .files import MAX_BYTES, read_text
+from .ranges import Named, beyond, of_nothing
 from .torch_actions import MAX_INDEX
 
 FORMAT, VERSION = "mpipe-plan-json", 1
@@ -197,6 +202,13 @@ def _with(obj: dict, **fields: tuple[Any, Any]) -> dict:
 # ---------------------------------------------------------------- reading
 
 
+def named_error(found: Named, file: str) -> InputError:
+    """The bad-input error of an op that names what its plan lacks (``ranges``), at its
+    JSON path."""
+    where = _where(("programs", found.rank, found.index, *found.field))
+    return InputError(f"{where}: {found.message}", file)
+
+
 def read_plan_json(path: str | os.PathLike[str]) -> Plan | Schedule:
     """Read a plan-json file (at most ``MAX_BYTES``; see ``parse_plan_json``)."""
     name = os.fspath(path)
@@ -268,6 +280,7 @@ class _Reader:
         self.file = file
         self.num_ranks = 0
         self.schedule = False
+        self.moves = False  # whether an op moves an activation (``ranges.of_nothing``)
 
     def top(self, doc: Any) -> Plan | Schedule:
         try:
@@ -327,12 +340,16 @@ class _Reader:
             raise _Bad(("seq_chunks",), f"seq_chunks={chunks} does not divide the {m} "
                                         "microbatches (num_microbatches)")
         try:
-            return (Schedule if self.schedule else Plan)(placement, m, programs, cut,
+            plan = (Schedule if self.schedule else Plan)(placement, m, programs, cut,
                                                          forward_only, pipelines, chunks)
         except ValueError as e:
             if not pipelines:
                 raise
             raise _Bad(("pipelines",), str(e)) from None
+        found = beyond(plan) or (of_nothing(plan) if self.moves else None)
+        if found is not None:
+            raise _Bad(("programs", found.rank, found.index, *found.field), found.message)
+        return plan
 
     def _rank(self, value: Any, path: tuple) -> int:
         rank = _index(value, path)
@@ -388,13 +405,16 @@ class _Reader:
 
     def _send(self, value: Any, path: tuple) -> Send:
         obj = _fields(value, path, ("op", "dst", "payload"), ("op", "dst", "payload"))
-        return Send(_index(obj["dst"], (*path, "dst")),
-                    _payload(obj["payload"], (*path, "payload")))
+        return Send(_index(obj["dst"], (*path, "dst")), self._payload(obj, path))
 
     def _recv(self, value: Any, path: tuple) -> Recv:
         obj = _fields(value, path, ("op", "src", "payload"), ("op", "src", "payload"))
-        return Recv(_index(obj["src"], (*path, "src")),
-                    _payload(obj["payload"], (*path, "payload")))
+        return Recv(_index(obj["src"], (*path, "src")), self._payload(obj, path))
+
+    def _payload(self, obj: dict, path: tuple) -> Payload:
+        payload = _payload(obj["payload"], (*path, "payload"))
+        self.moves = self.moves or payload.kind in RANK_MOVES
+        return payload
 
     def _group(self, value: Any, path: tuple) -> Group:
         obj = _fields(value, path, ("op", "ops"), ("op", "ops"))
@@ -413,6 +433,7 @@ class _Reader:
 
     def _move(self, value: Any, path: tuple) -> Offload | Reload:
         obj = _fields(value, path, ("op", "stage", "mb", "segment"), ("op", "stage", "mb"))
+        self.moves = True
         return (Offload if obj["op"] == "offload" else Reload)(
             _index(obj["stage"], (*path, "stage")), _index(obj["mb"], (*path, "mb")),
             _string(obj.get("segment", ""), (*path, "segment")))

@@ -244,7 +244,8 @@ class _Builder:
         try:
             return declare(schedule, **sizes)
         except ParameterError as e:
-            key = next((k for k in ("stages", "ranks") if k in str(e)), "stages")
+            key = next((k for k in ("stages", "ranks", "microbatches") if k in str(e)),
+                       "stages")
             raise self.error(f"the schedule does not fit the declared sizes: {e}", "schedule",
                              key if key in table else next(iter(sizes))) from None
 

@@ -13,7 +13,9 @@ build the same plan for the same text. Bad input raises ``InputError`` with the 
 ``line`` and the 1-based cell index as ``column``.
 
 Activation moves (``2OFFLOAD0``, ``2RELOAD0``, docs/semantics.md §2.10) are this package's
-extension, not torch's: the reader takes such cells where a file holds them, and the
+extension, not torch's: the reader takes such cells where a file holds them (a move of a
+stage no row places, or a reload of an activation its row never offloads, is bad input:
+``ranges``), and the
 writer writes them only when asked (``moves=True``, ``export --csv-moves``), else refuses
 a plan that holds them (torch's runtime has no such action).
 
@@ -40,6 +42,7 @@ from ..ir import (MARKER_ACTIONS, Collective, Compute, Idle, Marker, Offload, Op
                   Payload, Placement, Plan, Recv, Reload, Schedule, Send, computes_of)
 from .files import MAX_BYTES, read_text
 from .output import write_output
+from .ranges import Named, beyond, of_nothing
 from .torch_actions import COMMS, MAX_INDEX, PEER
 from .torch_csv_fast import parse_plain
 
@@ -100,7 +103,18 @@ def _parse_general(text: str, file: str) -> Plan:
             for r, row in enumerate(rows))
     mbs = [cell[2] for row in rows for cell in row if cell[2] is not None]
     mbs += [mb for row in rows for cell in row if cell[0] == "OVERLAP" for mb in _mbs(cell)]
-    return Plan(placement, max(mbs) + 1 if mbs else 0, programs)
+    plan = Plan(placement, max(mbs) + 1 if mbs else 0, programs)
+    if any(cell[0] in _MOVES for row in rows for cell in row):  # a move places nothing
+        found = beyond(plan) or of_nothing(plan)
+        if found is not None:
+            raise named_error(found, file)
+    return plan
+
+
+def named_error(found: Named, file: str) -> InputError:
+    """The bad-input error of an op that names what its plan lacks (``ranges``), at its
+    row and cell."""
+    return InputError(found.message, file, found.rank + 1, found.index + 1)
 
 
 def holds_actions(text: str) -> bool:

@@ -22,7 +22,7 @@ def confirm(plan: Plan, name: str, claims, comm_model: str = "rendezvous", sizes
     """For each claimed counterexample of property ``name``: ``violated`` when the kernel
     finds it in the plan and Z3 agrees that the fact breaks its template, ``unknown``
     when Z3 cannot say, else ``rejected``. Claims: ``("unit", segment, stage, mb)``,
-    ``("stray"|"input"|"call"|"stuck", rank, index)``, ``("collective", tag, rank)``,
+    ``("stray"|"input"|"call"|"received"|"stuck", rank, index)``, ``("collective", tag, rank)``,
     ``("channel", src, dst)``, ``("cut",)``, ``("work",)``, ``("peak", rank, index)``,
     ``("cycle", ((rank, index), ...))``; each needs nothing but the plan."""
     def answers(group: list) -> list | None:

@@ -10,7 +10,8 @@ template (``smt.TEMPLATES``), kept by class in ``Facts``:
 - dependency: each input of each op (``Rules.tokens``) was produced earlier on its rank,
   at the position the witness names;
 - matching: the k-th send from a to b meets the k-th receive at b from a, equal counts,
-  equal payloads; every collective call well formed and agreeing with its instance;
+  equal payloads; no rank receives a token (an activation, gradient or raw input) twice;
+  every collective call well formed and agreeing with its instance;
 - deadlock: the witness gives each comm step a time ``fin``, posted at the ``fin`` of
   the comm step before it (``post``, 0 first): ``post <= fin``, each blocking end has a
   partner and completes after it was posted, each collective after every member posted
@@ -217,6 +218,7 @@ def _matching(rules: Rules, facts: Facts, _witness) -> None:
     got = rules.p2p[0]
     same = ints(map(_same, pick(got, a), pick(got, partner[a])))
     facts.extend("one", "payload", [same], chan[a], at=lambda j: where[chan[a[j]]])
+    _received_once(rules, facts)
     if rules.pipes:  # several pipelines: no activation or gradient leaves its pipeline
         _, _, kind, name, stage, _ = rules.p2p
         body = np.array([x == "" for x in name], bool)
@@ -240,6 +242,25 @@ def _matching(rules: Rules, facts: Facts, _witness) -> None:
 def _same(x, y) -> bool:
     """Equal payloads (one object is equal to itself: a lowered plan's two ends share it)."""
     return x is y or x == y
+
+
+def _received_once(rules: Rules, facts: Facts) -> None:
+    """Each receive of a token (not a rank move's: ``_moves`` counts those) is the first
+    of that token on its rank: the receives of it before, in program order, are 0."""
+    _, _, (mrow, mtok) = rules.tokens
+    moved = np.zeros(len(rules.kind), bool)
+    moved[rules.comm] = rules.moved()[0]
+    got = (rules.kind[mrow] == RECV) & ~moved[mrow]
+    rows, key = mrow[got], row_keys(rules.rank[mrow[got]], mtok[got])
+    order = np.lexsort((rows, key))
+    new = np.ones(len(order), bool)
+    new[1:] = key[order][1:] != key[order][:-1]
+    starts = np.flatnonzero(new)
+    before = np.empty(len(order), np.int64)
+    before[order] = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts,
+                                                                            len(order)]))
+    facts.extend("eq", "received once", [before, 0 * before],
+                 at=lambda j: ("received", int(rules.rank[rows[j]]), rules.index_of(rows[j])))
 
 
 def _deadlock(rules: Rules, facts: Facts, witness: Witness, eager: bool) -> None:

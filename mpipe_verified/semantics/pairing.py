@@ -20,7 +20,8 @@ from operator import attrgetter
 
 import attrs
 
-from ..ir import Collective, Group, Plan, Recv, Send, p2p_of
+from ..ir import RANK_MOVES, Collective, Group, Plan, Recv, Send, p2p_of
+from .rules import payload_token
 from .table import OpTable
 
 
@@ -32,13 +33,15 @@ class P2PPairing:
     """FIFO pairing per ordered pair (§2.3). ``channels[(src, dst)]`` lists the matched
     ``(send_endpoint, recv_endpoint)`` pairs in order; ``partner[e]`` is the matched
     endpoint of ``e``; ``unmatched`` lists endpoints with no partner; ``mismatched`` the
-    pairs whose payloads differ; ``counts[(src, dst)]`` is ``(sends, receives)``."""
+    pairs whose payloads differ; ``counts[(src, dst)]`` is ``(sends, receives)``;
+    ``repeated`` the receives of a token their rank received before (``repeated``)."""
 
     channels: dict[tuple[int, int], list[tuple[Endpoint, Endpoint]]]
     partner: dict[Endpoint, Endpoint]
     unmatched: tuple[Endpoint, ...]
     mismatched: tuple[tuple[Endpoint, Endpoint], ...]
     counts: dict[tuple[int, int], tuple[int, int]]
+    repeated: tuple[Endpoint, ...] = ()
 
 
 def p2p_at(plan: Plan, e: Endpoint):
@@ -103,7 +106,25 @@ def _pairing(ends, ops, channels_of, send, s_end, r_end) -> P2PPairing:
     lonely = np.ones(len(ends), dtype=bool)
     lonely[s_end] = lonely[r_end] = False
     unmatched = tuple(ends[i] for i in np.flatnonzero(lonely).tolist())
-    return P2PPairing(channels, partner, unmatched, tuple(mismatched), counts)
+    return P2PPairing(channels, partner, unmatched, tuple(mismatched), counts,
+                      repeated(ends, ops))
+
+
+def repeated(ends, ops) -> tuple[Endpoint, ...]:
+    """The rule that a rank receives each activation, gradient or raw input at most once
+    (§2.3), stated once: of the transfer ends ``ends`` (rank-major, in program order;
+    ``ops`` the Send or Recv at each), the receives of a token (``payload_token``) their
+    rank received before. A second receive would hold a second buffer of what the first
+    holds (§2.6). A rank move's ends are counted by ``work.move_issues``."""
+    seen: set = set()
+    out = []
+    for end, op in zip(ends, ops):
+        if type(op) is Recv and op.payload.kind not in RANK_MOVES:
+            key = (end[0], payload_token(op.payload))
+            if key in seen:
+                out.append(end)
+            seen.add(key)
+    return tuple(out)
 
 
 def channel_keys(here, peer, send) -> tuple:
@@ -262,8 +283,10 @@ def p2p_columns(table: OpTable) -> P2PColumns:
 
 
 def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
-    """True when ``pair_p2p`` of the table's plan finds nothing unmatched or mismatched:
-    every end has a partner (``p2p_columns``) and each pair's payloads are equal."""
+    """True when ``pair_p2p`` of the table's plan finds nothing unmatched, mismatched or
+    repeated: every end has a partner (``p2p_columns``), each pair's payloads are equal,
+    and no rank receives one token twice (``repeated``, by columns: a table's plan has
+    no rank moves)."""
     import numpy as np
     pairs = pairs or p2p_columns(table)
     if pairs.partner.min(initial=0) < 0:
@@ -273,6 +296,18 @@ def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
                     if type(op) is Send or type(op) is Recv else -1
                     for _, op, _ in table.classes] or [-1], dtype=np.int64)  # all but the mb
     s_rows, r_rows = pairs.rows[pairs.send], pairs.rows[pairs.partner[pairs.send]]
-    return bool(np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
-                and np.array_equal(table.mb[s_rows], table.mb[r_rows]))
+    if not (np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
+            and np.array_equal(table.mb[s_rows], table.mb[r_rows])):
+        return False
+    tokens: dict = {}  # a receive's token but its microbatch, numbered
+    token = np.array([tokens.setdefault(payload_token(attrs.evolve(op.payload, mb=0)),
+                                        len(tokens)) if type(op) is Recv else -1
+                      for _, op, _ in table.classes] or [-1], dtype=np.int64)
+    got = pairs.rows[~pairs.send]
+    rank, tok, mb = table.rank[got], token[table.cls[got]], table.mb[got]
+    width = int(mb.max(initial=0)) + 1
+    if (int(rank.max(initial=0)) + 1) * len(tokens) * width < 2**62:
+        key = np.sort((rank * len(tokens) + tok) * width + mb)  # one int per (rank, token, mb)
+        return not (key[1:] == key[:-1]).any()
+    return np.unique(np.stack([rank, tok, mb]), axis=1).shape[1] == len(got)
 

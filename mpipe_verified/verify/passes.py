@@ -213,12 +213,12 @@ def _chunk_order(plan, rank, index, token, produced_at) -> Finding:
 
 def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None = None
              ) -> tuple[list[Finding], None]:
-    """FIFO pairing per ordered rank pair: equal counts and equal payloads; collectives
-    well formed and called in the same order with the same kind, tag and root by every
-    member. The kernel pairs by counting itself: no witness. With the plan's ``table`` a
-    plan whose transfers all pair, stay in their pipelines and whose collective calls
-    line up is read by columns; any other is paired op by op, which lists the
-    findings."""
+    """FIFO pairing per ordered rank pair: equal counts and equal payloads, no token
+    received twice on a rank; collectives well formed and called in the same order with
+    the same kind, tag and root by every member. The kernel pairs by counting itself: no
+    witness. With the plan's ``table`` a plan whose transfers all pair, stay in their
+    pipelines and whose collective calls line up is read by columns; any other is paired
+    op by op, which lists the findings."""
     if table is not None and _clean(plan, table, collectives):
         return Findings(), None
     pairing = pairing or pair_p2p(plan)
@@ -233,6 +233,8 @@ def matching(plan: Plan, pairing=None, collectives=None, table: OpTable | None =
         if counts[0] != counts[1]:
             for end, op in unmatched.get(channel, ()):
                 findings.add(lambda: _leftover(plan, channel, counts, end, op))
+    for end in pairing.repeated:
+        findings.add(lambda: _received_again(plan, end))
     for positions, problem in collectives.problems:
         ranks = tuple(dict.fromkeys(r for r, _ in positions))
         findings.add(lambda: Finding(
@@ -276,6 +278,15 @@ def _mismatch(plan, s_end, r_end) -> Finding:
     return Finding(Violation("matching", message, (s_end[0], r_end[0]),
                              (_op_ref(plan, *s_end[:2]), _op_ref(plan, *r_end[:2])), trace),
                    ("channel", s_end[0], r_end[0]))
+
+
+def _received_again(plan, end) -> Finding:
+    op = p2p_of(plan.programs[end[0]][end[1]])[end[2]]
+    message = (f"rank {end[0]} position {end[1]}: {op} from rank {op.src} receives what rank "
+               f"{end[0]} received before (a second buffer of the same "
+               f"{op.payload.kind} of stage {op.payload.stage} microbatch {op.payload.mb})")
+    return Finding(Violation("matching", message, (end[0],), (_op_ref(plan, end[0], end[1]),)),
+                   ("received", end[0], end[1]))
 
 
 def _unmatched_by_channel(plan, pairing) -> dict:
