@@ -32,13 +32,28 @@ timing reaches every op, ``proofs.lowered`` gives matching and deadlock. (Interl
 three.) That the word is the package's program is checked op for op, and that the
 potential fails on the model exactly where ``2 h < p`` (tests/test_proofs_loop_families.py).
 
-**Bounded, the rest** (law ``interleaved_zb_outside_region``): ``m < p - 1`` (the warmup
-forwards run out before the held-back phase ends, on some ranks and not others: a word per
-order in which the streams run dry, not derived), and, for dependency, matching and
-deadlock, ``m >= p`` with a last round of ``h < p / 2`` (the wrap edge goes down in
+**Below the region, a word too** (``m < p - 1``: one round, ``g = m``, ``G1 = (v-1) m``,
+so ``w + r = G1 + p - 1 > n``). The pattern read whole is ``phases_short``:
+
+    phase  n          body
+    1      w          F: 0
+    2      r          F: w, I: 0
+    3      n          F: w+r, I: r, W: 0
+
+with every letter numbered ``>= n`` absent (its stream ran dry: the warmup on ranks
+``r <= p-1-m``, the held-back phase's forwards on the others); ``(F I W)*`` runs exactly
+``n`` iterations, its ``W`` numbers ``0..n-1`` all present. Completeness and memory are
+proven on it as in the region (the peak is ``n = v m``, reached by the last forward, in
+phase 1 or phase 2), so those two cells hold for every size.
+
+**Bounded, the rest** (law ``interleaved_zb_outside_region``): dependency, matching and
+deadlock where the potential does not hold: ``m < p - 1`` (the word's positions are no
+timing there: rank ``p-1``'s held-back phase runs two letters an input gradient, rank
+0's steady phase three, so the wrap ``I`` from rank 0 to rank ``p-1`` goes down in
+position) and ``m >= p`` with a last round of ``h < p / 2`` (the wrap edge goes down in
 position, as for interleaved 1F1B; rank 0 idles there): package-derived and lowered
-instances for ``p <= P_MAX``, ``m <= M_MAX``, chunks 2 and 3, checked by the verification
-kernel's obligations.
+instances for ``p <= P_MAX``, ``m <= M_MAX``, chunks 2 and 3, checked by the
+verification kernel's obligations.
 """
 
 from __future__ import annotations
@@ -85,7 +100,9 @@ def _chunks(params) -> bool:
 
 
 def covers(params) -> bool:
-    return _chunks(params) and in_region(params["pp"], params["microbatches"])
+    """Completeness and memory: every instance (the word in the region, ``phases_short``
+    below it)."""
+    return _chunks(params)
 
 
 def covers_flow(params) -> bool:
@@ -109,7 +126,18 @@ def phases(p_, n_, r_, g1_=g1):
             (r_, (("W", 0, n_ - r_),)))
 
 
+def phases_short(p_, n_, r_, g1_=g1):
+    """The word of rank ``r_`` below the region (``G1 + p - 1 > n``): the pattern read
+    whole, ``(F I W)*`` one phase of ``n`` iterations (its ``W`` numbers ``0..n-1`` are
+    all present, so it runs exactly those); letters numbered ``>= n`` are absent."""
+    w = g1_ + p_ - 1 - r_
+    return ((w, (("F", 0, 0),)),
+            (r_, (("F", 0, w), ("I", 0, 0))),
+            (n_, (("F", 0, w + r_), ("I", 0, r_), ("W", 0, 0))))
+
+
 TITLE = "interleaved ZB"
+TITLE_SHORT = "interleaved ZB, m < p - 1"
 
 
 @functools.cache
@@ -121,8 +149,20 @@ def _sizes() -> tuple:
             0 <= r, r < p)
 
 
+@functools.cache
+def _sizes_short() -> tuple:
+    """Below the region: one round (``g = m``, ``G1 = (v-1) m``), ``G1 + p - 1 > n``."""
+    mm = z3.Int("mm")
+    return (p >= 1, g >= 1, mm >= 1, g1 >= g, n >= 2 * mm, g1 + mm <= n, g1 + p - 1 > n,
+            0 <= r, r < p)
+
+
 def word(r_=r, phases_=phases) -> words.Word:
     return words.Word(phases_, _sizes(), TITLE, n, r_)
+
+
+def word_short(r_=r, phases_=phases_short) -> words.Word:
+    return words.Word(phases_, _sizes_short(), TITLE_SHORT, n, r_)
 
 
 def model(pp: int, m_: int, vv: int):
@@ -137,13 +177,15 @@ def model(pp: int, m_: int, vv: int):
             fwd[il.u_f(qq, cc, xx, gg, vv, rr, hh)] = (cc, xx)
             bwd[il.u_b(qq, cc, xx, gg, vv, rr, hh)] = (cc, xx)
     out = []
+    read = phases if in_region(pp, m_) else phases_short
     for r_ in range(pp):
         prog = []
-        for count, body in phases(pp, vv * m_, r_, (vv - 1) * gg):
+        for count, body in read(pp, vv * m_, r_, (vv - 1) * gg):
             for jj in range(count):
                 for kd, _, base in body:
-                    cc, xx = (fwd if kd == "F" else bwd)[base + jj]
-                    prog.append((kd, cc * pp + r_, xx))
+                    if base + jj < vv * m_:  # a letter past the stream is absent
+                        cc, xx = (fwd if kd == "F" else bwd)[base + jj]
+                        prog.append((kd, cc * pp + r_, xx))
         out.append(tuple(prog))
     return tuple(out)
 
@@ -172,12 +214,22 @@ def _stream_region():
                      example=il.STREAM_EXAMPLE)
 
 
-def _completeness(phases_=phases):
-    """Stream facts, then the word's bijection (``phases_``: a test states a wrong one)."""
+def _stream_short():
+    """Below the region the word is ``phases_short``: ``m < p - 1`` gives ``G1 + p - 1 > v m``."""
+    yield Obligation("stream: m < p - 1 gives G1 + p - 1 > v m (below the word's region)",
+                     z3.Implies(il.m < il.p - 1, il.G1 + il.p - 1 > il.N),
+                     il.STREAM + il.ROUNDS, example=il.STREAM_EXAMPLE)
+
+
+def _completeness(phases_=phases, short=phases_short):
+    """Stream facts, then the word's bijection in the region and below it (``phases_``,
+    ``short``: a test states a wrong one)."""
     yield from il._stream_obligations(("round size", "in range", "sizes"))
     yield from il._injective()
     yield from _stream_region()
+    yield from _stream_short()
     yield from word(r, phases_).completeness(UNITS)
+    yield from word_short(r, short).completeness(UNITS)
 
 
 def _memory(peak=None):
@@ -190,6 +242,10 @@ def _memory(peak=None):
                (z3.And(g1 + p - 1 == n, r >= 1), 1, r - 1, 0),  # phase 2's last F
                (z3.And(g1 + p - 1 == n, r == 0), 0, w - 1, 0))  # phase 1's last F
     yield from word().memory(SIGN, peak, "min(G1 + p, n)", reached)
+    yield from _stream_short()
+    reached_short = ((w >= n, 0, n - 1, 0),  # phase 1's last present F
+                     (w < n, 1, n - w - 1, 0))  # phase 2's last present F
+    yield from word_short().memory(SIGN, peak, "min(G1 + p, n)", reached_short)
 
 
 # The inputs ``_potential`` checks (``semantics.needs``), as in ``family_looped_bfs``.
@@ -256,13 +312,17 @@ def _flow():
 WORD = ("the word model (proofs.word) over interleaved 1F1B's stream order, = the "
         "package's programs for p <= 8, p - 1 <= m <= 24, v <= 4 "
         "(tests/test_proofs_loop_families.py)")
+WORDS = ("the word models (proofs.word) over interleaved 1F1B's stream order, the region's "
+         "for m >= p - 1 and the short word below it (one round, letters past the stream "
+         "absent), = the package's programs for p <= 8, m <= 24, v <= 4 "
+         "(tests/test_proofs_loop_families.py)")
 REST = "the rest is law interleaved_zb_outside_region (bounded)"
-ALL = all_sizes(f"every p >= 1, v >= 2, m >= p - 1, rank and word position; nonlinear "
-                f"stream facts over symbolic p, m, v, g; {WORD}; {REST}")
+ALL = all_sizes(f"every p >= 1, v >= 2, m >= 1, rank and word position; nonlinear "
+                f"stream facts over symbolic p, m, v, g; {WORDS}")
 FLOW = all_sizes(f"every p >= 1, v >= 2, m >= p - 1 with m < p or a last round of "
-                 f"h >= p / 2 microbatches; lexicographic potential; {WORD}; {REST} (a last "
-                 f"round of h < p / 2: rank 0 idles at the wrap, no closed-form timing "
-                 f"proven)")
+                 f"h >= p / 2 microbatches; lexicographic potential; {WORD}; {REST} (m < "
+                 f"p - 1 or a last round of h < p / 2: rank 0 idles at the wrap, no "
+                 f"closed-form timing proven)")
 
 
 def _cell(prop: str, statement: str, scope: str, cover, obligations, **extra):
@@ -281,26 +341,25 @@ interleaved_zb_memory = _cell(
 
 
 def _outside(prop: str):
-    """The kernel's obligations of ``prop`` on every instance no all-sizes cell holds."""
-    held = flows if prop in ("dependency", "matching", "deadlock") else in_region
+    """The kernel's obligations of ``prop`` on every instance the flow cells leave."""
     for pp in range(1, P_MAX + 1):
         parts = [instances.violation(family(NAME, pp, m_, v).derive(), prop,
                                      lambda p_, m2, r_, v=v: peak_of(p_, m2, v, r_))
-                 for m_ in range(1, M_MAX + 1) for v in CHUNKS if not held(pp, m_)]
+                 for m_ in range(1, M_MAX + 1) for v in CHUNKS if not flows(pp, m_)]
         yield Obligation(f"{TITLE} outside the region p={pp}: {prop} of every instance",
                          smt=instances.none_of(parts))
 
 
 @law("interleaved_zb_outside_region",
-     "interleaved zero bubble outside the word's region: with m < p - 1, F, I and W once "
-     "each per stage and microbatch on the stage's rank and the unit-model peak "
-     "min((v-1) g + p, v m); there and with a last round of h < p / 2, every input made "
-     "before its consumer (the package's data-flow timing), the lowered plan matched and "
-     "deadlock-free under rendezvous",
+     "interleaved zero bubble outside the potential's region (m < p - 1, or a last round of "
+     "h < p / 2): every input made before its consumer (the package's data-flow timing), "
+     "the lowered plan matched and deadlock-free under rendezvous",
      bounded(f"p <= {P_MAX}, m <= {M_MAX}, chunks 2, 3, the instances outside the all-sizes "
-             f"cells; package-derived and lowered, each checked by the verification "
-             f"kernel's obligations (below m = p - 1 the warmup runs out in an order that "
-             f"depends on m against r; no word for it is derived)"), weight=4)
+             f"flow cells; package-derived and lowered, each checked by the verification "
+             f"kernel's obligations (there rank 0 idles at the wrap and the word's position "
+             f"is no timing: below m = p - 1 rank p - 1's input gradients run two a slot "
+             f"while rank 0's run three, so the wrap edge goes down; no closed-form timing "
+             f"is proven)"), weight=4)
 def interleaved_zb_outside_region():
-    for prop in ("completeness", "dependency", "matching", "deadlock", "memory"):
+    for prop in ("dependency", "matching", "deadlock"):
         yield from _outside(prop)
