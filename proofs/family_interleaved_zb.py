@@ -46,11 +46,18 @@ with every letter numbered ``>= n`` absent (its stream ran dry: the warmup on ra
 proven on it as in the region (the peak is ``n = v m``, reached by the last forward, in
 phase 1 or phase 2), so those two cells hold for every size.
 
+Dependency there: one round, so a wrap changes the chunk. The level ``Lam(u) = min(u //
+m, v - 1)`` of a forward number (its chunk), ``v - 1 + Lam(t)`` from the first input
+gradient on (``t`` the input gradients reached: the turn's forwards of the last chunk
+interleave only with the last chunk's input gradients), is nondecreasing in the word's
+position; the potential ``(level, position, r)`` for ``F``, ``(level, position)`` for
+``I`` and ``W`` goes up along each rank, along the chains (same level, position as in
+the region) and across the wraps (one level up). ``Lam``'s facts are proven of
+``min(u // m, v - 1)`` (stream facts, nonlinear) and used, instantiated, in the linear
+obligations (``_potential_short``).
+
 **Bounded, the rest** (law ``interleaved_zb_outside_region``): dependency, matching and
-deadlock where the potential does not hold: ``m < p - 1`` (the word's positions are no
-timing there: rank ``p-1``'s held-back phase runs two letters an input gradient, rank
-0's steady phase three, so the wrap ``I`` from rank 0 to rank ``p-1`` goes down in
-position) and ``m >= p`` with a last round of ``h < p / 2`` (the wrap edge goes down in
+deadlock with ``m >= p`` and a last round of ``h < p / 2`` (the wrap edge goes down in
 position, as for interleaved 1F1B; rank 0 idles there): package-derived and lowered
 instances for ``p <= P_MAX``, ``m <= M_MAX``, chunks 2 and 3, checked by the
 verification kernel's obligations.
@@ -89,9 +96,10 @@ def in_region(pp: int, mm: int) -> bool:
 
 
 def flows(pp: int, mm: int) -> bool:
-    """Where the potential argument holds: the region, and one round or a last round of
-    ``h >= p / 2`` (the others have ``g >= p``)."""
-    return in_region(pp, mm) and (mm < pp or 2 * il.last_round(pp, mm) >= pp)
+    """Where a potential argument holds: one round (``m < p``: the region's potential for
+    ``m = p - 1``, ``_potential_short`` below it) or a last round of ``h >= p / 2`` (the
+    others have ``g >= p``)."""
+    return mm < pp or 2 * il.last_round(pp, mm) >= pp
 
 
 def _chunks(params) -> bool:
@@ -307,11 +315,120 @@ def _flow():
         yield from words.Word(phases, _sizes() + (0 <= r_, r_ < p), TITLE, n, r_).sits(
             UNITS, "")
     yield from _potential()
+    yield from _flow_short()
 
 
-WORD = ("the word model (proofs.word) over interleaved 1F1B's stream order, = the "
-        "package's programs for p <= 8, p - 1 <= m <= 24, v <= 4 "
-        "(tests/test_proofs_loop_families.py)")
+# ---------------------------------------------------------------- below the region
+
+@functools.cache
+def _level_symbols():
+    """``Lam`` (a number's chunk level, ``min(u // m, v - 1)``) and ``top`` (``v - 1``):
+    built when a law is stated."""
+    return z3.Function("Lam", z3.IntSort(), z3.IntSort()), z3.Int("top")
+
+
+def _lam_facts(*terms, wraps=()):
+    """What ``_stream_levels`` proves of ``Lam``, at ``terms`` (and its step at ``wraps``)."""
+    lam, top = _level_symbols()
+    out = [top >= 1]
+    for t in terms:
+        out += [z3.Implies(t >= 0, z3.And(0 <= lam(t), lam(t) <= top)),
+                z3.Implies(z3.And(0 <= t, t < g), lam(t) == 0),
+                z3.Implies(t >= g1, lam(t) == top)]
+    out += [z3.Implies(z3.And(0 <= a, a <= b), lam(a) <= lam(b))
+            for a in terms for b in terms if a is not b]
+    out += [z3.Implies(z3.And(g <= t, t < n), lam(t - g) + 1 == lam(t)) for t in wraps]
+    return tuple(out)
+
+
+def _stream_levels():
+    """Below the region there is one round (``d = g = m``, ``G1 + m = v m``), and
+    ``Lam(a) = min(a // m, v - 1)`` is monotone, in ``[0, v - 1]``, 0 on the first ``m``
+    numbers, ``v - 1`` from ``G1`` on, and one more ``m`` numbers later."""
+    a, b = z3.Ints("a b")
+    hyps = il.STREAM + il.ROUNDS + (il.m < il.p - 1,)
+
+    def lam(t):
+        return z3.If(t / il.m >= il.v - 1, il.v - 1, t / il.m)
+    facts = (
+        ("one round of m", z3.And(il.g == il.m, il.R == 1, il.h == il.m, il.G1 + il.m == il.N)),
+        ("Lam is monotone", z3.Implies(z3.And(0 <= a, a <= b), lam(a) <= lam(b))),
+        ("Lam lies in [0, v - 1]", z3.Implies(0 <= a, z3.And(0 <= lam(a), lam(a) <= il.v - 1))),
+        ("Lam is 0 below m", z3.Implies(z3.And(0 <= a, a < il.m), lam(a) == 0)),
+        ("Lam is v - 1 from G1 on", z3.Implies(a >= il.G1, lam(a) == il.v - 1)),
+        ("Lam goes up by one every m numbers",
+         z3.Implies(z3.And(il.m <= a, a < il.N), lam(a - il.m) + 1 == lam(a))))
+    for name, goal in facts:
+        yield Obligation(f"stream, m < p - 1: {name}", goal, hyps, example=il.STREAM_EXAMPLE
+                         if name == "one round of m" else None)
+
+
+def level(wd: words.Word, k_):
+    """The level of position ``k_`` of a short word: ``Lam`` of the forward number in phase
+    1, ``top + Lam`` of the input-gradient count reached after it (phases 2 and 3)."""
+    lam, top = _level_symbols()
+    w = g1 + p - 1 - wd.r
+    return z3.If(k_ < w, lam(k_), top + lam(_reached(wd, k_)))
+
+
+def _reached(wd: words.Word, k_):
+    w = g1 + p - 1 - wd.r
+    return z3.If(k_ < w + 2 * wd.r, (k_ - w) / 2, wd.r + (k_ - w - 2 * wd.r) / 3)
+
+
+def _lex3_lt(a, b):
+    return z3.Or(a[0] < b[0], z3.And(a[0] == b[0], _lex_lt(a[1:], b[1:])))
+
+
+def _potential_short():
+    """Below the region: the potential ``(level, position, r)`` for ``F``, ``(level,
+    position)`` for ``I`` and ``W``. The level is nondecreasing in the position, so each
+    rank's order goes up; the wraps go up in the level, the chains in the position."""
+    sizes = _sizes_short() + (d == g, g1 + g == n)
+    here, below, above = word_short(), word_short(r - 1), word_short(r + 1)
+    first, last = word_short(z3.IntVal(0)), word_short(p - 1)
+    k1, k2 = z3.Ints("k1 k2")
+    inside = z3.And(0 <= u, u < n)
+
+    def at(wd, kd, u_):
+        pos = wd.position(kd, 0, u_)
+        return level(wd, pos), pos, _lam_facts(pos, _reached(wd, pos), u_)
+
+    def edge(name, cond, src, dst, rs):
+        (ls, ps, fs), (ld, pd, fd) = src, dst
+        goal = (_lex3_lt((ls, ps, rs[0]), (ld, pd, rs[1])) if rs else
+                _lex_lt((ls, ps), (ld, pd)))
+        return Obligation(f"potential, m < p - 1: {name}", z3.Implies(cond, goal),
+                          sizes + fs + fd + _lam_facts(u, u - g, wraps=(u,)))
+    yield Obligation("potential, m < p - 1: the level is nondecreasing in the position",
+                     z3.Implies(z3.And(0 <= k1, k1 < k2, k2 < here.length),
+                                level(here, k1) <= level(here, k2)),
+                     sizes + _lam_facts(k1, k2, _reached(here, k1), _reached(here, k2)))
+    yield edge("F(s-1, x) on rank r-1 before F(s, x)", z3.And(1 <= r, inside),
+               at(below, "F", u), at(here, "F", u), (r - 1, r))
+    yield edge("I(s+1, x) on rank r+1 before I(s, x)", z3.And(r + 1 < p, inside),
+               at(above, "I", u), at(here, "I", u), ())
+    wrap = z3.And(g <= u, u < n)
+    yield edge("the previous chunk's F on rank p-1 before F on rank 0", wrap,
+               at(last, "F", u - g), at(first, "F", u), (p - 1, 0))
+    yield edge("the next chunk's I on rank 0 before I on rank p-1", wrap,
+               at(first, "I", u - g), at(last, "I", u), ())
+    yield Obligation("potential, m < p - 1: F(s, x) before I(s, x) on its rank", z3.Implies(
+        z3.And(0 <= uf, uf < n, 0 <= ub, ub < n, ub >= uf - dd, 0 <= dd, dd <= g1),
+        here.position("F", 0, uf) < here.position("I", 0, ub)), sizes)
+    yield Obligation("potential, m < p - 1: I(s, x) before W(s, x) on its rank", z3.Implies(
+        inside, here.position("I", 0, u) < here.position("W", 0, u)), sizes)
+
+
+def _flow_short():
+    yield from _stream_short()
+    yield from _stream_levels()
+    for r_ in (r, r - 1, r + 1, z3.IntVal(0), p - 1):
+        yield from words.Word(phases_short, _sizes_short() + (0 <= r_, r_ < p), TITLE_SHORT,
+                              n, r_).sits(UNITS, "")
+    yield from _potential_short()
+
+
 WORDS = ("the word models (proofs.word) over interleaved 1F1B's stream order, the region's "
          "for m >= p - 1 and the short word below it (one round, letters past the stream "
          "absent), = the package's programs for p <= 8, m <= 24, v <= 4 "
@@ -319,10 +436,10 @@ WORDS = ("the word models (proofs.word) over interleaved 1F1B's stream order, th
 REST = "the rest is law interleaved_zb_outside_region (bounded)"
 ALL = all_sizes(f"every p >= 1, v >= 2, m >= 1, rank and word position; nonlinear "
                 f"stream facts over symbolic p, m, v, g; {WORDS}")
-FLOW = all_sizes(f"every p >= 1, v >= 2, m >= p - 1 with m < p or a last round of "
-                 f"h >= p / 2 microbatches; lexicographic potential; {WORD}; {REST} (m < "
-                 f"p - 1 or a last round of h < p / 2: rank 0 idles at the wrap, no "
-                 f"closed-form timing proven)")
+FLOW = all_sizes(f"every p >= 1, v >= 2, m < p (one round) or a last round of h >= p / 2 "
+                 f"microbatches; lexicographic potential, below m = p - 1 over (chunk "
+                 f"level, position); {WORDS}; {REST} (a last round of h < p / 2: rank 0 "
+                 f"idles at the wrap, no closed-form timing proven)")
 
 
 def _cell(prop: str, statement: str, scope: str, cover, obligations, **extra):
@@ -351,15 +468,14 @@ def _outside(prop: str):
 
 
 @law("interleaved_zb_outside_region",
-     "interleaved zero bubble outside the potential's region (m < p - 1, or a last round of "
-     "h < p / 2): every input made before its consumer (the package's data-flow timing), "
-     "the lowered plan matched and deadlock-free under rendezvous",
+     "interleaved zero bubble with m >= p and a last round of h < p / 2 microbatches: "
+     "every input made before its consumer (the package's data-flow timing), the lowered "
+     "plan matched and deadlock-free under rendezvous",
      bounded(f"p <= {P_MAX}, m <= {M_MAX}, chunks 2, 3, the instances outside the all-sizes "
              f"flow cells; package-derived and lowered, each checked by the verification "
-             f"kernel's obligations (there rank 0 idles at the wrap and the word's position "
-             f"is no timing: below m = p - 1 rank p - 1's input gradients run two a slot "
-             f"while rank 0's run three, so the wrap edge goes down; no closed-form timing "
-             f"is proven)"), weight=4)
+             f"kernel's obligations (there the previous chunk's forward on rank p - 1 sits "
+             f"later than its successor on rank 0, which idles at the wrap; no closed-form "
+             f"timing is proven)"), weight=4)
 def interleaved_zb_outside_region():
     for prop in ("dependency", "matching", "deadlock"):
         yield from _outside(prop)
