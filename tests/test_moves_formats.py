@@ -78,15 +78,6 @@ def test_rank_moves_travel_in_plan_json_and_never_in_a_torch_csv():
         raise AssertionError("a lend names its peer, which a torch CSV cannot")
 
 
-def test_the_executor_refuses_plans_with_moves_before_any_traffic():
-    import pytest
-    pytest.importorskip("torch")
-    from mpipe_verified.executor.errors import PipelineError
-    from mpipe_verified.executor.model_checks import check_model
-    with pytest.raises(PipelineError, match="moves activations"):
-        check_model(OFFLOADED, {}, {})
-
-
 def test_a_malformed_move_in_plan_json_is_bad_input_with_its_path(tmp_path, capsys):
     doc = json.loads(format_plan_json(OFFLOADED))
     doc["programs"][0][1] = {"op": "reload", "stage": 0, "mb": -1}
