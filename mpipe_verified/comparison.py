@@ -136,7 +136,7 @@ def baseline_spec(spec: Spec, name: str) -> Spec:
         chunks = own if own and own >= 2 else 2
     body = families.family(name, p, m, chunks)
     how = "folded" if folds(spec, body.derive()) else "inline"
-    return on_body(spec, body, f"{name} ({how})", ownership="inline")
+    return on_body(spec, body, f"{name} ({how})", fold=True, ownership="inline")
 
 
 def model_stages(schedule: Schedule) -> int:
@@ -144,17 +144,19 @@ def model_stages(schedule: Schedule) -> int:
     return schedule.placement.num_stages // max(1, len(schedule.pipelines))
 
 
-def on_body(spec: Spec, body, name: str, **changes) -> Spec:
+def on_body(spec: Spec, body, name: str, fold: bool = False, **changes) -> Spec:
     """``spec``'s model with ``body`` as its body (a transpose's body, else the whole
     term), ``changes`` (e.g. ``ownership``, ``mode``) applied to a transpose: the cost
     model is re-cut to ``body``'s stage count (see the module docstring). One model for
-    ``--compare`` and ``tune``."""
+    ``--compare`` and ``tune``. With ``fold`` (``--compare``'s baselines), a transpose's
+    segment on a body that cannot carry it is folded into model stage 0 (``folds``); a
+    tuned candidate is never folded, as a spec written from it would lose the segment."""
     schedule, derived = spec.schedule, body.derive()
     stages, own = model_stages(derived), model_stages(schedule)
     ratio = own / stages
-    term, fold = spec.term, None
-    if folds(spec, derived):
-        fold = attrs.evolve(term, **changes)  # its segment, folded into model stage 0
+    term, folded = spec.term, None
+    if fold and folds(spec, derived):
+        folded = attrs.evolve(term, **changes)  # its segment, folded into model stage 0
         term = body
     elif isinstance(term, Transpose):
         term = attrs.evolve(term, body=body, body_forward=term.body_forward * ratio,
@@ -172,8 +174,8 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
                           derived.placement, len(derived.pipelines) or 1, recut.weights)
         cost = attrs.evolve(recut, static=cost.static).chunked(derived.seq_chunks).tiled(
             len(derived.pipelines))
-    if fold is not None:
-        cost = cost.folded(fold.segment, fold.trainable, derived.placement,
+    if folded is not None:
+        cost = cost.folded(folded.segment, folded.trainable, derived.placement,
                            len(derived.pipelines) or 1)
     return Spec(term, term.derive(), cost, spec.memory_limit, name)
 

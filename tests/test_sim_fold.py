@@ -49,10 +49,12 @@ def test_simulate_ranks_every_family_on_the_mllm_example_with_no_skip(capsys):
 
 
 def _folded(spec: Spec, body) -> Spec:
-    """``body`` bare, with ``spec``'s segment folded into its stage 0."""
-    bare = on_body(spec, body, "bare", ownership="inline")
-    cost = bare.cost.folded(spec.term.segment, spec.term.trainable, bare.schedule.placement, 1)
-    return Spec(body, body.derive(), cost, spec.memory_limit, "folded")
+    """``body`` bare, with ``spec``'s segment folded into its stage 0 of the model the
+    inline baseline runs (``on_body`` folds only on bodies that cannot carry a cut)."""
+    model = on_body(spec, body, "inline", ownership="inline").cost
+    derived = body.derive()
+    cost = model.folded(spec.term.segment, spec.term.trainable, derived.placement, 1)
+    return Spec(body, derived, cost, spec.memory_limit, "folded")
 
 
 @pytest.mark.parametrize("mode", ["owner", "recompute", "frozen"])
