@@ -6,8 +6,10 @@ For each model it runs what ``mpipe-verify simulate SPEC --compare FAMILY ...`` 
 (``comparison.simulation``: the spec's plan verified and timed, each family on the same
 model, verified and timed) and prints one Markdown table: a row per schedule, a column
 per model, each cell the makespan and peak memory (``over`` where the peak exceeds the
-model's limit, ``-`` with the reason below where the family cannot run the model); the
-fastest schedule that fits each model is in bold. Then ``tune``'s pick on each model
+model's limit, ``-`` with the reason below where the family cannot run the model; a
+model's cut segment is inline on its home rank, or folded into model stage 0 for the
+families that cannot carry it, as listed below); the fastest schedule that fits each
+model is in bold. Then ``tune``'s pick on each model
 (``mpipe-verify tune SPEC``). Deterministic: the same numbers on
 every machine (tests/test_sim_dimensions.py checks the doc holds this output).
 """
@@ -67,6 +69,13 @@ def table() -> str:
     lines.append("")
     lines.append("Fastest that fits: " + "; ".join(
         f"`{name}`: {best}" for (name, _), best in zip(cols, bests)) + ".")
+    for name, doc in cols:
+        folded = [family for family, e in doc["compare"].items() if e.get("folded_segment")]
+        if folded:
+            lines.append(f"- `{name}`: {', '.join(folded)} run with the segment "
+                         f"{doc['inline_segment']!r} folded into model stage 0 (they cannot "
+                         f"carry a cut segment); the other families keep it inline on its "
+                         f"home rank")
     skipped = sorted({(family, e["skipped"]) for family, entries in rows[1:]
                       for e in entries if "skipped" in e})
     for family, reason in skipped:

@@ -21,8 +21,12 @@ same model and times it the same way:
   model against a larger one;
 - each baseline's peak memory is compared with the same limit (``within_limit``) and its
   plan is verified too (``status``);
-- a family of several pipelines or of sequence chunks that cannot run the model (an odd
-  pp, microbatches not a multiple, a cut segment) is skipped with its reason
+- a family of several pipelines or of sequence chunks cannot carry a cut segment (it
+  feeds one first stage, once per sample): its baseline is the bare family with the
+  segment **folded** into model stage 0 (``cost.Fold``: the segment's inline costs added
+  to each replica of stage 0, to the first chunk of each sample; the document's entry
+  says ``folded_segment``); one that cannot run the model (an odd pp, microbatches not
+  a multiple) is skipped with its reason
   (``not_comparable``; the document's entry is ``{"skipped": REASON}``); the chunked
   family runs the spec's samples, each cut into its chunks, with a chunk's share of the
   costs (``cost.CostModel.chunked``), and a family of several pipelines moves the weight
@@ -34,7 +38,8 @@ per-rank ``busy`` and ``bubble``, and ``compare: {FAMILY: {makespan, bubble_frac
 peak_memory, within_limit, status, speedup}}`` where ``speedup`` is *this spec's* speedup
 over the family: the family's makespan over the spec's (above 1: the spec is faster; below
 1: the family is faster), and ``inline_segment``: the cut segment the baselines keep on
-its home rank (null for a spec without a cut: the baselines are the bare families). The
+its home rank (null for a spec without a cut: the baselines are the bare families), or
+fold into model stage 0 (their entries' ``folded_segment``). The
 text form says it in words, from the family's side: ``zbv ... 1.294x faster`` (than this
 spec) or ``1.294x slower``.
 """
@@ -109,15 +114,11 @@ def samples(schedule: Schedule) -> int:
 
 def not_comparable(spec: Spec, name: str) -> str | None:
     """Why the family ``name`` cannot run ``spec``'s model (a family of several
-    pipelines or of sequence chunks: it needs an even pp, a multiple of microbatches, or
-    a model without a cut segment), or None. The classic families answer with a usage
-    error instead, as they always have."""
+    pipelines or of sequence chunks: it needs an even pp or a multiple of microbatches),
+    or None. The classic families answer with a usage error instead, as they always
+    have."""
     if name not in families.BIDIRECTIONAL and name not in families.SEQ_FAMILIES:
         return None
-    if isinstance(spec.term, Transpose):
-        what = ("several pipelines" if name in families.BIDIRECTIONAL
-                else "sequence chunks (the encoder runs once per sample)")
-        return f"the cut segment {spec.term.segment!r} (a transpose) does not run over {what}"
     try:
         baseline_spec(spec, name)
     except ParameterError as e:
@@ -133,8 +134,9 @@ def baseline_spec(spec: Spec, name: str) -> Spec:
     if name == "interleaved-1f1b":
         own = chunks_of(spec.term)
         chunks = own if own and own >= 2 else 2
-    return on_body(spec, families.family(name, p, m, chunks), f"{name} (inline)",
-                   ownership="inline")
+    body = families.family(name, p, m, chunks)
+    how = "folded" if folds(spec, body.derive()) else "inline"
+    return on_body(spec, body, f"{name} ({how})", fold=True, ownership="inline")
 
 
 def model_stages(schedule: Schedule) -> int:
@@ -142,16 +144,21 @@ def model_stages(schedule: Schedule) -> int:
     return schedule.placement.num_stages // max(1, len(schedule.pipelines))
 
 
-def on_body(spec: Spec, body, name: str, **changes) -> Spec:
+def on_body(spec: Spec, body, name: str, fold: bool = False, **changes) -> Spec:
     """``spec``'s model with ``body`` as its body (a transpose's body, else the whole
     term), ``changes`` (e.g. ``ownership``, ``mode``) applied to a transpose: the cost
     model is re-cut to ``body``'s stage count (see the module docstring). One model for
-    ``--compare`` and ``tune``."""
+    ``--compare`` and ``tune``. With ``fold`` (``--compare``'s baselines), a transpose's
+    segment on a body that cannot carry it is folded into model stage 0 (``folds``); a
+    tuned candidate is never folded, as a spec written from it would lose the segment."""
     schedule, derived = spec.schedule, body.derive()
     stages, own = model_stages(derived), model_stages(schedule)
     ratio = own / stages
-    term = spec.term
-    if isinstance(term, Transpose):
+    term, folded = spec.term, None
+    if fold and folds(spec, derived):
+        folded = attrs.evolve(term, **changes)  # its segment, folded into model stage 0
+        term = body
+    elif isinstance(term, Transpose):
         term = attrs.evolve(term, body=body, body_forward=term.body_forward * ratio,
                             body_backward=term.body_backward * ratio, **changes)
     else:
@@ -167,7 +174,22 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
                           derived.placement, len(derived.pipelines) or 1, recut.weights)
         cost = attrs.evolve(recut, static=cost.static).chunked(derived.seq_chunks).tiled(
             len(derived.pipelines))
+    if folded is not None:
+        cost = cost.folded(folded.segment, folded.trainable, derived.placement,
+                           len(derived.pipelines) or 1)
     return Spec(term, term.derive(), cost, spec.memory_limit, name)
+
+
+def folds(spec: Spec, schedule: Schedule) -> bool:
+    """Does ``spec``'s cut segment fold into model stage 0 on ``schedule``?"""
+    return isinstance(spec.term, Transpose) and not holds_cut(schedule)
+
+
+def holds_cut(schedule: Schedule) -> bool:
+    """Can ``schedule``'s family carry a cut segment? Not one of several pipelines (the
+    segment feeds one first stage) nor of sequence chunks (it runs once per sample):
+    there a transpose's segment is folded into model stage 0 (``cost.Fold``)."""
+    return not schedule.pipelines and schedule.seq_chunks == 1
 
 
 def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
@@ -199,6 +221,8 @@ def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
         entry = _figures(timed)
         entry["speedup"] = (round(timed.run.makespan / mine.run.makespan, 6)
                             if mine.run.makespan else None)
+        if folds(spec, base.schedule):
+            entry["folded_segment"] = spec.term.segment
         doc["compare"][family] = entry
     return doc, mine, out
 
@@ -283,6 +307,10 @@ def render_simulation(doc: dict) -> str:
                          f"{faster(e['makespan'], doc['makespan']):>15}")
         lines.append(f"  (than this spec: each family's makespan against this spec's "
                      f"{_num(doc['makespan'])})")
+        folded = [fam for fam, e in doc["compare"].items() if e.get("folded_segment")]
+        if folded:
+            lines.append(f"  ({', '.join(folded)}: the segment {segment!r} folded into model "
+                         f"stage 0, as these families cannot carry a cut segment)")
         lines.append("  ranked by makespan: " + ranking(doc))
     return "\n".join(lines) + "\n"
 

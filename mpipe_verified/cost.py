@@ -27,6 +27,17 @@ memory sizes.
   weight gradient ``W`` is all linear). Summed over the S chunks this is S mean chunks,
   whatever a. ``CostModel.chunked(S)`` turns a whole-sample model into that: durations,
   stored activations and the bytes of body transfers and moves over S.
+- A folded segment (``Fold``, ``CostModel.folded``): a family that cannot hold a cut
+  segment (several pipelines, sequence chunks) runs it as part of model stage 0, counted
+  as the transpose counts it inline on its home rank (``SegmentCost``): sample ``k``'s
+  forward adds to stage 0's ``F`` (and to its ``R``), a trainable segment's backward to
+  its ``B`` (half to each of ``I`` and ``W``), its activation to stage 0's stored one
+  and one parameter copy (``SegmentCost.static``) to each rank holding a replica of
+  stage 0; a trainable segment's ``parameter_bytes`` join the ``replica:0`` all-reduce.
+  With sequence chunks the image tokens come first: the durations go to chunk 0 of each
+  sample; the stored activation, whose size the memory model takes per stage and not per
+  microbatch, is spread evenly over the S chunks (the same total while a sample's chunks
+  are all alive on stage 0, as they are between its forwards and its backwards).
 """
 
 from __future__ import annotations
@@ -169,6 +180,30 @@ DEFAULT_SEGMENT = SegmentCost()
 
 
 @attrs.frozen
+class Fold:
+    """A cut segment run as part of the body stages ``stages`` (model stage 0 and its
+    replicas; module docstring). ``trainable``: it has a backward (modes ``owner`` and
+    ``recompute``; ``frozen`` and ``none`` have none)."""
+
+    segment: str
+    stages: tuple[int, ...]
+    trainable: bool
+
+    def extra(self, cost: SegmentCost, kind: str, sample: int) -> float:
+        """What the segment adds to a body op of ``kind`` for ``sample``: the durations
+        of its inline forward and backward (a recompute of the stage re-runs it)."""
+        if kind == FORWARD:
+            return cost.forward(sample)
+        if not self.trainable:
+            return 0.0
+        if kind == RECOMPUTE:
+            return cost.recompute(sample)
+        if kind == BACKWARD:
+            return cost.backward(sample)
+        return cost.backward(sample) / 2  # I or W: as a split segment backward
+
+
+@attrs.frozen
 class CommModel:
     """``[comm]``: point-to-point ``latency`` and ``bandwidth`` (bytes per time unit),
     payload sizes in bytes (``activation_bytes`` for the body's activations and
@@ -232,7 +267,9 @@ class CostModel:
     from its schedule, never written in a spec). ``weights``: one model stage's parameter
     state (weights, gradients, optimizer) per copy, one number or one per stage: already
     part of ``static`` as placed on the spec's own schedule (``placed_weights``), and
-    moved with the stages when another schedule places them (``comparison.on_body``)."""
+    moved with the stages when another schedule places them (``comparison.on_body``).
+    ``fold``: a cut segment counted as part of model stage 0 (``folded``), never written
+    in a spec."""
 
     F: float | tuple[float, ...] = 1.0
     B: float | tuple[float, ...] = 2.0
@@ -246,6 +283,7 @@ class CostModel:
     attention: float = 0.0
     weights: float | tuple[float, ...] = 0.0
     seq_chunks: int = 1
+    fold: Fold | None = None
 
     def segment(self, name: str) -> SegmentCost:
         return next((cost for n, cost in self.segments if n == name), DEFAULT_SEGMENT)
@@ -263,7 +301,10 @@ class CostModel:
         base = _at(getattr(self, c.kind), c.stage)
         if self.seq_chunks > 1 and self.attention and c.kind != WEIGHT_GRAD:
             a, j = self.attention, c.mb % self.seq_chunks
-            return base * ((1.0 - a) + a * (2 * j + 1) / self.seq_chunks)
+            base *= (1.0 - a) + a * (2 * j + 1) / self.seq_chunks
+        fold = self.fold
+        if fold is not None and c.stage in fold.stages and c.mb % self.seq_chunks == 0:
+            base += fold.extra(self.segment(fold.segment), c.kind, c.mb // self.seq_chunks)
         return base
 
     def duration(self, op: Op) -> float:
@@ -315,7 +356,35 @@ class CostModel:
                            static=self.static_memory(cut, num_ranks))
 
     def comm_cost(self) -> CommCost:
-        return self.comm.comm_cost()
+        cost = self.comm.comm_cost()
+        fold = self.fold
+        if fold is None or not fold.trainable or not self.comm.parameter_bytes:
+            return cost
+        plain, extra = cost.collective_bytes, self.comm.parameter_bytes
+
+        def collective_bytes(op: Collective) -> float:  # the folded segment's gradients
+            return plain(op) + (extra if collective_segment(op) == (REPLICA, "0") else 0.0)
+        return attrs.evolve(cost, collective_bytes=collective_bytes)
+
+    def folded(self, segment: str, trainable: bool, placement: Placement,
+               pipelines: int) -> "CostModel":
+        """This model with the cut segment ``segment`` run as part of model stage 0 of
+        ``placement`` (``pipelines`` replicas of each model stage; module docstring):
+        ``fold`` set (the durations), the segment's activation (a trainable one's, a
+        chunk's share) in each stage-0 replica's stored ``activation`` and one copy of
+        its parameters in the ``static`` memory of each rank holding one: sizes the
+        verifier reads from the cost tables as they are."""
+        n = placement.num_stages // max(1, pipelines)
+        stages = tuple(range(0, placement.num_stages, n))
+        homes = {placement.stage_to_rank[s] for s in stages}
+        cost = self.segment(segment)
+        kept = cost.activation / self.seq_chunks if trainable else 0.0
+        activation = tuple(_at(self.activation, s) + (kept if s in stages else 0.0)
+                           for s in range(placement.num_stages))
+        static = tuple(_at(self.static, r) + (cost.static if r in homes else 0.0)
+                       for r in range(placement.num_ranks))
+        return attrs.evolve(self, activation=activation, static=static,
+                            fold=Fold(segment, stages, trainable))
 
     def placed_weights(self, placement: Placement, pipelines: int = 1) -> tuple[float, ...]:
         """Per rank: ``weights`` of every stage it holds (stage ``s`` is model stage

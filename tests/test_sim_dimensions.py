@@ -2,7 +2,8 @@
 ``replica:J`` all-reduces of several pipelines, sequence chunks whose cost grows with
 their position, offload/reload on a copy stream, lend/return on the link; the same
 model on every family (``comparison.on_body``); ``simulate --compare`` skipping with a
-reason; ``tune`` on examples/long_sequence.toml."""
+reason (a cut segment is folded instead: tests/test_sim_fold.py); ``tune`` on
+examples/long_sequence.toml."""
 
 from __future__ import annotations
 
@@ -116,12 +117,8 @@ def test_two_weight_copies_count_on_every_rank_of_a_bidirectional_family():
 
 
 def test_compare_skips_a_family_that_cannot_run_the_model(capsys):
-    code, out, _ = run(capsys, "simulate", str(EXAMPLES / "mllm_transpose.toml"),
-                       "--compare", "dualpipe", "seq1f1b", "zbv")
-    assert code == 0
-    assert ("  dualpipe           skipped: the cut segment 'vision' (a transpose) does not "
-            "run over several pipelines\n") in out
-    assert "  seq1f1b            skipped: " in out and "ranked by makespan: this spec " in out
+    """A cut segment no longer skips a family (it folds into model stage 0:
+    tests/test_sim_fold.py); an odd pp still does."""
     code, out, _ = run(capsys, "simulate", "--family", "1f1b", "--pp", "3", "--microbatches",
                        "6", "--compare", "chimera", "--json")
     doc = json.loads(out)
