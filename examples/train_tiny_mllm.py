@@ -51,13 +51,17 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
+from mpipe_verified.algebra.families import BIDIRECTIONAL  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
                                      PipelineExecutor, infer_payload_shapes, init_distributed,
                                      pipeline_mesh, split_sequential, with_payload_shapes)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
-SCHEDULES = (*FAMILIES, "transpose")
+SCHEDULES = (*FAMILIES, *BIDIRECTIONAL, "transpose")
+# several pipelines over one model (docs/executor.md): no cut segment there, so the
+# encoders run inside model stage 0 (``EncoderFirst``) on the batch's body
+PIPELINED = tuple(BIDIRECTIONAL)
 MODES = ("recompute", "owner", "frozen")
 IMAGE = (3, 4, 4)
 SOUND = (4, 8)
@@ -156,6 +160,30 @@ def build_model(layers: int = 6, dim: int = 32, vocab: int = 64, length: int = 8
     return encoder, nn.Sequential(*layers)
 
 
+class EncoderFirst(nn.Module):
+    """Model stage 0 with the encoders inside it (a plan of several pipelines has no cut
+    segment): called as ``(images, [sounds,] tokens)``, the body of ``inline(batch)``."""
+
+    def __init__(self, encoders: dict[str, nn.Module], first: nn.Module) -> None:
+        super().__init__()
+        self.encoders, self.first = nn.ModuleDict(encoders), first
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        *raw, tokens = inputs
+        return self.first(*(e(x) for e, x in zip(self.encoders.values(), raw)), tokens)
+
+
+def inline(batch: Batch, names) -> Batch:
+    """``batch`` for ``EncoderFirst``: the encoders' inputs (``names``, in order) and the
+    tokens as the body, no segments."""
+    return Batch(body=(*(batch.segments[n] for n in names), batch.body), target=batch.target)
+
+
+def model_stages(plan) -> int:
+    """The model's stages: a plan of K pipelines runs K replicas of each."""
+    return plan.placement.num_stages // max(len(plan.pipelines), 1)
+
+
 def build_audio(dim: int = 32, seed: int = 0) -> nn.Module:
     """The audio encoder (its own seed: the other weights stay as without it)."""
     torch.manual_seed(seed + 1)
@@ -197,9 +225,12 @@ def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: 
 def build_term(schedule: str, pp: int, microbatches: int, mode: str = "recompute",
                ownership: str = "full", body: str = "1f1b", audio_mode: str | None = None):
     """Every family keeps the encoder inline on the first stage (a cut segment on rank
-    0); ``transpose`` moves it into the bubbles of the ``body`` family. ``audio_mode``
+    0; in ``PIPELINED`` families, which take no cut, inside model stage 0);
+    ``transpose`` moves it into the bubbles of the ``body`` family. ``audio_mode``
     (None: no audio) cuts the audio encoder the same way, after the vision one."""
     term = family(body if schedule == "transpose" else schedule, pp, microbatches)
+    if schedule in PIPELINED:
+        return term
     for name, how in (("vision", mode), ("audio", audio_mode)):
         if how is None:
             continue
@@ -243,15 +274,21 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
                      audio_mode: str | None = None, batchnorm: bool = False,
                      bf16: bool = False):
     """``prepare`` with the audio encoder too when ``audio_mode`` is given: returns
-    ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order."""
+    ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order.
+    ``PIPELINED`` schedules: ``stages`` are the model's, the encoders inside stage 0
+    (``EncoderFirst``; train on ``inline(batch, encoders)``)."""
     term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode)
     plan = lower(term.derive())
-    num_stages = plan.placement.num_stages
+    num_stages = model_stages(plan)
     encoders, full = build_models(num_stages, mode, layers, dim, seed, audio_mode,
                                   batchnorm, bf16)
     stages = split_sequential(full, num_stages)
     batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
-    shapes = infer_payload_shapes(stages, batch, microbatches, encoders)
+    if plan.pipelines:
+        stages[0] = EncoderFirst(encoders, stages[0])
+        shapes = infer_payload_shapes(stages, inline(batch, encoders), microbatches)
+    else:
+        shapes = infer_payload_shapes(stages, batch, microbatches, encoders)
     return with_payload_shapes(plan, shapes), encoders, stages, full
 
 
@@ -379,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             for v in report.violations[:5]:
                 print(f"  {v.property}: {v.message}", file=sys.stderr)
         return 1
-    want = (reference_grads(plan.placement.num_stages, rows, args.mode, args.layers,
+    want = (reference_grads(model_stages(plan), rows, args.mode, args.layers,
                             args.dim, args.seed, audio_mode, args.batchnorm, args.bf16,
                             args.pad, args.clip, m * args.dp) if args.check_grads else None)
     try:
@@ -392,12 +429,17 @@ def main(argv: list[str] | None = None) -> int:
             loss_fn=loss_fn, ignore_index=IGNORE, timeout=args.timeout,
             optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr), **groups)
         if rank == 0:
+            pipes = (f" ({len(plan.pipelines)} pipelines of {model_stages(plan)})"
+                     if plan.pipelines else "")
             print(f"{args.schedule}: {world} ranks ({pp} pipeline x {args.dp} data-parallel), "
-                  f"{plan.placement.num_stages} stages, {m} microbatches, {plan.num_ops} ops; "
+                  f"{plan.placement.num_stages} stages{pipes}, {m} microbatches, "
+                  f"{plan.num_ops} ops; "
                   f"plan verified ({report.certificate.digest[:12]})", flush=True)
         for step in range(args.steps):
-            loss = executor.step(make_batch(step, rows, seed=args.seed, audio=args.audio,
-                                            pad=args.pad), max_grad_norm=args.clip)
+            batch = make_batch(step, rows, seed=args.seed, audio=args.audio, pad=args.pad)
+            if plan.pipelines:
+                batch = inline(batch, encoders)
+            loss = executor.step(batch, max_grad_norm=args.clip)
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
             if step == 0 and want is not None and not check_grads(executor, encoders, full, want):

@@ -34,7 +34,7 @@ from torch import nn
 from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE,
                   WEIGHT_GRAD, Compute, Recv, Send, p2p_of)
 from ..semantics import Chain, produces
-from . import buffers, comm, loss, split_backward, tree
+from . import buffers, comm, loss, replicas, split_backward, tree
 from .batch import Batch
 from .errors import PipelineError
 from .stage_setup import StageSetup
@@ -97,7 +97,8 @@ class StageCompute:
                  setup: StageSetup, loss_fn: Callable,
                  segment_loss_fns: Mapping[str, Callable]) -> None:
         self.rank, self.chain = rank, chain
-        self.last_stage = chain.num_stages - 1
+        # each pipeline's first stage reads the batch, its last computes the loss
+        self.firsts, self.lasts = replicas.ends(chain)
         self.at_cut = any(x.side == SOURCE for x in chain.cut.segments)
         self.stages, self.segments, self.params = stages, segments, params
         self.direct = {id(m): split_backward.direct_allowed(m)
@@ -154,7 +155,7 @@ class StageCompute:
             if seg and not sink:
                 raw = self._segment_data(c, data)
                 args.append(raw)
-            elif s == 0 and not seg:
+            elif s in self.firsts and not seg:
                 if data.body is not None:
                     args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
                 kwargs = dict(data.kwargs)
@@ -164,7 +165,7 @@ class StageCompute:
                 y = module(*args, **kwargs)
             self.setup.check(c, module, y)  # a graph no backward here can run: refused
             out = y
-            if sink or (not seg and s == self.last_stage):
+            if sink or (not seg and s in self.lasts):
                 out = self._loss_of(c, y, data, p)
         produced = {out_token: y.detach() if type(y) is torch.Tensor
                     else tree.detach(y, keep_flag=True)}
