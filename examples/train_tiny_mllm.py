@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 4 examples/train_tiny_mllm.py --schedule zb-h1 --steps 20
     mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule transpose --mode owner --audio
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule zb-h1 --dp 2 --check-grads
+    mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule dualpipe --steps 3 --check-grads
 
 The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
 decoder LM (token + position embedding plus the image embedding, attention-free residual
@@ -16,8 +17,10 @@ and seed, identical on every rank).
 The script builds the algebra term (``--schedule NAME`` for every family, with the encoder
 kept inline on the first stage as a cut segment; ``--schedule transpose --mode
 recompute|owner|frozen`` moves the encoder into the bubbles; ``--audio`` cuts the audio
-encoder too and, with transpose, moves it as ``--audio-mode`` says), derives and lowers it,
-writes the payload shapes into the plan, verifies it (and refuses to run unless it is
+encoder too and, with transpose, moves it as ``--audio-mode`` says; the families of several
+pipelines over one model, dualpipe, chimera and bitpipe, take no cut: the encoders run
+inside model stage 0 and the plan's stages are replicas of the model's), derives and
+lowers it, writes the payload shapes into the plan, verifies it (and refuses to run unless it is
 verified), then runs it with ``PipelineExecutor``; rank 0 prints ``step K loss X``.
 ``--dp N`` runs ``N`` data-parallel replicas of a ``world / N``-rank pipeline (a
 ``(dp, pp)`` device mesh; each replica takes its block of the batch's rows).

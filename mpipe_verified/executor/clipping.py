@@ -2,8 +2,9 @@
 would compute in one process holding the whole model.
 
 Each trained parameter lives on exactly one rank of a pipeline (a cut segment's on its home
-rank: ``PipelineExecutor.parameters``), and data-parallel replicas hold equal gradients
-once they are summed, so the global norm is the combination of the pipeline ranks' local
+rank: ``PipelineExecutor.parameters``; a model stage replicated by several pipelines is
+counted on one of its holders: ``counted``), and data-parallel replicas hold equal
+gradients once they are summed, so the global norm is the combination of the pipeline ranks' local
 ones: the sum of ``|g|_p ** p`` (the maximum for the infinity norm) over the pipeline
 group. Every rank then scales its own gradients by the same factor.
 """

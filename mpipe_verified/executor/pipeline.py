@@ -64,7 +64,8 @@ class PipelineExecutor:
     """Run a certified ``plan`` on this rank.
 
     ``stages``: the body's stage modules (a mapping ``stage -> module`` or a sequence
-    indexed by stage; only this rank's stages are used). ``segments``: cut segments'
+    indexed by stage; only this rank's stages are used; with several pipelines, the
+    model's stages, each run for every replica of it here: ``replicas``). ``segments``: cut segments'
     modules by name (e.g. ``{"vision": encoder}``), needed on every rank whose program
     touches the segment. ``loss_fn(output, target)``: the loss at the body's last stage
     (a mean over the microbatch's rows when ``loss_reduction="mean"``).

@@ -44,8 +44,9 @@ def model_stages(plan: Plan) -> int:
 
 
 def ends(plan: Plan) -> tuple[frozenset, frozenset]:
-    """``(first stages, last stages)`` of the plan's pipelines: where the batch's input
-    is read, and where the loss is computed."""
+    """``(first stages, last stages)`` of the plan's pipelines (``plan``: a plan or its
+    ``semantics.Chain``): where the batch's input is read, and where the loss is
+    computed."""
     n, k = model_stages(plan), max(len(plan.pipelines), 1)
     return frozenset(i * n for i in range(k)), frozenset(i * n + n - 1 for i in range(k))
 
