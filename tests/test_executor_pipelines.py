@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import warnings
 
 import pytest
@@ -34,10 +33,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
+import ranks  # noqa: E402
 import test_executor_worker as worker  # noqa: E402
 import train_tiny_mllm as tiny  # noqa: E402
 from mpipe_verified.executor import PipelineError, PipelineExecutor, certify  # noqa: E402
-from mpipe_verified.executor.launch import free_port, rank_env  # noqa: E402
 from mpipe_verified.lower import lower  # noqa: E402
 
 FAMILIES = ("dualpipe", "chimera", "bitpipe", "looped-bfs", "interleaved-zb", "hanayo",
@@ -66,32 +65,15 @@ TRAINED = [c["name"] for c in cases(2) if not c.get("unequal")]
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     """One launch per world size, every case of it in turn: ``{world: (out_dir, exit
-    codes, stderr per rank)}``."""
+    codes, output per rank)}``."""
     out = {}
     for world in (2, 4):
         d = str(tmp_path_factory.mktemp(f"pipelines{world}"))
         with open(os.path.join(d, "cases.json"), "w") as f:
             json.dump(cases(world), f)
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if k != "MPIPE_BACKEND"}
-        env["MPIPE_BACKEND"] = "gloo"
-        logs = [open(os.path.join(d, f"stderr.{r}"), "w+") for r in range(world)]
-        procs = [subprocess.Popen([sys.executable, worker.__file__, d,
-                                   os.path.join(d, "cases.json")],
-                                  env=rank_env(r, world, port, env), stdout=logs[r],
-                                  stderr=subprocess.STDOUT) for r in range(world)]
-        deadline = time.time() + LAUNCH_TIMEOUT
-        for p in procs:
-            try:
-                p.wait(timeout=max(1.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        errs = []
-        for log in logs:
-            log.seek(0)
-            errs.append(log.read())
-        out[world] = (d, [p.returncode for p in procs], errs)
+        codes, errs = ranks.run_ranks(worker.__file__, [d, os.path.join(d, "cases.json")],
+                                      world, d, timeout=LAUNCH_TIMEOUT)
+        out[world] = (d, codes, errs)
     return out
 
 
@@ -109,22 +91,21 @@ def reference(case: dict, world: int) -> tuple[float, list, dict, dict]:
     stages: a plan of K pipelines has K replicas of each)."""
     plan = worker.case_term(case, world).derive()
     n = plan.placement.num_stages // max(len(plan.pipelines), 1)
-    encoders, body = tiny.build_models(n, "recompute", 6, 32, 0)
+    encoder, body = tiny.build_models(n, "recompute", 6, 32, 0)
+    encoder = encoder["vision"]
     batch = tiny.make_batch(0, worker.rows_for(case["m"]))
-    x = body[0](encoders["vision"](batch.segments["vision"]), batch.body)
-    for layer in list(body)[1:]:
-        x = layer(x)
-    m = case["m"]
-    loss = tiny.loss_fn(x, batch.target)
-    per_mb = [float(tiny.loss_fn(a, b).detach()) for a, b in zip(
-        torch.tensor_split(x, m), torch.tensor_split(batch.target, m))]
-    named = [(f"vision.{n}", p) for n, p in encoders["vision"].named_parameters()]
+    loss, grads = ranks.whole_batch(encoder, body, batch, tiny.loss_fn)
+    with torch.no_grad():  # each microbatch's own loss
+        x = body[0](encoder(batch.segments["vision"]), batch.body)
+        for layer in list(body)[1:]:
+            x = layer(x)
+        per_mb = [float(tiny.loss_fn(a, b)) for a, b in zip(
+            torch.tensor_split(x, case["m"]), torch.tensor_split(batch.target, case["m"]))]
+    named = [(f"vision.{n}", p) for n, p in encoder.named_parameters()]
     named += [(f"body.{n}", p) for n, p in body.named_parameters()]
-    optimizer = torch.optim.SGD([p for _, p in named], lr=LR)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in named}
-    optimizer.step()
-    return float(loss), per_mb, grads, {n: p.detach().clone() for n, p in named}
+    grads = {key: g.clone() for key, g in grads.items()}
+    torch.optim.SGD([p for _, p in named], lr=LR).step()
+    return loss, per_mb, grads, {key: p.detach().clone() for key, p in named}
 
 
 @pytest.mark.parametrize("world", (2, 4))

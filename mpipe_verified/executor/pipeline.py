@@ -65,10 +65,10 @@ class PipelineExecutor:
 
     ``stages``: the body's stage modules (a mapping ``stage -> module`` or a sequence
     indexed by stage; only this rank's stages are used; with several pipelines, the
-    model's stages, each run for every replica of it here: ``replicas``). ``segments``: cut segments'
-    modules by name (e.g. ``{"vision": encoder}``), needed on every rank whose program
-    touches the segment. ``loss_fn(output, target)``: the loss at the body's last stage
-    (a mean over the microbatch's rows when ``loss_reduction="mean"``).
+    model's stages, each run for every replica of it here: ``replicas``). ``segments``:
+    cut segments' modules by name (e.g. ``{"vision": encoder}``), needed on every rank
+    whose program touches the segment. ``loss_fn(output, target)``: the loss at the
+    body's last stage (a mean over the microbatch's rows when ``loss_reduction="mean"``).
     ``segment_loss_fns``: each sink segment's loss, ``fn(sink_output, target)`` with the
     target ``batch.segments[name]`` (a sink is detached: its loss trains the sink only;
     weighted like the body's). ``optimizer``: a callable ``params ->
