@@ -155,7 +155,9 @@ def test_replicas_that_do_not_start_equal_are_refused_by_every_rank(launches):
     for r, text in enumerate(texts):
         assert text.startswith(f"rank {r}: the replicas of model stage 0: ranks [0] "
                                "against [1] hold different weights"), text
-    assert codes == [0, 0], (codes, errs)
+    # both went on after refusing: the worker finished its cases (its exit code is left
+    # out: gloo's threads once aborted one of them at interpreter exit, after the cases)
+    assert all(os.path.exists(os.path.join(d, f"done.{r}")) for r in range(2)), (codes, errs)
 
 
 # ------------------------------------------------------------ refused at construction
