@@ -5,6 +5,7 @@
     mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule transpose --mode owner --audio
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule zb-h1 --dp 2 --check-grads
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule dualpipe --steps 3 --check-grads
+    mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule seq1f1b --seq-chunks 2 --check-grads
 
 The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
 decoder LM (token + position embedding plus the image embedding, attention-free residual
@@ -36,6 +37,10 @@ as one process would keep them); ``--clip C`` clips the global gradient norm to 
 ``--batchnorm`` or ``--bf16`` the single-process run of ``--check-grads`` takes the
 microbatches one after another, as the pipeline does (batch statistics and bf16 rounding
 are per microbatch).
+
+``--schedule seq1f1b`` (sequence chunks) trains another model: the tiny causal-attention
+GPT of ``tiny_gpt.py``, whose stages take and extend a KV cache, each sample cut into
+``--seq-chunks`` chunks along its sequence (``--microbatches`` counts samples there).
 """
 
 from __future__ import annotations
@@ -54,14 +59,16 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
-from mpipe_verified.algebra.families import BIDIRECTIONAL  # noqa: E402
+from mpipe_verified.algebra.families import BIDIRECTIONAL, SEQ_FAMILIES  # noqa: E402
+from mpipe_verified.algebra.terms import Offloaded  # noqa: E402
+from mpipe_verified.cli.targets import offload_option  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
                                      PipelineExecutor, infer_payload_shapes, init_distributed,
                                      pipeline_mesh, split_sequential, with_payload_shapes)
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
-SCHEDULES = (*FAMILIES, *BIDIRECTIONAL, "transpose")
+SCHEDULES = (*FAMILIES, *BIDIRECTIONAL, "transpose", *SEQ_FAMILIES)
 # several pipelines over one model (docs/executor.md): no cut segment there, so the
 # encoders run inside model stage 0 (``EncoderFirst``) on the batch's body
 PIPELINED = tuple(BIDIRECTIONAL)
@@ -226,23 +233,23 @@ def make_batch(step: int, rows: int, vocab: int = 64, length: int = 8, classes: 
 
 
 def build_term(schedule: str, pp: int, microbatches: int, mode: str = "recompute",
-               ownership: str = "full", body: str = "1f1b", audio_mode: str | None = None):
+               ownership: str = "full", body: str = "1f1b", audio_mode: str | None = None,
+               offload: tuple[int, int] | None = None):
     """Every family keeps the encoder inline on the first stage (a cut segment on rank
     0; in ``PIPELINED`` families, which take no cut, inside model stage 0);
     ``transpose`` moves it into the bubbles of the ``body`` family. ``audio_mode``
-    (None: no audio) cuts the audio encoder the same way, after the vision one."""
+    (None: no audio) cuts the audio encoder the same way, after the vision one.
+    ``offload``: ``(gap, prefetch)`` of the ``offload`` modifier, applied last."""
     term = family(body if schedule == "transpose" else schedule, pp, microbatches)
-    if schedule in PIPELINED:
-        return term
     for name, how in (("vision", mode), ("audio", audio_mode)):
-        if how is None:
+        if how is None or schedule in PIPELINED:
             continue
         if schedule == "transpose":
             term = Transpose(term, segment=name, mode=how, ownership=ownership)
         else:
             term = Transpose(term, segment=name, ownership="inline",
                              mode="frozen" if how == "frozen" else "recompute")
-    return term
+    return term if offload is None else Offloaded(term, *offload)
 
 
 def prepare(schedule: str, pp: int, microbatches: int, rows: int, mode: str = "recompute",
@@ -275,12 +282,12 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
                      mode: str = "recompute", ownership: str = "full", body: str = "1f1b",
                      layers: int = 6, dim: int = 32, seed: int = 0,
                      audio_mode: str | None = None, batchnorm: bool = False,
-                     bf16: bool = False):
+                     bf16: bool = False, offload: tuple[int, int] | None = None):
     """``prepare`` with the audio encoder too when ``audio_mode`` is given: returns
     ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order.
     ``PIPELINED`` schedules: ``stages`` are the model's, the encoders inside stage 0
     (``EncoderFirst``; train on ``inline(batch, encoders)``)."""
-    term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode)
+    term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode, offload)
     plan = lower(term.derive())
     num_stages = model_stages(plan)
     encoders, full = build_models(num_stages, mode, layers, dim, seed, audio_mode,
@@ -357,7 +364,11 @@ def check_grads(executor: PipelineExecutor, encoders: dict[str, nn.Module], full
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                    help="seq1f1b trains the tiny causal-attention GPT of tiny_gpt.py "
+                         "instead (sequence chunks: see --seq-chunks)")
+    ap.add_argument("--seq-chunks", type=int, default=2, metavar="S",
+                    help="seq1f1b: sequence chunks per sample (default 2)")
     ap.add_argument("--mode", choices=MODES, default="recompute",
                     help="transpose: how the encoder trains (frozen also applies to families)")
     ap.add_argument("--ownership", choices=("inline", "full", "min", "cost"), default="full",
@@ -369,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--audio-mode", choices=MODES, default=None,
                     help="--audio: how the audio encoder trains (default: --mode)")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--microbatches", type=int, default=None, help="default: 2 x ranks")
-    ap.add_argument("--batch-size", type=int, default=None, help="default: 4 x microbatches")
+    ap.add_argument("--microbatches", type=int, default=None,
+                    help="default: 2 x ranks (seq1f1b: samples, default: ranks)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="default: 4 x microbatches (seq1f1b: 2 x samples)")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -389,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="clip the global gradient norm to C every step")
     ap.add_argument("--bf16", action="store_true", help="every module under bf16 autocast")
     ap.add_argument("--timeout", type=float, default=None, help="seconds (MPIPE_TIMEOUT)")
+    ap.add_argument("--offload", type=offload_option, default=None, metavar="GAP[,PREFETCH]",
+                    help="offload(TERM, gap, prefetch): each body activation whose backward "
+                         "is at least GAP+1 steps later goes to host memory after its "
+                         "forward and comes back PREFETCH steps before that backward")
     args = ap.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -397,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {rank}: --dp {args.dp} does not divide the world of {world} processes",
               file=sys.stderr)
         return 2
+    if args.schedule in SEQ_FAMILIES:  # sequence chunks: the tiny GPT (tiny_gpt.py)
+        import tiny_gpt
+        return tiny_gpt.train(args, world, rank, train)
     pp = world // args.dp
     m = args.microbatches or 2 * pp
     rows = args.batch_size or 4 * m * args.dp
@@ -408,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         plan, encoders, stages, full = prepare_encoders(args.schedule, pp, m, rows // args.dp,
                                                         args.mode, args.ownership, args.body,
                                                         args.layers, args.dim, args.seed,
-                                                        audio_mode, args.batchnorm, args.bf16)
+                                                        audio_mode, args.batchnorm, args.bf16,
+                                                        args.offload)
     except ValueError as err:
         print(f"rank {rank}: cannot build the plan: {err}", file=sys.stderr)
         return 2
@@ -422,27 +443,38 @@ def main(argv: list[str] | None = None) -> int:
     want = (reference_grads(model_stages(plan), rows, args.mode, args.layers,
                             args.dim, args.seed, audio_mode, args.batchnorm, args.bf16,
                             args.pad, args.clip, m * args.dp) if args.check_grads else None)
+    pipes = (f" ({len(plan.pipelines)} pipelines of {model_stages(plan)})"
+             if plan.pipelines else "")
+
+    def batch_at(step: int) -> Batch:
+        batch = make_batch(step, rows, seed=args.seed, audio=args.audio, pad=args.pad)
+        return inline(batch, encoders) if plan.pipelines else batch
+
+    return train(args, world, rank, plan, report.certificate, stages, encoders, full, want,
+                 batch_at, f"{plan.placement.num_stages} stages{pipes}, {m} microbatches")
+
+
+def train(args, world: int, rank: int, plan, certificate, stages, encoders, full, want,
+          batch_at, described: str) -> int:
+    """Run ``plan`` for ``args.steps`` steps on ``batch_at(step)`` (Adam, ``args.clip``),
+    comparing the gradients after the first with ``want`` (if given); the exit code.
+    ``described``: the model's part of rank 0's first line."""
+    pp = world // args.dp
     try:
         groups = {}
         if args.dp > 1:
             init_distributed()  # the mesh needs the process group first
             groups = {"mesh": pipeline_mesh(pp), "pp_dim": "pp", "dp_dim": "dp"}
         executor = PipelineExecutor(
-            plan, report.certificate, stages=stages, segments=encoders,
+            plan, certificate, stages=stages, segments=encoders,
             loss_fn=loss_fn, ignore_index=IGNORE, timeout=args.timeout,
             optimizer=lambda ps: torch.optim.Adam(ps, lr=args.lr), **groups)
         if rank == 0:
-            pipes = (f" ({len(plan.pipelines)} pipelines of {model_stages(plan)})"
-                     if plan.pipelines else "")
             print(f"{args.schedule}: {world} ranks ({pp} pipeline x {args.dp} data-parallel), "
-                  f"{plan.placement.num_stages} stages{pipes}, {m} microbatches, "
-                  f"{plan.num_ops} ops; "
-                  f"plan verified ({report.certificate.digest[:12]})", flush=True)
+                  f"{described}, {plan.num_ops} ops; "
+                  f"plan verified ({certificate.digest[:12]})", flush=True)
         for step in range(args.steps):
-            batch = make_batch(step, rows, seed=args.seed, audio=args.audio, pad=args.pad)
-            if plan.pipelines:
-                batch = inline(batch, encoders)
-            loss = executor.step(batch, max_grad_norm=args.clip)
+            loss = executor.step(batch_at(step), max_grad_norm=args.clip)
             if rank == 0:
                 print(f"step {step} loss {loss:.4f}", flush=True)
             if step == 0 and want is not None and not check_grads(executor, encoders, full, want):

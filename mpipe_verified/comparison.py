@@ -20,7 +20,13 @@ same model and times it the same way:
   and ``W`` 1, activation 1 per stage of the spec's cut), so a comparison never sets a
   model against a larger one;
 - each baseline's peak memory is compared with the same limit (``within_limit``) and its
-  plan is verified too (``status``).
+  plan is verified too (``status``);
+- a family of several pipelines or of sequence chunks that cannot run the model (an odd
+  pp, microbatches not a multiple, a cut segment) is skipped with its reason
+  (``not_comparable``; the document's entry is ``{"skipped": REASON}``); the chunked
+  family runs the spec's samples, each cut into its chunks, with a chunk's share of the
+  costs (``cost.CostModel.chunked``), and a family of several pipelines moves the weight
+  copies with its stages (``CostModel.moved``).
 
 The document (``--json``) holds ``makespan``, ``bubble_fraction``, ``peak_memory`` (per rank;
 ``host_peak_memory`` too where activations are offloaded),
@@ -95,10 +101,34 @@ def chunks_of(term) -> int | None:
     return schedule.placement.num_stages // schedule.num_ranks
 
 
+def samples(schedule: Schedule) -> int:
+    """The samples of a step: its microbatches, or with sequence chunks their samples
+    (what every family compared or tuned runs, whatever its chunks)."""
+    return schedule.num_microbatches // schedule.seq_chunks
+
+
+def not_comparable(spec: Spec, name: str) -> str | None:
+    """Why the family ``name`` cannot run ``spec``'s model (a family of several
+    pipelines or of sequence chunks: it needs an even pp, a multiple of microbatches, or
+    a model without a cut segment), or None. The classic families answer with a usage
+    error instead, as they always have."""
+    if name not in families.BIDIRECTIONAL and name not in families.SEQ_FAMILIES:
+        return None
+    if isinstance(spec.term, Transpose):
+        what = ("several pipelines" if name in families.BIDIRECTIONAL
+                else "sequence chunks (the encoder runs once per sample)")
+        return f"the cut segment {spec.term.segment!r} (a transpose) does not run over {what}"
+    try:
+        baseline_spec(spec, name)
+    except ParameterError as e:
+        return str(e)
+    return None
+
+
 def baseline_spec(spec: Spec, name: str) -> Spec:
     """``name`` on ``spec``'s model with the segment inline (see the module docstring)."""
     schedule = spec.schedule
-    p, m = schedule.num_ranks, schedule.num_microbatches
+    p, m = schedule.num_ranks, samples(schedule)
     chunks = None
     if name == "interleaved-1f1b":
         own = chunks_of(spec.term)
@@ -117,8 +147,8 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
     term), ``changes`` (e.g. ``ownership``, ``mode``) applied to a transpose: the cost
     model is re-cut to ``body``'s stage count (see the module docstring). One model for
     ``--compare`` and ``tune``."""
-    schedule = spec.schedule
-    stages, own = model_stages(body.derive()), model_stages(schedule)
+    schedule, derived = spec.schedule, body.derive()
+    stages, own = model_stages(derived), model_stages(schedule)
     ratio = own / stages
     term = spec.term
     if isinstance(term, Transpose):
@@ -127,9 +157,16 @@ def on_body(spec: Spec, body, name: str, **changes) -> Spec:
     else:
         term = body
     cost = spec.cost
-    if cost is None and (stages != own or isinstance(term, Transpose)):
+    if cost is None and (stages != own or isinstance(term, Transpose)
+                         or derived.seq_chunks > 1 or derived.pipelines):
         cost = CostModel()  # the standard costs written out, so they can be re-cut
-    cost = cost.rescaled(own, stages) if cost else None
+    if cost:
+        cost = cost.untiled(len(schedule.pipelines))
+        recut = cost.rescaled(own, stages)
+        cost = cost.moved(schedule.placement, len(schedule.pipelines) or 1,
+                          derived.placement, len(derived.pipelines) or 1, recut.weights)
+        cost = attrs.evolve(recut, static=cost.static).chunked(derived.seq_chunks).tiled(
+            len(derived.pipelines))
     return Spec(term, term.derive(), cost, spec.memory_limit, name)
 
 
@@ -149,6 +186,10 @@ def simulation(spec: Spec, name: str, compare=(), memory_limit=None,
         doc["inline_segment"] = (spec.term.segment if isinstance(spec.term, Transpose)
                                  else None)
     for family in compare:
+        skip = not_comparable(spec, family)
+        if skip is not None:
+            doc["compare"][family] = {"skipped": skip}
+            continue
         try:
             base = baseline_spec(spec, family)
         except ParameterError as e:
@@ -232,6 +273,9 @@ def render_simulation(doc: dict) -> str:
         lines.append(f"  {'family':<18} {'makespan':>10}  {'bubble':>7}  {'peak memory':>11}  "
                      f"{'fits limit':>10}  {'than this spec':>15}")
         for fam, e in doc["compare"].items():
+            if "skipped" in e:
+                lines.append(f"  {fam:<18} skipped: {e['skipped']}")
+                continue
             peak = max(e["peak_memory"].values(), default=0.0)
             fits = {None: "-", True: "yes", False: "NO"}[e["within_limit"]]
             lines.append(f"  {fam:<18} {_num(e['makespan']):>10}  {e['bubble_fraction']:>7.1%}  "
@@ -239,7 +283,18 @@ def render_simulation(doc: dict) -> str:
                          f"{faster(e['makespan'], doc['makespan']):>15}")
         lines.append(f"  (than this spec: each family's makespan against this spec's "
                      f"{_num(doc['makespan'])})")
+        lines.append("  ranked by makespan: " + ranking(doc))
     return "\n".join(lines) + "\n"
+
+
+def ranking(doc: dict) -> str:
+    """The spec and the families compared, fastest first, those over the limit marked."""
+    rows = [("this spec", doc["makespan"], True)] + [
+        (fam, e["makespan"], e["within_limit"] is not False)
+        for fam, e in doc["compare"].items() if "skipped" not in e]
+    rows.sort(key=lambda r: r[1])
+    return ", ".join(f"{name} {_num(ms)}" + ("" if fits else " (over the limit)")
+                     for name, ms, fits in rows)
 
 
 def faster(makespan: float | None, than: float | None) -> str:

@@ -13,7 +13,20 @@ memory sizes.
   costs its rank nothing (``isend`` on a comm stream: the sender computes on). A
   collective takes ``collective_latency + factor · bytes / bandwidth`` once every member
   has reached it, with the ring factor of its algorithm: broadcast 1 (pipelined),
-  all-reduce ``2(n-1)/n``, gather ``(n-1)/n`` over ``n`` members.
+  all-reduce ``2(n-1)/n``, gather ``(n-1)/n`` over ``n`` members. A ``replica:J``
+  all-reduce (several pipelines) moves model stage J's weight gradients
+  (``stage_parameter_bytes``) over the ranks holding a replica of it.
+- Activation moves (docs/semantics.md §2.10): an ``OFFLOAD``/``RELOAD`` takes
+  ``host_latency + stored_bytes / host_bandwidth`` on its rank's copy stream
+  (``CommCost.move``; ``sim.simulate`` overlaps it with compute and makes the backward
+  that needs a reloaded activation wait for its copy); a ``lend``/``return`` is a
+  point-to-point transfer of ``stored_bytes`` on the link like any other.
+- Sequence chunks (a plan's ``seq_chunks`` S > 1): the ``[cost]`` durations are a mean
+  chunk's; with ``attention`` a the share of a duration spent in causal attention, chunk
+  ``j`` (microbatch ``u``, ``j = u % S``) costs ``(1 - a) + a (2j + 1) / S`` of it (the
+  weight gradient ``W`` is all linear). Summed over the S chunks this is S mean chunks,
+  whatever a. ``CostModel.chunked(S)`` turns a whole-sample model into that: durations,
+  stored activations and the bytes of body transfers and moves over S.
 """
 
 from __future__ import annotations
@@ -22,9 +35,11 @@ from typing import Callable
 
 import attrs
 
-from .ir import (ACT, BACKWARD, FORWARD, GRAD, INPUT, INPUT_GRAD, RECOMPUTE, SINK, WEIGHT_GRAD,
-                 Collective, Compute, Cut, Op, Payload, Recv, computes_of, p2p_of)
+from .ir import (ACT, BACKWARD, FORWARD, GRAD, INPUT, INPUT_GRAD, LEND, RECOMPUTE, RETURN, SINK,
+                 WEIGHT_GRAD, Collective, Compute, Cut, Offload, Op, Payload, Placement, Recv,
+                 Reload, computes_of, p2p_of)
 from .semantics import GRADS, PARAMS, MemoryModel, collective_segment
+from .semantics.rules import REPLICA
 
 
 def _ring_factor(op: Collective) -> float:
@@ -43,6 +58,17 @@ class CommCost:
     payload_bytes: Callable[[object], float] = lambda payload: 0.0
     collective_latency: float = 0.0
     collective_bytes: Callable[[Collective], float] = lambda op: 0.0
+    move_bytes: float = 0.0
+    host_bandwidth: float = float("inf")
+    host_latency: float = 0.0
+
+    def move(self, op: Op) -> float:
+        """An ``OFFLOAD``/``RELOAD`` on its rank's copy stream: ``host_latency +
+        move_bytes / host_bandwidth``; 0 for every other op."""
+        if type(op) is not Offload and type(op) is not Reload:
+            return 0.0
+        return self.host_latency + (self.move_bytes / self.host_bandwidth
+                                    if self.move_bytes else 0.0)
 
     def transfer(self, payload: Payload) -> float:
         """One message: ``latency + bytes / bandwidth``."""
@@ -86,6 +112,13 @@ def _rebin_list(values: tuple[float, ...], count: int) -> tuple[float, ...]:
                 total += v * (b - a) * n
         out.append(total)
     return tuple(out)
+
+
+def _scaled(value, factor: float):
+    """A per-stage cost (one number or one per stage) times ``factor``."""
+    if isinstance(value, tuple):
+        return tuple(float(v) * factor for v in value)
+    return float(value) * factor
 
 
 def _rebin(value, old: int, new: int):
@@ -142,7 +175,11 @@ class CommModel:
     gradients, its last output to a sink included, ``segment_output_bytes`` for a segment's output and the gradient sent back
     to it, ``segment_input_bytes`` for a raw input shipped for a recompute), and the
     collectives' ``collective_latency`` and ``parameter_bytes`` (a segment's parameters
-    broadcast, or its gradients all-reduced)."""
+    broadcast, or its gradients all-reduced). Added for the schedules of several
+    pipelines and activation moves (all default to free): ``stage_parameter_bytes``, one
+    model stage's weight gradients (its ``replica:J`` all-reduce); ``stored_bytes``, one
+    stored body activation (a ``lend``/``return`` on the link, an ``OFFLOAD``/``RELOAD``
+    on the host link); ``host_bandwidth`` and ``host_latency``, the host link's."""
 
     latency: float = 0.0
     bandwidth: float = float("inf")
@@ -151,21 +188,30 @@ class CommModel:
     segment_input_bytes: float = 0.0
     parameter_bytes: float = 0.0
     collective_latency: float = 0.0
+    stored_bytes: float = 0.0
+    host_bandwidth: float = float("inf")
+    host_latency: float = 0.0
+    stage_parameter_bytes: float = 0.0
 
     def payload_bytes(self, p: Payload) -> float:
         if p.kind == INPUT:
             return self.segment_input_bytes
+        if p.kind == LEND or p.kind == RETURN:  # a stored activation, lent or given back
+            return self.stored_bytes
         if p.segment or (p.kind == GRAD and p.to_segment):  # a segment's output, its gradient
             return self.segment_output_bytes
         return self.activation_bytes  # the body's (its last output to a sink included)
 
     def collective_bytes(self, op: Collective) -> float:
         tagged = collective_segment(op)
+        if tagged and tagged[0] == REPLICA:
+            return self.stage_parameter_bytes
         return self.parameter_bytes if tagged and tagged[0] in (PARAMS, GRADS) else 0.0
 
     def comm_cost(self) -> CommCost:
         return CommCost(self.latency, self.bandwidth, self.payload_bytes,
-                        self.collective_latency, self.collective_bytes)
+                        self.collective_latency, self.collective_bytes, self.stored_bytes,
+                        self.host_bandwidth, self.host_latency)
 
 
 NO_COMM = CommModel()
@@ -179,7 +225,14 @@ class CostModel:
     ``activation`` stored per forward, one number or one per stage. ``segments``: the
     cut segments' ``SegmentCost`` by name (an unnamed segment costs ``SegmentCost()``).
     ``comm``: transfer costs. ``static``: the fixed memory of each rank (one number or one
-    per rank), before any segment copy."""
+    per rank), before any segment copy, the weight copies below included.
+
+    ``attention``: the share of a body duration spent in causal attention (chunk position
+    costs, module docstring); ``seq_chunks``: the chunks per sample of the plan timed (set
+    from its schedule, never written in a spec). ``weights``: one model stage's parameter
+    state (weights, gradients, optimizer) per copy, one number or one per stage: already
+    part of ``static`` as placed on the spec's own schedule (``placed_weights``), and
+    moved with the stages when another schedule places them (``comparison.on_body``)."""
 
     F: float | tuple[float, ...] = 1.0
     B: float | tuple[float, ...] = 2.0
@@ -190,6 +243,9 @@ class CostModel:
     segments: tuple[tuple[str, SegmentCost], ...] = ()
     comm: CommModel = NO_COMM
     static: float | tuple[float, ...] = 0.0
+    attention: float = 0.0
+    weights: float | tuple[float, ...] = 0.0
+    seq_chunks: int = 1
 
     def segment(self, name: str) -> SegmentCost:
         return next((cost for n, cost in self.segments if n == name), DEFAULT_SEGMENT)
@@ -204,7 +260,11 @@ class CostModel:
             if c.kind == BACKWARD:
                 return seg.backward(c.mb)
             return seg.backward(c.mb) / 2  # a split segment backward: I or W
-        return _at(getattr(self, c.kind), c.stage)
+        base = _at(getattr(self, c.kind), c.stage)
+        if self.seq_chunks > 1 and self.attention and c.kind != WEIGHT_GRAD:
+            a, j = self.attention, c.mb % self.seq_chunks
+            return base * ((1.0 - a) + a * (2 * j + 1) / self.seq_chunks)
+        return base
 
     def duration(self, op: Op) -> float:
         """Like ``semantics.standard_duration``: the sum over the step's compute ops."""
@@ -257,13 +317,74 @@ class CostModel:
     def comm_cost(self) -> CommCost:
         return self.comm.comm_cost()
 
+    def placed_weights(self, placement: Placement, pipelines: int = 1) -> tuple[float, ...]:
+        """Per rank: ``weights`` of every stage it holds (stage ``s`` is model stage
+        ``s % n`` of ``n = stages / pipelines``)."""
+        n = placement.num_stages // max(1, pipelines)
+        out = [0.0] * placement.num_ranks
+        for s, r in enumerate(placement.stage_to_rank):
+            out[r] += _at(self.weights, s % n)
+        return tuple(out)
+
+    def chunked(self, seq_chunks: int) -> "CostModel":
+        """The same model with samples cut into ``seq_chunks`` chunks instead of
+        ``self.seq_chunks`` (module docstring): body durations, stored activations, body
+        transfer and move bytes scale with the tokens of a chunk."""
+        if seq_chunks == self.seq_chunks:
+            return self
+        factor = self.seq_chunks / seq_chunks
+        kw = {k: _scaled(getattr(self, k), factor)
+              for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, "activation")}
+        comm = attrs.evolve(self.comm,
+                            activation_bytes=self.comm.activation_bytes * factor,
+                            stored_bytes=self.comm.stored_bytes * factor)
+        return attrs.evolve(self, comm=comm, seq_chunks=seq_chunks, **kw)
+
+    def moved(self, old: Placement, old_pipelines: int, new: Placement,
+              new_pipelines: int, weights) -> "CostModel":
+        """``static`` with the weight copies of ``old`` (``self.weights``) replaced by
+        those of ``new`` (``weights``, per stage of the new cut)."""
+        if not any(w for w in (self.weights if isinstance(self.weights, tuple)
+                               else (self.weights,))):
+            return attrs.evolve(self, weights=weights)
+        before = self.placed_weights(old, old_pipelines)
+        after = attrs.evolve(self, weights=weights).placed_weights(new, new_pipelines)
+        static = tuple(_at(self.static, r) - b + a
+                       for r, (b, a) in enumerate(zip(before, after)))
+        return attrs.evolve(self, weights=weights, static=static)
+
+    def untiled(self, pipelines: int) -> "CostModel":
+        """Per-stage lists of a schedule of ``pipelines`` pipelines (one entry per stage,
+        replicas included) as lists per model stage: the first pipeline's entries."""
+        if pipelines <= 1:
+            return self
+        kw = {k: getattr(self, k)[:len(getattr(self, k)) // pipelines]
+              for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, "activation")
+              if isinstance(getattr(self, k), tuple)}
+        return attrs.evolve(self, **kw)
+
+    def tiled(self, pipelines: int) -> "CostModel":
+        """Per-stage lists repeated for each of ``pipelines`` pipelines (stage ``i*n + J``
+        is a replica of model stage J)."""
+        if pipelines <= 1:
+            return self
+        kw = {k: getattr(self, k) * pipelines
+              for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, "activation")
+              if isinstance(getattr(self, k), tuple)}
+        return attrs.evolve(self, **kw)
+
     def rescaled(self, stages: int, to_stages: int) -> "CostModel":
         """The same model with its body cut into ``to_stages`` stages instead of
-        ``stages`` (another family's placement): per-stage durations and stored
-        activations scale with the share of the model a stage holds; boundary payloads,
-        segments and static memory stay."""
+        ``stages`` (another family's placement): per-stage durations, stored activations,
+        weights and their bytes scale with the share of the model a stage holds; boundary
+        payloads, segments and static memory stay."""
         if stages == to_stages:
             return self
         kw = {k: _rebin(getattr(self, k), stages, to_stages)
-              for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, "activation")}
-        return attrs.evolve(self, **kw)
+              for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, "activation",
+                        "weights")}
+        comm = attrs.evolve(self.comm, stored_bytes=_rebin(self.comm.stored_bytes, stages,
+                                                           to_stages),
+                            stage_parameter_bytes=_rebin(self.comm.stage_parameter_bytes,
+                                                         stages, to_stages))
+        return attrs.evolve(self, comm=comm, **kw)

@@ -5,6 +5,11 @@ There is one interpreter: ``simulate`` is ``semantics.execute`` (the verifier's 
 docs/semantics.md §2) with durations, plus ``semantics.memory_levels`` for memory. The
 durations, sizes and transfer costs come from ``cost.py`` (``CostModel``, ``CommCost``).
 
+Activation moves (``OFFLOAD``/``RELOAD``) cost their rank's compute stream nothing: each
+runs on the rank's copy stream for ``CommCost.move`` (bytes over the host link), and the
+backward that needs a reloaded activation waits for its copy (``semantics.execute``'s
+``copy_time``): a reload posted early enough is hidden, one posted too late stalls.
+
 Timing defaults to the eager model: a real backend posts sends asynchronously (``isend``)
 so a sender does not stall until its receiver arrives. Whether the plan is *safe* under
 strict rendezvous is the verifier's question, not the simulator's.
@@ -88,7 +93,8 @@ def simulate(plan: Plan, duration: Callable[[Op], float] = standard_duration,
              comm_model: str = EAGER, deadline: float | None = None) -> SimResult:
     """Time ``plan`` under §2 with the given costs (``deadline``: see the module
     docstring)."""
-    run = execute(plan, comm_model, duration, comm.time)
+    moves = comm.move if comm.move_bytes or comm.host_latency else None
+    run = execute(plan, comm_model, duration, comm.time, copy_time=moves)
     if not run.completed:
         w = run.waits[0]
         raise SimulationError(f"the plan does not run to completion: rank {w.rank} position "

@@ -98,7 +98,7 @@ class Spec:
 
 _INT, _STR, _TERM, _INTS = "an integer", "a string", "a schedule term", "a list of integers"
 _NUM, _NUMS = "a number", "a list of numbers"
-_STRS = "a list of strings"
+_STRS, _BOOL = "a list of strings", "True or False"
 _REQUIRED = object()
 
 
@@ -128,7 +128,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Term], tuple[tuple[str, Any, Any], ...]
     "weave": (terms.Weave, (*_PP_M, ("pattern", _STR, _REQUIRED), ("chunks", _INT, 1),
                             ("placement", _STR, "looped"), ("group", _INT, None),
                             ("pipelines", _INT, 1), ("order", _STR, "dfs"),
-                            ("backward", _STR, "asc"), ("seq_chunks", _INT, 1))),
+                            ("backward", _STR, "asc"), ("seq_chunks", _INT, 1),
+                            ("even", _BOOL, False))),
     "program": (_program, (*_PP_M, ("ranks", _STRS, _REQUIRED), ("placement", (_STR, _INTS),
                                                                     "looped"),
                             ("chunks", _INT, 1))),
@@ -189,7 +190,7 @@ def parse_expression(text: str, file: str = "<expression>", line: int = 1,
         raise fail(f"unreadable expression: {e or type(e).__name__}") from None
 
     def value(node: ast.AST) -> Any:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, str):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, str, bool):
             return node.value
         if (isinstance(node, ast.Constant) and type(node.value) is float
                 and math.isfinite(node.value)):
@@ -258,6 +259,7 @@ def _is(v: Any, ptype: Any) -> bool:
     if isinstance(ptype, tuple):
         return any(_is(v, t) for t in ptype)
     return {_INT: lambda: type(v) is int, _STR: lambda: type(v) is str,
+            _BOOL: lambda: type(v) is bool,
             _TERM: lambda: isinstance(v, TERM_TYPES),
             _INTS: lambda: type(v) is list and all(type(x) is int for x in v),
             _STRS: lambda: type(v) is list and all(type(x) is str for x in v),

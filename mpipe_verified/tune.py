@@ -13,7 +13,11 @@ cut segment (its name, side and whether it is trainable). ``tune`` searches the
   of ``LAGS``; a body without split backward is split first, ``split_bw``);
 - for a transpose spec, every mode the model permits (a trainable source: ``recompute``
   and ``owner``; a trainable sink: ``owner``; a frozen or parameter-free segment keeps
-  its mode) and every ownership (``inline`` is the encoder on its home rank).
+  its mode) and every ownership (``inline`` is the encoder on its home rank);
+- for a spec without a cut, the newer dimensions where the model makes them worth a try
+  (``tune_dimensions``: dualpipe and chimera, seq1f1b, offload), each as one candidate;
+  what is not tried is reported with its reason, and ``document``'s ``why`` says why
+  the best won.
 
 Every candidate is the spec's model on that schedule (``comparison.on_body``: the costs
 re-cut to the candidate's stage count, as ``simulate --compare`` does), lowered and timed
@@ -61,13 +65,15 @@ import attrs
 from .algebra import families, placement, terms
 from .algebra.transpose import GIVEN, OWNERSHIPS, SOURCE, Transpose
 from . import check as spine
-from .comparison import faster, on_body, time_spec
+from .comparison import faster, on_body, samples, time_spec
 from .errors import ParameterError
 from .figures import figure
 from .ir import WEIGHT_GRAD, Plan, Schedule, computes_of
 from .question import Question
 from .sim import DeadlinePassed, SimulationError, check_deadline, now
 from .spec import Spec
+from .tune_dimensions import (Skipped, bidirectional, extra_size, offloaded, sequence_chunks,
+                              why)
 
 CHUNKS = (2, 3, 4)
 LAGS = ("1", "2", "r")
@@ -144,6 +150,8 @@ class Result:
     search_seconds: float = 0.0  # the search alone (what ``budget`` bounds)
     budget: float | None = None
     segment: str | None = None  # the cut segment (None: the spec has no cut)
+    skipped: tuple[Skipped, ...] = ()  # the dimensions not tried, and why
+    memory_limit: float | tuple[float, ...] | None = None
 
 
 @attrs.frozen
@@ -205,13 +213,45 @@ def _own(spec: Spec) -> Candidate:
     return Candidate(OWN, "", False, term.ownership if isinstance(term, Transpose) else None)
 
 
-def candidates(spec: Spec, deadline: float | None = None) -> Iterator[Candidate]:
+def candidates(spec: Spec, deadline: float | None = None, skipped: list | None = None,
+               binds: Callable[[], bool] = lambda: True) -> Iterator[Candidate]:
     """The search space of ``spec``'s model, in search order (the spec's own term first),
-    walked lazily (each family derived when its first candidate is due)."""
-    s = spec.schedule
+    walked lazily (each family derived when its first candidate is due); then, for a
+    spec without a cut, the dimensions of ``tune_dimensions`` (what is not tried goes to
+    ``skipped`` with its reason; ``binds``: whether memory binds so far)."""
     term = spec.term
     yield _own(spec)
-    for name, label, body, plain, source in _bodies(s.num_ranks, s.num_microbatches,
+    yield from _classic(spec, deadline)
+    if isinstance(term, Transpose):
+        return
+    skipped = [] if skipped is None else skipped
+    for found in _extra(spec, binds):
+        check_deadline(deadline)
+        if isinstance(found, Skipped):
+            skipped.append(found)
+            continue
+        name, label, body = found
+        try:
+            source = Derived(body, body.derive())
+        except ParameterError as e:
+            skipped.append(Skipped(label, str(e)))
+            continue
+        yield Candidate(label, name, False, None, body, source=source)
+
+
+def _extra(spec: Spec, binds: Callable[[], bool]):
+    """The bidirectional families, sequence chunks and offload, in that order."""
+    s = spec.schedule
+    yield from bidirectional(spec, on_body)
+    yield from sequence_chunks(spec)
+    yield from offloaded(spec, _families(s.num_ranks, samples(s)), binds)
+
+
+def _classic(spec: Spec, deadline: float | None) -> Iterator[Candidate]:
+    """The classic families and their ``defer_w`` variants (and modes and ownerships)."""
+    s = spec.schedule
+    term = spec.term
+    for name, label, body, plain, source in _bodies(s.num_ranks, samples(s),
                                                     deadline):
         if not isinstance(term, Transpose):
             yield Candidate(label, name, plain, None, body, source=source)
@@ -229,8 +269,9 @@ def space_size(spec: Spec) -> int:
     s = spec.schedule
     term = spec.term
     per_body = len(_modes(term)) * len(HEURISTICS) if isinstance(term, Transpose) else 1
-    return 1 + sum(1 for _ in _families(s.num_ranks, s.num_microbatches)) * (
-        1 + len(LAGS)) * per_body
+    classic = sum(1 for _ in _families(s.num_ranks, samples(s)))
+    extra = 0 if isinstance(term, Transpose) else extra_size(spec, classic)
+    return 1 + classic * (1 + len(LAGS)) * per_body + extra
 
 
 def _time(model: Spec, c: Candidate, order: int, body: Derived | None,
@@ -352,8 +393,10 @@ def tune(spec: Spec, budget: float | None = None,
     complete, walked = True, False  # walked: every candidate of the space was tried
     total = 0
     made: dict[int, tuple[Spec, Plan]] = {}  # the placement phase's specs and plans
+    skipped: list[Skipped] = []
     try:
-        for order, c in enumerate(candidates(spec, deadline)):
+        for order, c in enumerate(candidates(spec, deadline, skipped,
+                                             lambda: any(not t.fits for t in tried))):
             total = order + 1
             check_deadline(deadline)
             if c.body is not None and (body is None or body.term is not c.body):
@@ -389,7 +432,8 @@ def tune(spec: Spec, budget: float | None = None,
     term = spec.term
     return Result(winner, baseline, tuple(tried), pareto(tried), total + len(placements),
                   complete, now() - start, tuple(placements), searched, budget,
-                  term.segment if isinstance(term, Transpose) else None)
+                  term.segment if isinstance(term, Transpose) else None, tuple(skipped),
+                  spec.memory_limit)
 
 
 def _baseline(t: Tried) -> bool:
@@ -443,7 +487,10 @@ def document(result: Result, source: str) -> dict:
            "candidates": result.total, "complete": result.complete,
            "budget": result.budget, "seconds": round(result.seconds, 3),
            "search_seconds": round(result.search_seconds, 3), "segment": result.segment,
-           "placements": [solved(p) for p in result.placements]}
+           "placements": [solved(p) for p in result.placements],
+           "why": why(verified(result.best), [
+               dict(_entry(t), classic=t.candidate.plain) for t in result.tried],
+               result.memory_limit, result.skipped)}
     if result.best and result.baseline:  # the best's speedup over the baseline
         doc["baseline"]["speedup"] = round(result.baseline.tried.makespan
                                            / result.best.tried.makespan, 6)
@@ -465,6 +512,9 @@ def render(doc: dict) -> str:
         lines.append(f"best: {best['schedule']}: makespan {best['makespan']:.6g}, peak "
                      f"memory {best['peak_memory']:.6g}, {best['status'].upper()}")
         lines.append(f"  {best['expression']}")
+    if doc.get("why"):
+        lines.append("why:")
+        lines.extend(f"  {line}" for line in doc["why"])
     if base is not None:
         segment = doc.get("segment")
         what = (f"the fastest plain family with the segment {segment!r} inline that fits"

@@ -55,7 +55,8 @@ def _order(payload) -> tuple[int, int]:
 def lowered(schedule: Schedule) -> tuple[tuple, ...]:
     """The lowering model's programs for ``schedule``, whose timing reaches every op
     (with several pipelines, the point-to-point body: the replica tail is left out)."""
-    chain = Chain(schedule.placement, schedule.cut, pipelines=schedule.pipelines)
+    chain = Chain(schedule.placement, schedule.cut, pipelines=schedule.pipelines,
+                  seq_chunks=schedule.seq_chunks)
     timing = schedule_times(schedule.programs, schedule.placement, cut=schedule.cut,
                             chain=chain)
     if timing.stuck:

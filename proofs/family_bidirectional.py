@@ -10,15 +10,28 @@ sit on virtual rank ``h = min(r, p-1-r)``, one as chunk 0, one as chunk 1, so ra
 runs virtual rank ``h``'s word (its chunks' local microbatches ``0..m/2-1`` being its
 pipelines' ``i m/2 + x``), and so does its mirror ``p-1-r``, for the other pipeline
 (``twin``; = the package's programs for even ``p <= 8``, ``m <= 24``,
-tests/test_proofs_family_models.py). Every input of the two pipelines (model stage
+tests/test_proofs_bidirectional.py). Every input of the two pipelines (model stage
 ``d-1`` to ``d`` of one microbatch, forward or gradient) is an input of the V: chunk 0
 of ``h-1`` to chunk 0 of ``h``, chunk 1 of ``h+1`` to chunk 1 of ``h``, or the turn,
 chunk 0 to chunk 1 of virtual rank ``n-1``, which here joins the two middle ranks (a
-transfer, where DualPipeV turns on one rank). A clock that depends only on the virtual
-rank, step and unit therefore ranks the two pipelines' data-flow graph as it ranks the
-V's: DualPipe's word is DualPipeV's on ``n`` ranks with ``m/2`` microbatches (its laws
-are DualPipeV's obligations, which hold for every ``p, m >= 2p``, so at ``n, m/2``),
-Chimera's is ``proofs.family_chimera``'s.
+transfer, where DualPipeV turns on one rank).
+
+**The substitution** (``at_real_ranks``, ``stage_map``). The V's obligations are proven
+again as statements about real rank ``R``: ``sigma`` maps the V's size symbols
+(DualPipeV's ``p, m, r``; Chimera's word's ``n, h``) to ``n``, ``m/2`` and
+``HV = h(R) = min(R, p-1-R)``, in every goal, hypothesis and lemma. The V's size
+hypotheses (``p >= 1, m >= 2p, 0 <= r < p``) become lemmas that a first obligation
+proves from the real sizes (``p = 2n >= 2``, ``m/2 >= 2n``, ``0 <= R < p``). Rank ``R``'s
+chunk ``c``, the V's stage ``stage(n, HV, c)``, is model stage ``D`` of pipeline ``I``
+(0 iff ``D < n`` and ``R < n`` agree), owned by ``R``, at virtual rank ``hv(D) = HV``,
+chunk ``cv(D) = c``, and every stage ``R`` owns is one of them; for DualPipe every real
+input, forward or gradient, is a row of DualPipeV's own input table
+(``family_dualpipev._edges``) at the consumer's virtual rank, the producer at the row's
+virtual rank and chunk. So the V's clock read at ``h(R)`` is a timing of the real ranks
+(each real input's producer is where the V's row puts it) and the V's level bounds the
+real rank's memory: DualPipe's laws are DualPipeV's obligations at ``n, m/2, h(R)``,
+Chimera's ``proofs.family_chimera``'s at ``n, h(R)``, each proven by Z3 as such. What
+rests on tests is the model (``twin`` of the V word is the package's programs).
 
 **The replica tail.** Model stage ``J``'s replicas sit on ranks ``J`` and ``p-1-J``
 (distinct, ``p`` even), so each rank ``r`` ends with ``replica:h`` then ``replica:p-1-h``,
@@ -33,6 +46,7 @@ point-to-point events are matched inside it, by ``proofs.lowered``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import z3
 
@@ -41,6 +55,7 @@ from mpipe_verified.ir import Compute, Overlap
 from . import family_chimera as chimera
 from . import family_dualpipev as dualpipev
 from .core import Obligation, all_sizes, law
+from .family_zbv import stage as v_stage
 from .lowered import deadlock_obligations, matching_obligations
 from .shape import ite
 
@@ -64,32 +79,62 @@ def twin(p: int, m: int, word) -> tuple:
 
 # ---------------------------------------------------------------- the reduction
 
-N, R, D, J, I, G, M2 = z3.Ints("N R D J I G M2")
-REAL = (N >= 1, 0 <= R, R < 2 * N)
-H = ite(R < N, R, 2 * N - 1 - R)
+@dataclasses.dataclass(frozen=True)
+class Symbols:
+    """The real side's symbols: ``N`` (``n = p/2``), rank ``R``, model stage ``D``,
+    replica stage ``J``, pipeline ``I``, global microbatch ``G``, ``M2`` (``m/2``), and
+    ``HV``, the virtual rank a substitution gives rank ``R`` (``HV = h(R)``)."""
+
+    N: z3.ArithRef
+    R: z3.ArithRef
+    D: z3.ArithRef
+    J: z3.ArithRef
+    I: z3.ArithRef
+    G: z3.ArithRef
+    M2: z3.ArithRef
+    HV: z3.ArithRef
+
+    @property
+    def sizes(self) -> tuple:
+        """``p = 2n >= 2`` ranks, ``0 <= R < p``."""
+        return (self.N >= 1, 0 <= self.R, self.R < 2 * self.N)
+
+    @property
+    def h(self):
+        """Rank ``R``'s virtual rank ``min(R, p-1-R)``."""
+        return ite(self.R < self.N, self.R, 2 * self.N - 1 - self.R)
+
+
+@functools.cache
+def symbols() -> Symbols:
+    """The symbols, made when a law first reads them (never at import)."""
+    return Symbols(*z3.Ints("N R D J I G M2 HV"))
 
 
 def hv(d):
     """Virtual rank of model stage ``d``."""
-    return ite(d < N, d, 2 * N - 1 - d)
+    n = symbols().N
+    return ite(d < n, d, 2 * n - 1 - d)
 
 
 def cv(d):
     """Chunk of model stage ``d`` on its virtual rank."""
-    return ite(d < N, 0, 1)
+    return ite(d < symbols().N, 0, 1)
 
 
 def owner(pipe, d):
     """Rank of model stage ``d`` of pipeline ``pipe``."""
-    return ite(pipe == 0, d, 2 * N - 1 - d)
+    return ite(pipe == 0, d, 2 * symbols().N - 1 - d)
 
 
 def reduction():
     """Each rank runs a virtual rank's word; every input of the two pipelines is an input
     of the V; local and global microbatches correspond one to one."""
+    s = symbols()
+    N, R, D, I, G, M2, H = s.N, s.R, s.D, s.I, s.G, s.M2, s.h
     yield Obligation("twin: rank r and its mirror p-1-r are virtual rank h = min(r, p-1-r), "
                      "0 <= h < n", z3.And(H == ite(2 * N - 1 - R < N, 2 * N - 1 - R, R),
-                                          0 <= H, H < N), REAL)
+                                          0 <= H, H < N), s.sizes)
     stage = (0 <= D, D < 2 * N, z3.Or(I == 0, I == 1), N >= 1)
     r_ = owner(I, D)
     hr = ite(r_ < N, r_, 2 * N - 1 - r_)
@@ -104,7 +149,7 @@ def reduction():
                      z3.And((z3.Or(owner(0, D) == R, owner(1, D) == R))
                             == z3.Or(D == R, D == 2 * N - 1 - R),
                             hv(R) == H, hv(2 * N - 1 - R) == H, cv(R) != cv(2 * N - 1 - R)),
-                     REAL + (0 <= D, D < 2 * N))
+                     s.sizes + (0 <= D, D < 2 * N))
     yield Obligation("twin: each input, model stage d-1 to d (and back for gradients), is an "
                      "input of the V: chunk 0 of h-1 to h, chunk 1 of h+1 to h, or the turn "
                      "on virtual rank n-1",
@@ -125,9 +170,80 @@ def reduction():
                             local + I * M2 == G), (z3.Or(I == 0, I == 1), M2 >= 1))
 
 
+# ---------------------------------------------------------------- the substitution
+
+def at_real_ranks(title: str, obligations, sigma: tuple, v_sizes: tuple, real_sizes: tuple):
+    """The V's obligations as statements about real rank ``R``: ``sigma`` (the V's size
+    symbols to the real side's: its rank ``r`` to ``HV``, ``HV = h(R)`` being one of
+    ``real_sizes``) applied to each goal, hypothesis and lemma. The V's size hypotheses
+    ``v_sizes`` become lemmas, which the first obligation proves from ``real_sizes`` (the
+    real sizes give the V's sizes at the substitution); each obligation then holds, as
+    the V's own, for every real rank."""
+    def sub(e):
+        return z3.substitute(e, *sigma)
+    sized = [sub(h_) for h_ in v_sizes]
+    yield Obligation(f"{title}the real sizes give the V's at the substitution",
+                     z3.And(*sized), real_sizes)
+    for ob in obligations:
+        assert ob.smt is None and ob.goal is not None
+        rest = tuple(sub(h_) for h_ in ob.hypotheses
+                     if not any(h_.eq(v) for v in v_sizes))
+        example = tuple((dict((a.get_id(), b) for a, b in sigma).get(c.get_id(), c), v)
+                        for c, v in ob.example)
+        yield dataclasses.replace(ob, name=f"{title}{ob.name}", goal=sub(ob.goal),
+                                  hypotheses=real_sizes + rest, example=example,
+                                  lemmas=tuple(sub(lm) for lm in ob.lemmas) + tuple(sized))
+
+
+def stage_map(title: str, stage_of, edges=None):
+    """The substitution's stages: rank ``R``'s chunk ``c`` (virtual stage
+    ``stage_of(N, HV, c)``) is model stage ``D`` of pipeline ``I`` (0 iff ``D < n`` and
+    ``R < n`` agree, as ``twin`` maps it), owned by ``R``, at virtual rank ``hv(D) = HV``
+    and chunk ``cv(D) = c``; every model stage ``R`` owns is one of its chunks. ``edges``,
+    the V's input table ``(r, p, forward, gradient)`` (rows ``(name, condition on r,
+    consumer chunk, (producer's rank offset, chunk))``): every real input, forward
+    (stage ``d-1`` to ``d``) or gradient (``d`` to ``d-1``), is a row at the consumer's
+    virtual rank."""
+    s = symbols()
+    N, R, D, I, HV = s.N, s.R, s.D, s.I, s.HV
+    sized = s.sizes + (HV == s.h,)
+
+    def pipe(d):
+        return ite((d < N) == (R < N), 0, 1)
+    for c in (0, 1):
+        d = stage_of(N, HV, c)
+        yield Obligation(f"{title}rank r's chunk {c} is model stage D of pipeline I, owned "
+                         f"by r, at virtual rank hv(D) = h(r), chunk cv(D) = {c}",
+                         z3.And(0 <= d, d < 2 * N, owner(pipe(d), d) == R, hv(d) == HV,
+                                cv(d) == c), sized)
+    yield Obligation(f"{title}every model stage D that rank r owns (of pipeline I) is one "
+                     f"of its chunks, pipeline I as twin maps it",
+                     z3.Implies(z3.And(z3.Or(I == 0, I == 1), 0 <= D, D < 2 * N,
+                                       owner(I, D) == R),
+                                z3.Or(*[z3.And(D == stage_of(N, HV, c), I == pipe(D))
+                                        for c in (0, 1)])), sized)
+    if edges is None:
+        return
+    r_v, p_v, forward, gradient = edges
+
+    def at(cond, rank):
+        return z3.BoolVal(cond) if isinstance(cond, bool) else z3.substitute(
+            cond, (r_v, rank), (p_v, N))
+    for label, rows, made, needs in (("forward", forward, D - 1, D),
+                                     ("gradient", gradient, D, D - 1)):
+        yield Obligation(f"{title}each {label} input between model stages of one pipeline "
+                         f"is a row of the V's input table at the consumer's virtual rank",
+                         z3.Or(*[z3.And(at(cond, hv(needs)), cv(needs) == c,
+                                        hv(made) == hv(needs) + dr, cv(made) == pc)
+                                 for _, cond, c, (dr, pc) in rows]),
+                         (N >= 1, 1 <= D, D < 2 * N))
+
+
 def tail():
     """The replica all-reduces: which, in which order, over which ranks; the deadlock
     witness of the tail."""
+    s = symbols()
+    N, R, J, H = s.N, s.R, s.J, s.h
     yield Obligation("replica tail: model stage J's replicas sit on two distinct ranks, J "
                      "and p-1-J, so replica:J is required",
                      owner(0, J) != owner(1, J), (N >= 1, 0 <= J, J < 2 * N))
@@ -140,7 +256,7 @@ def tail():
                             *[z3.Or(owner(0, c) == R, owner(1, c) == R) for c in calls],
                             *[z3.Or(owner(0, c) == 2 * N - 1 - R, owner(1, c) == 2 * N - 1 - R)
                               for c in calls],
-                            ite(2 * N - 1 - R < N, 2 * N - 1 - R, R) == calls[0]), REAL)
+                            ite(2 * N - 1 - R < N, 2 * N - 1 - R, R) == calls[0]), s.sizes)
     T, last, k = z3.Ints("T last k")
     fin = lambda i_: T + 1 + i_  # noqa: E731
     yield Obligation("replica tail: completion times T + 1 + i (T >= every body completion "
@@ -162,24 +278,43 @@ def replica_tail():
     yield from tail()
 
 
-def _renamed(prefix: str, obligations):
-    return [dataclasses.replace(ob, name=f"{prefix}{ob.name}") for ob in obligations]
-
-
 V_DUALPIPE = "DualPipe's word is DualPipeV's on n = p/2 ranks, m/2 microbatches: "
 V_CHIMERA = "Chimera, virtual rank h: "
+
+
+def _dualpipev_edges() -> tuple:
+    """DualPipeV's inputs between stages (``family_dualpipev._edges``): forward (an ``F``
+    from an ``F``) and gradient (a backward from the next stage's), as ``stage_map``
+    reads them."""
+    rows = [(name, cond, c, (dr, pc), pk) for name, cond, kinds, c, (dr, pk, pc)
+            in dualpipev._edges() if kinds == ("F",) and pk == "F" or pk == "grad"]
+    return (dualpipev.r, dualpipev.p, [row[:4] for row in rows if row[4] == "F"],
+            [row[:4] for row in rows if row[4] == "grad"])
 
 
 def _dualpipe(prop: str) -> list:
     word = {"completeness": lambda: dualpipev.dualpipev_completeness.obligations(),
             "memory": lambda: dualpipev.dualpipev_peak_memory.obligations()}
     body = word[prop]() if prop in word else list(dualpipev.flow())
-    return _renamed(V_DUALPIPE, body)
+    s = symbols()
+    real_sizes = s.sizes + (s.M2 >= 2 * s.N, s.HV == s.h)
+    return [*stage_map(V_DUALPIPE, v_stage, _dualpipev_edges()),
+            *at_real_ranks(V_DUALPIPE, body, dualpipe_sigma(s), dualpipev.SIZES, real_sizes)]
+
+
+def dualpipe_sigma(s: Symbols) -> tuple:
+    """DualPipeV's ``p``, ``m``, ``r`` to ``n``, ``m/2`` and rank ``R``'s virtual rank."""
+    return (dualpipev.p, s.N), (dualpipev.m, s.M2), (dualpipev.r, s.HV)
 
 
 def _chimera(prop: str) -> list:
     word = {"completeness": chimera.completeness, "memory": chimera.memory}
-    return _renamed(V_CHIMERA, (word.get(prop, chimera.dependency))())
+    body = list((word.get(prop, chimera.dependency))())
+    s, n, h = symbols(), chimera.n, chimera.h
+    v_sizes = (n >= 1, 0 <= h, h < n)
+    return [*stage_map(V_CHIMERA, chimera.virtual_stage),
+            *at_real_ranks(V_CHIMERA, body, ((n, s.N), (h, s.HV)), v_sizes,
+                           s.sizes + (s.HV == s.h,))]
 
 
 def _obligations(name: str, prop: str):
@@ -229,11 +364,15 @@ STATEMENTS = {
 }
 HOW = {
     "dualpipe": "DualPipeV's model, clock and level on n = p/2 virtual ranks, m/2 "
-                "microbatches a chunk (= the package's programs through twin for even "
-                "p <= 8, m <= 24, tests/test_proofs_family_models.py)",
-    "chimera": "Chimera's unit word on n = p/2 virtual ranks, its clock u (6n-2) + d + 2x "
-               "(F) or 4n-1-d+2x (B) (= the package's programs through twin for even "
-               "p <= 8, m <= 24, tests/test_proofs_family_models.py)",
+                "microbatches a chunk, substituted onto real rank r (p, m, r to n, m/2, "
+                "min(r, p-1-r)) with its stages, pipelines and input table (= the "
+                "package's programs through twin for even p <= 8, m <= 24, "
+                "tests/test_proofs_bidirectional.py)",
+    "chimera": "Chimera's unit word on n = p/2 virtual ranks, the units chained as its "
+               "generator chains them, its clock 4n u + d + 2x (F) or 4n u + 4n-1-d+2x "
+               "(B), substituted onto real rank r (n, h to p/2, min(r, p-1-r)) with its "
+               "stages and pipelines (= the package's programs through twin for even "
+               "p <= 8, m <= 24, tests/test_proofs_bidirectional.py)",
 }
 LOWERED = ("; the lowering model of proofs.lowered for the point-to-point body, the "
            "replica tail after it (= lower for even p <= 8, "

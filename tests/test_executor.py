@@ -98,17 +98,19 @@ class Launch:
     """``world`` worker processes; records each one's exit code (None: still running
     after ``LAUNCH_TIMEOUT``, a hang guard, and killed)."""
 
-    def __init__(self, world: int, out_dir: str, final: str) -> None:
+    def __init__(self, world: int, out_dir: str, final: str | None,
+                 case_list: list[dict] | None = None) -> None:
         self.world, self.out = world, out_dir
         with open(os.path.join(out_dir, "cases.json"), "w") as f:
-            json.dump(cases(world), f)
+            json.dump(cases(world) if case_list is None else case_list, f)
         port = free_port()
         env = {k: v for k, v in os.environ.items() if k != "MPIPE_BACKEND"}
         env["MPIPE_BACKEND"] = "gloo"
         self.logs = [open(os.path.join(out_dir, f"stderr.{r}"), "w+") for r in range(world)]
         self.procs = [subprocess.Popen(
-            [sys.executable, WORKER, out_dir, os.path.join(out_dir, "cases.json"), "--final",
-             final], env=rank_env(r, world, port, env), stdout=self.logs[r],
+            [sys.executable, WORKER, out_dir, os.path.join(out_dir, "cases.json"),
+             *(["--final", final] if final else [])], env=rank_env(r, world, port, env),
+            stdout=self.logs[r],
             stderr=subprocess.STDOUT) for r in range(world)]
         self.codes: list[int | None] = [None] * world
         deadline = time.time() + LAUNCH_TIMEOUT

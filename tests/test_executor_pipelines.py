@@ -41,7 +41,7 @@ FAMILIES = ("dualpipe", "chimera", "bitpipe", "looped-bfs", "interleaved-zb", "h
 MAPS = {2: "weave(pp=2, microbatches=4, pattern='F* B*', chunks=3, placement='0,0,1,1,0')",
         4: "weave(pp=4, microbatches=8, pattern='F* B*', chunks=3, "
            "placement='0,0,1,2,2,3,0')"}
-LR = 0.1
+LR = worker.SGD_LR  # what a case's "sgd" trains with
 LAUNCH_TIMEOUT = 300
 
 

@@ -5,15 +5,18 @@ tests itself).
 
 Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each case
 ``{"name", "schedule", "mode", "m", "group", "strict", "bare", "dropout", "audio", "sink",
-"eval", "mixed", "term", "sgd", "unequal"}`` it builds the tiny MLLM's plan (as the example does; ``audio``: the audio
+"eval", "mixed", "offload", "lend", "sgd", "term", "unequal"}`` it builds the tiny MLLM's plan (as the example does; ``audio``: the audio
 encoder cut too, in that mode; ``sink``: a class-prediction head cut as a sink, in that
 mode; ``eval``: the forward-only plan of the term; ``mixed``: the vision encoder with a
-float64 parameter beside its float32 ones; ``term``: that term's expression, the encoder
-inline on its first stage; a schedule of several pipelines keeps the encoder inside model
-stage 0), verifies it, runs one step without optimizer (``sgd``: with SGD at that
-learning rate, saving the parameters after it; ``eval``: ``executor.eval``;
-``unequal``: without the replicas' start-up broadcast, rank 1's weights perturbed, saving
-the refusal) and saves the loss and per-microbatch losses
+float64 parameter beside its float32 ones; ``offload``: ``[gap, prefetch]`` of the
+``offload`` modifier; ``lend``: each stage-0 activation of the microbatches listed lent
+to stage 1's rank, ``lend_plan``; ``sgd``: the step takes an SGD step, lr ``SGD_LR``, and
+the parameters after it are saved too, with the host peak and the moves' census;
+``term``: that term's expression, the encoder inline on its first stage; a schedule of
+several pipelines keeps the encoder inside model stage 0; ``unequal``: without the
+replicas' start-up broadcast, rank 1's weights perturbed, saving the refusal), verifies
+it, runs one step without optimizer (``eval``: ``executor.eval``) and saves the loss and
+per-microbatch losses
 (``eval``: the last stage's outputs too), every local gradient (named like the
 single-process model: ``vision.*``, ``audio.*``, ``gen.*``, ``body.*``), the executor's
 measured peak of stored activations next to the verifier's reported peak, and (``dropout``: the encoder followed by dropout, every rank seeded
@@ -42,6 +45,7 @@ warnings.filterwarnings("ignore")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
+import attrs  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -56,12 +60,37 @@ from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.spec import parse_expression  # noqa: E402
 from mpipe_verified.executor import batch_fit  # noqa: E402
 from mpipe_verified.executor.comm import Messages, init_distributed  # noqa: E402
-from mpipe_verified.ir import Group, Payload  # noqa: E402
+from mpipe_verified.algebra.terms import Offloaded  # noqa: E402
+from mpipe_verified.ir import ACT, GRAD, LEND, RETURN, Group, Payload, Recv, Send  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
+
+
+SGD_LR = 0.1
 
 
 def rows_for(m: int) -> int:
     return 2 * m
+
+
+def lend_plan(plan, mbs):
+    """``plan`` with stage 0's activation of each microbatch in ``mbs`` lent (BPipe,
+    docs/semantics.md §2.10) by its rank to stage 1's rank: the lend right after the
+    activation's send (received right after it), the return right before the gradient
+    that comes back (sent right before it)."""
+    owner, holder = plan.placement.rank_of(0), plan.placement.rank_of(1)
+    programs = [list(p) for p in plan.programs]
+
+    def at(rank, way, kind, stage, mb):
+        return next(i for i, op in enumerate(programs[rank]) if type(op) is way
+                    and (op.payload.kind, op.payload.stage, op.payload.mb) == (kind, stage, mb))
+
+    for mb in mbs:
+        lend, back = Payload(LEND, 0, mb), Payload(RETURN, 0, mb)
+        programs[owner].insert(at(owner, Send, ACT, 0, mb) + 1, Send(holder, lend))
+        programs[owner].insert(at(owner, Recv, GRAD, 1, mb), Recv(holder, back))
+        programs[holder].insert(at(holder, Recv, ACT, 0, mb) + 1, Recv(owner, lend))
+        programs[holder].insert(at(holder, Send, GRAD, 1, mb), Send(owner, back))
+    return attrs.evolve(plan, programs=tuple(map(tuple, programs)))
 
 
 class ClassHead(torch.nn.Module):
@@ -102,6 +131,8 @@ def case_term(case: dict, world: int):
                            audio_mode=case.get("audio"))
     if case.get("sink"):
         term = Transpose(term, "gen", side="sink", mode=case["sink"], ownership="full")
+    if case.get("offload"):
+        term = Offloaded(term, *case["offload"])
     return ForwardOnly(term) if case.get("eval") else term
 
 
@@ -131,9 +162,11 @@ def case_batch(case: dict) -> Batch:
 
 
 def build(case: dict, world: int):
-    if (case.get("audio") or case.get("sink") or case.get("eval") or case.get("mixed")
-            or case.get("term")):
+    if case.get("audio") or case.get("sink") or case.get("eval") or case.get("mixed") \
+            or case.get("offload") or case.get("lend") or case.get("term"):
         plan = lower(case_term(case, world).derive())
+        if case.get("lend"):
+            plan = lend_plan(plan, case["lend"])
         segments, full = case_model(case, plan.placement.num_stages)
         stages = split_sequential(full, plan.placement.num_stages)
         sources = {k: v for k, v in segments.items() if k != "gen"}
@@ -188,12 +221,12 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
         segment = DropoutProbe(encoder, [mb.segments["vision"] for mb in batch.split(case["m"])])
         segments = {"vision": segment}
         torch.manual_seed(1000 + rank)
-    lr = case.get("sgd")
     ex = PipelineExecutor(plan, report.certificate, stages=stages, segments=segments,
                           loss_fn=tiny.loss_fn, overlap_comms=not case.get("strict"),
                           check_messages=not case.get("bare"),
                           segment_loss_fns={"gen": sink_loss} if case.get("sink") else None,
-                          optimizer=(lambda ps: torch.optim.SGD(ps, lr=lr)) if lr else None)
+                          optimizer=(lambda ps: torch.optim.SGD(ps, lr=SGD_LR))
+                          if case.get("sgd") else None)
     if case.get("unequal"):  # replicas that do not start equal: the handshake must refuse
         unequal_replicas(ex, case, rank, out_dir)
         return
@@ -220,14 +253,16 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
         for p in module.parameters():
             if p.grad is not None:
                 grads[table[id(p)]] = p.grad.detach().clone()
-            if lr:
+            if case.get("sgd"):
                 params[table[id(p)]] = p.detach().clone()
     torch.save({"loss": loss, "losses": losses, "outputs": outputs, "sink_outputs": sink_outputs,
                 "homes": {seg.name: seg.home for seg in plan.cut.segments},
-                "grads": grads, "params": params,
+                "grads": grads,
                 "home": plan.cut.segments[0].home if plan.cut.segments else None,
                 "stored_peak": ex.stored_peak, "verified_peak": report.peak_memory[rank],
-                "calls": getattr(segment, "calls", []), "deferred": sum(deferred)},
+                "calls": getattr(segment, "calls", []), "deferred": sum(deferred),
+                "params": params, "host_peak": ex.host_peak, "moves": ex.moves_log,
+                "verified_host_peak": report.stats.get("host_peak_memory", {}).get(str(rank), 0)},
                os.path.join(out_dir, f"{case['name']}.{rank}.pt"))
 
 
@@ -332,7 +367,9 @@ def final(name: str, rank: int, world: int, out_dir: str) -> None:
     raise SystemExit(f"rank {rank}: the send-mismatch scenario did not fail")
 
 
-def main() -> None:
+def main(run_one=run_case, last=final) -> None:
+    """Every case with ``run_one(case, rank, world, out)``, then ``last(name, rank, world,
+    out)`` for ``--final NAME`` (other workers pass their own: test_executor_seq_worker)."""
     out_dir, cases_file = sys.argv[1], sys.argv[2]
     final_name = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--final" else None
     torch.set_num_threads(1)
@@ -341,11 +378,11 @@ def main() -> None:
         cases = json.load(f)
     try:
         for case in cases:
-            run_case(case, rank, world, out_dir)
+            run_one(case, rank, world, out_dir)
         with open(os.path.join(out_dir, f"done.{rank}"), "w") as f:
             f.write("ok")
         if final_name:
-            final(final_name, rank, world, out_dir)
+            last(final_name, rank, world, out_dir)
     except PipelineError as err:
         sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
         sys.stderr.flush()

@@ -103,11 +103,12 @@ def test_the_spec_and_the_expression_take_seq_chunks():
     assert parse_expression("seq1f1b(pp=2, microbatches=3, seq_chunks=3)") == term
 
 
-def test_the_executor_refuses_a_plan_of_sequence_chunks():
-    """The executor runs whole samples: a certified plan of chunks is refused up front."""
+def test_the_executor_takes_a_plan_of_sequence_chunks():
+    """The executor runs sequence chunks (it refused them before; tests/test_executor_seq.py
+    runs them against one process): a certified plan of chunks builds an executor."""
     torch = pytest.importorskip("torch")
-    from mpipe_verified.executor import PipelineError, PipelineExecutor, certify
+    from mpipe_verified.executor import PipelineExecutor, certify
     plan = lower(family("seq1f1b", 1, 1).derive())
-    with pytest.raises(PipelineError, match="sequence chunks"):
-        PipelineExecutor(plan, certify(plan), stages={0: torch.nn.Linear(2, 2)},
-                         loss_fn=lambda out, target: out.sum(), rank=0)
+    ex = PipelineExecutor(plan, certify(plan), stages={0: torch.nn.Linear(2, 2)},
+                          loss_fn=lambda out, target: out.sum(), rank=0)
+    assert ex.plan.seq_chunks == 2

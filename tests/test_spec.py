@@ -74,6 +74,7 @@ def _all_family_terms():
                 pass
         assert built, f"family {name!r} built no term for the round-trip cases"
     yield families.family("interleaved-1f1b", 4, 8, chunks=3)
+    yield families.family("interleaved-1f1b", 2, 7)  # a short last round: even=True
 
 
 @pytest.mark.parametrize("term", list(_all_family_terms()), ids=str)
@@ -138,7 +139,8 @@ def test_expression_functions_cover_every_family():
     ("[1, 2]", 1, "expected a schedule term"),
     ("weave(2, 2, 'F* X')", 1, "pattern"),
     ("dualpipev(4, 4)", 1, "microbatches >= 2*pp"),
-    ("zb_h1(pp=True, microbatches=8)", 10, "unsupported syntax 'True'"),
+    ("zb_h1(pp=True, microbatches=8)", 10, "pp must be an integer, got bool True"),
+    ("weave(2, 7, 'F B', even=1)", 25, "even must be True or False, got int 1"),
     ("", 1, "empty expression"),
 ])
 def test_expression_errors_point_at_the_offending_node(text, column, needle):

@@ -146,14 +146,17 @@ def dualpipe(pp: int, microbatches: int) -> Weave:
 
 # Chimera (Li & Hoefler): two pipelines, down and up, each rank a stage of both; one basic
 # unit runs p/2 microbatches each way (a microbatch enters every other step and turns at
-# the last stage); m = k*p by direct concatenation of k units.
-CHIMERA = (f"(F0^{{p//2-{_H}}} (F1 F0)^{{{_H}}} (F1 B1)^{{p//2-{_H}}} (B0 B1)^{{{_H}}} "
-           f"B0^{{p//2-{_H}}})^{{m//p}}")
+# the last stage). Units chain as Chimera's generator chains its pipelines: unit u+1
+# enters when unit u's first microbatch is back, so unit u's last backwards of the rank's
+# first stage alternate with unit u+1's first forwards, (B0 F0)^{p/2-h}.
+_UNIT = f"(F1 F0)^{{{_H}}} (F1 B1)^{{p//2-{_H}}} (B0 B1)^{{{_H}}}"
+CHIMERA = (f"F0^{{p//2-{_H}}} {_UNIT} ((B0 F0)^{{p//2-{_H}}} {_UNIT})^{{m//p-1}} "
+           f"B0^{{p//2-{_H}}}")
 
 
 def chimera(pp: int, microbatches: int) -> Weave:
     """Chimera: microbatches ``0..m/2-1`` down ranks ``0..p-1`` and ``m/2..m-1`` up them;
-    p even, m a multiple of p (p/2 each way per basic unit)."""
+    p even, m a multiple of p (p/2 each way per basic unit, ``m/p`` units chained)."""
     _need(pp % 2 == 0 and microbatches % pp == 0,
           f"chimera needs an even pp and microbatches a multiple of pp, got pp={pp}, "
           f"microbatches={microbatches}")

@@ -26,7 +26,8 @@ or fails its own checksum is ignored (and overwritten by the next proof), never 
 
 ``params`` is the family's parameters as a mapping: ``pp``, ``microbatches``, ``chunks``
 (None where the family fixes them) and, for ``transpose``, ``body``, ``mode``,
-``ownership`` and ``side``.
+``ownership`` and ``side``; for ``seq1f1b``, ``seq_chunks`` S (``microbatches`` then counts
+samples: the plan has ``microbatches * S``).
 
 A parametric certificate names the family, the parameters and the laws (``Parametric``,
 in ``verify.report`` beside the certificate); its digest is the SHA-256 of that claim. It
@@ -75,7 +76,7 @@ def estimated_ops(family: str, params: Mapping[str, object]) -> int:
     the segment's work and transfers per microbatch and its collectives."""
     from ..algebra.families import CHUNKED
     from ..algebra.transpose import TRANSPOSE
-    p, m = int(params["pp"]), int(params["microbatches"])
+    p, m = int(params["pp"]), int(params["microbatches"]) * int(params.get("seq_chunks") or 1)
     body = params.get("body", family) if family == TRANSPOSE else family
     chunks = (int(params.get("chunks") or 2) if body in CHUNKED
               else 2 if body in ("zbv", "dualpipev", "dualpipe", "chimera") else 1)
@@ -378,12 +379,15 @@ def derived_plan(claim: Parametric) -> Plan:
 
 def _term(claim: Parametric):
     """The family's term at the claim's parameters (built, not derived: cheap)."""
-    from ..algebra.families import family
+    from ..algebra.families import SEQ_FAMILIES, family
     from ..algebra.transpose import TRANSPOSE, transpose_family
     p = claim.mapping
     if claim.family == TRANSPOSE:
         return transpose_family(p["pp"], p["microbatches"], p.get("chunks"), body=p["body"],
                                 side=p["side"], mode=p["mode"], ownership=p["ownership"])
+    if claim.family in SEQ_FAMILIES:
+        return family(claim.family, p["pp"], p["microbatches"], p.get("chunks"),
+                      seq_chunks=p["seq_chunks"])
     return family(claim.family, p["pp"], p["microbatches"], p.get("chunks"))
 
 
@@ -391,16 +395,22 @@ def mismatch(plan: Plan, claim: Parametric) -> str | None:
     """Why ``claim`` does not certify ``plan`` (None when it does): its laws must be the
     ones that cover its parameters now, and ``plan`` the plan they derive."""
     from ..proofs.covering import needed_laws
+    from ..algebra.families import SEQ_FAMILIES
     from ..algebra.transpose import TRANSPOSE
     p = claim.mapping
     keys = {"pp", "microbatches", "chunks"} | (
-        {"body", "side", "mode", "ownership"} if claim.family == TRANSPOSE else set())
+        {"body", "side", "mode", "ownership"} if claim.family == TRANSPOSE else set()) | (
+        {"seq_chunks"} if claim.family in SEQ_FAMILIES else set())
     if set(p) != keys:
         return f"its parameters are {sorted(p)}, the family's {sorted(keys)}"
-    if (p.get("pp"), p.get("microbatches")) != (plan.num_ranks, plan.num_microbatches):
+    seq = p.get("seq_chunks", 1)  # microbatches counts samples of ``seq`` chunks
+    if claim.family in SEQ_FAMILIES and (type(seq) is not int or seq != plan.seq_chunks):
+        return f"its seq_chunks={seq!r} is not the plan's seq_chunks={plan.seq_chunks}"
+    if (p.get("pp"), p.get("microbatches")) != (plan.num_ranks, plan.num_microbatches // seq):
         return (f"the plan has {counted(plan.num_ranks, 'rank')} and "
                 f"{counted(plan.num_microbatches, 'microbatch')}, the certificate's "
-                f"parameters pp={p.get('pp')} and microbatches={p.get('microbatches')}")
+                f"parameters pp={p.get('pp')} and microbatches={p.get('microbatches')}"
+                + ("" if seq == 1 else f" (samples of {seq} chunks)"))
     if p["chunks"] is not None and (type(p["chunks"]) is not int or p["chunks"] < 1):
         return f"chunks={p['chunks']!r} is not a number of chunks"
     # a forward per rank, chunk and mb at least, each in a step of its own or beside a

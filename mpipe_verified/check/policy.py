@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..algebra.families import CHUNKED, FAMILIES, LITERAL_FAMILIES, WAVED, family
+from ..algebra.families import CHUNKED, FAMILIES, LITERAL_FAMILIES, SEQ_FAMILIES, WAVED, family
 from ..algebra.transpose import TRANSPOSE
 from ..errors import ParameterError
 from ..ir import Plan, Schedule
@@ -24,10 +24,13 @@ def family_params(name: str, pp: int, microbatches: int, chunks: int | None,
                   body: str | None = None, term=None) -> dict:
     """A family instance's parameters as the laws read them (``check.parametric``):
     ``chunks`` only for a ``CHUNKED`` body (2 unless given); for ``transpose``, its
-    ``body`` (default 1f1b) and ``term``'s side, mode and ownership."""
+    ``body`` (default 1f1b) and ``term``'s side, mode and ownership; for a family of
+    sequence chunks (``seq1f1b``), ``term``'s ``seq_chunks`` (``microbatches``: samples)."""
     inner = name if name != TRANSPOSE else (body or "1f1b")
     chunks = (chunks or 2) if inner in CHUNKED else None
     params = {"pp": pp, "microbatches": microbatches, "chunks": chunks}
+    if name in SEQ_FAMILIES:
+        params["seq_chunks"] = term.seq_chunks
     if name == TRANSPOSE:
         params.update(body=inner, side=term.side, mode=term.mode, ownership=term.ownership)
     return params
@@ -52,6 +55,16 @@ def spec_family(spec: Spec | None, target) -> tuple[str, dict] | None:
         if same:
             return fam, {"pp": term.ranks, "microbatches": term.microbatches,
                          "chunks": chunks}
+    for fam in SEQ_FAMILIES:  # m samples of S sequence chunks each
+        s = getattr(term, "seq_chunks", None)
+        try:
+            same = family(fam, getattr(term, "ranks", 0), getattr(term, "microbatches", 0),
+                          seq_chunks=s) == term
+        except (ParameterError, TypeError):
+            same = False
+        if same:
+            return fam, {"pp": term.ranks, "microbatches": term.microbatches,
+                         "chunks": None, "seq_chunks": s}
     return None
 
 

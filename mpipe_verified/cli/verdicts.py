@@ -453,7 +453,8 @@ def _answer(args, fam: str, params: dict, limit, name: str, progress: Progress,
     if args.certificate_out is not None:
         _write_certificate(args.certificate_out, report, None)
     doc = document(report, name, lowered=True)
-    shown = Shown(name, int(params["microbatches"]), time.perf_counter() - started)
+    microbatches = int(params["microbatches"]) * int(params.get("seq_chunks") or 1)
+    shown = Shown(name, microbatches, time.perf_counter() - started)
     return (sarif.Checked(name, report, sarif.FAMILY), doc,
             render_check(report, shown, args.verbose))
 

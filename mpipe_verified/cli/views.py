@@ -10,7 +10,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from ..algebra.families import FAMILIES
+from ..algebra.families import BIDIRECTIONAL, FAMILIES, SEQ_FAMILIES
 from ..errors import ParameterError
 from ..formats.output import write_output
 from ..ir import Plan, Schedule
@@ -22,6 +22,8 @@ from .targets import (FORMATS, UsageError, add_bidirectional, add_seq_chunks,
 
 if TYPE_CHECKING:
     from ..spec import Spec
+
+COMPARED = (*FAMILIES, *BIDIRECTIONAL, *SEQ_FAMILIES)  # what simulate --compare takes
 
 
 def add_show(sub: argparse._SubParsersAction) -> None:
@@ -134,8 +136,10 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
                                    "standard ones) re-cut to each family's stage count "
                                    "(docs/semantics.md §5, docs/transpose.md).")
     add_target_arguments(p)
-    p.add_argument("--compare", nargs="+", action="extend", choices=list(FAMILIES),
-                   metavar="FAMILY", help=f"baseline families ({', '.join(FAMILIES)})")
+    p.add_argument("--compare", nargs="+", action="extend", choices=list(COMPARED),
+                   metavar="FAMILY", help=f"baseline families ({', '.join(COMPARED)}; a "
+                                         "family that cannot run the model, e.g. dualpipe "
+                                         "with an odd pp, is skipped with its reason)")
     p.add_argument("--memory-limit", type=memory_limit, metavar="N",
                    help="per-rank memory limit (overrides the spec's [memory] limit)")
     p.add_argument("--comm-model", choices=COMM_MODELS, default="eager",

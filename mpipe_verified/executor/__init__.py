@@ -15,14 +15,16 @@ optimizer=...).step(batch)`` (one certified plan per shape signature).
 Launch with ``mpipe-run --nproc N script.py`` or ``torchrun``. Modules: ``pipeline``
 (``PipelineExecutor``), ``steps`` (a rank's program compiled: reads, keeps, and the stored
 activations held and freed by the semantics' memory rule), ``interpreter`` (the walker
-over those steps), ``compute`` (``F``/``R``/``B``/``I``/``W``), ``transport`` (posting
+over those steps), ``compute`` (``F``/``R``/``B``/``I``/``W``), ``chunks`` (sequence
+chunks: the batch cut along its sequence, the stages' cache contract), ``transport`` (posting
 and completing sends, receives and plan collectives), ``handshake`` (the start-up checks
 between ranks), ``reductions`` (the sums outside the plan), ``partition`` (stages and
 payload layouts), ``tree`` (structured values: leaves and paths), ``comm`` (process
 group, checked messages, watchdog), ``packed`` (messages of structured payloads),
 ``shapes`` (``ShapeCache``), ``topology`` (pipeline and data-parallel groups),
 ``replicas`` (several pipelines over one model: model stages, start-up, replica sums),
-``model_checks`` (models refused before any traffic), ``launch`` (``mpipe-run``).
+``model_checks`` (models refused before any traffic), ``moves`` (activation moves:
+offload/reload to host memory, lend/return to another rank), ``launch`` (``mpipe-run``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ tensors and None; ``tree``). A stage's input takes a gradient in its float leave
 one float tensor always, a structure's float leaves where the plan ships a gradient back
 (or, from a stage on this rank, where they required one); a backward starts from every
 output leaf that received a gradient.
+
+Sequence chunks (``chunks``): a stage is also given ``cache=`` (the ``kv`` of its
+sample's previous chunk) and returns ``(output, cache)``; a backward also starts from the
+cache it returned (with the next chunk's ``kv_grad``) and leaves its cache input's
+gradient as its own ``kv_grad``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from torch import nn
 from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE,
                   WEIGHT_GRAD, Compute, Recv, Send, p2p_of)
 from ..semantics import Chain, produces
-from . import buffers, comm, loss, replicas, split_backward, tree
+from . import buffers, chunks, comm, loss, moves, replicas, split_backward, tree
 from .batch import Batch
 from .errors import PipelineError
 from .stage_setup import StageSetup
@@ -58,6 +63,9 @@ class Saved:
     params: tuple
     parts: tuple = ()
     per_source: bool = False
+    moves: object = None  # a ``moves.Activation`` when the plan moves this activation
+    cache_paths: tuple = ()  # sequence chunks: the cache input's leaves, last in leaves
+    cache: object = None  # sequence chunks: the cache this chunk returned (``chunks``)
 
 
 class PerSource(dict):
@@ -95,8 +103,12 @@ class StageCompute:
     def __init__(self, rank: int, chain: Chain, program, stages: Mapping[int, nn.Module],
                  segments: Mapping[str, nn.Module], params: Mapping[int, tuple],
                  setup: StageSetup, loss_fn: Callable,
-                 segment_loss_fns: Mapping[str, Callable]) -> None:
+                 segment_loss_fns: Mapping[str, Callable],
+                 mover: moves.Mover | None = None) -> None:
         self.rank, self.chain = rank, chain
+        self.mover = mover  # activation moves (docs/semantics.md §2.10)
+        self.moved = moves.moved_here(chain.offloaded, rank)
+        self.chunked = chain.seq_chunks > 1
         # each pipeline's first stage reads the batch, its last computes the loss
         self.firsts, self.lasts = replicas.ends(chain)
         self.at_cut = any(x.side == SOURCE for x in chain.cut.segments)
@@ -122,10 +134,12 @@ class StageCompute:
             split_backward.backward_weight(_needed(needs, "wgrad_ready", store))
             return {produces(c)[0]: True}
         saved, g = _needed(needs, "stored", store), _needed(needs, "grad", store)
+        if saved.moves is not None:
+            saved.moves.ready()  # a reload still copying (CUDA): wait for it
         if c.kind == BACKWARD:
-            return self._backward(c, saved, self._part(g, c))
+            return self._backward(c, saved, self._part(g, c), needs, store)
         if c.kind == INPUT_GRAD:
-            return self._input_grad(c, saved, self._part(g, c))
+            return self._input_grad(c, saved, self._part(g, c), needs, store)
         raise PipelineError(f"rank {self.rank}: unknown compute kind in {c}")
 
     def module(self, c: Compute) -> nn.Module:
@@ -139,6 +153,9 @@ class StageCompute:
         out_token, stored, *raw_token = produces(c)  # raw input: a cut segment's forward
         graph = stored in step.holds
         module = self.module(c)
+        capture = (moves.Capture((module,)) if graph and (seg, s, mb) in self.moved
+                   else None)  # the plan moves this activation: its saved tensors
+
         sink = bool(seg) and self.chain.segment(seg).side == SINK
         leaves, parts, args, kwargs, raw = [], [], [], {}, None
         with torch.set_grad_enabled(graph):
@@ -148,7 +165,8 @@ class StageCompute:
                 # a sink is detached: nothing flows back into the body
                 wanted = (graph and not sink
                           and self.chain.expected_backward(t[1], t[3])[0])
-                x, grad_leaves, paths = self._input(t, c, store[t], wanted)
+                x, grad_leaves, paths = self._input(t, c, store[t], wanted,
+                                                    capture is not None)
                 leaves.extend(grad_leaves)
                 parts.append((t[1], len(grad_leaves), paths))
                 args.append(x)
@@ -159,19 +177,33 @@ class StageCompute:
                 if data.body is not None:
                     args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
                 kwargs = dict(data.kwargs)
+            if self.chunked:  # the previous chunk's cache (None for a sample's first)
+                kwargs[chunks.CACHE], cache_leaves, cache_paths = chunks.cache_input(
+                    _needed(needs, chunks.KV, store), graph)
             shipped = [comm.ShippedInput(raw, comm.rng_state(p.device))
                        for t in raw_token if t in step.keep]  # before the forward draws
-            with _recording(p, module, mb):
-                y = module(*args, **kwargs)
-            self.setup.check(c, module, y)  # a graph no backward here can run: refused
-            out = y
-            if sink or (not seg and s in self.lasts):
-                out = self._loss_of(c, y, data, p)
-        produced = {out_token: y.detach() if type(y) is torch.Tensor
-                    else tree.detach(y, keep_flag=True)}
+            with capture.hooks() if capture is not None else contextlib.nullcontext():
+                with _recording(p, module, mb):
+                    y = module(*args, **kwargs)
+                self.setup.check(c, module, y)  # a graph no backward here can run: refused
+                if self.chunked:
+                    y, cache = chunks.unpack(y, f"rank {self.rank}: {step.where}: stage {s}")
+                out = y
+                if sink or (not seg and s in self.lasts):
+                    out = self._loss_of(c, y, data, p)
+        value = (y.detach() if type(y) is torch.Tensor else tree.detach(y, keep_flag=True))
+        produced = {out_token: value if capture is None else moves.private(value)}
         if graph:
+            moved = None if capture is None else self.mover.activation(
+                capture, leaves, _own_outputs(out, leaves, args, kwargs, capture))
             produced[stored] = Saved(tuple(leaves), out, self.params[id(module)],
-                                     tuple(parts), not seg and s == 0 and self.at_cut)
+                                     tuple(parts), not seg and s == 0 and self.at_cut, moved)
+        if self.chunked:
+            produced[(chunks.KV, seg, s, mb)] = tree.detach(cache, keep_flag=True)
+            if graph:
+                produced[stored] = attrs.evolve(
+                    produced[stored], leaves=tuple(leaves) + tuple(cache_leaves),
+                    cache_paths=cache_paths, cache=cache)
         for t, value in zip(raw_token, shipped):
             produced[t] = value
         return produced
@@ -204,17 +236,18 @@ class StageCompute:
         p.loss = share if p.loss is None else p.loss + share
         return root
 
-    def _input(self, t: tuple, c: Compute, x, wanted: bool) -> tuple:
+    def _input(self, t: tuple, c: Compute, x, wanted: bool, own: bool = False) -> tuple:
         """``(value for the forward, its tensors that take a gradient, their paths)``; the
         paths are None for one float tensor (it always takes one when ``wanted``). A
         structure's float leaves take one if the plan ships it back (a received value) or
-        they required one where they were produced (a value from this rank)."""
+        they required one where they were produced (a value from this rank). ``own``: the
+        leaves are copies (a moved activation owns their memory: ``moves``)."""
         if type(x) is torch.Tensor:
             if not tree.is_float(x):
                 return x, [], ()
             if not wanted:
                 return x, [], None
-            x = x.detach().requires_grad_(True)
+            x = (x.detach().clone() if own else x.detach()).requires_grad_(True)
             return x, [x], None
         if not wanted:
             paths = frozenset()
@@ -230,6 +263,7 @@ class StageCompute:
             if v is not None:
                 v = v.detach()
                 if p in paths and tree.is_float(v):
+                    v = v.clone() if own else v
                     v.requires_grad_(True)
                     grads.append((p, v))
             items.append((p, v))
@@ -250,22 +284,44 @@ class StageCompute:
 
     # ------------------------------------------------------------ backwards
 
-    def _backward(self, c: Compute, saved: Saved, g) -> dict:
+    def _roots(self, c: Compute, saved: Saved, g, needs: tuple, store: Mapping) -> tuple:
+        """What a backward starts from: the output (or loss) with ``g``, and under
+        sequence chunks the cache this chunk returned with the next chunk's ``kv_grad``
+        (none for a sample's last chunk)."""
         roots, grads = _vjp(saved.output, g)
+        kv_grad = _needed(needs, chunks.KV_GRAD, store) if self.chunked else None
+        if kv_grad is not None:
+            more, more_grads = _vjp(saved.cache, kv_grad)
+            roots, grads = roots + more, grads + more_grads
+        return roots, grads
+
+    def _cache_grad(self, c: Compute, saved: Saved, grads_in: Sequence) -> dict:
+        """Under sequence chunks, this chunk's ``kv_grad``: its cache input's gradient."""
+        if not self.chunked:
+            return {}
+        n = len(saved.cache_paths)
+        return {(chunks.KV_GRAD, c.segment, c.stage, c.mb): chunks.cache_grad(
+            saved.cache_paths, grads_in[len(grads_in) - n:] if n else ())}
+
+    def _backward(self, c: Compute, saved: Saved, g, needs: tuple, store: Mapping) -> dict:
+        roots, grads = self._roots(c, saved, g, needs, store)
         targets = saved.leaves + saved.params
         if targets and roots:
             torch.autograd.backward(roots, grads, inputs=list(targets))
         grad, wdone = produces(c)
-        return {grad: _grad_value(saved, [x.grad for x in saved.leaves]), wdone: True}
+        grads_in = [x.grad for x in saved.leaves]
+        return {grad: _grad_value(saved, grads_in), wdone: True,
+                **self._cache_grad(c, saved, grads_in)}
 
-    def _input_grad(self, c: Compute, saved: Saved, g) -> dict:
+    def _input_grad(self, c: Compute, saved: Saved, g, needs: tuple, store: Mapping) -> dict:
         """The input gradient; ``wgrad_ready`` holds what ``W`` computes the weight
         gradients from (the stored activation itself stays held until ``W`` frees it)."""
-        roots, grads = _vjp(saved.output, g)
+        roots, grads = self._roots(c, saved, g, needs, store)
         grads_in, work = [None] * len(saved.leaves), split_backward.WeightWork()
         if roots:
             if len(roots) > 1 or roots[0].grad_fn is None:  # one root: <output, grad> summed
-                roots, grads = [sum((r * g).sum() for r, g in zip(roots, grads))], [None]
+                roots, grads = [sum((r * g).sum() if g is not None else r  # g None: a loss
+                                    for r, g in zip(roots, grads))], [None]
             if saved.leaves:
                 grads_in, work = split_backward.backward_input(
                     roots[0], grads[0], saved.leaves, saved.params,
@@ -273,7 +329,8 @@ class StageCompute:
             else:
                 work = split_backward.weight_only(roots[0], grads[0], saved.params)
         grad, wgrad_ready = produces(c)
-        return {grad: _grad_value(saved, grads_in), wgrad_ready: work}
+        return {grad: _grad_value(saved, grads_in), wgrad_ready: work,
+                **self._cache_grad(c, saved, grads_in)}
 
     def _part(self, g, c: Compute):
         """The output gradient ``c`` starts from: a source segment's own part of the
@@ -293,6 +350,18 @@ def _needed(needs: tuple, kind: str, store: Mapping):
         if t[0] == kind:
             return store[t]
     return None
+
+
+def _own_outputs(out, leaves, args, kwargs, capture) -> list:
+    """The tensors of a moved activation's graph output that hold memory of its own: made
+    by the graph (a ``grad_fn``), and not an input's (the batch, a value the forward was
+    given) nor a parameter's or buffer's."""
+    given = {id(x) for x in leaves}
+    external = capture.static | {
+        t.untyped_storage().data_ptr() for t in moves.tensors_of((args, kwargs))
+        if id(t) not in given}
+    return [t for t in moves.tensors_of(out)
+            if t.grad_fn is not None and t.untyped_storage().data_ptr() not in external]
 
 
 def _recording(p: Pass, module: nn.Module, mb: int):

@@ -13,17 +13,22 @@ members one after the other, all reading their inputs first and publishing after
 ``stored_peak``: the most stored activations held at once in the last run, a step's
 allocations counted before its frees. What is held follows ``semantics.step_effects``
 (``Step.holds``/``frees``), so this is the peak the verifier reports under the unit
-memory model.
+memory model. Activation moves (``moves``, docs/semantics.md §2.10): an ``OFFLOAD``
+passes its stored activation on as its ``offloaded`` token, now in host memory, and a
+``RELOAD`` brings it back as the ``stored`` token; ``host_peak`` counts the activations
+held in host memory as the verifier's host peak does. A lend or return is posted by the
+rank's ``moves.Mover``.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from ..ir import Collective, Compute, Group, Idle, Marker, Overlap, Recv, Send
+from ..ir import Collective, Compute, Group, Idle, Marker, Offload, Overlap, Recv, Reload, Send
 from ..semantics import Token
 from .compute import MISSING, Pass, PerSource, StageCompute
 from .errors import PipelineError
+from .moves import Mover, rank_move_step
 from .steps import Step
 from .transport import Pending, Transport
 
@@ -31,17 +36,22 @@ from .transport import Pending, Transport
 class Interpreter:
     """Runs ``steps`` (rank ``rank``'s program, compiled) with ``compute``."""
 
-    def __init__(self, rank: int, steps: tuple[Step, ...], compute: StageCompute) -> None:
+    def __init__(self, rank: int, steps: tuple[Step, ...], compute: StageCompute,
+                 mover: Mover | None = None) -> None:
         self.rank, self.steps, self.compute = rank, steps, compute
+        self.mover = mover or Mover(rank, None)
         self.store: dict = {}
-        self.stored_peak = 0
+        self.stored_peak = self.host_peak = 0
         self._held: set = set()  # the stored activations the memory rule counts live
+        self._host: set = set()  # those offloaded to host memory
 
     def run(self, done: Pass, transport: Transport, resolve: Callable) -> None:
         """One pass: every step on ``done``'s microbatches, posting on ``transport``;
         ``resolve(pending)`` waits for a received value and checks it."""
         self.store = {}
         self._held, self.stored_peak = set(), 0
+        self._host, self.host_peak = set(), 0
+        self.mover.begin()
         transport.begin()
         for step in self.steps:
             self._execute(step, done, transport, resolve)
@@ -95,6 +105,23 @@ class Interpreter:
             store.pop(t, None)
             self._held.discard(t)
 
+    def _move(self, step: Step, store: dict) -> dict:
+        """``OFFLOAD`` (the stored activation to host memory, passed on as its
+        ``offloaded`` token) or ``RELOAD`` (back, as the ``stored`` token)."""
+        op = step.op
+        key = ("stored", op.segment, op.stage, op.mb)
+        (token,) = step.needs
+        saved = store[token]
+        if type(op) is Offload:
+            self.mover.offload(op, saved)
+            if key not in self._host:
+                self._host.add(key)
+                self.host_peak = max(self.host_peak, len(self._host))
+            return {("offloaded", *key[1:]): saved}
+        self.mover.reload(op, saved)
+        self._host.discard(key)
+        return {key: saved, ("reloaded", *key[1:]): True}
+
     def _dispatch(self, step: Step, done: Pass, transport: Transport) -> dict:
         """Run ``step``'s op; return the tokens it produced."""
         op, store = step.op, self.store
@@ -108,7 +135,11 @@ class Interpreter:
                     produced.update(self.compute.run(c, needs, step, store, done))
                 return produced
             if kind is Send or kind is Recv or kind is Group:
+                if rank_move_step(step):
+                    return self.mover.transfer(transport, step, store)
                 return transport.p2p(step, store)
+            if kind is Offload or kind is Reload:
+                return self._move(step, store)
             if kind is Collective:
                 return transport.collective(step)
             if kind is Idle or kind is Marker:

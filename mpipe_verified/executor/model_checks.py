@@ -16,8 +16,6 @@ silently wrong.
   algebra never derives it): only a source's raw input is shipped for a recompute.
 - With several pipelines (``replicas.check_model``): a forward-only plan, and a
   parameter tied across model stages.
-- A plan that moves activations (``OFFLOAD``/``RELOAD``, lends: docs/semantics.md §2.10):
-  verified, but not run here.
 
 And what one rank is given (``local_stages``, ``local_segments``, ``sink_losses``): a
 module for every stage and segment its program runs, a loss for every sink it trains;
@@ -33,7 +31,6 @@ from typing import Callable, Mapping
 from torch import nn
 
 from ..ir import SINK, Plan
-from ..semantics import plan_offloads
 from . import replicas
 from .errors import PipelineError
 from .topology import segments_touched
@@ -42,10 +39,6 @@ from .topology import segments_touched
 def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
     """Raise ``PipelineError`` (naming the segment, or the parameter and both places) for
     any of the models above."""
-    if plan_offloads(plan):
-        raise PipelineError("the plan moves activations (OFFLOAD/RELOAD, or lends them to "
-                            "another rank: docs/semantics.md §2.10); the verifier checks such "
-                            "plans but this executor does not run them")
     if plan.pipelines:  # several pipelines over one model (executor/replicas.py)
         replicas.check_model(plan, stages)
     for seg in plan.cut.segments:

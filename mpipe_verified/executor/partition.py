@@ -43,8 +43,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..ir import ACT, GRAD, INPUT, Leaf, Payload, Plan, map_payloads
-from . import replicas, tree
+from ..ir import ACT, GRAD, INPUT, RANK_MOVES, Leaf, Payload, Plan, map_payloads
+from . import chunks, replicas, tree
 from .batch import Batch, to_device
 from .comm import dtype_name
 
@@ -280,25 +280,28 @@ def _call(module: nn.Module, args: tuple, kwargs: dict, meta: bool):
 
 
 def infer_payload_shapes(stages: Sequence[nn.Module], batch: Batch, num_microbatches: int,
-                         segments: Mapping[str, nn.Module] | None = None, meta: bool = False
-                         ) -> Callable[[Payload], tuple]:
+                         segments: Mapping[str, nn.Module] | None = None, meta: bool = False,
+                         seq_chunks: int = 1) -> Callable[[Payload], tuple]:
     """``fn(payload) -> (shape, dtype)`` or ``Leaf`` tuple for ``with_payload_shapes``,
     from a forward pass of the whole model (every stage module and every source segment)
     over ``batch`` split into ``num_microbatches``, once per distinct microbatch shape.
     ``meta=True`` runs it on the meta device (if an op has no meta kernel, real tensors
     are used). The modules and the random number generators are left bitwise as they were
     (buffers, parameters, ``.grad``, ``training`` flags, CPU and CUDA generator states;
-    see ``model_state_kept``), also when the forward raises."""
+    see ``model_state_kept``), also when the forward raises. ``seq_chunks`` S > 1: the
+    microbatches are sequence chunks (``chunks.split``), each stage called with the cache
+    its sample's previous chunk left (``chunks``: a stage that breaks that contract is a
+    ``PipelineError``)."""
     segments = dict(segments or {})
     modules = [*stages, *segments.values()]
     try:
         with model_state_kept(modules, batch):
-            return _infer(stages, batch, num_microbatches, segments, meta)
+            return _infer(stages, batch, num_microbatches, segments, meta, seq_chunks)
     except (NotImplementedError, RuntimeError):
         if not meta:
             raise
         with model_state_kept(modules, batch):
-            return _infer(stages, batch, num_microbatches, segments, False)
+            return _infer(stages, batch, num_microbatches, segments, False, seq_chunks)
 
 
 def signature(value) -> tuple:
@@ -337,13 +340,15 @@ def _annotate(y) -> _Annotation:
         return _Annotation(error=str(err))
 
 
-def _infer(stages, batch, m, segments, meta) -> Callable[[Payload], tuple]:
+def _infer(stages, batch, m, segments, meta, seq_chunks=1) -> Callable[[Payload], tuple]:
     out: dict[tuple[str, int, int], _Annotation] = {}
     raw: dict[tuple[str, int], tuple] = {}
     seen: dict[tuple, int] = {}
-    for mb, data in enumerate(batch.split(m)):
+    caches: dict[int, object] = {}  # sequence chunks: stage -> its sample's cache so far
+    mbs = batch.split(m) if seq_chunks == 1 else chunks.split(batch, m, seq_chunks)
+    for mb, data in enumerate(mbs):
         sig = signature(attrs.evolve(data, target=None))
-        if sig in seen:  # same input shapes: same payload shapes
+        if seq_chunks == 1 and sig in seen:  # same input shapes: same payload shapes
             first = seen[sig]
             for (name, k), v in list(raw.items()):
                 if k == first:
@@ -364,7 +369,11 @@ def _infer(stages, batch, m, segments, meta) -> Callable[[Payload], tuple]:
             () if data.body is None else (data.body,))
         args, kwargs = (*firsts, *body), dict(data.kwargs)
         for s, module in enumerate(stages):
-            y = _call(module, args, kwargs, meta)
+            if seq_chunks > 1:
+                kwargs = {**kwargs, chunks.CACHE: caches.get(s) if mb % seq_chunks else None}
+                y, caches[s] = chunks.unpack(_call(module, args, kwargs, meta), f"stage {s}")
+            else:
+                y = _call(module, args, kwargs, meta)
             out[("", s, mb)] = _annotate(y)
             args, kwargs = (y,), {}
 
@@ -384,6 +393,8 @@ def _infer(stages, batch, m, segments, meta) -> Callable[[Payload], tuple]:
             return pick((p.segment, p.stage - 1, p.mb), "grad", p)
         if p.kind == INPUT:
             return raw[(p.segment, p.mb)]
+        if p.kind in RANK_MOVES:  # a stored activation: its layout travels with it (moves)
+            return None
         raise ValueError(f"unknown payload kind {p.kind!r}")
 
     return fn

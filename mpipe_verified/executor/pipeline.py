@@ -34,8 +34,8 @@ from torch import nn
 from ..ir import SOURCE, Plan
 from ..semantics import RENDEZVOUS, Chain
 from ..verify.report import Certificate
-from . import (batch_fit, buffers, clipping, comm, handshake, loss, model_checks, packed,
-               partition, reductions, replicas, topology, transport)
+from . import (batch_fit, buffers, chunks, clipping, comm, handshake, loss, model_checks,
+               moves, packed, partition, reductions, replicas, topology, transport)
 from .batch import Batch
 from .compute import Pass, StageCompute
 from .errors import BatchError, PeerError, PipelineError, check_certificate
@@ -99,10 +99,7 @@ class PipelineExecutor:
                  ignore_index: int | None = None, loss_weight: Callable | None = None) -> None:
         # Refuse before anything else: no process group, no traffic.
         check_certificate(plan, certificate, RENDEZVOUS)
-        if plan.seq_chunks != 1:
-            raise PipelineError(f"the plan cuts each sample into {plan.seq_chunks} sequence "
-                                "chunks; the executor runs whole samples (it builds no "
-                                "attention across chunks)")
+        chunks.check_plan(plan)  # sequence chunks: the stages' cache contract (chunks)
         self.plan, self.certificate = plan, certificate
         self.chain = Chain.of(plan)
         self._pp_group, self._dp_group = topology.groups_of(group, mesh, pp_dim, dp_group,
@@ -132,10 +129,14 @@ class PipelineExecutor:
                        for m in (*self.stages.values(), *self.segments.values())}
         setup = StageSetup(self.rank, self.program)  # before any forward compiles
         packed.check_program(self.program, self.rank)
+        moves.check_plan(self.program, self.rank, moves.moved_here(self.chain.offloaded,
+                                                                   self.rank))
+        self._mover = moves.Mover(self.rank, self.device)
         self._interpreter = Interpreter(
             self.rank, compile_steps(self.program, self.rank, self.chain),
             StageCompute(self.rank, self.chain, self.program, self.stages, self.segments,
-                         self._params, setup, loss_fn, self.segment_loss_fns))
+                         self._params, setup, loss_fn, self.segment_loss_fns, self._mover),
+            self._mover)
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
         self.steps = 0  # optimizer steps taken by step() (state_dict keeps it)
         self._connected = self._failed = False
@@ -170,6 +171,18 @@ class PipelineExecutor:
         """The most stored activations held at once in the last run (``interpreter``)."""
         return self._interpreter.stored_peak
 
+    @property
+    def host_peak(self) -> int:
+        """The most stored activations held in host memory at once in the last run
+        (offloaded, docs/semantics.md §2.10): the verifier's host peak."""
+        return self._interpreter.host_peak
+
+    @property
+    def moves_log(self) -> list:
+        """Per activation move of the last run, ``(op, census)``: the bytes the moved
+        activation then had on the device, in host memory, and shared (``moves``)."""
+        return list(self._mover.log)
+
     def parameters(self) -> list[nn.Parameter]:
         """Trainable parameters this rank updates: its stages', plus each cut segment's on
         the segment's home rank (other copies are refreshed by the plan's broadcast)."""
@@ -201,6 +214,7 @@ class PipelineExecutor:
         check_certificate(self.plan, self.certificate, RENDEZVOUS)
         _, _, device = comm.init_distributed(self.startup_s)
         self.device = self.device or device
+        self._mover.use(self.device)
         self.topology = topo = topology.resolve(self.plan.num_ranks, self._pp_group,
                                                 self._dp_group)
         if topo.plan_rank != self.rank:
@@ -408,7 +422,7 @@ class PipelineExecutor:
             raise BatchError(f"rank {self.rank}: step/run/eval take a Batch, got "
                              f"{type(batch).__name__}")
         try:
-            batch.split(self.plan.num_microbatches)
+            self._microbatches(batch)
         except BatchError as err:
             raise BatchError(f"rank {self.rank}: the batch: {err}") from None
 
@@ -421,9 +435,12 @@ class PipelineExecutor:
         if key == self._fitting:
             return
         sources = [s.name for s in self.plan.cut.segments if s.side == SOURCE]
+        stage0 = next((self.stages[s] for s in sorted(self._firsts) if s in self.stages),
+                      None)  # a first stage here (several pipelines: any pipeline's)
+        if stage0 is not None and self.plan.seq_chunks > 1:
+            stage0 = chunks.OutputOnly(stage0)
         detail = batch_fit.first_mismatch(
-            mbs, self._first_sends, next((self.stages[s] for s in sorted(self._firsts)
-                                          if s in self.stages), None),
+            mbs, self._first_sends, stage0,
             {n: m for n, m in self.segments.items() if n in sources}, sources,
             self.messages.check_outgoing)
         flags = torch.zeros(len(self.topology.pp_ranks), device=self.device)
@@ -440,6 +457,12 @@ class PipelineExecutor:
                              f"rank(s) {refusing} refused it before any communication (their "
                              "message says why)")
         self._fitting = key
+
+    def _microbatches(self, batch: Batch) -> list:
+        """``batch`` cut into the plan's microbatches (with sequence chunks: samples, each
+        cut along its sequence, ``chunks.split``)."""
+        m, s = self.plan.num_microbatches, self.plan.seq_chunks
+        return batch.split(m) if s == 1 else chunks.split(batch, m, s)
 
     def _labelled_modules(self):
         yield from ((f"stage {s}", m) for s, m in self.stages.items())
@@ -472,15 +495,18 @@ class PipelineExecutor:
             blocks = [batch] if replicas == 1 else batch.split(replicas)  # row blocks
             if evaluating:  # eval: this replica's outputs and loss, over its rows
                 blocks, mine = [blocks[mine]], 0
-            every = [block.split(m) for block in blocks]
+            every = [self._microbatches(block) for block in blocks]
         except BatchError as err:  # every rank holds the same batch: all refuse alike
             raise BatchError(f"rank {self.rank}: the batch over {replicas} replicas of "
                              f"{m} microbatches: {err}") from None
         mbs = [mb.to(self.device) for mb in every[mine]]
         self._check_fit(batch, mbs)
+        by = self.loss_weight  # sequence chunks: by tokens unless told otherwise (chunks)
+        if by is None and self.ignore_index is None and self.plan.seq_chunks > 1:
+            by = chunks.tokens
         try:
             weights = loss.microbatch_weights(every, mine, self.loss_reduction,
-                                              self.ignore_index, self.loss_weight)
+                                              self.ignore_index, by)
         except PipelineError as err:  # the same on every rank: all refuse alike
             raise BatchError(f"rank {self.rank}: {err}") from None
         except Exception as err:  # the user's loss_weight

@@ -74,7 +74,7 @@ class ShapeCache:
             return ex
         m = self.plan.num_microbatches
         plan = with_payload_shapes(self.plan, infer_payload_shapes(
-            self.stages, batch, m, self.segments, self.meta))
+            self.stages, batch, m, self.segments, self.meta, self.plan.seq_chunks))
         certificate = self.certify(plan)
         self.certified += 1
         ex = PipelineExecutor(

@@ -65,7 +65,8 @@ def _step(index: int, op, needs: tuple, last: dict, rank: int, chain: Chain) -> 
     p2p = p2p_of(op)
     return Step(
         index, op, needs,
-        keep=frozenset(t for t in produces(op) if t[0] != STORED and last.get(t, -1) > index),
+        keep=frozenset(t for t in chain.produces(op)  # with sequence chunks' kv, kv_grad
+                     if t[0] != STORED and last.get(t, -1) > index),
         drop=tuple(dict.fromkeys(t for t in needs if last[t] == index)),
         holds=tuple(key for key, _ in allocs if key[0] == STORED),
         frees=tuple(key for key in frees if key[0] == STORED),

@@ -30,6 +30,8 @@ A spec has one required table and optional ones::
     I = 1.0
     W = 1.0
     activation = 1.0          # stored per F: a number, or a list with one entry per stage
+    attention = 0.0           # the share of causal attention in F/B/I/R (sequence chunks:
+                              # a later chunk costs more; docs/schedules.md)
 
     [cost.segments.vision]    # optional, one per cut segment (cost.SegmentCost)
     F = 1.2                   # forward: a number or one per microbatch (or [transpose] costs)
@@ -49,10 +51,16 @@ A spec has one required table and optional ones::
     segment_input_bytes = 8.4e6
     parameter_bytes = 6e8     # a segment's parameters (broadcast) and gradients (all-reduce)
     collective_latency = 0.05
+    stage_parameter_bytes = 0 # one model stage's gradients (a replica:J all-reduce)
+    stored_bytes = 0          # one stored activation (offload/reload, lend/return)
+    host_bandwidth = 5e7      # the host link (offload/reload), bytes per time unit; inf
+    host_latency = 0          # ... by default, and its latency per move
 
     [memory]                  # optional
     limit = 8                 # peak bound: a number, or a list with one entry per rank
     static = 0                # fixed memory per rank: a number, or one per rank
+    weights = 0               # one model stage's parameter state per copy (or one per
+                              # model stage): static memory on every rank holding a copy
 
 An ``expression`` is read by ``spec.parse_expression`` (the algebra's expression
 language), with its errors placed where the expression starts in the file.
@@ -89,11 +97,12 @@ TABLES: dict[str, tuple[str, ...]] = {
     "schedule": ("family", "pp", "microbatches", "chunks", "waves", "seq_chunks",
                  "expression", "stages",
                  "ranks"),
-    "cost": ("F", "B", "I", "W", "activation", "R", "segments"),
-    "memory": ("limit", "static"),
+    "cost": ("F", "B", "I", "W", "activation", "R", "segments", "attention"),
+    "memory": ("limit", "static", "weights"),
     "transpose": ("body", "segment", "side", "mode", "ownership", "costs", "owners"),
     "comm": ("latency", "bandwidth", "activation_bytes", "segment_output_bytes",
-             "segment_input_bytes", "parameter_bytes", "collective_latency"),
+             "segment_input_bytes", "parameter_bytes", "collective_latency",
+             "stored_bytes", "host_bandwidth", "host_latency", "stage_parameter_bytes"),
 }
 SEGMENT_KEYS = ("F", "B", "R", "activation", "output", "input", "static", "replica")
 BODY_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
@@ -367,7 +376,8 @@ class _Builder:
         table = data.get("cost", {})
         memory = data.get("memory", {})
         base = default_cost(term)
-        if not table and "comm" not in data and "static" not in memory:
+        if not table and "comm" not in data and "static" not in memory \
+                and "weights" not in memory:
             return base
         stages, m = schedule.placement.num_stages, schedule.num_microbatches
         kw: dict[str, Any] = {}
@@ -379,6 +389,9 @@ class _Builder:
         if "activation" in table:
             kw["activation"] = self.numbers("cost", "activation", table["activation"],
                                             stages, "stage", False)
+        if "attention" in table:
+            kw["attention"] = self.share("cost", "attention", table["attention"])
+        kw["seq_chunks"] = schedule.seq_chunks
         segments = []
         names = {seg.name for seg in schedule.cut.segments}
         given = table.get("segments", {})
@@ -404,7 +417,7 @@ class _Builder:
         if "comm" in data:
             comm = {}
             for k, v in data["comm"].items():
-                if k == "bandwidth":
+                if k in ("bandwidth", "host_bandwidth"):
                     comm[k] = self.numbers("comm", k, v, 0, "", True)
                 else:
                     comm[k] = self.numbers("comm", k, v, 0, "", False)
@@ -412,7 +425,24 @@ class _Builder:
         if "static" in memory:
             kw["static"] = self.numbers("memory", "static", memory["static"],
                                         schedule.num_ranks, "rank", False)
+        if "weights" in memory:
+            kw["weights"] = self.weights(memory, schedule)
+            kw["static"] = _with_weights(kw.get("static", 0.0), CostModel(
+                weights=kw["weights"]), schedule)
         return CostModel(**kw)
+
+    def weights(self, memory: dict, schedule: Schedule):
+        """``[memory] weights``: one number, or one per model stage."""
+        stages = schedule.placement.num_stages // max(1, len(schedule.pipelines))
+        return self.numbers("memory", "weights", memory["weights"], stages, "model stage",
+                            False)
+
+    def share(self, table: str, key: str, value) -> float:
+        """A share between 0 and 1."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value <= 1:
+            raise self.error(f"{key} must be a number from 0 to 1, got {value!r}", table, key)
+        return float(value)
 
     def memory_numbers(self, data: dict, schedule: Schedule) -> dict:
         """The memory numbers exactly as the file writes them, only those it writes:
@@ -428,6 +458,9 @@ class _Builder:
         if "static" in memory:
             out["static"] = self.numbers("memory", "static", memory["static"],
                                          schedule.num_ranks, "rank", False)
+        if "weights" in memory:  # the weight copies the schedule places: static memory
+            out["static"] = _with_weights(out.get("static", 0.0), CostModel(
+                weights=self.weights(memory, schedule)), schedule)
         segments = {}
         for name, seg in table.get("segments", {}).items():
             given = {k: self.numbers(f"cost.segments.{name}", k, seg[k], 0, "", False)
@@ -443,6 +476,13 @@ class _Builder:
         if "limit" not in table:
             return None
         return self.numbers("memory", "limit", table["limit"], schedule.num_ranks, "rank", False)
+
+
+def _with_weights(static, cost: CostModel, schedule: Schedule) -> tuple[float, ...]:
+    """Per rank: ``static`` plus the weight copies ``schedule`` places on it."""
+    placed = cost.placed_weights(schedule.placement, len(schedule.pipelines))
+    return tuple((static[r] if isinstance(static, tuple) else float(static)) + w
+                 for r, w in enumerate(placed))
 
 
 def _dotted(key: str) -> tuple[str, ...]:

@@ -21,6 +21,8 @@ import attrs
 from ..cost import CommModel, CostModel, SegmentCost
 
 _BODY = ("F", "B", "I", "W", "R", "activation")
+# [comm] fields written only when set (the specs written before them stay as they were)
+_COMM_ADDED = ("stored_bytes", "host_bandwidth", "host_latency", "stage_parameter_bytes")
 
 
 def _value(x) -> str:
@@ -42,7 +44,20 @@ def _segment(name: str, seg: SegmentCost) -> list[str]:
 def _comm(comm: CommModel) -> list[str]:
     fields = [(f.name, getattr(comm, f.name)) for f in attrs.fields(CommModel)]
     return ["\n[comm]"] + _lines((k, v) for k, v in fields
-                                 if not (k == "bandwidth" and math.isinf(v)))
+                                 if not (k in ("bandwidth", "host_bandwidth") and math.isinf(v))
+                                 and not (k in _COMM_ADDED and not v))
+
+
+def _static(term, cost: CostModel) -> list[str]:
+    """``[memory] static`` (and ``weights``: the static part without the weight copies
+    the term's schedule places, which loading adds back)."""
+    if not any(cost.weights if isinstance(cost.weights, tuple) else (cost.weights,)):
+        return [f"static = {_value(cost.static)}"]
+    schedule = term.derive()
+    placed = cost.placed_weights(schedule.placement, len(schedule.pipelines))
+    static = tuple((cost.static[r] if isinstance(cost.static, tuple) else cost.static) - w
+                   for r, w in enumerate(placed))
+    return [f"static = {_value(static)}", f"weights = {_value(cost.weights)}"]
 
 
 def spec_text(term, cost: CostModel | None, limit, header: str = "") -> str:
@@ -51,10 +66,12 @@ def spec_text(term, cost: CostModel | None, limit, header: str = "") -> str:
     out += ["[schedule]", f"expression = {json.dumps(str(term))}"]
     if cost is not None:
         out += ["\n[cost]"] + _lines((k, getattr(cost, k)) for k in _BODY)
+        if cost.attention:
+            out += _lines([("attention", cost.attention)])
         for name, seg in cost.segments:
             out += _segment(name, seg)
         out += _comm(cost.comm)
-    memory = ([f"static = {_value(cost.static)}"] if cost is not None else []) + (
+    memory = (_static(term, cost) if cost is not None else []) + (
         [f"limit = {_value(limit)}"] if limit is not None else [])
     if memory:
         out += ["\n[memory]"] + memory

@@ -19,7 +19,7 @@ from typing import Callable
 import attrs
 
 from ..ir import (BACKWARD, FORWARD, INPUT_GRAD, NO_CUT, RECOMPUTE, WEIGHT_GRAD, Collective,
-                  Cut, Group, Op, Placement, Plan, Recv, Send, computes_of)
+                  Cut, Group, Offload, Op, Placement, Plan, Recv, Reload, Send, computes_of)
 from .pairing import (CollectivePairing, P2PColumns, P2PPairing, collective_instances,
                       p2p_columns, pair_collectives, pair_p2p)
 from .rules import Chain, Token, offloads, payload_token, produces
@@ -148,7 +148,8 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
             duration: Callable[[Op], float] = unit_duration,
             comm_time: Callable[[Op], float] = lambda op: 0.0,
             p2p: P2PPairing | None = None,
-            collectives: CollectivePairing | None = None) -> Execution:
+            collectives: CollectivePairing | None = None,
+            copy_time: Callable[[Op], float] | None = None) -> Execution:
     """Run ``plan`` under §2.1–2.4 and return every op's start/finish time.
 
     Each rank runs its ops in order. A compute op takes ``duration(op)``. Under
@@ -158,6 +159,13 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
     Under ``eager`` a send completes at once and a receive when its send has been posted.
     Ops with no partner block forever. ``run_steps`` runs it, in time linear in the plan
     size; an op's start is its post.
+
+    ``copy_time`` (the simulator's, None: moves are instant): each ``OFFLOAD``/``RELOAD``
+    also runs on a copy stream of its rank (offloads on one, device to host; reloads on
+    another, host to device, each after its activation's offload), in program order, from
+    its post for ``copy_time(op)``, overlapping compute; the first backward (``B`` or
+    ``I``) of a reloaded activation after its ``RELOAD`` waits for that copy to finish (a
+    reload posted too late stalls it). The copy streams are extra ranks of ``run_steps``.
     """
     p2p = p2p or pair_p2p(plan)
     collectives = collectives or pair_collectives(plan)
@@ -167,7 +175,13 @@ def execute(plan: Plan, comm_model: str = RENDEZVOUS,
         bounds.append(bounds[-1] + len(program))
     wait, cost, several = _op_steps(plan, bounds, comm_model == EAGER, duration, comm_time,
                                     p2p, collectives)
+    real = bounds
+    if copy_time is not None:
+        bounds = _copy_streams(plan, real, wait, cost, copy_time)
     posted, finish, at, blocked = run_steps(bounds, wait, cost, 0.0, several)
+    if bounds is not real and any(at[r] < real[r + 1] for r in range(plan.num_ranks)):
+        return execute(plan, comm_model, duration, comm_time, p2p, collectives)
+    bounds = real
     start = tuple(tuple(posted[bounds[r]:at[r]]) for r in range(plan.num_ranks))
     done = tuple(tuple(finish[bounds[r]:at[r]]) for r in range(plan.num_ranks))
     waits = tuple(_describe_wait(plan, r, at[r] - bounds[r], _position(bounds, blocked[r]),
@@ -205,6 +219,65 @@ def _op_steps(plan, bounds, eager, duration, comm_time, p2p, collectives) -> tup
                 continue
             cost.append(comm_time(op))
     return wait, cost, several
+
+
+def _copy_streams(plan: Plan, bounds: list[int], wait: list, cost: list,
+                  copy_time: Callable[[Op], float]) -> list[int]:
+    """``bounds`` with the copy streams of each rank that moves activations appended as
+    ranks to ``wait``/``cost`` (see ``execute``): offloads on one (device to host),
+    reloads on another (host to device). Per move a copy step, waiting for the move's
+    post, then a done step, posted when the copy finishes; a reload first waits for its
+    activation's offload to be done, and the first backward of a reloaded activation
+    after its ``RELOAD`` waits for the reload's done step."""
+    out = list(bounds)
+    for rank, program in enumerate(plan.programs):
+        moves = [(index, op) for index, op in enumerate(program)
+                 if type(op) is Offload or type(op) is Reload]
+        if not moves:
+            continue
+        offloaded: dict[tuple, int] = {}  # (segment, stage, mb) -> its offload's done step
+        reloaded: dict[int, tuple] = {}  # a reload's position -> (key, its done step)
+        for stream in (Offload, Reload):
+            first = len(wait)
+            for index, op in moves:
+                if type(op) is not stream:
+                    continue
+                key = (op.segment, op.stage, op.mb)
+                if stream is Reload and key in offloaded:
+                    wait.append(offloaded[key])  # the copy back after the copy out
+                    cost.append(0.0)
+                wait.append(bounds[rank] + index)
+                cost.append(copy_time(op))
+                wait.append(FREE)
+                cost.append(0.0)
+                if stream is Offload:
+                    offloaded[key] = len(wait) - 1
+                else:
+                    reloaded[index] = (key, len(wait) - 1)
+            if len(wait) > first:
+                out.append(len(wait))
+        _wait_for_reloads(program, bounds[rank], wait, reloaded)
+    return out
+
+
+def _wait_for_reloads(program, base: int, wait: list, reloaded: dict) -> None:
+    """The first backward (``B`` or ``I``) of each reloaded activation after its
+    ``RELOAD`` waits for that reload's done step (``reloaded``: by the reload's
+    position)."""
+    due: dict[tuple, int] = {}
+    for index, op in enumerate(program):
+        if index in reloaded:
+            key, done = reloaded[index]
+            due[key] = done
+            continue
+        if not due or wait[base + index] != FREE:
+            continue
+        for c in computes_of(op):
+            if c.kind in (BACKWARD, INPUT_GRAD):
+                done = due.pop((c.segment, c.stage, c.mb), None)
+                if done is not None:
+                    wait[base + index] = done
+                    break
 
 
 def _group_waits(rank, index, op, eager, partner, bounds) -> list[int]:
