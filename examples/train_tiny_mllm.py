@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 4 examples/train_tiny_mllm.py --schedule zb-h1 --steps 20
     mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule transpose --mode owner --audio
     mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule zb-h1 --dp 2 --check-grads
+    mpipe-run --nproc 4 examples/train_tiny_mllm.py --schedule dualpipe --steps 3 --check-grads
     mpipe-run --nproc 2 examples/train_tiny_mllm.py --schedule seq1f1b --seq-chunks 2 --check-grads
 
 The model: a vision encoder (a 2-layer MLP over flattened 3x4x4 synthetic "images") and a
@@ -17,8 +18,10 @@ and seed, identical on every rank).
 The script builds the algebra term (``--schedule NAME`` for every family, with the encoder
 kept inline on the first stage as a cut segment; ``--schedule transpose --mode
 recompute|owner|frozen`` moves the encoder into the bubbles; ``--audio`` cuts the audio
-encoder too and, with transpose, moves it as ``--audio-mode`` says), derives and lowers it,
-writes the payload shapes into the plan, verifies it (and refuses to run unless it is
+encoder too and, with transpose, moves it as ``--audio-mode`` says; the families of several
+pipelines over one model, dualpipe, chimera and bitpipe, take no cut: the encoders run
+inside model stage 0 and the plan's stages are replicas of the model's), derives and
+lowers it, writes the payload shapes into the plan, verifies it (and refuses to run unless it is
 verified), then runs it with ``PipelineExecutor``; rank 0 prints ``step K loss X``.
 ``--dp N`` runs ``N`` data-parallel replicas of a ``world / N``-rank pipeline (a
 ``(dp, pp)`` device mesh; each replica takes its block of the batch's rows).
@@ -56,7 +59,7 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mpipe_verified.algebra import FAMILIES, Transpose, family  # noqa: E402
-from mpipe_verified.algebra.families import SEQ_FAMILIES  # noqa: E402
+from mpipe_verified.algebra.families import BIDIRECTIONAL, SEQ_FAMILIES  # noqa: E402
 from mpipe_verified.algebra.terms import Offloaded  # noqa: E402
 from mpipe_verified.cli.targets import offload_option  # noqa: E402
 from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # noqa: E402
@@ -65,7 +68,10 @@ from mpipe_verified.executor import (Batch, CertificateError, PipelineError,  # 
 from mpipe_verified.lower import lower  # noqa: E402
 from mpipe_verified.verify import verify  # noqa: E402
 
-SCHEDULES = (*FAMILIES, "transpose", *SEQ_FAMILIES)
+SCHEDULES = (*FAMILIES, *BIDIRECTIONAL, "transpose", *SEQ_FAMILIES)
+# several pipelines over one model (docs/executor.md): no cut segment there, so the
+# encoders run inside model stage 0 (``EncoderFirst``) on the batch's body
+PIPELINED = tuple(BIDIRECTIONAL)
 MODES = ("recompute", "owner", "frozen")
 IMAGE = (3, 4, 4)
 SOUND = (4, 8)
@@ -164,6 +170,30 @@ def build_model(layers: int = 6, dim: int = 32, vocab: int = 64, length: int = 8
     return encoder, nn.Sequential(*layers)
 
 
+class EncoderFirst(nn.Module):
+    """Model stage 0 with the encoders inside it (a plan of several pipelines has no cut
+    segment): called as ``(images, [sounds,] tokens)``, the body of ``inline(batch)``."""
+
+    def __init__(self, encoders: dict[str, nn.Module], first: nn.Module) -> None:
+        super().__init__()
+        self.encoders, self.first = nn.ModuleDict(encoders), first
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        *raw, tokens = inputs
+        return self.first(*(e(x) for e, x in zip(self.encoders.values(), raw)), tokens)
+
+
+def inline(batch: Batch, names) -> Batch:
+    """``batch`` for ``EncoderFirst``: the encoders' inputs (``names``, in order) and the
+    tokens as the body, no segments."""
+    return Batch(body=(*(batch.segments[n] for n in names), batch.body), target=batch.target)
+
+
+def model_stages(plan) -> int:
+    """The model's stages: a plan of K pipelines runs K replicas of each."""
+    return plan.placement.num_stages // max(len(plan.pipelines), 1)
+
+
 def build_audio(dim: int = 32, seed: int = 0) -> nn.Module:
     """The audio encoder (its own seed: the other weights stay as without it)."""
     torch.manual_seed(seed + 1)
@@ -206,12 +236,13 @@ def build_term(schedule: str, pp: int, microbatches: int, mode: str = "recompute
                ownership: str = "full", body: str = "1f1b", audio_mode: str | None = None,
                offload: tuple[int, int] | None = None):
     """Every family keeps the encoder inline on the first stage (a cut segment on rank
-    0); ``transpose`` moves it into the bubbles of the ``body`` family. ``audio_mode``
+    0; in ``PIPELINED`` families, which take no cut, inside model stage 0);
+    ``transpose`` moves it into the bubbles of the ``body`` family. ``audio_mode``
     (None: no audio) cuts the audio encoder the same way, after the vision one.
     ``offload``: ``(gap, prefetch)`` of the ``offload`` modifier, applied last."""
     term = family(body if schedule == "transpose" else schedule, pp, microbatches)
     for name, how in (("vision", mode), ("audio", audio_mode)):
-        if how is None:
+        if how is None or schedule in PIPELINED:
             continue
         if schedule == "transpose":
             term = Transpose(term, segment=name, mode=how, ownership=ownership)
@@ -253,15 +284,21 @@ def prepare_encoders(schedule: str, pp: int, microbatches: int, rows: int,
                      audio_mode: str | None = None, batchnorm: bool = False,
                      bf16: bool = False, offload: tuple[int, int] | None = None):
     """``prepare`` with the audio encoder too when ``audio_mode`` is given: returns
-    ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order."""
+    ``(plan, encoders, stages, full_body)``, ``encoders`` by segment name, in cut order.
+    ``PIPELINED`` schedules: ``stages`` are the model's, the encoders inside stage 0
+    (``EncoderFirst``; train on ``inline(batch, encoders)``)."""
     term = build_term(schedule, pp, microbatches, mode, ownership, body, audio_mode, offload)
     plan = lower(term.derive())
-    num_stages = plan.placement.num_stages
+    num_stages = model_stages(plan)
     encoders, full = build_models(num_stages, mode, layers, dim, seed, audio_mode,
                                   batchnorm, bf16)
     stages = split_sequential(full, num_stages)
     batch = make_batch(0, rows, seed=seed, audio=audio_mode is not None)
-    shapes = infer_payload_shapes(stages, batch, microbatches, encoders)
+    if plan.pipelines:
+        stages[0] = EncoderFirst(encoders, stages[0])
+        shapes = infer_payload_shapes(stages, inline(batch, encoders), microbatches)
+    else:
+        shapes = infer_payload_shapes(stages, batch, microbatches, encoders)
     return with_payload_shapes(plan, shapes), encoders, stages, full
 
 
@@ -403,13 +440,18 @@ def main(argv: list[str] | None = None) -> int:
             for v in report.violations[:5]:
                 print(f"  {v.property}: {v.message}", file=sys.stderr)
         return 1
-    want = (reference_grads(plan.placement.num_stages, rows, args.mode, args.layers,
+    want = (reference_grads(model_stages(plan), rows, args.mode, args.layers,
                             args.dim, args.seed, audio_mode, args.batchnorm, args.bf16,
                             args.pad, args.clip, m * args.dp) if args.check_grads else None)
+    pipes = (f" ({len(plan.pipelines)} pipelines of {model_stages(plan)})"
+             if plan.pipelines else "")
+
+    def batch_at(step: int) -> Batch:
+        batch = make_batch(step, rows, seed=args.seed, audio=args.audio, pad=args.pad)
+        return inline(batch, encoders) if plan.pipelines else batch
+
     return train(args, world, rank, plan, report.certificate, stages, encoders, full, want,
-                 lambda step: make_batch(step, rows, seed=args.seed, audio=args.audio,
-                                         pad=args.pad),
-                 f"{plan.placement.num_stages} stages, {m} microbatches")
+                 batch_at, f"{plan.placement.num_stages} stages{pipes}, {m} microbatches")
 
 
 def train(args, world: int, rank: int, plan, certificate, stages, encoders, full, want,

@@ -71,10 +71,14 @@ def test_example_checks_grads_of_two_replicas_of_a_two_rank_pipeline():
 @pytest.mark.parametrize("nproc, flags", [
     (2, ["--schedule", "transpose", "--mode", "owner", "--clip", "1.0"]),
     (4, ["--schedule", "zb-h1", "--dp", "2"]),
+    (2, ["--schedule", "dualpipe", "--clip", "1.0"]),  # two pipelines over one model
+    (4, ["--schedule", "chimera", "--dp", "2"]),
 ])
 def test_example_checks_grads_of_a_real_training_loop(nproc, flags):
     """Padded captions (ignore_index), a BatchNorm in the encoder, bf16 autocast, global
-    clipping: every gradient after the first step equals one process's."""
+    clipping: every gradient after the first step equals one process's. Also with two
+    pipelines over one model (the encoder, with its BatchNorm, in the replicated model
+    stage 0), and those under data parallelism."""
     example_grads_match(nproc, [*flags, "--steps", "2", "--pad", "--batchnorm", "--bf16"])
 
 

@@ -5,14 +5,18 @@ tests itself).
 
 Env init (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each case
 ``{"name", "schedule", "mode", "m", "group", "strict", "bare", "dropout", "audio", "sink",
-"eval", "mixed", "offload", "lend", "sgd"}`` it builds the tiny MLLM's plan (as the example does; ``audio``: the audio
+"eval", "mixed", "offload", "lend", "sgd", "term", "unequal"}`` it builds the tiny MLLM's plan (as the example does; ``audio``: the audio
 encoder cut too, in that mode; ``sink``: a class-prediction head cut as a sink, in that
 mode; ``eval``: the forward-only plan of the term; ``mixed``: the vision encoder with a
 float64 parameter beside its float32 ones; ``offload``: ``[gap, prefetch]`` of the
 ``offload`` modifier; ``lend``: each stage-0 activation of the microbatches listed lent
 to stage 1's rank, ``lend_plan``; ``sgd``: the step takes an SGD step, lr ``SGD_LR``, and
-the parameters after it are saved too, with the host peak and the moves' census), verifies it, runs one step without
-optimizer (``eval``: ``executor.eval``) and saves the loss and per-microbatch losses
+the parameters after it are saved too, with the host peak and the moves' census;
+``term``: that term's expression, the encoder inline on its first stage; a schedule of
+several pipelines keeps the encoder inside model stage 0; ``unequal``: without the
+replicas' start-up broadcast, rank 1's weights perturbed, saving the refusal), verifies
+it, runs one step without optimizer (``eval``: ``executor.eval``) and saves the loss and
+per-microbatch losses
 (``eval``: the last stage's outputs too), every local gradient (named like the
 single-process model: ``vision.*``, ``audio.*``, ``gen.*``, ``body.*``), the executor's
 measured peak of stored activations next to the verifier's reported peak, and (``dropout``: the encoder followed by dropout, every rank seeded
@@ -53,6 +57,7 @@ from mpipe_verified.executor import (Batch, PayloadMismatchError, PipelineError,
                                      infer_payload_shapes, split_sequential,
                                      with_payload_shapes)
 from mpipe_verified.lower import lower  # noqa: E402
+from mpipe_verified.spec import parse_expression  # noqa: E402
 from mpipe_verified.executor import batch_fit  # noqa: E402
 from mpipe_verified.executor.comm import Messages, init_distributed  # noqa: E402
 from mpipe_verified.algebra.terms import Offloaded  # noqa: E402
@@ -119,6 +124,9 @@ class MixedDtypes(torch.nn.Module):
 
 
 def case_term(case: dict, world: int):
+    if case.get("term"):  # any stage map: the encoder inline on its first stage
+        return Transpose(parse_expression(case["term"]), segment="vision",
+                         ownership="inline", mode="recompute")
     term = tiny.build_term(case["schedule"], world, case["m"], case.get("mode", "recompute"),
                            audio_mode=case.get("audio"))
     if case.get("sink"):
@@ -145,6 +153,8 @@ def case_model(case: dict, num_stages: int):
 
 def case_batch(case: dict) -> Batch:
     batch = tiny.make_batch(0, rows_for(case["m"]), audio=bool(case.get("audio")))
+    if case.get("schedule") in tiny.PIPELINED:  # the encoder inside model stage 0
+        return tiny.inline(batch, ["vision"])
     if not case.get("sink"):
         return batch
     classes = torch.arange(rows_for(case["m"])) % 8
@@ -153,7 +163,7 @@ def case_batch(case: dict) -> Batch:
 
 def build(case: dict, world: int):
     if case.get("audio") or case.get("sink") or case.get("eval") or case.get("mixed") \
-            or case.get("offload") or case.get("lend"):
+            or case.get("offload") or case.get("lend") or case.get("term"):
         plan = lower(case_term(case, world).derive())
         if case.get("lend"):
             plan = lend_plan(plan, case["lend"])
@@ -217,6 +227,9 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
                           segment_loss_fns={"gen": sink_loss} if case.get("sink") else None,
                           optimizer=(lambda ps: torch.optim.SGD(ps, lr=SGD_LR))
                           if case.get("sgd") else None)
+    if case.get("unequal"):  # replicas that do not start equal: the handshake must refuse
+        unequal_replicas(ex, case, rank, out_dir)
+        return
     deferred = []  # receives still in flight when first read (the deferred form ran)
     if case.get("defer"):  # the CUDA default on this CPU: receives waited for at first read
         ex._defer_receives = True
@@ -244,12 +257,31 @@ def run_case(case: dict, rank: int, world: int, out_dir: str) -> None:
                 params[table[id(p)]] = p.detach().clone()
     torch.save({"loss": loss, "losses": losses, "outputs": outputs, "sink_outputs": sink_outputs,
                 "homes": {seg.name: seg.home for seg in plan.cut.segments},
-                "grads": grads, "home": plan.cut.segments[0].home,
+                "grads": grads,
+                "home": plan.cut.segments[0].home if plan.cut.segments else None,
                 "stored_peak": ex.stored_peak, "verified_peak": report.peak_memory[rank],
                 "calls": getattr(segment, "calls", []), "deferred": sum(deferred),
                 "params": params, "host_peak": ex.host_peak, "moves": ex.moves_log,
                 "verified_host_peak": report.stats.get("host_peak_memory", {}).get(str(rank), 0)},
                os.path.join(out_dir, f"{case['name']}.{rank}.pt"))
+
+
+def unequal_replicas(ex, case: dict, rank: int, out_dir: str) -> None:
+    """Rank 1's stage weights perturbed and the start-up broadcast skipped: every rank
+    must refuse at start-up (``OUT/NAME.RANK.txt``: its message)."""
+    ex._broadcast_replicas = False
+    if rank == 1:
+        with torch.no_grad():
+            for module in ex.stages.values():
+                for p in module.parameters():
+                    p.add_(0.5)
+    try:
+        ex.step(case_batch(case))
+        message = "no error"
+    except PipelineError as err:
+        message = str(err)
+    with open(os.path.join(out_dir, f"{case['name']}.{rank}.txt"), "w") as f:
+        f.write(message)
 
 
 def recv_mismatch(rank: int, out_dir: str) -> None:

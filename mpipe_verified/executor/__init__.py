@@ -22,6 +22,7 @@ between ranks), ``reductions`` (the sums outside the plan), ``partition`` (stage
 payload layouts), ``tree`` (structured values: leaves and paths), ``comm`` (process
 group, checked messages, watchdog), ``packed`` (messages of structured payloads),
 ``shapes`` (``ShapeCache``), ``topology`` (pipeline and data-parallel groups),
+``replicas`` (several pipelines over one model: model stages, start-up, replica sums),
 ``model_checks`` (models refused before any traffic), ``moves`` (activation moves:
 offload/reload to host memory, lend/return to another rank), ``launch`` (``mpipe-run``).
 """

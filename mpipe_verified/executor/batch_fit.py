@@ -46,16 +46,17 @@ def _check_running():
         _CHECKING[0] = False
 
 
-def first_sends(program: Sequence, cut) -> dict[tuple, object]:
+def first_sends(program: Sequence, cut, firsts=frozenset({0})) -> dict[tuple, object]:
     """``(segment, mb) -> payload`` of every value this rank sends that the batch alone
     determines: a source segment's raw input (``input``) or output, the body's first
-    stage's output (segment ``""``), by the first op that sends it."""
+    stage's output (segment ``""``; ``firsts``: each pipeline's first stage), by the first
+    op that sends it."""
     sources = {s.name for s in cut.segments if s.side == SOURCE}
     out: dict[tuple, object] = {}
     for op in program:
         for c in p2p_of(op):
             p = c.payload
-            if type(c) is not Send or p.stage != 0:
+            if type(c) is not Send or p.stage not in (firsts if not p.segment else (0,)):
                 continue
             if p.kind == INPUT or (p.kind == ACT and (not p.segment or p.segment in sources)):
                 out.setdefault((p.kind, p.segment, p.mb), p)

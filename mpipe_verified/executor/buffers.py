@@ -1,6 +1,7 @@
 """Module buffers (BatchNorm's running statistics, a counter a forward keeps) when a
 module has several copies: a cut segment run on several ranks (its owners, its home), a
-stage or segment held by every data-parallel replica.
+model stage replicated by several pipelines (``replicas``), a stage or segment held by
+every data-parallel replica.
 
 The reference is one process running the step's microbatches one after another, in row
 order (replica 0's microbatches first): a BatchNorm then updates its running statistics
@@ -205,28 +206,31 @@ class Copies:
 
 
 def copies_of(held: list, plan, rank: int, topo: topology.Topology, links: topology.Links,
-              wait: Callable, device) -> dict:
+              wait: Callable, device, stage_copies: dict | None = None) -> dict:
     """``id(module) -> (Copies, reduces, broadcasts, first)`` for each module of this rank
     (``held``: ``(segment name or None, module)``) that has buffers and other copies: a
     segment held by several ranks (summed over its holders, broadcast from its home, or
-    its lowest holder when home holds none), any module when there are replicas (over
-    the data-parallel group, from replica 0); ``first``: this rank holds the copy
-    broadcast from. ``wait(works, where, peers)`` bounds each collective."""
+    its lowest holder when home holds none), a replicated model stage's module
+    (``stage_copies[id(module)]``: its holders and the root they start from: several
+    pipelines), any module when there are replicas (over the data-parallel group, from
+    replica 0); ``first``: this rank holds the copy broadcast from. ``wait(works, where,
+    peers)`` bounds each collective."""
     out = {}
     for name, module in held:
-        if next(module.buffers(), None) is None:
+        if next(module.buffers(), None) is None or id(module) in out:
             continue
         reduces, broadcasts, first = [], [], True
-        if name is not None:  # a segment
-            ranks = topology.holders(plan, name)
-            if len(ranks) > 1:
-                group = links.groups[ranks]
+        ranks, root = (topology.holders(plan, name), None) if name is not None else \
+            (stage_copies or {}).get(id(module), ((), None))
+        if len(ranks) > 1:  # a segment's copies, or a model stage's replicas
+            if root is None:
                 home = plan.cut.get(name).home
                 root = home if home in ranks else ranks[0]
-                reduces.append(_summing(group, f"ranks {list(ranks)}", wait, device))
-                broadcasts.append(_broadcasting(group, topo.pp_ranks[root], f"rank {root}",
-                                                wait, device))
-                first = rank == root
+            group = links.groups[ranks]
+            reduces.append(_summing(group, f"ranks {list(ranks)}", wait, device))
+            broadcasts.append(_broadcasting(group, topo.pp_ranks[root], f"rank {root}",
+                                            wait, device))
+            first = rank == root
         if links.dp is not None:
             reduces.append(_summing(links.dp, "its replicas", wait, device))
             broadcasts.append(_broadcasting(links.dp, topo.dp_ranks[0], "replica 0", wait,

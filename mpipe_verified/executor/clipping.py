@@ -2,8 +2,9 @@
 would compute in one process holding the whole model.
 
 Each trained parameter lives on exactly one rank of a pipeline (a cut segment's on its home
-rank: ``PipelineExecutor.parameters``), and data-parallel replicas hold equal gradients
-once they are summed, so the global norm is the combination of the pipeline ranks' local
+rank: ``PipelineExecutor.parameters``; a model stage replicated by several pipelines is
+counted on one of its holders: ``counted``), and data-parallel replicas hold equal
+gradients once they are summed, so the global norm is the combination of the pipeline ranks' local
 ones: the sum of ``|g|_p ** p`` (the maximum for the infinity norm) over the pipeline
 group. Every rank then scales its own gradients by the same factor.
 """
@@ -31,16 +32,20 @@ def local_part(grads: Sequence[torch.Tensor], norm_type: float, device) -> torch
 
 def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, norm_type: float,
                    reduce: Callable[[torch.Tensor, bool], None], device,
-                   error_if_nonfinite: bool = False) -> torch.Tensor:
+                   error_if_nonfinite: bool = False, counted: set | None = None
+                   ) -> torch.Tensor:
     """Clip ``params``' gradients in place so that the norm over every rank is at most
     ``max_norm``; returns that norm (before clipping) as torch does. ``reduce(t, is_max)``
     sums (or maxes) the float64 scalar ``t`` over the pipeline in place; every rank must
-    call this at the same point, after its step's gradients are complete."""
+    call this at the same point, after its step's gradients are complete. ``counted``:
+    the ids of the parameters this rank counts in the norm (default all; a replicated
+    model stage's copies are counted on one rank: ``replicas.counted``)."""
     norm_type = float(norm_type)
     if not norm_type > 0:
         raise PipelineError(f"norm_type must be > 0 (or inf), got {norm_type}")
     grads = [p.grad for p in params if p.grad is not None]
-    part = local_part(grads, norm_type, device)
+    part = local_part([p.grad for p in params if p.grad is not None
+                       and (counted is None or id(p) in counted)], norm_type, device)
     reduce(part, math.isinf(norm_type))
     total = part if math.isinf(norm_type) else part.pow(1.0 / norm_type)
     value = float(total)

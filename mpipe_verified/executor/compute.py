@@ -39,7 +39,7 @@ from torch import nn
 from ..ir import (BACKWARD, BODY, FORWARD, GRAD, INPUT_GRAD, RECOMPUTE, SINK, SOURCE,
                   WEIGHT_GRAD, Compute, Recv, Send, p2p_of)
 from ..semantics import Chain, produces
-from . import buffers, chunks, comm, loss, moves, split_backward, tree
+from . import buffers, chunks, comm, loss, moves, replicas, split_backward, tree
 from .batch import Batch
 from .errors import PipelineError
 from .stage_setup import StageSetup
@@ -109,7 +109,8 @@ class StageCompute:
         self.mover = mover  # activation moves (docs/semantics.md §2.10)
         self.moved = moves.moved_here(chain.offloaded, rank)
         self.chunked = chain.seq_chunks > 1
-        self.last_stage = chain.num_stages - 1
+        # each pipeline's first stage reads the batch, its last computes the loss
+        self.firsts, self.lasts = replicas.ends(chain)
         self.at_cut = any(x.side == SOURCE for x in chain.cut.segments)
         self.stages, self.segments, self.params = stages, segments, params
         self.direct = {id(m): split_backward.direct_allowed(m)
@@ -172,7 +173,7 @@ class StageCompute:
             if seg and not sink:
                 raw = self._segment_data(c, data)
                 args.append(raw)
-            elif s == 0 and not seg:
+            elif s in self.firsts and not seg:
                 if data.body is not None:
                     args.extend(data.body if isinstance(data.body, tuple) else (data.body,))
                 kwargs = dict(data.kwargs)
@@ -188,7 +189,7 @@ class StageCompute:
                 if self.chunked:
                     y, cache = chunks.unpack(y, f"rank {self.rank}: {step.where}: stage {s}")
                 out = y
-                if sink or (not seg and s == self.last_stage):
+                if sink or (not seg and s in self.lasts):
                     out = self._loss_of(c, y, data, p)
         value = (y.detach() if type(y) is torch.Tensor else tree.detach(y, keep_flag=True))
         produced = {out_token: value if capture is None else moves.private(value)}

@@ -14,6 +14,8 @@ silently wrong.
   without gradients (docs/executor.md, "FSDP2").
 - A sink segment recomputed off its forward's rank (a plan-json file can say so; the
   algebra never derives it): only a source's raw input is shipped for a recompute.
+- With several pipelines (``replicas.check_model``): a forward-only plan, and a
+  parameter tied across model stages.
 
 And what one rank is given (``local_stages``, ``local_segments``, ``sink_losses``): a
 module for every stage and segment its program runs, a loss for every sink it trains;
@@ -29,6 +31,7 @@ from typing import Callable, Mapping
 from torch import nn
 
 from ..ir import SINK, Plan
+from . import replicas
 from .errors import PipelineError
 from .topology import segments_touched
 
@@ -36,11 +39,8 @@ from .topology import segments_touched
 def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
     """Raise ``PipelineError`` (naming the segment, or the parameter and both places) for
     any of the models above."""
-    if plan.pipelines:
-        raise PipelineError("the plan runs several pipelines over one model (DualPipe, "
-                            "Chimera): the executor does not run them yet (it would need "
-                            "each replica's stage module and the replica:J sums); verify "
-                            "and export it instead")
+    if plan.pipelines:  # several pipelines over one model (executor/replicas.py)
+        replicas.check_model(plan, stages)
     for seg in plan.cut.segments:
         _check_frozen(seg, segments.get(seg.name))
         if seg.side == SINK and any(map(seg.needs_recompute, range(plan.num_microbatches))):
@@ -97,7 +97,10 @@ def _is_fsdp(module: nn.Module) -> bool:
 
 def local_stages(plan: Plan, rank: int, stages) -> dict[int, nn.Module]:
     """``stage -> module`` of the stages placed on ``rank``, from ``stages`` (a mapping,
-    or a sequence of every stage's module)."""
+    or a sequence of every stage's module; with several pipelines, of the model's
+    stages: ``replicas.local_stages``)."""
+    if plan.pipelines:
+        return replicas.local_stages(plan, rank, stages)
     mine, num_stages = plan.placement.stages_of(rank), plan.placement.num_stages
     if isinstance(stages, Mapping):
         table = dict(stages)

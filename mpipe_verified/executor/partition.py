@@ -44,7 +44,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..ir import ACT, GRAD, INPUT, RANK_MOVES, Leaf, Payload, Plan, map_payloads
-from . import chunks, tree
+from . import chunks, replicas, tree
 from .batch import Batch, to_device
 from .comm import dtype_name
 
@@ -177,13 +177,16 @@ def with_payload_shapes(plan: Plan, fn: Callable[[Payload], tuple | None]) -> Pl
     ``(shape, dtype)`` (``dtype`` a ``torch.dtype`` or its name) for one tensor, a tuple
     of ``ir.Leaf`` for a structure (``()``: nothing travels), None to leave the payload as
     it is. Both ends of a transfer get the same annotation because ``fn`` sees the
-    payload without its layout."""
+    payload without its layout. With several pipelines ``fn`` sees the payload of the
+    model stage a plan stage replicates (``replicas.payload_key``): ``fn`` is inferred
+    from the model's stages."""
     cache: dict[Payload, Payload] = {}
+    model = replicas.payload_key(plan)
 
     def annotate(p: Payload) -> Payload:
         key = attrs.evolve(p, shape=None, dtype=None, leaves=None)
         if key not in cache:
-            got = fn(key)
+            got = fn(model(key))
             if got is None:
                 cache[key] = p
             elif all(type(x) is Leaf for x in got):

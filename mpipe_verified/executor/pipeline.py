@@ -35,7 +35,7 @@ from ..ir import SOURCE, Plan
 from ..semantics import RENDEZVOUS, Chain
 from ..verify.report import Certificate
 from . import (batch_fit, buffers, chunks, clipping, comm, handshake, loss, model_checks,
-               moves, packed, partition, reductions, topology, transport)
+               moves, packed, partition, reductions, replicas, topology, transport)
 from .batch import Batch
 from .compute import Pass, StageCompute
 from .errors import BatchError, PeerError, PipelineError, check_certificate
@@ -64,10 +64,11 @@ class PipelineExecutor:
     """Run a certified ``plan`` on this rank.
 
     ``stages``: the body's stage modules (a mapping ``stage -> module`` or a sequence
-    indexed by stage; only this rank's stages are used). ``segments``: cut segments'
-    modules by name (e.g. ``{"vision": encoder}``), needed on every rank whose program
-    touches the segment. ``loss_fn(output, target)``: the loss at the body's last stage
-    (a mean over the microbatch's rows when ``loss_reduction="mean"``).
+    indexed by stage; only this rank's stages are used; with several pipelines, the
+    model's stages, each run for every replica of it here: ``replicas``). ``segments``:
+    cut segments' modules by name (e.g. ``{"vision": encoder}``), needed on every rank
+    whose program touches the segment. ``loss_fn(output, target)``: the loss at the
+    body's last stage (a mean over the microbatch's rows when ``loss_reduction="mean"``).
     ``segment_loss_fns``: each sink segment's loss, ``fn(sink_output, target)`` with the
     target ``batch.segments[name]`` (a sink is detached: its loss trains the sink only;
     weighted like the body's). ``optimizer``: a callable ``params ->
@@ -139,8 +140,11 @@ class PipelineExecutor:
         self.optimizer = optimizer(self.parameters()) if optimizer is not None else None
         self.steps = 0  # optimizer steps taken by step() (state_dict keeps it)
         self._connected = self._failed = False
+        self._broadcast_replicas = True  # off only in tests (the handshake must then refuse)
         self._fitting = None  # the signature of the last batch found to fit the plan
-        self._first_sends = batch_fit.first_sends(self.program, plan.cut)
+        self._firsts = replicas.ends(plan)[0]  # each pipeline's first stage
+        self._first_sends = batch_fit.first_sends(self.program, plan.cut, self._firsts)
+        self._replicated = replicas.replicated(plan, self.rank, self.stages)  # "J" -> module
 
     def _rank(self, rank: int | None) -> int:
         if rank is None and self._pp_group is not None:
@@ -224,9 +228,11 @@ class PipelineExecutor:
             handshake.named(self.parameters(), self._labelled_modules()))
         self._links = links = topology.run_links(topo, self.plan, self.program,
                                                  self.segments, self.timeout_s)
+        replicas.StartUp(self.rank, links, wait, self.device).run(
+            self.plan, self.stages, self._broadcast_replicas)  # replicas start equal
         held = [(None, m) for m in self.stages.values()] + list(self.segments.items())
         self._copies = buffers.copies_of(held, self.plan, self.rank, topo, links, wait,
-                                         self.device)
+                                         self.device, replicas.copies(self.plan, self.stages))
         for copies, _, broadcasts, _ in self._copies.values():
             copies.start_up(broadcasts)
         if self._defer_receives is None:  # see transport's docstring (comm modes)
@@ -234,7 +240,7 @@ class PipelineExecutor:
         self.messages = packed.Messages(self.rank, self.device, self.check_messages)
         self._transport = transport.Transport(
             self.rank, self.messages, wait, links, self.segments, self._params, self.device,
-            self.overlap_comms, self._defer_receives)
+            self.overlap_comms, self._defer_receives, self._replicated)
         self._reducer = reductions.Reducer(self.plan, self.rank, topo, links, wait,
                                            self.device)
         self._connected = True
@@ -342,9 +348,11 @@ class PipelineExecutor:
             self._wait([dist.all_reduce(t, op=op, group=self._links.pp, async_op=True)],
                        "the gradient-norm all-reduce", "its pipeline")
 
+        counted = replicas.counted(self.plan, self.rank, self.stages) | {
+            id(p) for m in self.segments.values() for p in m.parameters()}
         try:
             return clipping.clip_grad_norm(self.parameters(), max_norm, norm_type, reduce,
-                                           self.device, error_if_nonfinite)
+                                           self.device, error_if_nonfinite, counted)
         except PeerError:
             self._failed = True
             raise
@@ -365,7 +373,7 @@ class PipelineExecutor:
         self.connect()
         # each all-reduce must sum only this pass's own contributions
         kept = reductions.set_aside(self._reducer.summed(self.program, self.segments,
-                                                         self._params))
+                                                         self._params, self._replicated))
         try:
             done = self._pass(batch, evaluating=False)
             return self._reducer.losses(done, self.parameters(), broadcast_loss,
@@ -427,7 +435,8 @@ class PipelineExecutor:
         if key == self._fitting:
             return
         sources = [s.name for s in self.plan.cut.segments if s.side == SOURCE]
-        stage0 = self.stages.get(0)
+        stage0 = next((self.stages[s] for s in sorted(self._firsts) if s in self.stages),
+                      None)  # a first stage here (several pipelines: any pipeline's)
         if stage0 is not None and self.plan.seq_chunks > 1:
             stage0 = chunks.OutputOnly(stage0)
         detail = batch_fit.first_mismatch(

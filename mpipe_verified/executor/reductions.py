@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from ..ir import SINK, Collective
-from ..semantics import GRADS, collective_segment
-from . import topology
+from ..semantics import GRADS, REPLICA, collective_segment
+from . import replicas, topology
 from .compute import Pass
 
 
@@ -41,10 +41,14 @@ class Reducer:
         """The batch loss (and the per-microbatch losses): summed over the pipeline when
         ``broadcast_loss`` (or onto the last stage's rank when a sink is elsewhere); with
         replicas, the gradients of ``params`` and the loss are then summed over the
-        data-parallel group (the per-microbatch losses stay this replica's)."""
+        data-parallel group (the per-microbatch losses stay this replica's). Several
+        pipelines: each pipeline's last stage holds its microbatches' losses, reduced
+        like a sink's onto pipeline 0's last stage's rank."""
         m = len(done.mbs)
-        holder = self.plan.placement.rank_of(self.plan.placement.num_stages - 1)
-        sinks = any(s.side == SINK for s in self.plan.cut.segments)
+        # several pipelines: each last stage's loss, gathered on pipeline 0's
+        holder = self.plan.placement.rank_of(replicas.model_stages(self.plan) - 1)
+        sinks = (any(s.side == SINK for s in self.plan.cut.segments)
+                 or len(replicas.ends(self.plan)[1]) > 1)
         t = torch.zeros(m + 1, dtype=torch.float64, device=self.device)
         if done.loss is not None:
             t[0] = done.loss.double()
@@ -77,17 +81,21 @@ class Reducer:
         topology.unflatten_grads(params, flat)
         return float(total.item())
 
-    def summed(self, program, segments: dict, params: dict) -> list:
+    def summed(self, program, segments: dict, params: dict,
+               replicated: dict | None = None) -> list:
         """The parameters whose gradients a pass sums over ranks: those of each segment
-        ``program`` all-reduces (``grads:NAME``), and every one (``params``: by module)
-        when there are replicas."""
+        ``program`` all-reduces (``grads:NAME``) and of each model stage it sums over its
+        replicas (``replica:J``; ``replicated``: J -> module), and every one (``params``:
+        by module) when there are data-parallel replicas."""
         if self.topo.replicas > 1:
             return [p for ps in params.values() for p in ps]
         tags = (collective_segment(op) for op in program
                 if isinstance(op, Collective) and op.kind == "all_reduce")
-        names = {name for role, name in filter(None, tags) if role == GRADS}
-        return [p for name in names if name in segments
-                for p in params[id(segments[name])]]
+        named = {(role, name) for role, name in filter(None, tags)}
+        modules = [segments[name] for role, name in named if role == GRADS and name in segments]
+        modules += [module for role, name in named
+                    if role == REPLICA and (module := (replicated or {}).get(name)) is not None]
+        return [p for module in modules for p in params[id(module)]]
 
 
 def set_aside(params: Sequence) -> dict:

@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ..ir import Collective, computes_of
-from ..semantics import collective_segment
+from ..semantics import REPLICA, collective_segment
+from . import replicas
 from .errors import PipelineError
 
 _RUN_GROUPS: dict[tuple[tuple[int, ...], float], object] = {}
@@ -122,9 +123,10 @@ def run_group(ranks: tuple[int, ...], timeout_s: float):
 @attrs.frozen(eq=False)
 class Links:
     """The groups a connected rank posts on, all with the wait timeout: the pipeline's
-    (``pp``; ``peer[r]``: plan rank ``r``'s rank in it), each plan collective's and each
-    shared segment's holders' by their sorted plan ranks (``groups``), the replicas'
-    (``dp``, None without replicas); ``pp_ranks[r]``: plan rank ``r``'s global rank."""
+    (``pp``; ``peer[r]``: plan rank ``r``'s rank in it), each plan collective's, each
+    shared segment's holders' and each replicated model stage's holders' (several
+    pipelines) by their sorted plan ranks (``groups``), the replicas' (``dp``, None
+    without replicas); ``pp_ranks[r]``: plan rank ``r``'s global rank."""
 
     pp: object
     peer: tuple
@@ -138,7 +140,8 @@ def run_links(topo: Topology, plan, program, segments, timeout_s: float) -> Link
     (names), made with ``run_group``."""
     pp = run_group(topo.pp_ranks, timeout_s)
     wanted = sorted({tuple(sorted(op.ranks)) for op in program if isinstance(op, Collective)}
-                    | {ranks for name in segments if len(ranks := holders(plan, name)) > 1})
+                    | {ranks for name in segments if len(ranks := holders(plan, name)) > 1}
+                    | replicas.holder_groups(plan, topo.plan_rank))
     groups = {ranks: (pp if len(ranks) == len(topo.pp_ranks)
                       else run_group(tuple(topo.pp_ranks[r] for r in ranks), timeout_s))
               for ranks in wanted}
@@ -149,10 +152,12 @@ def run_links(topo: Topology, plan, program, segments, timeout_s: float) -> Link
 
 def segments_touched(program) -> set[str]:
     """The segments a rank's ``program`` runs (a compute of it) or exchanges (its
-    ``params:``/``grads:`` collective): the ones the rank holds a module of."""
+    ``params:``/``grads:`` collective; a ``replica:J`` sum is a model stage's): the ones
+    the rank holds a module of."""
     used = {c.segment for op in program for c in computes_of(op) if c.segment}
     return used | {tagged[1] for op in program
-                   if isinstance(op, Collective) and (tagged := collective_segment(op))}
+                   if isinstance(op, Collective) and (tagged := collective_segment(op))
+                   and tagged[0] != REPLICA}
 
 
 def holders(plan, name: str) -> tuple[int, ...]:

@@ -18,7 +18,8 @@ collectives (docs/executor.md, "What the interpreter does").
   rendezvous completes here, and a value is read only after its transfer completed.
   Messages are checked against the plan's payloads (``comm``, ``packed``).
 - ``Collective``: ``broadcast`` tagged ``params:NAME`` sends segment NAME's parameters
-  from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients.
+  from the root; ``all_reduce`` tagged ``grads:NAME`` sums its weight gradients, tagged
+  ``replica:J`` those of model stage J's replicas (several pipelines: ``replicas``).
 
 Every wait is bounded (``Waiter``: the wait timeout, or the start-up one for the
 handshakes) and watched by the process's one ``comm.Watchdog``.
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..ir import GRAD, Collective
-from ..semantics import GRADS, PARAMS, collective_segment, produces
+from ..semantics import GRADS, PARAMS, REPLICA, collective_segment, produces
 from . import comm, topology
 from .compute import PerSource
 from .errors import PeerError, PipelineError
@@ -100,10 +101,11 @@ class Transport:
 
     def __init__(self, rank: int, messages, wait: Waiter, links: topology.Links,
                  segments: Mapping, params: Mapping, device, overlap: bool,
-                 defer: bool) -> None:
+                 defer: bool, replicated: Mapping | None = None) -> None:
         self.rank, self.messages, self.wait, self.links = rank, messages, wait, links
         self.segments, self.params, self.device = segments, params, device
         self.overlap, self.defer = overlap, defer
+        self.replicated = replicated or {}  # "J" -> model stage J's module (replica:J)
         self.posted: Transfer | None = None  # the last comm op, posted, not waited for
         self.unread: list[Pending] = []
 
@@ -180,17 +182,19 @@ class Transport:
         return value
 
     def collective(self, step: Step) -> dict:
-        """Run a plan collective: ``broadcast`` of ``params:NAME`` or ``all_reduce`` of
-        ``grads:NAME``."""
+        """Run a plan collective: ``broadcast`` of ``params:NAME``, ``all_reduce`` of
+        ``grads:NAME`` or of ``replica:J`` (model stage J's weight gradients, summed over
+        its replicas' holders: ``replicas``)."""
         op: Collective = step.op
         where = step.where
         group = self.links.groups.get(tuple(sorted(op.ranks)))
         role, name = collective_segment(op) or ("", "")
-        module = self.segments.get(name)
+        module = (self.replicated if role == REPLICA else self.segments).get(name)
         if module is None or (op.kind, role) not in (("broadcast", PARAMS),
-                                                     ("all_reduce", GRADS)):
+                                                     ("all_reduce", GRADS),
+                                                     ("all_reduce", REPLICA)):
             raise PipelineError(f"rank {self.rank}: {where}: the executor runs broadcast of "
-                                "params:NAME and all_reduce of grads:NAME only")
+                                "params:NAME and all_reduce of grads:NAME or replica:J only")
         peers = f"ranks {','.join(map(str, op.ranks))}"
         if op.kind == "broadcast":
             self._broadcast(list(module.parameters()), op.root, group, where, peers)
