@@ -234,12 +234,14 @@ def test_the_algebras_operators_keep_the_pipelines():
         Seq(family("chimera", 4, 4), one).derive()
 
 
-def test_the_executor_refuses_a_plan_of_several_pipelines():
-    pytest.importorskip("torch")
-    from mpipe_verified.executor.errors import PipelineError
-    from mpipe_verified.executor.model_checks import check_model
-    with pytest.raises(PipelineError, match="several pipelines"):
-        check_model(lower(_gpipe_pair(MIRRORED)), [], {})
+def test_transpose_over_several_pipelines_is_a_parameter_error():
+    """A cut segment over two pipelines is not defined: refused, never a traceback."""
+    from mpipe_verified.algebra import Transpose
+    from mpipe_verified.algebra.families import family
+    from mpipe_verified.errors import ParameterError
+    for name in ("dualpipe", "chimera", "bitpipe"):
+        with pytest.raises(ParameterError, match="one pipeline"):
+            Transpose(family(name, 4, 8)).derive()
 
 
 @pytest.mark.parametrize("name, sizes", [

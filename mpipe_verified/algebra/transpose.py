@@ -124,6 +124,9 @@ class Transpose:
         body, home = self._body()
         if body.seq_chunks != 1:
             raise ParameterError("transpose takes a body without sequence chunks")
+        if body.pipelines:  # a cut segment over several pipelines is not defined
+            raise ParameterError(f"transpose takes a body of one pipeline, not "
+                                 f"{len(body.pipelines)} (DualPipe, Chimera, BitPipe)")
         cost = self.estimate_cost()
         timing = schedule_times(body.programs, body.placement, cost.duration, cut=body.cut)
         schedule = self._weave(body, timing, cost, home, self.ownership)
