@@ -238,7 +238,7 @@ def run_plan(plan) -> Result:
 # - matching: the k-th send src->dst pairs with the k-th receive at dst from src (group
 #   members in their listed order); all payload fields must agree and no endpoint may be
 #   left over; no rank receives one activation, gradient or input (kind, segment, stage,
-#   mb) twice (a lend's or return's receive aside). Each collective call is well formed (members distinct existing ranks
+#   mb, the segment it is for) twice (a lend's or return's receive aside). Each collective call is well formed (members distinct existing ranks
 #   including the caller; a broadcast or gather names a root among them, an all-reduce
 #   none). The k-th collective a rank calls over a rank set is that set's instance k;
 #   every member must call it with the same kind, tag and root;
@@ -599,9 +599,10 @@ def _p2p_matching(programs, res: Judgement, chain: _Chain) -> dict:
                     else:
                         recvs.setdefault((peer, r), []).append((r, i, k, payload))
                     if not is_send and payload[0] not in ("lend", "return"):
-                        if (r, _token(payload)) in received:
+                        key = (r, _token(payload), payload[6:])  # payload[6:]: to_segment
+                        if key in received:
                             res.matching.append(f"rank {r} op {i}: {payload} received again")
-                        received.add((r, _token(payload)))
+                        received.add(key)
     partner = {}
     for channel in set(sends) | set(recvs):
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])

@@ -79,3 +79,30 @@ def test_the_command_line_names_the_second_receive(tmp_path, capsys):
         assert "VIOLATED (1 matching counterexample" in out and "receives what rank 1" in out
         if where:
             assert f"{path}{where} matching" in out
+
+
+def test_the_gradients_for_two_source_segments_are_two_payloads():
+    """Two source segments (vision, then audio) cut from one body: rank 1 receives the
+    body's first-stage gradient of a microbatch once for each (``to_segment`` differs):
+    verified in every reading; the same gradient for one segment received twice is not."""
+    from mpipe_verified.algebra import Transpose, family
+    from mpipe_verified.lower import lower
+    inner = Transpose(family("zb-h1", 3, 6), "vision", mode="owner", ownership="full")
+    plan = lower(Transpose(inner, "audio", mode="owner", ownership="full").derive())
+    grads = [op for op in plan.programs[1] if isinstance(op, Recv) and op.payload.to_segment]
+    assert {op.payload.to_segment for op in grads} == {"vision", "audio"}
+    table = op_table(plan)
+    assert not pair_p2p(plan).repeated and (table is None or p2p_clean(table))
+    assert verify(plan).verified and not judge_plan(plan).violated
+    no_pass = kernel.Witness(None, None, None, None, None)
+    assert kernel.prove(plan, no_pass)["matching"].status == "proved"
+    p0, p1 = list(plan.programs[0]), list(plan.programs[1])
+    recv = grads[-1]
+    send = next(op for op in p0 if isinstance(op, Send) and op.payload == recv.payload)
+    p0.insert(p0.index(send) + 1, send)
+    p1.insert(p1.index(recv) + 1, recv)
+    twice = attrs.evolve(plan, programs=(tuple(p0), tuple(p1), plan.programs[2]))
+    assert pair_p2p(twice).repeated
+    assert {v.property for v in verify(twice).violations} == {"matching"}
+    assert "matching" in judge_plan(twice).violated
+    assert kernel.prove(twice, no_pass)["matching"].status == "failed"

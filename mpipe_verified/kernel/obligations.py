@@ -245,13 +245,19 @@ def _same(x, y) -> bool:
 
 
 def _received_once(rules: Rules, facts: Facts) -> None:
-    """Each receive of a token (not a rank move's: ``_moves`` counts those) is the first
-    of that token on its rank: the receives of it before, in program order, are 0."""
+    """Each receive of a payload (the token it makes and the segment it is for; not a
+    rank move's: ``_moves`` counts those) is the first of that payload on its rank: the
+    receives of it before, in program order, are 0."""
     _, _, (mrow, mtok) = rules.tokens
     moved = np.zeros(len(rules.kind), bool)
     moved[rules.comm] = rules.moved()[0]
     got = (rules.kind[mrow] == RECV) & ~moved[mrow]
-    rows, key = mrow[got], row_keys(rules.rank[mrow[got]], mtok[got])
+    rows = mrow[got]
+    end = np.full(len(rules.kind), -1, np.int64)
+    end[rules.comm] = np.arange(len(rules.comm))
+    codes: dict = {}
+    target = ints(codes.setdefault(rules.p2p[0][j].to_segment, len(codes)) for j in end[rows])
+    key = row_keys(rules.rank[rows], mtok[got], target)
     order = np.lexsort((rows, key))
     new = np.ones(len(order), bool)
     new[1:] = key[order][1:] != key[order][:-1]

@@ -113,14 +113,14 @@ def _pairing(ends, ops, channels_of, send, s_end, r_end) -> P2PPairing:
 def repeated(ends, ops) -> tuple[Endpoint, ...]:
     """The rule that a rank receives each activation, gradient or raw input at most once
     (§2.3), stated once: of the transfer ends ``ends`` (rank-major, in program order;
-    ``ops`` the Send or Recv at each), the receives of a token (``payload_token``) their
-    rank received before. A second receive would hold a second buffer of what the first
+    ``ops`` the Send or Recv at each), the receives of a token (``payload_token``) for the
+    same segment (``to_segment``) their rank received before. A second receive would hold a second buffer of what the first
     holds (§2.6). A rank move's ends are counted by ``work.move_issues``."""
     seen: set = set()
     out = []
     for end, op in zip(ends, ops):
         if type(op) is Recv and op.payload.kind not in RANK_MOVES:
-            key = (end[0], payload_token(op.payload))
+            key = (end[0], payload_token(op.payload), op.payload.to_segment)
             if key in seen:
                 out.append(end)
             seen.add(key)
@@ -299,9 +299,10 @@ def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
     if not (np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
             and np.array_equal(table.mb[s_rows], table.mb[r_rows])):
         return False
-    tokens: dict = {}  # a receive's token but its microbatch, numbered
-    token = np.array([tokens.setdefault(payload_token(attrs.evolve(op.payload, mb=0)),
-                                        len(tokens)) if type(op) is Recv else -1
+    tokens: dict = {}  # a receive's token and target but its microbatch, numbered
+    token = np.array([tokens.setdefault((payload_token(attrs.evolve(op.payload, mb=0)),
+                                         op.payload.to_segment), len(tokens))
+                      if type(op) is Recv else -1
                       for _, op, _ in table.classes] or [-1], dtype=np.int64)
     got = pairs.rows[~pairs.send]
     rank, tok, mb = table.rank[got], token[table.cls[got]], table.mb[got]
