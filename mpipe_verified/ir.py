@@ -79,8 +79,8 @@ class Overlap:
 
 
 def _members_are(ops, kinds: tuple, what: str) -> None:
-    if type(ops) is not tuple or not all(map(kinds.__contains__, map(type, ops))):
-        raise ValueError(f"{what}, got {ops!r}")
+    if type(ops) is not tuple or not ops or not all(map(kinds.__contains__, map(type, ops))):
+        raise ValueError(f"{what} (one or more), got {ops!r}")
 
 
 _LETTERS = {ACT: "F", GRAD: "B", INPUT: "IN", LEND: "LEND", RETURN: "RETURN"}
@@ -498,8 +498,8 @@ def _check_pipelines(pipelines, num_stages: int, num_microbatches: int, cut: Cut
     if pipelines == ():
         return
     if type(pipelines) is not tuple or not all(
-            type(p) is tuple and all(type(mb) is int for mb in p) for p in pipelines):
-        raise ValueError(f"pipelines must be a tuple of microbatch tuples, got {pipelines!r}")
+            type(p) is tuple and p and all(type(mb) is int for mb in p) for p in pipelines):
+        raise ValueError(f"pipelines must be a tuple of non-empty mb tuples, got {pipelines!r}")
     flat = sorted(mb for p in pipelines for mb in p)
     if flat != list(range(num_microbatches)):
         raise ValueError(f"pipelines {pipelines!r} do not partition microbatches "

@@ -261,3 +261,21 @@ def test_the_kernel_still_rejects_them_when_built_through_the_api():
                      (Send(0, Payload(RETURN, 0, 0)),))
     assert of_nothing(no_lend) is not None and _kernel_rejects(no_lend)
     assert beyond(Plan(Placement((0,), 1), 2, ((F0, F1, B0, B1),))) is None
+
+
+@pytest.mark.parametrize("edit, where, needle", [
+    (lambda doc: _op(doc, 0, _first(doc, 0, "overlap")).update(ops=[]),
+     "$.programs[0][{i}].ops", "expected one op or more, got an empty array"),
+    (lambda doc: doc["programs"][0].insert(0, {"op": "group", "ops": []}),
+     "$.programs[0][0].ops", "expected one op or more, got an empty array"),
+    (lambda doc: doc.update(pipelines=[[], [0, 1, 2, 3]]),
+     "$.pipelines", "non-empty"),
+])
+def test_an_empty_overlap_group_or_pipeline_is_bad_input(tmp_path, capsys, edit, where, needle):
+    """An overlapped step or a group of no ops, or a pipeline of no microbatches, is not
+    a plan (its CSV would not read back): exit 2 at its path."""
+    plan = lower(family("dualpipe", 2, 4).derive())
+    doc = json.loads(format_plan_json(plan))
+    where = where.format(i=_first(doc, 0, "overlap"))
+    message = bad(capsys, "check", write_json(tmp_path, plan, edit))
+    assert f": {where}: " in message and needle in message, message

@@ -25,8 +25,9 @@ segment's activation are refused at construction (``check_plan``).
 
 Places. ``OFFLOAD`` copies to host buffers and releases the device memory; ``RELOAD``
 copies back into fresh device memory. On CUDA the host buffers are pinned and both copies
-run ``non_blocking`` on a side stream after the compute stream's pending work; a reload
-records an event the backward waits for (``Activation.ready``) before reading a tensor.
+run ``non_blocking`` after the compute stream's pending work, each direction on its own
+side stream (a reload's also after its offload's copy, by an event); a reload records an
+event the backward waits for (``Activation.ready``) before reading a tensor.
 On CPU the same path copies into separate CPU tensors (a real copy: the device-side
 storage is freed, which ``census`` and the tests see). A lend sends the activation's
 bytes (one uint8 buffer, own storages then handles) to the holder, which keeps that
@@ -194,7 +195,7 @@ class Activation:
     def offload(self) -> None:
         """To host memory (pinned, on the side stream, on CUDA); the device memory is
         released."""
-        side = self.mover.stream
+        side = self.mover.to_host
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(self.mover.device))
         with _on(side):
@@ -204,16 +205,19 @@ class Activation:
             if side is not None:
                 for t in (*self.own, *(h.tensor for h in self.handles)):
                     t.record_stream(side)  # not reused before the copy has read it
+                self.event = side.record_event()  # the host copy is whole after this
         self._release()
         self.place = HOST
 
     def reload(self) -> None:
         """Back to device memory (allocated on the compute stream); on CUDA the copy runs
         on the side stream and ``ready`` makes the compute stream wait for it."""
-        side = self.mover.stream
+        side = self.mover.to_device
         self._allocate()
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(self.mover.device))
+            if self.event is not None:  # the offload's copy to host memory is done
+                side.wait_event(self.event)
         with _on(side):
             self._fill(self.host, non_blocking=side is not None)
             if side is not None:
@@ -286,10 +290,12 @@ class Mover:
         self.use(device)
 
     def use(self, device) -> None:
-        """Move to and from ``device`` (a side stream for the copies on CUDA)."""
+        """Move to and from ``device`` (on CUDA a side stream for each direction, so an
+        offload and a reload copy at once, as the simulator's two copy streams do)."""
         self.device = device
         cuda = device is not None and torch.device(device).type == "cuda"
-        self.stream = torch.cuda.Stream(device) if cuda else None
+        self.to_host = torch.cuda.Stream(device) if cuda else None
+        self.to_device = torch.cuda.Stream(device) if cuda else None
 
     def begin(self) -> None:
         self.lent, self.log = {}, []

@@ -401,7 +401,7 @@ class _Reader:
     def _overlap(self, value: Any, path: tuple) -> Overlap:
         obj = _fields(value, path, ("op", "ops"), ("op", "ops"))
         return Overlap(tuple(self._op(c, (*path, "ops", i), ("compute",))
-                             for i, c in enumerate(_array(obj["ops"], (*path, "ops")))))
+                             for i, c in enumerate(_members(obj["ops"], (*path, "ops")))))
 
     def _send(self, value: Any, path: tuple) -> Send:
         obj = _fields(value, path, ("op", "dst", "payload"), ("op", "dst", "payload"))
@@ -419,7 +419,7 @@ class _Reader:
     def _group(self, value: Any, path: tuple) -> Group:
         obj = _fields(value, path, ("op", "ops"), ("op", "ops"))
         return Group(tuple(self._op(o, (*path, "ops", i), ("send", "recv"))
-                           for i, o in enumerate(_array(obj["ops"], (*path, "ops")))))
+                           for i, o in enumerate(_members(obj["ops"], (*path, "ops")))))
 
     def _collective(self, value: Any, path: tuple) -> Collective:
         obj = _fields(value, path, ("op", "kind", "tag", "members", "root"),
@@ -531,6 +531,13 @@ def _typed(kind: type, what: str) -> Callable[[Any, tuple], Any]:
 _string = _typed(str, "a string")
 _flag = _typed(bool, "true or false")
 _array = _typed(list, "an array")
+
+
+def _members(value: Any, path: tuple) -> list:
+    """An overlapped step's or a group's ops: a non-empty array."""
+    if not _array(value, path):
+        raise _Bad(path, "expected one op or more, got an empty array")
+    return value
 
 
 def _choice(value: Any, path: tuple, choices: tuple[str, ...]) -> str:

@@ -195,6 +195,10 @@ def _chunk_order(plan, rank, index, token, produced_at) -> Finding:
     backward runs before its next chunk's backward (``kv_grad``), on its rank."""
     op, chunks = plan.programs[rank][index], plan.seq_chunks
     sample, j = divmod(token.mb, chunks)
+    needer = (token.segment, token.stage, token.mb + (1 if token.kind == "kv" else -1))
+    members = [c for c in getattr(op, "ops", ()) if (c.segment, c.stage, c.mb) == needer]
+    if members:  # an overlapped step: name the member whose chunk it is
+        op = f"{members[0]} in {op}"
     seg = f"{token.segment}:" if token.segment else ""
     which = "forward" if token.kind == "kv" else "backward"
     mine = j + 1 if token.kind == "kv" else j - 1
