@@ -444,8 +444,8 @@ _computes = st.builds(Compute, st.sampled_from(COMPUTE_KINDS), _index, _index, t
 _p2p = st.builds(Send, _index, _payloads) | st.builds(Recv, _index, _payloads)
 any_ops = st.one_of(
     _computes, _p2p,
-    st.builds(Overlap, st.lists(_computes, max_size=3).map(tuple)),
-    st.builds(Group, st.lists(_p2p, max_size=3).map(tuple)),
+    st.builds(Overlap, st.lists(_computes, min_size=1, max_size=3).map(tuple)),
+    st.builds(Group, st.lists(_p2p, min_size=1, max_size=3).map(tuple)),
     st.builds(Collective, st.sampled_from(COLLECTIVE_KINDS),
               st.lists(_index, max_size=4).map(tuple), texts, st.none() | _index),
     st.just(Idle()),
