@@ -5,7 +5,10 @@ lowered plan's ops; ``--pp P`` ranks, the microbatches chosen to reach N), then 
 ``mpipe-verify check --family NAME ... --expand -q`` process is timed (op by op, every
 verdict from the kernel; ``--expand`` so no family is answered by its laws instead).
 Runs alternate between the families ``--repeat`` times; the medians per op are printed
-with their ratio to the first family's (default: interleaved-1f1b).
+with their ratio to the first family's (default: interleaved-1f1b). An op is a step of a
+rank's program, so an overlapped pair (DualPipe's ``OVERLAP_F_B``) or a group of transfers
+is one op; the medians per *action* (each compute and each transfer end or collective call,
+an overlap counted as its members) are printed beside them, with their ratio too.
 
 Any family name ``mpipe-verify check --family`` takes works; ``interleaved-1f1b`` gets
 ``--chunks V`` and ``seq1f1b`` ``--seq-chunks S`` (the defaults of this script: 2 each).
@@ -41,13 +44,24 @@ def family_args(name: str, args) -> list[str]:
     return []
 
 
-def ops_of(name: str, pp: int, m: int, args) -> int:
+def actions_of(plan) -> int:
+    """Computes, transfer ends and collective calls: an overlap or a group counts its
+    members."""
+    return sum(len(getattr(step, "ops", (step,))) for program in plan.programs
+               for step in program)
+
+
+def plan_of(name: str, pp: int, m: int, args):
     options = dict(zip(*[iter(family_args(name, args))] * 2))
     chunks = options.get("--chunks")
     seq = options.get("--seq-chunks")
     term = family(name, pp, m, None if chunks is None else int(chunks),
                   seq_chunks=None if seq is None else int(seq))
-    return lower(term.derive()).num_ops
+    return lower(term.derive())
+
+
+def ops_of(name: str, pp: int, m: int, args) -> int:
+    return plan_of(name, pp, m, args).num_ops
 
 
 def sized(name: str, args) -> tuple[int, int]:
@@ -95,12 +109,16 @@ def main() -> int:
         for name in args.families:
             times[name].append(time_check(name, sizes[name][0], args))
     base = args.families[0]
+    actions = {n: actions_of(plan_of(n, args.pp, sizes[n][0], args)) for n in args.families}
     per_op = {n: statistics.median(times[n]) / sizes[n][1] for n in args.families}
-    print(f"{'family':<20} {'microbatches':>12} {'ops':>9} {'median s':>9} "
-          f"{'us/op':>7} {'ratio':>6}")
+    per_action = {n: statistics.median(times[n]) / actions[n] for n in args.families}
+    print(f"{'family':<20} {'microbatches':>12} {'ops':>9} {'actions':>9} {'median s':>9} "
+          f"{'us/op':>7} {'ratio':>6} {'us/action':>9} {'ratio':>6}")
     for n in args.families:
-        print(f"{n:<20} {sizes[n][0]:>12} {sizes[n][1]:>9} {statistics.median(times[n]):>9.2f} "
-              f"{per_op[n] * 1e6:>7.2f} {per_op[n] / per_op[base]:>6.2f}")
+        print(f"{n:<20} {sizes[n][0]:>12} {sizes[n][1]:>9} {actions[n]:>9} "
+              f"{statistics.median(times[n]):>9.2f} {per_op[n] * 1e6:>7.2f} "
+              f"{per_op[n] / per_op[base]:>6.2f} {per_action[n] * 1e6:>9.2f} "
+              f"{per_action[n] / per_action[base]:>6.2f}")
     return 0
 
 
