@@ -112,3 +112,15 @@ def test_the_executor_takes_a_plan_of_sequence_chunks():
     ex = PipelineExecutor(plan, certify(plan), stages={0: torch.nn.Linear(2, 2)},
                           loss_fn=lambda out, target: out.sum(), rank=0)
     assert ex.plan.seq_chunks == 2
+
+
+def test_the_executor_refuses_sequence_chunks_over_several_pipelines():
+    """No family makes such a plan (the algebra refuses the pair), but a plan-json file can
+    carry both: the executor says it runs either dimension, never a wrong mix."""
+    pytest.importorskip("torch")
+    import attrs
+    from mpipe_verified.executor.errors import PipelineError
+    from mpipe_verified.executor.model_checks import check_model
+    plan = attrs.evolve(lower(family("dualpipe", 2, 4).derive()), seq_chunks=2)
+    with pytest.raises(PipelineError, match="not both together"):
+        check_model(plan, [], {})

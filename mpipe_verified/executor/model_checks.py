@@ -39,6 +39,10 @@ from .topology import segments_touched
 def check_model(plan: Plan, stages, segments: Mapping[str, nn.Module]) -> None:
     """Raise ``PipelineError`` (naming the segment, or the parameter and both places) for
     any of the models above."""
+    if plan.pipelines and plan.seq_chunks > 1:
+        raise PipelineError(f"the plan runs {len(plan.pipelines)} pipelines of sequence chunks "
+                            f"({plan.seq_chunks} per sample): the executor runs either "
+                            "dimension, not both together (no family makes such a plan)")
     if plan.pipelines:  # several pipelines over one model (executor/replicas.py)
         replicas.check_model(plan, stages)
     for seg in plan.cut.segments:
