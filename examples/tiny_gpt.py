@@ -160,6 +160,8 @@ def train(args, world: int, rank: int, run) -> int:
     samples = args.microbatches or pp
     rows = args.batch_size or 2 * samples * args.dp
     try:
+        if rows % args.dp:
+            raise ValueError(f"--batch-size {rows} does not split evenly over {args.dp} replicas")
         plan, stages = prepare(pp, samples, args.seq_chunks, rows // args.dp, args.seed,
                                args.schedule)
     except ValueError as err:
