@@ -45,8 +45,8 @@ def family_args(name: str, args) -> list[str]:
 
 
 def actions_of(plan) -> int:
-    """Computes, transfer ends and collective calls: an overlap or a group counts its
-    members."""
+    """The plan's steps with an overlap or a group counted as its members (so each
+    compute, transfer end, collective call or move once)."""
     return sum(len(getattr(step, "ops", (step,))) for program in plan.programs
                for step in program)
 

@@ -339,6 +339,18 @@ class _Chain:
         self.segs = {seg.name: seg for seg in self.cut}
         self.sources = [seg.name for seg in self.cut if seg.side == SOURCE_SIDE]
 
+    def crossing(self, payload):
+        """The segment a received payload is for when it crosses the cut (the body's stage
+        0 gradient to a source, its last output to a sink), else None."""
+        kind, stage, _, seg = payload[:4]
+        to = dict(payload[6:]).get("to_segment")
+        side = self.segs[to].side if to in self.segs else None
+        if seg != "" or side is None:
+            return None
+        if (kind, stage, side) in (("grad", 0, SOURCE_SIDE), ("act", self.last, SINK_SIDE)):
+            return to
+        return None
+
     def well_formed(self) -> bool:
         def ranks_ok(ranks):
             return len(ranks) == self.m and all(0 <= r < self.n for r in ranks)
@@ -599,7 +611,7 @@ def _p2p_matching(programs, res: Judgement, chain: _Chain) -> dict:
                     else:
                         recvs.setdefault((peer, r), []).append((r, i, k, payload))
                     if not is_send and payload[0] not in ("lend", "return"):
-                        key = (r, _token(payload), payload[6:])  # payload[6:]: to_segment
+                        key = (r, _token(payload), chain.crossing(payload))
                         if key in received:
                             res.matching.append(f"rank {r} op {i}: {payload} received again")
                         received.add(key)

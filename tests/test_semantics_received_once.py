@@ -106,3 +106,47 @@ def test_the_gradients_for_two_source_segments_are_two_payloads():
     assert {v.property for v in verify(twice).violations} == {"matching"}
     assert "matching" in judge_plan(twice).violated
     assert kernel.prove(twice, no_pass)["matching"].status == "failed"
+
+
+def _received_twice_with(payload_edit):
+    """GPipe on 2 ranks, 1 microbatch, its activation sent and received a second time
+    with ``payload_edit`` applied to the second pair's payload."""
+    plan = lowered("gpipe", 2, 1)
+    p0, p1 = list(plan.programs[0]), list(plan.programs[1])
+    send = next(op for op in p0 if isinstance(op, Send))
+    recv = next(op for op in p1 if isinstance(op, Recv))
+    payload = payload_edit(send.payload)
+    p0.insert(p0.index(send) + 1, attrs.evolve(send, payload=payload))
+    p1.insert(p1.index(recv) + 1, attrs.evolve(recv, payload=payload))
+    return attrs.evolve(plan, programs=(tuple(p0), tuple(p1)))
+
+
+def test_a_to_segment_that_crosses_nothing_does_not_excuse_a_second_receive():
+    """Only a real crossing of the cut (the body's stage 0 gradient to a source, its last
+    output to a sink) makes a receive another tensor: a made-up ``to_segment`` on a body
+    activation is still the same activation received twice, in every reading."""
+    no_pass = kernel.Witness(None, None, None, None, None)
+    for to in ("bogus", ""):
+        plan = _received_twice_with(lambda p: attrs.evolve(p, to_segment=to))
+        assert pair_p2p(plan).repeated == ((1, 1, 0),)
+        assert {v.property for v in verify(plan).violations} == {"matching"}
+        assert "matching" in judge_plan(plan).violated
+        assert kernel.prove(plan, no_pass)["matching"].status == "failed"
+
+
+def test_two_sinks_on_one_rank_each_receive_the_body_output():
+    """Two sink segments whose forwards share a rank each receive the body's last output
+    (each sink's copy): verified in every reading."""
+    from mpipe_verified.algebra import Transpose, family
+    from mpipe_verified.lower import lower
+    inner = Transpose(family("1f1b", 2, 4), "gen1", side="sink", mode="frozen",
+                      ownership="min")
+    plan = lower(Transpose(inner, "gen2", side="sink", mode="frozen",
+                           ownership="min").derive())
+    got = [op.payload for op in plan.programs[0] if isinstance(op, Recv)
+           and op.payload.to_segment]
+    assert {p.to_segment for p in got} == {"gen1", "gen2"}
+    assert len({(p.kind, p.stage, p.mb) for p in got}) < len(got)  # one output, two sinks
+    assert verify(plan).verified and not judge_plan(plan).violated
+    no_pass = kernel.Witness(None, None, None, None, None)
+    assert kernel.prove(plan, no_pass)["matching"].status == "proved"

@@ -195,6 +195,7 @@ class Activation:
     def offload(self) -> None:
         """To host memory (pinned, on the side stream, on CUDA); the device memory is
         released."""
+        self.ready()  # (a certified plan never offloads a reloaded activation; cheap)
         side = self.mover.to_host
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(self.mover.device))
@@ -232,6 +233,7 @@ class Activation:
 
     def lend(self) -> torch.Tensor:
         """The bytes to send to the holder (one buffer); the device memory is released."""
+        self.ready()  # a reload's copy still in flight (CUDA) is waited for first
         pieces = self._pieces()
         blob = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8,
                                                             device=self.mover.device)

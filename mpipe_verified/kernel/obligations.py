@@ -31,7 +31,8 @@ import numpy as np
 
 from .columns import as_column, distinct, exact, ints, pick, row_keys
 from .inputs import Sizes, Witness
-from .rules import B, BLOCKING, COLL, GRAD, INPUT, MOVED, OFF, OUT, R, RECV, REL, SEND, W, Rules
+from .rules import (B, BLOCKING, COLL, GRAD, INPUT, MOVED, OFF, OUT, R, RECV, REL, SEND, SINK,
+                    SOURCE, W, Rules)
 
 class Facts:
     """Facts grouped by ``(template, class)``. With ``where``, each fact also records the
@@ -245,9 +246,9 @@ def _same(x, y) -> bool:
 
 
 def _received_once(rules: Rules, facts: Facts) -> None:
-    """Each receive of a payload (the token it makes and the segment it is for; not a
-    rank move's: ``_moves`` counts those) is the first of that payload on its rank: the
-    receives of it before, in program order, are 0."""
+    """Each receive of a token (not a rank move's: ``_moves`` counts those) is the first
+    of that token on its rank for its crossing of the cut (``_crossing``): the receives
+    of it before, in program order, are 0."""
     _, _, (mrow, mtok) = rules.tokens
     moved = np.zeros(len(rules.kind), bool)
     moved[rules.comm] = rules.moved()[0]
@@ -255,9 +256,10 @@ def _received_once(rules: Rules, facts: Facts) -> None:
     rows = mrow[got]
     end = np.full(len(rules.kind), -1, np.int64)
     end[rules.comm] = np.arange(len(rules.comm))
-    codes: dict = {}
-    target = ints(codes.setdefault(rules.p2p[0][j].to_segment, len(codes)) for j in end[rows])
-    key = row_keys(rules.rank[rows], mtok[got], target)
+    codes: dict = {None: 0}
+    part = ints(codes.setdefault(_crossing(rules, rules.p2p[0][j]), len(codes))
+                for j in end[rows])
+    key = row_keys(rules.rank[rows], mtok[got], part)
     order = np.lexsort((rows, key))
     new = np.ones(len(order), bool)
     new[1:] = key[order][1:] != key[order][:-1]
@@ -267,6 +269,18 @@ def _received_once(rules: Rules, facts: Facts) -> None:
                                                                             len(order)]))
     facts.extend("eq", "received once", [before, 0 * before],
                  at=lambda j: ("received", int(rules.rank[rows[j]]), rules.index_of(rows[j])))
+
+
+def _crossing(rules: Rules, p) -> str | None:
+    """The segment a received payload is for when it crosses the cut: the body's stage 0
+    gradient to a source (each source's part is its own tensor) or the body's last output
+    to a sink (each sink's copy); None otherwise, whatever ``to_segment`` says."""
+    side = {s.name: s.side for s in rules.cut}.get(p.to_segment)
+    if p.segment != "" or side is None:
+        return None
+    if (p.kind, p.stage, side) in (("grad", 0, SOURCE), ("act", rules.stages - 1, SINK)):
+        return p.to_segment
+    return None
 
 
 def _deadlock(rules: Rules, facts: Facts, witness: Witness, eager: bool) -> None:

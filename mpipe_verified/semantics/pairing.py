@@ -20,7 +20,8 @@ from operator import attrgetter
 
 import attrs
 
-from ..ir import RANK_MOVES, Collective, Group, Plan, Recv, Send, p2p_of
+from ..ir import (ACT, BODY, GRAD, RANK_MOVES, SINK, SOURCE, Collective, Group, Plan, Recv,
+                  Send, p2p_of)
 from .rules import payload_token
 from .table import OpTable
 
@@ -74,11 +75,12 @@ def pair_p2p(plan: Plan) -> P2PPairing:
                        count=len(ops))
     channel, src, dst = channel_keys(here, peer, send)
     s_end, r_end = fifo_pairs(channel, send)
-    return _pairing(ends, ops, (channel, src, dst), send, s_end.tolist(), r_end.tolist())
+    return _pairing(plan, ends, ops, (channel, src, dst), send, s_end.tolist(),
+                    r_end.tolist())
 
 
-def _pairing(ends, ops, channels_of, send, s_end, r_end) -> P2PPairing:
-    """The ``P2PPairing`` of the transfer ends ``ends`` (sorted; ``ops`` the Send or Recv
+def _pairing(plan, ends, ops, channels_of, send, s_end, r_end) -> P2PPairing:
+    """The ``P2PPairing`` of ``plan``'s transfer ends ``ends`` (sorted; ``ops`` the Send or Recv
     at each, ``channels_of`` their ``channel_keys``, ``send`` whether each sends) met as
     ``fifo_pairs`` says: ``s_end[k]`` with ``r_end[k]``, in channel order."""
     import numpy as np
@@ -107,24 +109,43 @@ def _pairing(ends, ops, channels_of, send, s_end, r_end) -> P2PPairing:
     lonely[s_end] = lonely[r_end] = False
     unmatched = tuple(ends[i] for i in np.flatnonzero(lonely).tolist())
     return P2PPairing(channels, partner, unmatched, tuple(mismatched), counts,
-                      repeated(ends, ops))
+                      repeated(ends, ops, plan))
 
 
-def repeated(ends, ops) -> tuple[Endpoint, ...]:
+def repeated(ends, ops, plan: Plan) -> tuple[Endpoint, ...]:
     """The rule that a rank receives each activation, gradient or raw input at most once
     (§2.3), stated once: of the transfer ends ``ends`` (rank-major, in program order;
-    ``ops`` the Send or Recv at each), the receives of a token (``payload_token``) for the
-    same segment (``to_segment``) their rank received before. A second receive would hold a second buffer of what the first
-    holds (§2.6). A rank move's ends are counted by ``work.move_issues``."""
+    ``ops`` the Send or Recv at each), the receives of a token (``payload_token``), for
+    the same crossing of the cut (``crossing``), that their rank received before. A
+    second receive would hold a second buffer of what the first holds (§2.6). A rank
+    move's ends are counted by ``work.move_issues``."""
+    sources = {s.name for s in plan.cut.segments if s.side == SOURCE}
+    sinks = {s.name for s in plan.cut.segments if s.side == SINK}
+    last = plan.placement.num_stages - 1
     seen: set = set()
     out = []
     for end, op in zip(ends, ops):
         if type(op) is Recv and op.payload.kind not in RANK_MOVES:
-            key = (end[0], payload_token(op.payload), op.payload.to_segment)
+            key = (end[0], payload_token(op.payload),
+                   crossing(op.payload, sources, sinks, last))
             if key in seen:
                 out.append(end)
             seen.add(key)
     return tuple(out)
+
+
+def crossing(p, sources, sinks, last: int) -> str | None:
+    """The segment a payload crossing the cut is received for: the body's first-stage
+    gradient sent to a source segment (each source's part of it is its own tensor), or
+    the body's last output sent to a sink (each sink's copy); None for any other payload,
+    whatever its ``to_segment`` says."""
+    if p.segment != BODY:
+        return None
+    if p.kind == GRAD and p.stage == 0 and p.to_segment in sources:
+        return p.to_segment
+    if p.kind == ACT and p.stage == last and p.to_segment in sinks:
+        return p.to_segment
+    return None
 
 
 def channel_keys(here, peer, send) -> tuple:
@@ -286,7 +307,7 @@ def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
     """True when ``pair_p2p`` of the table's plan finds nothing unmatched, mismatched or
     repeated: every end has a partner (``p2p_columns``), each pair's payloads are equal,
     and no rank receives one token twice (``repeated``, by columns: a table's plan has
-    no rank moves)."""
+    no rank moves and no cut, so no payload crosses one)."""
     import numpy as np
     pairs = pairs or p2p_columns(table)
     if pairs.partner.min(initial=0) < 0:
@@ -299,10 +320,9 @@ def p2p_clean(table: OpTable, pairs: P2PColumns | None = None) -> bool:
     if not (np.array_equal(sig[table.cls[s_rows]], sig[table.cls[r_rows]])
             and np.array_equal(table.mb[s_rows], table.mb[r_rows])):
         return False
-    tokens: dict = {}  # a receive's token and target but its microbatch, numbered
-    token = np.array([tokens.setdefault((payload_token(attrs.evolve(op.payload, mb=0)),
-                                         op.payload.to_segment), len(tokens))
-                      if type(op) is Recv else -1
+    tokens: dict = {}  # a receive's token but its microbatch, numbered (no cut: no crossing)
+    token = np.array([tokens.setdefault(payload_token(attrs.evolve(op.payload, mb=0)),
+                                        len(tokens)) if type(op) is Recv else -1
                       for _, op, _ in table.classes] or [-1], dtype=np.int64)
     got = pairs.rows[~pairs.send]
     rank, tok, mb = table.rank[got], token[table.cls[got]], table.mb[got]
