@@ -433,16 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"rank {rank}: cannot build the plan: {err}", file=sys.stderr)
         return 2
-    report = verify(plan)
-    if not report.verified:
-        if rank == 0:
-            print(f"plan is {report.status}; refusing to run it", file=sys.stderr)
-            for v in report.violations[:5]:
-                print(f"  {v.property}: {v.message}", file=sys.stderr)
-        return 1
-    want = (reference_grads(model_stages(plan), rows, args.mode, args.layers,
-                            args.dim, args.seed, audio_mode, args.batchnorm, args.bf16,
-                            args.pad, args.clip, m * args.dp) if args.check_grads else None)
+    def want():
+        return reference_grads(model_stages(plan), rows, args.mode, args.layers, args.dim,
+                               args.seed, audio_mode, args.batchnorm, args.bf16, args.pad,
+                               args.clip, m * args.dp)
     pipes = (f" ({len(plan.pipelines)} pipelines of {model_stages(plan)})"
              if plan.pipelines else "")
 
@@ -450,15 +444,24 @@ def main(argv: list[str] | None = None) -> int:
         batch = make_batch(step, rows, seed=args.seed, audio=args.audio, pad=args.pad)
         return inline(batch, encoders) if plan.pipelines else batch
 
-    return train(args, world, rank, plan, report.certificate, stages, encoders, full, want,
-                 batch_at, f"{plan.placement.num_stages} stages{pipes}, {m} microbatches")
+    return train(args, world, rank, plan, stages, encoders, full, want, batch_at,
+                 f"{plan.placement.num_stages} stages{pipes}, {m} microbatches")
 
 
-def train(args, world: int, rank: int, plan, certificate, stages, encoders, full, want,
-          batch_at, described: str) -> int:
-    """Run ``plan`` for ``args.steps`` steps on ``batch_at(step)`` (Adam, ``args.clip``),
-    comparing the gradients after the first with ``want`` (if given); the exit code.
-    ``described``: the model's part of rank 0's first line."""
+def train(args, world: int, rank: int, plan, stages, encoders, full, want, batch_at,
+          described: str) -> int:
+    """Verify ``plan`` (exit 1 if it is not), then run it for ``args.steps`` steps on
+    ``batch_at(step)`` (Adam, ``args.clip``), comparing the gradients after the first with
+    ``want()`` with ``--check-grads``; the exit code. ``described``: the model's part of
+    rank 0's first line."""
+    report = verify(plan)
+    if not report.verified:
+        if rank == 0:
+            print(f"plan is {report.status}; refusing to run it", file=sys.stderr)
+            for v in report.violations[:5]:
+                print(f"  {v.property}: {v.message}", file=sys.stderr)
+        return 1
+    certificate, want = report.certificate, want() if args.check_grads else None
     pp = world // args.dp
     try:
         groups = {}
