@@ -68,11 +68,14 @@ def test_lower_is_the_lowering_model_then_the_tail(name):
     """What ``proofs.lowered`` reasons about (each rank's events in key order, the body's
     transfers inside their pipeline) and then the replica tail is ``lower``'s plan."""
     for p in (2, 4, 6, 8):
-        for m in list(SIZES[name](p))[:4]:
+        sizes = list(SIZES[name](p))[:4]
+        assert sizes, (name, p)
+        for m in sizes:
             schedule = family(name, p, m).derive()
             body, plan = expanded.lowered(schedule), lower(schedule).programs
-            assert all(prog[:len(mine)] == mine and len(prog) == len(mine) + 2
-                       for prog, mine in zip(plan, body)), (p, m)
+            assert len(plan) == len(body) == p and all(
+                prog[:len(mine)] == mine and len(prog) == len(mine) + 2
+                for prog, mine in zip(plan, body)), (p, m)
 
 
 def _status(law_) -> str:

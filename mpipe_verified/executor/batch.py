@@ -20,24 +20,32 @@ import torch
 from .errors import BatchError
 
 
-def _split(value, m: int) -> list:
-    if value is None:
-        return [None] * m
+def split_tree(value, parts: int, tensor) -> list:
+    """``value`` cut into ``parts``: each tensor by ``tensor(t, parts)`` (a list), tuples,
+    lists and dicts item by item, None and plain values repeated."""
+    if value is None or isinstance(value, _CONSTANTS):
+        return [value] * parts
     if isinstance(value, torch.Tensor):
-        if value.shape[0] < m:
-            raise BatchError(f"cannot split a batch of {value.shape[0]} rows into {m} "
-                             "microbatches (each needs at least one row)")
-        return list(torch.tensor_split(value, m))
+        return tensor(value, parts)
     if isinstance(value, (tuple, list)):
-        parts = [_split(v, m) for v in value]
-        return [type(value)(p[i] for p in parts) for i in range(m)]
+        cut = [split_tree(v, parts, tensor) for v in value]
+        return [type(value)(p[i] for p in cut) for i in range(parts)]
     if isinstance(value, Mapping):
-        parts = {k: _split(v, m) for k, v in value.items()}
-        return [{k: p[i] for k, p in parts.items()} for i in range(m)]
-    if isinstance(value, _CONSTANTS):
-        return [value] * m
+        cut = {k: split_tree(v, parts, tensor) for k, v in value.items()}
+        return [{k: p[i] for k, p in cut.items()} for i in range(parts)]
     raise BatchError(f"batch fields must be tensors, tuples, lists or dicts of them (or "
-                    f"plain values), got {type(value).__name__}")
+                     f"plain values), got {type(value).__name__}")
+
+
+def _by_rows(value: torch.Tensor, m: int) -> list:
+    if value.shape[0] < m:
+        raise BatchError(f"cannot split a batch of {value.shape[0]} rows into {m} "
+                         "microbatches (each needs at least one row)")
+    return list(torch.tensor_split(value, m))
+
+
+def _split(value, m: int) -> list:
+    return split_tree(value, m, _by_rows)
 
 
 _CONSTANTS = (bool, int, float, str)

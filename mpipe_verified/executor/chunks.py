@@ -28,13 +28,13 @@ which the semantics' memory rule holds until the chunk's own backward.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import tree
-from .batch import Batch
+from .batch import Batch, split_tree
 from .errors import BatchError, PipelineError
 
 CACHE = "cache"  # the keyword a stage's cache is passed by
@@ -68,22 +68,15 @@ def split(batch: Batch, m: int, chunks: int) -> list[Batch]:
 
 
 def _cut(value, chunks: int) -> list:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return [value] * chunks
-    if isinstance(value, torch.Tensor):
-        if value.dim() < 2 or value.shape[1] < chunks:
-            raise BatchError(f"cannot cut a {tuple(value.shape)} tensor into {chunks} "
-                             "sequence chunks along dimension 1 (each chunk needs at least "
-                             "one position)")
-        return list(torch.tensor_split(value, chunks, dim=1))
-    if isinstance(value, (tuple, list)):
-        parts = [_cut(v, chunks) for v in value]
-        return [type(value)(p[j] for p in parts) for j in range(chunks)]
-    if isinstance(value, Mapping):
-        parts = {k: _cut(v, chunks) for k, v in value.items()}
-        return [{k: p[j] for k, p in parts.items()} for j in range(chunks)]
-    raise BatchError(f"batch fields must be tensors, tuples, lists or dicts of them (or "
-                     f"plain values), got {type(value).__name__}")
+    return split_tree(value, chunks, _positions)
+
+
+def _positions(value: torch.Tensor, chunks: int) -> list:
+    if value.dim() < 2 or value.shape[1] < chunks:
+        raise BatchError(f"cannot cut a {tuple(value.shape)} tensor into {chunks} "
+                         "sequence chunks along dimension 1 (each chunk needs at least "
+                         "one position)")
+    return list(torch.tensor_split(value, chunks, dim=1))
 
 
 def tokens(target) -> float:

@@ -35,12 +35,19 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ir import Payload, Plan
+from ..semantics import Chain
 from .errors import PipelineError
+
+
+def _pipelines(plan) -> Chain:
+    """The semantics' reading of ``plan``'s pipelines (its stage map and microbatch sets
+    only: what the helpers below ask)."""
+    return Chain(plan.placement, pipelines=plan.pipelines)
 
 
 def model_stages(plan: Plan) -> int:
     """n: the stages of one pipeline (the model's stages); every stage with one."""
-    return plan.placement.num_stages // max(len(plan.pipelines), 1)
+    return _pipelines(plan).per_pipeline
 
 
 def ends(plan: Plan) -> tuple[frozenset, frozenset]:
@@ -53,12 +60,8 @@ def ends(plan: Plan) -> tuple[frozenset, frozenset]:
 
 def holders(plan: Plan) -> dict[int, tuple[int, ...]]:
     """``j -> the plan ranks holding a replica of model stage j`` (sorted), where those
-    are several: the members of its ``replica:J`` all-reduce."""
-    if not plan.pipelines:
-        return {}
-    n, where = model_stages(plan), plan.placement.stage_to_rank
-    ranks = {j: tuple(sorted(set(where[j::n]))) for j in range(n)}
-    return {j: r for j, r in ranks.items() if len(r) > 1}
+    are several: the members of its ``replica:J`` all-reduce (``Chain.replica_ranks``)."""
+    return {j: tuple(sorted(r)) for j, r in _pipelines(plan).replica_ranks().items()}
 
 
 def root(plan: Plan, j: int) -> int:

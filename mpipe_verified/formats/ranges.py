@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Iterable, NamedTuple
 
-from ..ir import (LEND, RETURN, Collective, Compute, Group, Idle, Marker, Offload, Op,
+from ..ir import (LEND, RANK_MOVES, RETURN, Collective, Compute, Group, Idle, Marker, Offload, Op,
                   Overlap, Plan, Recv, Reload, Schedule, Send)
 
 
@@ -156,7 +156,7 @@ def of_nothing(plan: Plan | Schedule) -> Named | None:
         moves = [(index, field, op) for index, step in enumerate(program)
                  if type(step) not in _NO_MOVES and (type(step) is not Send and type(step)
                                                      is not Recv or step.payload.kind in
-                                                     _RANK_MOVES)
+                                                     RANK_MOVES)
                  for field, op in _moves(step)]
         if not moves:
             continue
@@ -170,7 +170,6 @@ def of_nothing(plan: Plan | Schedule) -> Named | None:
 
 
 _NO_MOVES = frozenset((Compute, Overlap, Collective, Idle, Marker))  # step types: none
-_RANK_MOVES = (LEND, RETURN)
 
 
 def _moves(step: Op) -> Iterable[tuple[tuple, Op]]:
@@ -180,11 +179,11 @@ def _moves(step: Op) -> Iterable[tuple[tuple, Op]]:
     if kind is Offload or kind is Reload:
         yield (), step
     elif kind is Send or kind is Recv:
-        if step.payload.kind in _RANK_MOVES:
+        if step.payload.kind in RANK_MOVES:
             yield (), step
     elif kind is Group:
         for k, member in enumerate(step.ops):
-            if member.payload.kind in _RANK_MOVES:
+            if member.payload.kind in RANK_MOVES:
                 yield ("ops", k), member
 
 

@@ -257,7 +257,8 @@ def _received_once(rules: Rules, facts: Facts) -> None:
     end = np.full(len(rules.kind), -1, np.int64)
     end[rules.comm] = np.arange(len(rules.comm))
     codes: dict = {None: 0}
-    part = ints(codes.setdefault(_crossing(rules, rules.p2p[0][j]), len(codes))
+    sides = {s.name: s.side for s in rules.cut}
+    part = ints(codes.setdefault(_crossing(rules, sides, rules.p2p[0][j]), len(codes))
                 for j in end[rows])
     key = row_keys(rules.rank[rows], mtok[got], part)
     order = np.lexsort((rows, key))
@@ -271,11 +272,12 @@ def _received_once(rules: Rules, facts: Facts) -> None:
                  at=lambda j: ("received", int(rules.rank[rows[j]]), rules.index_of(rows[j])))
 
 
-def _crossing(rules: Rules, p) -> str | None:
-    """The segment a received payload is for when it crosses the cut: the body's stage 0
-    gradient to a source (each source's part is its own tensor) or the body's last output
-    to a sink (each sink's copy); None otherwise, whatever ``to_segment`` says."""
-    side = {s.name: s.side for s in rules.cut}.get(p.to_segment)
+def _crossing(rules: Rules, sides: dict, p) -> str | None:
+    """The segment a received payload is for when it crosses the cut (``sides``: each
+    segment's side): the body's stage 0 gradient to a source (each source's part is its
+    own tensor) or the body's last output to a sink (each sink's copy); None otherwise,
+    whatever ``to_segment`` says."""
+    side = sides.get(p.to_segment)
     if p.segment != "" or side is None:
         return None
     if (p.kind, p.stage, side) in (("grad", 0, SOURCE), ("act", rules.stages - 1, SINK)):
