@@ -15,8 +15,8 @@ allocations counted before its frees. What is held follows ``semantics.step_effe
 (``Step.holds``/``frees``), so this is the peak the verifier reports under the unit
 memory model. Activation moves (``moves``, docs/semantics.md §2.10): an ``OFFLOAD``
 passes its stored activation on as its ``offloaded`` token, now in host memory, and a
-``RELOAD`` brings it back as the ``stored`` token; ``host_peak`` counts the activations
-held in host memory as the verifier's host peak does. A lend or return is posted by the
+``RELOAD`` brings it back as the ``stored`` token; ``host_peak`` is the mover's measure
+of the activations whose copies sat in host memory at once (``Mover.held_on_host``). A lend or return is posted by the
 rank's ``moves.Mover``.
 """
 
@@ -41,16 +41,20 @@ class Interpreter:
         self.rank, self.steps, self.compute = rank, steps, compute
         self.mover = mover or Mover(rank, None)
         self.store: dict = {}
-        self.stored_peak = self.host_peak = 0
+        self.stored_peak = 0
+
+    @property
+    def host_peak(self) -> int:
+        """The most activations held in host memory at once in the last pass (measured
+        by the moves: ``Mover.held_on_host``)."""
+        return self.mover.host_peak
         self._held: set = set()  # the stored activations the memory rule counts live
-        self._host: set = set()  # those offloaded to host memory
 
     def run(self, done: Pass, transport: Transport, resolve: Callable) -> None:
         """One pass: every step on ``done``'s microbatches, posting on ``transport``;
         ``resolve(pending)`` waits for a received value and checks it."""
         self.store = {}
         self._held, self.stored_peak = set(), 0
-        self._host, self.host_peak = set(), 0
         self.mover.begin()
         transport.begin()
         for step in self.steps:
@@ -114,12 +118,8 @@ class Interpreter:
         saved = store[token]
         if type(op) is Offload:
             self.mover.offload(op, saved)
-            if key not in self._host:
-                self._host.add(key)
-                self.host_peak = max(self.host_peak, len(self._host))
             return {("offloaded", *key[1:]): saved}
         self.mover.reload(op, saved)
-        self._host.discard(key)
         return {key: saved, ("reloaded", *key[1:]): True}
 
     def _dispatch(self, step: Step, done: Pass, transport: Transport) -> dict:

@@ -209,6 +209,7 @@ class Activation:
                 self.event = side.record_event()  # the host copy is whole after this
         self._release()
         self.place = HOST
+        self.mover.held_on_host(+1)
 
     def reload(self) -> None:
         """Back to device memory (allocated on the compute stream); on CUDA the copy runs
@@ -224,6 +225,7 @@ class Activation:
             if side is not None:
                 self.event = side.record_event()
         self.host, self.place = [], DEVICE
+        self.mover.held_on_host(-1)
 
     def ready(self) -> None:
         """Make the compute stream wait for a pending reload (CUDA; a no-op elsewhere)."""
@@ -283,11 +285,12 @@ class _on:
 class Mover:
     """One rank's moves: the side stream (CUDA), the activations it has lent (owner) or
     holds (holder), what each ``OFFLOAD`` left where (``log``: per move, the op and the
-    activation's ``census`` after it), and the host-memory count per the memory rule."""
+    activation's ``census`` after it), and the activations held in host memory (measured)."""
 
     def __init__(self, rank: int, device) -> None:
         self.rank = rank
         self.lent: dict = {}
+        self.on_host = self.host_peak = 0
         self.log: list = []
         self.use(device)
 
@@ -301,6 +304,14 @@ class Mover:
 
     def begin(self) -> None:
         self.lent, self.log = {}, []
+        self.on_host = self.host_peak = 0
+
+    def held_on_host(self, change: int) -> None:
+        """An activation's host buffers were filled (+1) or dropped (-1): ``host_peak`` is
+        the most activations whose copies sat in host memory at once in this pass, as
+        measured by the moves themselves (the verifier's host peak is the semantics')."""
+        self.on_host += change
+        self.host_peak = max(self.host_peak, self.on_host)
 
     def activation(self, capture: Capture, leaves, output_tensors) -> Activation:
         return Activation(self, [*leaves, *output_tensors], capture.handles)
